@@ -1,0 +1,1 @@
+"""Shared by every service: message schemas, stream names, settings and small helpers."""

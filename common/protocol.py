@@ -1,0 +1,158 @@
+"""Every message that crosses Redis, as msgspec Structs encoded with msgpack (never pickle).
+
+Shapes follow vLLM v1's SchedulerOutput / ModelRunnerOutput: new requests travel to a worker in full
+once, running ones only as a diff. Each Struct carries a tag so one stream can hold several kinds.
+"""
+
+from __future__ import annotations
+
+from typing import Final, Literal
+
+import msgspec
+
+# Finish reasons use the OpenAI words; "abort" and "error" never reach a client as a normal finish.
+FinishReason = Literal["stop", "length", "abort", "error"]
+
+# Name of the single field that holds the encoded message in every stream entry.
+FIELD: Final = b"m"
+
+
+class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    max_tokens: int = 16  # tokens to generate at most
+    temperature: float = 1.0  # 0 means greedy
+    top_p: float = 1.0  # nucleus mass kept, 1.0 keeps all
+    top_k: int = 0  # keep the k most likely tokens, 0 keeps all
+    seed: int | None = None  # per-request seed: the sample at output index i depends only on (seed, i)
+    stop_token_ids: list[int] = []  # extra token ids that end the request (the token is kept)
+    ignore_eos: bool = False  # keep generating past EOS
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0 or self.top_k == 1
+
+
+class GenerateRequest(msgspec.Struct, tag="request", kw_only=True):
+    """One entry on the requests stream: what any client (gateway, Celery, raw) submits."""
+
+    req_id: str  # unguessable id; also names the request's token stream
+    prompt_token_ids: list[int]  # already tokenized (chat template applied)
+    sampling_params: SamplingParams
+    arrival_time: float  # unix seconds when the client's request arrived
+    priority: int = 0  # lower runs first (reserved for priority scheduling)
+    owner: str = ""  # API key id that created it
+
+
+class AbortRequest(msgspec.Struct, tag="abort", kw_only=True):
+    """To the batcher's inbox: stop this request (client gone, stop string hit)."""
+
+    req_id: str
+    reason: str = "abort"  # "abort" (client left) or "stop" (stop string matched in the gateway)
+
+
+class WorkerInfo(msgspec.Struct, tag="hello", kw_only=True):
+    """A worker announcing itself: to the inbox on start, and in the workers hash."""
+
+    worker_id: str  # unique per process, names its steps stream
+    model: str  # model path or hub id it serves
+    num_blocks: int  # KV-cache blocks in its pool
+    block_size: int  # tokens per block
+    max_model_len: int  # longest sequence (prompt + output) it can hold
+    started_at: float  # unix seconds
+
+
+class NewRequestData(msgspec.Struct, kw_only=True):
+    """A request scheduled on a worker for the first time (or again after preemption / failover)."""
+
+    req_id: str
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]  # tokens already generated and streamed; recomputed with the prompt
+    sampling_params: SamplingParams
+    block_ids: list[int]  # KV blocks allocated so far, in order
+    num_computed_tokens: int  # tokens whose KV is already in those blocks (0 without prefix caching)
+    attempt: int  # bumped on every (re)schedule; fences stale writers of the token stream
+
+
+class CachedRequestData(msgspec.Struct, kw_only=True):
+    """A request the worker already holds: only what changed."""
+
+    req_id: str
+    new_block_ids: list[int]  # blocks appended to its block table this step
+    num_computed_tokens: int  # as the batcher counts it before this step (the worker checks it)
+
+
+class SchedulerOutput(msgspec.Struct, tag="step", kw_only=True):
+    """One iteration for one worker: exactly one forward pass over these tokens."""
+
+    step_id: int  # increases per worker; echoed in the result
+    scheduled_new_reqs: list[NewRequestData]
+    scheduled_cached_reqs: list[CachedRequestData]
+    num_scheduled_tokens: dict[str, int]  # req_id -> tokens to compute this step (prefill chunk or 1)
+    total_num_scheduled_tokens: int
+    finished_req_ids: list[str]  # finished, aborted or preempted since the last step: free them
+
+
+class ModelRunnerOutput(msgspec.Struct, tag="result", kw_only=True):
+    """A worker's answer to one SchedulerOutput, sent to the batcher's inbox."""
+
+    step_id: int
+    worker_id: str
+    req_ids: list[str]  # requests that sampled a token (their prompt is fully computed)
+    sampled_token_ids: list[int]  # one per req_id
+    finish_reasons: list[FinishReason | None]  # decided from token ids: EOS, max_tokens, stop ids
+    req_errors: dict[str, str] = {}  # req_id -> message for requests that failed alone
+    error: str | None = None  # the whole step failed; nothing in it was computed
+    num_scheduled_tokens: int = 0  # tokens this step computed
+    step_time: float = 0.0  # seconds spent in forward + sample
+
+
+class TokenEvent(msgspec.Struct, tag="token", kw_only=True):
+    """One generated token on a request's token stream; its stream entry id is the SSE id."""
+
+    req_id: str
+    index: int  # position in the output; readers drop indexes they already have
+    token_id: int
+    attempt: int  # readers drop events from an attempt older than the newest seen
+    finish_reason: FinishReason | None = None  # set on the last token
+
+
+class RequestError(msgspec.Struct, tag="error", kw_only=True):
+    """Terminal event on a token stream: the request failed and produced no more tokens."""
+
+    req_id: str
+    message: str
+    code: str = "server_error"  # OpenAI-style error code for the client
+
+
+InboxMessage = ModelRunnerOutput | AbortRequest | WorkerInfo
+StreamEvent = TokenEvent | RequestError
+
+_encoder = msgspec.msgpack.Encoder()
+_request_decoder = msgspec.msgpack.Decoder(GenerateRequest)
+_inbox_decoder = msgspec.msgpack.Decoder(InboxMessage)
+_step_decoder = msgspec.msgpack.Decoder(SchedulerOutput)
+_event_decoder = msgspec.msgpack.Decoder(StreamEvent)
+_worker_decoder = msgspec.msgpack.Decoder(WorkerInfo)
+
+
+def encode(msg: msgspec.Struct) -> bytes:
+    return _encoder.encode(msg)
+
+
+def decode_request(data: bytes) -> GenerateRequest:
+    return _request_decoder.decode(data)
+
+
+def decode_inbox(data: bytes) -> InboxMessage:
+    return _inbox_decoder.decode(data)
+
+
+def decode_step(data: bytes) -> SchedulerOutput:
+    return _step_decoder.decode(data)
+
+
+def decode_event(data: bytes) -> StreamEvent:
+    return _event_decoder.decode(data)
+
+
+def decode_worker(data: bytes) -> WorkerInfo:
+    return _worker_decoder.decode(data)

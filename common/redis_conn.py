@@ -1,0 +1,38 @@
+"""Redis clients with the timeouts every service needs, and stream-writing helpers."""
+
+from __future__ import annotations
+
+import time
+
+import redis
+import redis.asyncio as aioredis
+
+# Blocking reads never ask Redis to block longer than this (ms); the socket timeout stays well above it.
+MAX_BLOCK_MS = 1000
+SOCKET_TIMEOUT_S = 10.0
+# Streams other than token streams are trimmed by age (MINID), never by a small MAXLEN.
+STREAM_RETENTION_MS = 15 * 60 * 1000
+# A finished request's token stream stays readable this long, for resuming clients.
+TOKEN_STREAM_TTL_S = 15 * 60
+
+
+def connect(url: str) -> redis.Redis:
+    return redis.Redis.from_url(
+        url, socket_timeout=SOCKET_TIMEOUT_S, socket_connect_timeout=5.0, health_check_interval=30
+    )
+
+
+def connect_async(url: str) -> aioredis.Redis:
+    return aioredis.Redis.from_url(
+        url,
+        socket_timeout=SOCKET_TIMEOUT_S,
+        socket_connect_timeout=5.0,
+        health_check_interval=30,
+        max_connections=4096,
+    )
+
+
+def min_id(now: float | None = None) -> str:
+    """The MINID below which a stream's entries are older than the retention window."""
+    now_ms = int((time.time() if now is None else now) * 1000)
+    return f"{max(now_ms - STREAM_RETENTION_MS, 0)}-0"

@@ -1,0 +1,29 @@
+"""Every Redis stream and key name, in one place."""
+
+from __future__ import annotations
+
+from typing import Final
+
+# Clients append GenerateRequest here; batchers read it through BATCHER_GROUP and ack only finished ones.
+REQUESTS_STREAM: Final = "llm:requests"
+BATCHER_GROUP: Final = "batchers"
+
+# Everything addressed to the batcher: step results, aborts, worker hellos (XREAD, one reader).
+BATCHER_INBOX: Final = "llm:batcher:inbox"
+
+# worker_id -> encoded WorkerInfo, and worker_id -> last heartbeat (unix ms) as a sorted set.
+WORKERS_HASH: Final = "llm:workers"
+WORKERS_HEARTBEAT: Final = "llm:workers:heartbeat"
+
+# Counters the batcher keeps (preemptions, steps, ...), a hash of integers.
+BATCHER_STATS: Final = "llm:batcher:stats"
+
+
+def token_stream(req_id: str) -> str:
+    """Per-request stream of TokenEvent / RequestError; entry ids double as SSE ids."""
+    return f"llm:tokens:{req_id}"
+
+
+def worker_steps(worker_id: str) -> str:
+    """Per-worker stream of SchedulerOutput, written by the batcher, read by that worker only."""
+    return f"llm:worker:{worker_id}:steps"

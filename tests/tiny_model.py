@@ -1,0 +1,86 @@
+"""A small random-weight Llama with a real BPE tokenizer and chat template, saved like any hub model.
+
+Tests load it back through `from_pretrained` (worker) and the tokenizer files (gateway), the same code
+paths users take with a real model directory.
+"""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+
+
+def _corpus() -> list[str]:
+    # Offline English text that every Python install carries: standard-library docstrings.
+    import collections
+    import json
+    import os
+    import textwrap
+
+    lines: list[str] = []
+    for module in (collections, json, os, textwrap, inspect):
+        for _, obj in inspect.getmembers(module):
+            doc = inspect.getdoc(obj)
+            if doc:
+                lines.extend(doc.splitlines())
+    return lines
+
+
+def build_tiny_model(path: Path, *, seed: int = 0, vocab_size: int = 512, max_len: int = 512) -> Path:
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(_corpus(), trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|endoftext|>",
+        bos_token="<|endoftext|>",
+        pad_token="<|endoftext|>",
+        additional_special_tokens=["<|im_start|>", "<|im_end|>"],
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    fast.model_max_length = max_len
+    eos_id = tok.token_to_id("<|endoftext|>")
+    im_end_id = tok.token_to_id("<|im_end|>")
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=tok.get_vocab_size(),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=max_len,
+        initializer_range=0.05,
+        bos_token_id=eos_id,
+        eos_token_id=eos_id,
+        pad_token_id=eos_id,
+        tie_word_embeddings=False,
+    )
+    model = LlamaForCausalLM(config)
+    model.generation_config = GenerationConfig(
+        bos_token_id=eos_id, eos_token_id=[eos_id, im_end_id], pad_token_id=eos_id
+    )
+    path.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(path)
+    fast.save_pretrained(path)
+    return path

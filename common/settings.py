@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import AliasChoices, Field
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 
 
-def redis_url_field() -> str:
+def redis_url_field() -> Any:
     """`REDIS_URL`, read without the service's prefix so one variable configures every service."""
-    return Field(  # type: ignore[no-any-return]
+    return Field(
         default=DEFAULT_REDIS_URL,
         validation_alias=AliasChoices("REDIS_URL", "redis_url"),
         description="Redis connection URL (redis:// or rediss://, credentials allowed).",

@@ -1,0 +1,72 @@
+"""The batcher's state for one request."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from common.protocol import FinishReason, GenerateRequest, NewRequestData, SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"  # never scheduled, or preempted / orphaned and waiting to be recomputed
+    RUNNING = "running"  # holds blocks on a worker
+    FINISHED = "finished"  # ended for `finish_reason`; freed
+
+    @property
+    def is_finished(self) -> bool:
+        return self is RequestStatus.FINISHED
+
+
+@dataclass(slots=True, eq=False)
+class Request:
+    req_id: str
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    arrival_time: float
+    entry_id: str  # its entry in the requests stream, acknowledged when it finishes
+    priority: int = 0
+    owner: str = ""
+    output_token_ids: list[int] = field(default_factory=list)
+    status: RequestStatus = RequestStatus.WAITING
+    num_computed_tokens: int = 0  # tokens whose KV the worker holds
+    block_ids: list[int] = field(default_factory=list)
+    worker_id: str | None = None  # the worker holding its KV while RUNNING
+    attempt: int = 0  # bumped on every (re)schedule; the worker stamps it on token events
+    num_preemptions: int = 0
+    finish_reason: FinishReason | None = None
+    error: str | None = None  # why it failed, when finish_reason is "error"
+    error_published: bool = False  # the worker already wrote the RequestError to its token stream
+
+    @classmethod
+    def from_message(cls, msg: GenerateRequest, entry_id: str) -> Request:
+        return cls(
+            req_id=msg.req_id,
+            prompt_token_ids=list(msg.prompt_token_ids),
+            sampling_params=msg.sampling_params,
+            arrival_time=msg.arrival_time,
+            entry_id=entry_id,
+            priority=msg.priority,
+            owner=msg.owner,
+        )
+
+    @property
+    def num_tokens(self) -> int:
+        """Prompt plus generated tokens: what the worker must have computed before it samples again."""
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def max_num_tokens(self) -> int:
+        """The longest this request can grow."""
+        return len(self.prompt_token_ids) + self.sampling_params.max_tokens
+
+    def to_new_request_data(self) -> NewRequestData:
+        return NewRequestData(
+            req_id=self.req_id,
+            prompt_token_ids=self.prompt_token_ids,
+            output_token_ids=list(self.output_token_ids),
+            sampling_params=self.sampling_params,
+            block_ids=list(self.block_ids),
+            num_computed_tokens=self.num_computed_tokens,
+            attempt=self.attempt,
+        )

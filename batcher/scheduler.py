@@ -1,0 +1,346 @@
+"""Iteration-level scheduling (Orca-style continuous batching) for any number of workers. No I/O.
+
+Every call to `schedule(worker_id)` rebuilds that worker's next batch: its running requests first
+(decodes and unfinished prefill chunks), then waiting requests from the shared queue, all under
+`max_num_seqs` and a token budget of `max_num_batched_tokens`; a prompt longer than the budget left is
+computed in chunks over several steps while decodes keep going. When a worker's KV blocks run out, the
+most recently admitted request is preempted and later recomputed from prompt + tokens so far.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+from batcher.block_manager import BlockManager
+from batcher.request import Request, RequestStatus
+from common.protocol import (
+    CachedRequestData,
+    FinishReason,
+    ModelRunnerOutput,
+    NewRequestData,
+    SchedulerOutput,
+    WorkerInfo,
+)
+
+# An abort can reach the batcher before the request it cancels; remember it this long (seconds).
+EARLY_ABORT_TTL_S = 300.0
+
+
+@dataclass(slots=True)
+class SchedulerConfig:
+    max_num_seqs: int = 64  # requests in one worker's batch
+    max_num_batched_tokens: int = 512  # tokens computed in one step (prefill chunks + decodes)
+
+
+@dataclass(slots=True)
+class SchedulerStats:
+    num_steps: int = 0
+    num_preemptions: int = 0
+    num_partial_prefills: int = 0  # prefill chunks that left part of the prompt for a later step
+    num_finished: int = 0
+    num_aborted: int = 0
+    num_failed: int = 0
+
+
+@dataclass(slots=True)
+class WorkerState:
+    info: WorkerInfo
+    block_manager: BlockManager
+    running: list[Request] = field(default_factory=list)  # in admission order: newest last
+    to_free: list[str] = field(default_factory=list)  # req ids the worker must drop in its next step
+    in_flight: dict[str, int] | None = None  # req_id -> tokens of the step being computed
+    step_id: int = 0
+
+    def can_host(self, req: Request) -> bool:
+        """Whether this worker's whole pool could ever hold the request alone."""
+        if len(req.prompt_token_ids) >= self.info.max_model_len:
+            return False
+        longest = min(req.max_num_tokens, self.info.max_model_len)
+        return self.block_manager.blocks_for(longest) <= self.block_manager.num_blocks
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig) -> None:
+        self.config = config
+        self.stats = SchedulerStats()
+        self.workers: dict[str, WorkerState] = {}
+        self.requests: dict[str, Request] = {}  # every unfinished request
+        self.waiting: deque[Request] = deque()  # shared by all workers; preempted ones go to the front
+        self._early_aborts: dict[str, tuple[float, str]] = {}  # req_id -> (when, reason)
+
+    # ----- workers -------------------------------------------------------------------------------
+    def add_worker(self, info: WorkerInfo) -> None:
+        if info.worker_id not in self.workers:
+            bm = BlockManager(info.num_blocks, info.block_size)
+            self.workers[info.worker_id] = WorkerState(info=info, block_manager=bm)
+
+    def remove_worker(self, worker_id: str) -> list[Request]:
+        """Forget a dead worker; its requests wait again (oldest first) to be recomputed elsewhere."""
+        ws = self.workers.pop(worker_id, None)
+        if ws is None:
+            return []
+        orphans = list(ws.running)
+        for req in reversed(orphans):
+            self._reset(req)
+            self.waiting.appendleft(req)
+        return orphans
+
+    # ----- requests ------------------------------------------------------------------------------
+    def add_request(self, req: Request, now: float) -> list[Request]:
+        """Queue a request; returns it already finished when an abort for it came first."""
+        self._expire_early_aborts(now)
+        if req.req_id in self.requests:
+            return []  # delivered twice (e.g. re-read after a restart): keep the one we have
+        early = self._early_aborts.pop(req.req_id, None)
+        if early is not None:
+            self._mark_finished(req, "stop" if early[1] == "stop" else "abort")
+            self.stats.num_aborted += 1
+            return [req]
+        self.requests[req.req_id] = req
+        self.waiting.append(req)
+        return []
+
+    def abort_request(self, req_id: str, reason: str, now: float) -> Request | None:
+        req = self.requests.get(req_id)
+        if req is None:
+            self._early_aborts[req_id] = (now, reason)
+            return None
+        self._finish(req, "stop" if reason == "stop" else "abort")
+        self.stats.num_aborted += 1
+        return req
+
+    @property
+    def num_running(self) -> int:
+        return sum(len(ws.running) for ws in self.workers.values())
+
+    # ----- one step ------------------------------------------------------------------------------
+    def schedule(self, worker_id: str) -> tuple[SchedulerOutput | None, list[Request]]:
+        """The next step for `worker_id` (None when it has nothing to compute) and requests failed now."""
+        ws = self.workers[worker_id]
+        assert ws.in_flight is None, "one step in flight per worker"
+        budget = self.config.max_num_batched_tokens
+        num_scheduled: dict[str, int] = {}
+        cached: list[CachedRequestData] = []
+        new: list[NewRequestData] = []
+        failed: list[Request] = []
+
+        budget, preempted = self._schedule_running(ws, budget, num_scheduled, cached)
+        if not preempted:
+            budget = self._schedule_waiting(ws, budget, num_scheduled, new, failed)
+
+        if not num_scheduled:
+            return None, failed
+        ws.step_id += 1
+        ws.in_flight = dict(num_scheduled)
+        self.stats.num_steps += 1
+        out = SchedulerOutput(
+            step_id=ws.step_id,
+            scheduled_new_reqs=new,
+            scheduled_cached_reqs=cached,
+            num_scheduled_tokens=num_scheduled,
+            total_num_scheduled_tokens=sum(num_scheduled.values()),
+            finished_req_ids=ws.to_free,
+        )
+        ws.to_free = []
+        return out, failed
+
+    def _schedule_running(
+        self,
+        ws: WorkerState,
+        budget: int,
+        num_scheduled: dict[str, int],
+        cached: list[CachedRequestData],
+    ) -> tuple[int, bool]:
+        bm = ws.block_manager
+        preempted = False
+        i = 0
+        while i < len(ws.running) and budget > 0:
+            req = ws.running[i]
+            num_new = min(req.num_tokens - req.num_computed_tokens, budget)
+            if num_new <= 0:
+                i += 1
+                continue
+            need = bm.num_new_blocks(len(req.block_ids), req.num_computed_tokens + num_new)
+            while need > bm.num_free_blocks:
+                victim = ws.running[-1]  # the most recently admitted request gives way
+                self._preempt(ws, victim)
+                preempted = True
+                if victim is req:
+                    break
+            if req.status is not RequestStatus.RUNNING:
+                break  # it preempted itself: nothing after it is left either
+            new_block_ids = bm.allocate(need)
+            req.block_ids.extend(new_block_ids)
+            cached.append(
+                CachedRequestData(
+                    req_id=req.req_id,
+                    new_block_ids=new_block_ids,
+                    num_computed_tokens=req.num_computed_tokens,
+                )
+            )
+            self._count_chunk(req, num_new)
+            num_scheduled[req.req_id] = num_new
+            budget -= num_new
+            i += 1
+        return budget, preempted
+
+    def _schedule_waiting(
+        self,
+        ws: WorkerState,
+        budget: int,
+        num_scheduled: dict[str, int],
+        new: list[NewRequestData],
+        failed: list[Request],
+    ) -> int:
+        bm = ws.block_manager
+        share = self._fair_share(ws)
+        admitted = 0
+        while self.waiting and budget > 0 and len(ws.running) < self.config.max_num_seqs:
+            req = self.waiting[0]
+            if not ws.can_host(req):
+                if any(w.can_host(req) for w in self.workers.values()):
+                    break  # a larger worker will take it; keep arrival order
+                self.waiting.popleft()
+                self._fail(req, "the request needs more KV-cache blocks than any worker has")
+                failed.append(req)
+                continue
+            # New requests go to the worker with the most free blocks; a burst is split by free share.
+            if admitted >= share and self._best_worker(req, prefer=ws) is not ws:
+                break
+            num_new = min(req.num_tokens - req.num_computed_tokens, budget)
+            need = bm.num_new_blocks(len(req.block_ids), req.num_computed_tokens + num_new)
+            if need > bm.num_free_blocks:
+                break
+            self.waiting.popleft()
+            req.block_ids.extend(bm.allocate(need))
+            req.status = RequestStatus.RUNNING
+            req.worker_id = ws.info.worker_id
+            req.attempt += 1
+            ws.running.append(req)
+            new.append(req.to_new_request_data())
+            self._count_chunk(req, num_new)
+            num_scheduled[req.req_id] = num_new
+            budget -= num_new
+            admitted += 1
+        return budget
+
+    def _eligible(self, ws: WorkerState) -> bool:
+        return len(ws.running) < self.config.max_num_seqs
+
+    def _best_worker(self, req: Request, prefer: WorkerState) -> WorkerState | None:
+        best: WorkerState | None = None
+        for ws in self.workers.values():
+            if not self._eligible(ws) or not ws.can_host(req):
+                continue
+            # Most free blocks wins; on a tie the worker being scheduled now takes it.
+            key = (ws.block_manager.num_free_blocks, ws is prefer)
+            if best is None or key > (best.block_manager.num_free_blocks, best is prefer):
+                best = ws
+        return best
+
+    def _fair_share(self, ws: WorkerState) -> int:
+        """How many of the waiting requests this worker may take now, by its share of free blocks."""
+        total = sum(w.block_manager.num_free_blocks for w in self.workers.values() if self._eligible(w))
+        if total == 0:
+            return 0
+        return math.floor(len(self.waiting) * ws.block_manager.num_free_blocks / total)
+
+    def _count_chunk(self, req: Request, num_new: int) -> None:
+        if req.num_computed_tokens + num_new < req.num_tokens:
+            self.stats.num_partial_prefills += 1
+
+    # ----- results -------------------------------------------------------------------------------
+    def update_from_output(self, out: ModelRunnerOutput) -> list[Request]:
+        """Apply one step's result; returns the requests that finished with it."""
+        ws = self.workers.get(out.worker_id)
+        if ws is None or ws.in_flight is None or out.step_id != ws.step_id:
+            return []  # from a worker declared dead, or a duplicate
+        scheduled, ws.in_flight = ws.in_flight, None
+        finished: list[Request] = []
+        if out.error is not None:
+            for req_id in scheduled:
+                req = self._running_on(ws, req_id)
+                if req is not None:
+                    self._fail(req, f"worker step failed: {out.error}")
+                    finished.append(req)
+            return finished
+        for req_id, n in scheduled.items():
+            req = self._running_on(ws, req_id)
+            if req is not None:
+                req.num_computed_tokens += n
+        for req_id, token_id, reason in zip(
+            out.req_ids, out.sampled_token_ids, out.finish_reasons, strict=True
+        ):
+            req = self._running_on(ws, req_id)
+            if req is None:
+                continue  # aborted while its step ran
+            req.output_token_ids.append(token_id)
+            if reason is not None:
+                self._finish(req, reason)
+                self.stats.num_finished += 1
+                finished.append(req)
+        for req_id, message in out.req_errors.items():
+            req = self._running_on(ws, req_id)
+            if req is not None:
+                self._fail(req, message, published=True)
+                finished.append(req)
+        return finished
+
+    # ----- state changes -------------------------------------------------------------------------
+    def _running_on(self, ws: WorkerState, req_id: str) -> Request | None:
+        req = self.requests.get(req_id)
+        if req is None or req.status is not RequestStatus.RUNNING or req.worker_id != ws.info.worker_id:
+            return None
+        return req
+
+    def _preempt(self, ws: WorkerState, req: Request) -> None:
+        ws.running.remove(req)
+        ws.block_manager.free(req.block_ids)
+        ws.to_free.append(req.req_id)
+        self._reset(req)
+        req.num_preemptions += 1
+        self.stats.num_preemptions += 1
+        self.waiting.appendleft(req)
+
+    @staticmethod
+    def _reset(req: Request) -> None:
+        req.status = RequestStatus.WAITING
+        req.block_ids = []
+        req.num_computed_tokens = 0
+        req.worker_id = None
+
+    def _release(self, req: Request) -> None:
+        """Give back whatever the request holds: its place in a queue, its blocks, its worker state."""
+        if req.status is RequestStatus.RUNNING and req.worker_id is not None:
+            ws = self.workers.get(req.worker_id)
+            if ws is not None:
+                ws.running.remove(req)
+                ws.block_manager.free(req.block_ids)
+                ws.to_free.append(req.req_id)
+        elif req.status is RequestStatus.WAITING and req in self.waiting:
+            self.waiting.remove(req)
+        req.block_ids = []
+        self.requests.pop(req.req_id, None)
+
+    def _finish(self, req: Request, reason: FinishReason) -> None:
+        self._release(req)
+        self._mark_finished(req, reason)
+
+    def _fail(self, req: Request, message: str, published: bool = False) -> None:
+        self._release(req)
+        self._mark_finished(req, "error")
+        req.error = message
+        req.error_published = published
+        self.stats.num_failed += 1
+
+    @staticmethod
+    def _mark_finished(req: Request, reason: FinishReason) -> None:
+        req.status = RequestStatus.FINISHED
+        req.finish_reason = reason
+
+    def _expire_early_aborts(self, now: float) -> None:
+        stale = [rid for rid, (t, _) in self._early_aborts.items() if now - t > EARLY_ABORT_TTL_S]
+        for rid in stale:
+            del self._early_aborts[rid]

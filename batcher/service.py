@@ -1,0 +1,225 @@
+"""The batcher's busy loop: receive (requests, results, aborts), schedule, send (one step per worker)."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from typing import Any
+
+import msgspec
+import redis
+
+from batcher.request import Request
+from batcher.scheduler import Scheduler, SchedulerConfig
+from batcher.settings import BatcherSettings
+from common import streams
+from common.protocol import (
+    FIELD,
+    AbortRequest,
+    ModelRunnerOutput,
+    RequestError,
+    WorkerInfo,
+    decode_inbox,
+    decode_request,
+    decode_worker,
+    encode,
+)
+from common.redis_conn import MAX_BLOCK_MS, TOKEN_STREAM_TTL_S, min_id
+
+log = logging.getLogger("batcher")
+
+# Requests claimed from the stream per read; the rest wait for the next iteration.
+READ_COUNT = 512
+
+
+class Batcher:
+    def __init__(self, settings: BatcherSettings, client: redis.Redis) -> None:
+        self.settings = settings
+        self.redis = client
+        self.scheduler = Scheduler(
+            SchedulerConfig(
+                max_num_seqs=settings.max_num_seqs,
+                max_num_batched_tokens=settings.max_num_batched_tokens,
+            )
+        )
+        self._pipe = client.pipeline(transaction=False)
+        self._inbox_id = "0-0"
+        self._requests_seen_id = "0-0"
+        self._next_worker_check = 0.0
+        self._stats_dirty = True
+
+    # ----- lifecycle -----------------------------------------------------------------------------
+    def setup(self) -> None:
+        try:
+            self.redis.xgroup_create(streams.REQUESTS_STREAM, streams.BATCHER_GROUP, id="0", mkstream=True)
+        except redis.ResponseError as e:
+            if "BUSYGROUP" not in str(e):
+                raise
+        self._inbox_id = self._last_id(streams.BATCHER_INBOX)
+        self._requests_seen_id = self._last_id(streams.REQUESTS_STREAM)
+        self._claim_requests()  # whatever arrived before we started
+        self.check_workers(time.time())
+
+    def run(self, stop: threading.Event) -> None:
+        self.setup()
+        log.info("batcher %s started", self.settings.batcher_id)
+        while not stop.is_set():
+            self.step()
+        log.info("batcher %s stopped", self.settings.batcher_id)
+
+    def step(self) -> None:
+        """One iteration of the busy loop."""
+        self.receive()
+        now = time.time()
+        if now >= self._next_worker_check:
+            self.check_workers(now)
+        self.schedule()
+        self.send()
+
+    # ----- receive -------------------------------------------------------------------------------
+    def receive(self) -> None:
+        """Wait (bounded) for anything addressed to the batcher, then take it in."""
+        block_ms = max(1, min(MAX_BLOCK_MS, int((self._next_worker_check - time.time()) * 1000)))
+        resp: Any = self.redis.xread(
+            {streams.BATCHER_INBOX: self._inbox_id, streams.REQUESTS_STREAM: self._requests_seen_id},
+            block=block_ms,
+        )
+        saw_requests = False
+        for name, entries in resp or []:
+            if _s(name) == streams.REQUESTS_STREAM:
+                self._requests_seen_id = _s(entries[-1][0])
+                saw_requests = True
+                continue
+            for entry_id, fields in entries:
+                self._inbox_id = _s(entry_id)
+                self._on_inbox(fields)
+        if saw_requests:
+            self._claim_requests()
+
+    def _claim_requests(self) -> None:
+        resp: Any = self.redis.xreadgroup(
+            streams.BATCHER_GROUP,
+            self.settings.batcher_id,
+            {streams.REQUESTS_STREAM: ">"},
+            count=READ_COUNT,
+        )
+        now = time.time()
+        for _, entries in resp or []:
+            for entry_id, fields in entries:
+                try:
+                    msg = decode_request(fields[FIELD])
+                except (KeyError, msgspec.DecodeError) as e:
+                    log.warning("dropping malformed request entry %s: %s", _s(entry_id), e)
+                    self._pipe.xack(streams.REQUESTS_STREAM, streams.BATCHER_GROUP, entry_id)
+                    continue
+                req = Request.from_message(msg, _s(entry_id))
+                self._on_finished(self.scheduler.add_request(req, now))
+
+    def _on_inbox(self, fields: dict[bytes, bytes]) -> None:
+        try:
+            msg = decode_inbox(fields[FIELD])
+        except (KeyError, msgspec.DecodeError) as e:
+            log.warning("dropping malformed inbox entry: %s", e)
+            return
+        if isinstance(msg, ModelRunnerOutput):
+            if msg.error is not None:
+                log.error("worker %s step %d failed: %s", msg.worker_id, msg.step_id, msg.error)
+            self._on_finished(self.scheduler.update_from_output(msg))
+        elif isinstance(msg, AbortRequest):
+            req = self.scheduler.abort_request(msg.req_id, msg.reason, time.time())
+            if req is not None:
+                self._on_finished([req])
+        elif isinstance(msg, WorkerInfo):
+            self._add_worker(msg)
+
+    # ----- workers -------------------------------------------------------------------------------
+    def check_workers(self, now: float) -> None:
+        """Join workers with a fresh heartbeat; drop those whose heartbeat is too old."""
+        self._next_worker_check = now + self.settings.worker_check_interval_s
+        beats: Any = self.redis.zrange(streams.WORKERS_HEARTBEAT, 0, -1, withscores=True)
+        cutoff_ms = (now - self.settings.heartbeat_timeout_s) * 1000
+        alive = {_s(wid) for wid, score in beats if score >= cutoff_ms}
+        for worker_id in list(self.scheduler.workers):
+            if worker_id not in alive:
+                self._remove_worker(worker_id)
+        for worker_id in alive - self.scheduler.workers.keys():
+            raw: Any = self.redis.hget(streams.WORKERS_HASH, worker_id)
+            if raw is not None:
+                self._add_worker(decode_worker(raw))
+
+    def _add_worker(self, info: WorkerInfo) -> None:
+        if info.worker_id in self.scheduler.workers:
+            return
+        self.scheduler.add_worker(info)
+        self._stats_dirty = True
+        log.info(
+            "worker %s joined: %d blocks of %d tokens, max_model_len %d",
+            info.worker_id,
+            info.num_blocks,
+            info.block_size,
+            info.max_model_len,
+        )
+
+    def _remove_worker(self, worker_id: str) -> None:
+        orphans = self.scheduler.remove_worker(worker_id)
+        # Forget it in Redis too, so a worker that was only paused cannot rejoin with stale state.
+        self._pipe.zrem(streams.WORKERS_HEARTBEAT, worker_id)
+        self._pipe.hdel(streams.WORKERS_HASH, worker_id)
+        self._stats_dirty = True
+        log.warning("worker %s is gone; %d requests will be recomputed elsewhere", worker_id, len(orphans))
+
+    # ----- schedule and send ---------------------------------------------------------------------
+    def schedule(self) -> None:
+        """Build the next step of every worker that is not computing one."""
+        for worker_id, ws in self.scheduler.workers.items():
+            if ws.in_flight is not None:
+                continue
+            out, failed = self.scheduler.schedule(worker_id)
+            self._on_finished(failed)
+            if out is None:
+                continue
+            self._pipe.xadd(
+                streams.worker_steps(worker_id), {FIELD: encode(out)}, minid=min_id(), approximate=True
+            )
+            self._stats_dirty = True
+
+    def send(self) -> None:
+        if self._stats_dirty:
+            self._pipe.hset(streams.BATCHER_STATS, mapping=self._stats())  # type: ignore[arg-type]
+            self._stats_dirty = False
+        if len(self._pipe):
+            self._pipe.execute()
+
+    def _on_finished(self, finished: list[Request]) -> None:
+        for req in finished:
+            if req.finish_reason == "error" and not req.error_published:
+                key = streams.token_stream(req.req_id)
+                event = RequestError(req_id=req.req_id, message=req.error or "request failed")
+                self._pipe.xadd(key, {FIELD: encode(event)})
+                self._pipe.expire(key, TOKEN_STREAM_TTL_S)
+            self._pipe.xack(streams.REQUESTS_STREAM, streams.BATCHER_GROUP, req.entry_id)
+            self._stats_dirty = True
+
+    def _stats(self) -> dict[str, Any]:
+        s = self.scheduler
+        stats: dict[str, Any] = dataclasses.asdict(s.stats)
+        stats.update(
+            num_waiting=len(s.waiting),
+            num_running=s.num_running,
+            num_workers=len(s.workers),
+            updated_at=time.time(),
+        )
+        return stats
+
+    def _last_id(self, stream: str) -> str:
+        try:
+            info = self.redis.xinfo_stream(stream)
+        except redis.ResponseError:
+            return "0-0"  # no such stream yet
+        return _s(info["last-generated-id"])
+
+
+def _s(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value

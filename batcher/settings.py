@@ -1,0 +1,41 @@
+"""Batcher settings, from BATCHER_* environment variables (REDIS_URL without prefix)."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from common.settings import redis_url_field
+
+
+def _default_batcher_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+class BatcherSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="BATCHER_", extra="ignore")
+
+    redis_url: str = redis_url_field()
+    max_num_seqs: int = Field(64, ge=1, description="Most requests in one worker's batch.")
+    max_num_batched_tokens: int = Field(
+        512, ge=1, description="Token budget of one step: prefill chunks plus decodes."
+    )
+    heartbeat_timeout_s: float = Field(
+        5.0, gt=0, description="A worker whose last heartbeat is older than this is dead."
+    )
+    worker_check_interval_s: float = Field(
+        0.5, gt=0, description="How often to look for new or dead workers."
+    )
+    batcher_id: str = Field(default_factory=_default_batcher_id, description="Consumer name in the group.")
+
+    @model_validator(mode="after")
+    def _check(self) -> BatcherSettings:
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise ValueError(
+                "BATCHER_MAX_NUM_BATCHED_TOKENS must be at least BATCHER_MAX_NUM_SEQS, "
+                "or a full batch of decodes could not fit in one step"
+            )
+        return self

@@ -1,0 +1,265 @@
+"""The scheduler and block manager, driven by hand-built step results (no Redis, no model)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from batcher.block_manager import BlockManager
+from batcher.request import Request, RequestStatus
+from batcher.scheduler import Scheduler, SchedulerConfig
+from common.protocol import FinishReason, ModelRunnerOutput, SamplingParams, SchedulerOutput, WorkerInfo
+
+
+def worker(
+    worker_id: str = "w0", num_blocks: int = 64, block_size: int = 4, max_len: int = 256
+) -> WorkerInfo:
+    return WorkerInfo(
+        worker_id=worker_id,
+        model="m",
+        num_blocks=num_blocks,
+        block_size=block_size,
+        max_model_len=max_len,
+        started_at=0.0,
+    )
+
+
+def request(req_id: str, prompt_len: int, max_tokens: int = 8) -> Request:
+    return Request(
+        req_id=req_id,
+        prompt_token_ids=list(range(1, prompt_len + 1)),
+        sampling_params=SamplingParams(max_tokens=max_tokens, temperature=0.0),
+        arrival_time=0.0,
+        entry_id=f"{req_id}-entry",
+    )
+
+
+def make(max_num_seqs: int = 8, max_tokens: int = 64, **worker_kw: int) -> Scheduler:
+    s = Scheduler(SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_tokens))
+    s.add_worker(worker(**worker_kw))  # type: ignore[arg-type]
+    return s
+
+
+def complete(
+    s: Scheduler,
+    out: SchedulerOutput,
+    worker_id: str = "w0",
+    finish: Callable[[Request], FinishReason | None] = lambda r: None,
+) -> list[Request]:
+    """Answer a step as a worker would: a token (100 + output index) for each request whose prompt is done."""
+    req_ids, tokens, reasons = [], [], []
+    for req_id, n in out.num_scheduled_tokens.items():
+        req = s.requests.get(req_id)
+        if req is None:  # aborted meanwhile: the worker does not know yet and samples anyway
+            req_ids.append(req_id)
+            tokens.append(0)
+            reasons.append(None)
+        elif req.num_computed_tokens + n == req.num_tokens:
+            req_ids.append(req_id)
+            tokens.append(100 + len(req.output_token_ids))
+            reasons.append(finish(req))
+    result = ModelRunnerOutput(
+        step_id=out.step_id,
+        worker_id=worker_id,
+        req_ids=req_ids,
+        sampled_token_ids=tokens,
+        finish_reasons=reasons,
+    )
+    return s.update_from_output(result)
+
+
+def step(s: Scheduler, worker_id: str = "w0", **kw: object) -> SchedulerOutput:
+    out, failed = s.schedule(worker_id)
+    assert not failed
+    assert out is not None
+    complete(s, out, worker_id, **kw)  # type: ignore[arg-type]
+    return out
+
+
+def test_block_manager_allocates_and_frees() -> None:
+    bm = BlockManager(num_blocks=4, block_size=16)
+    assert bm.blocks_for(1) == 1 and bm.blocks_for(16) == 1 and bm.blocks_for(17) == 2
+    assert bm.num_new_blocks(held=1, num_tokens=17) == 1
+    ids = bm.allocate(3)
+    assert len(set(ids)) == 3 and bm.num_free_blocks == 1
+    with pytest.raises(RuntimeError):
+        bm.allocate(2)
+    bm.free(ids)
+    assert bm.num_free_blocks == 4 and bm.usage == 0.0
+
+
+def test_admission_respects_token_budget_and_chunks_the_remainder() -> None:
+    s = make(max_tokens=32)
+    for i in range(4):
+        s.add_request(request(f"r{i}", prompt_len=10), now=0.0)
+    out, _ = s.schedule("w0")
+    assert out is not None
+    assert out.num_scheduled_tokens == {"r0": 10, "r1": 10, "r2": 10, "r3": 2}
+    assert out.total_num_scheduled_tokens == 32
+    assert [r.req_id for r in out.scheduled_new_reqs] == ["r0", "r1", "r2", "r3"]
+    assert s.stats.num_partial_prefills == 1
+    complete(s, out)
+    # r0..r2 sampled their first token; r3 sampled nothing and continues its prompt while they decode.
+    assert [len(s.requests[f"r{i}"].output_token_ids) for i in range(4)] == [1, 1, 1, 0]
+    out2, _ = s.schedule("w0")
+    assert out2 is not None
+    assert out2.num_scheduled_tokens == {"r0": 1, "r1": 1, "r2": 1, "r3": 8}
+    assert not out2.scheduled_new_reqs
+    cached = {c.req_id: c.num_computed_tokens for c in out2.scheduled_cached_reqs}
+    assert cached == {"r0": 10, "r1": 10, "r2": 10, "r3": 2}
+
+
+def test_long_prompt_spreads_over_steps_while_decodes_continue() -> None:
+    s = make(max_tokens=16)
+    s.add_request(request("short", prompt_len=4, max_tokens=20), now=0.0)
+    step(s)
+    s.add_request(request("long", prompt_len=40), now=0.0)
+    seen = []
+    while len(s.requests["long"].output_token_ids) == 0:
+        out = step(s)
+        assert out.num_scheduled_tokens["short"] == 1  # the decode never waits for the prefill
+        seen.append(out.num_scheduled_tokens["long"])
+    assert seen == [15, 15, 10]
+
+
+def test_max_num_seqs_caps_the_batch() -> None:
+    s = make(max_num_seqs=2)
+    for i in range(3):
+        s.add_request(request(f"r{i}", prompt_len=3), now=0.0)
+    out = step(s)
+    assert set(out.num_scheduled_tokens) == {"r0", "r1"}
+    assert [r.req_id for r in s.waiting] == ["r2"]
+
+
+def test_finished_request_is_freed_and_dropped_on_the_worker_next_step() -> None:
+    s = make()
+    s.add_request(request("a", prompt_len=5, max_tokens=2), now=0.0)
+    s.add_request(request("b", prompt_len=5, max_tokens=9), now=0.0)
+    step(s)
+    free_before = s.workers["w0"].block_manager.num_free_blocks
+    out, _ = s.schedule("w0")
+    assert out is not None
+    finished = complete(s, out, finish=lambda r: "length" if r.req_id == "a" else None)
+    assert [r.req_id for r in finished] == ["a"]
+    assert finished[0].status is RequestStatus.FINISHED and finished[0].output_token_ids == [100, 101]
+    assert s.workers["w0"].block_manager.num_free_blocks == free_before + 2
+    out2, _ = s.schedule("w0")
+    assert out2 is not None and out2.finished_req_ids == ["a"]
+    assert set(out2.num_scheduled_tokens) == {"b"}
+
+
+def test_preemption_frees_the_newest_and_recomputes_it_later() -> None:
+    # 6 blocks of 4 tokens: two requests of 8 prompt tokens take 4 blocks; growing needs more.
+    s = make(num_blocks=6, block_size=4)
+    s.add_request(request("old", prompt_len=8, max_tokens=12), now=0.0)
+    s.add_request(request("new", prompt_len=8, max_tokens=12), now=0.0)
+    for _ in range(5):
+        step(s)
+    assert s.stats.num_preemptions == 0
+    # Both hold 12 tokens' worth (3 blocks each); the next token needs a fourth block for each.
+    out, _ = s.schedule("w0")
+    assert out is not None
+    assert s.stats.num_preemptions == 1
+    assert set(out.num_scheduled_tokens) == {"old"}
+    assert out.finished_req_ids == ["new"]  # the worker drops it in this very step
+    victim = s.requests["new"]
+    assert victim.status is RequestStatus.WAITING and victim.num_computed_tokens == 0
+    assert s.waiting[0] is victim
+    generated = list(victim.output_token_ids)
+    complete(s, out)
+    out2, _ = s.schedule("w0")
+    assert out2 is not None and set(out2.num_scheduled_tokens) == {"old"}  # still no room for "new"
+    # Once "old" finishes, "new" comes back as a new request with its tokens so far and a new attempt.
+    complete(s, out2, finish=lambda r: "length")
+    out3, _ = s.schedule("w0")
+    assert out3 is not None
+    assert out3.finished_req_ids == ["old"]
+    [resumed] = out3.scheduled_new_reqs
+    assert resumed.req_id == "new" and resumed.output_token_ids == generated
+    assert resumed.attempt == 2 and resumed.num_computed_tokens == 0
+    assert out3.num_scheduled_tokens["new"] == 8 + len(generated)
+
+
+def test_abort_frees_running_and_remembers_early_aborts() -> None:
+    s = make()
+    s.add_request(request("a", prompt_len=4), now=0.0)
+    step(s)
+    aborted = s.abort_request("a", "abort", now=0.0)
+    assert aborted is not None and aborted.finish_reason == "abort"
+    assert s.workers["w0"].block_manager.num_free_blocks == 64
+    assert s.schedule("w0")[0] is None  # nothing left to compute; the free rides on the next step
+    assert s.abort_request("later", "stop", now=1.0) is None
+    [early] = s.add_request(request("later", prompt_len=4), now=2.0)
+    assert early.finish_reason == "stop" and "later" not in s.requests
+
+
+def test_result_of_an_aborted_request_is_ignored() -> None:
+    s = make()
+    s.add_request(request("a", prompt_len=4), now=0.0)
+    out, _ = s.schedule("w0")
+    assert out is not None
+    s.abort_request("a", "abort", now=0.0)
+    assert complete(s, out) == []
+    assert s.workers["w0"].in_flight is None
+
+
+def test_request_larger_than_every_pool_fails() -> None:
+    s = make(num_blocks=4, block_size=4)
+    s.add_request(request("huge", prompt_len=10, max_tokens=20), now=0.0)
+    out, failed = s.schedule("w0")
+    assert out is None
+    assert [r.req_id for r in failed] == ["huge"] and failed[0].finish_reason == "error"
+    assert "blocks" in (failed[0].error or "")
+
+
+def test_new_requests_are_split_between_workers_by_free_blocks() -> None:
+    s = make(max_num_seqs=16)
+    s.add_worker(worker("w1"))
+    for i in range(8):
+        s.add_request(request(f"r{i}", prompt_len=4), now=0.0)
+    out0, _ = s.schedule("w0")
+    out1, _ = s.schedule("w1")
+    assert out0 is not None and out1 is not None
+    assert len(out0.scheduled_new_reqs) == 4 and len(out1.scheduled_new_reqs) == 4
+    # A single new request goes to the worker with more free blocks, not the one asking first.
+    complete(s, out0)
+    complete(s, out1, worker_id="w1")
+    s.abort_request("r0", "abort", now=0.0)  # w0 now has more free blocks
+    s.add_request(request("next", prompt_len=4), now=0.0)
+    out1b, _ = s.schedule("w1")
+    assert out1b is not None and not out1b.scheduled_new_reqs
+    out0b, _ = s.schedule("w0")
+    assert out0b is not None and [r.req_id for r in out0b.scheduled_new_reqs] == ["next"]
+
+
+def test_dead_worker_requests_resume_on_another_worker() -> None:
+    s = make()
+    s.add_request(request("a", prompt_len=4, max_tokens=10), now=0.0)
+    step(s)
+    step(s)
+    s.add_worker(worker("w1"))
+    assert [r.req_id for r in s.remove_worker("w0")] == ["a"]
+    out, _ = s.schedule("w1")
+    assert out is not None
+    [resumed] = out.scheduled_new_reqs
+    assert resumed.output_token_ids == [100, 101] and resumed.attempt == 2
+    # A late result from the dead worker changes nothing.
+    late = ModelRunnerOutput(
+        step_id=3, worker_id="w0", req_ids=["a"], sampled_token_ids=[9], finish_reasons=[None]
+    )
+    assert s.update_from_output(late) == []
+    assert s.requests["a"].output_token_ids == [100, 101]
+
+
+def test_failed_step_fails_its_requests() -> None:
+    s = make()
+    s.add_request(request("a", prompt_len=4), now=0.0)
+    out, _ = s.schedule("w0")
+    assert out is not None
+    bad = ModelRunnerOutput(
+        step_id=out.step_id, worker_id="w0", req_ids=[], sampled_token_ids=[], finish_reasons=[], error="boom"
+    )
+    [failed] = s.update_from_output(bad)
+    assert failed.finish_reason == "error" and "boom" in (failed.error or "")
+    assert not s.requests

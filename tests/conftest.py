@@ -6,13 +6,17 @@ import shutil
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 import redis
 
 from tests.tiny_model import build_tiny_model
+
+if TYPE_CHECKING:
+    from tests.services import Stack
 
 
 def free_port() -> int:
@@ -33,8 +37,19 @@ def redis_url(tmp_path: Path) -> Iterator[str]:
     assert binary, "redis-server must be on PATH"
     port = free_port()
     proc = subprocess.Popen(
-        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-         "--dir", str(tmp_path)],
+        [
+            binary,
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(tmp_path),
+        ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -56,3 +71,22 @@ def redis_url(tmp_path: Path) -> Iterator[str]:
         client.close()
         proc.kill()
         proc.wait()
+
+
+@pytest.fixture()
+def make_stack(redis_url: str, tiny_model_dir: Path, tmp_path: Path) -> Iterator[Callable[[], Stack]]:
+    """Builds a Stack of real service processes on the test's Redis; stops every process afterwards."""
+    from tests.services import Stack
+
+    stacks: list[Stack] = []
+
+    def make() -> Stack:
+        stack = Stack(redis_url=redis_url, model_dir=tiny_model_dir, log_dir=tmp_path)
+        stacks.append(stack)
+        return stack
+
+    try:
+        yield make
+    finally:
+        for stack in stacks:
+            stack.stop()

@@ -1,0 +1,100 @@
+"""Start the real services as processes (batcher, workers, gateway) against a test's redis-server."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import redis
+
+from common import streams
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def wait_for(condition: Callable[[], bool], timeout: float, what: str, interval: float = 0.02) -> None:
+    """Poll `condition` until it holds; fail with `what` after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+@dataclass
+class Stack:
+    redis_url: str
+    model_dir: Path
+    log_dir: Path
+    procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    base_url: str = ""
+
+    def _spawn(self, name: str, args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+        full_env = {**os.environ, "REDIS_URL": self.redis_url, "PYTHONUNBUFFERED": "1", **env}
+        log = open(self.log_dir / f"{name}.log", "wb")  # noqa: SIM115 - closed with the process
+        proc = subprocess.Popen([sys.executable, "-m", *args], cwd=ROOT, env=full_env, stdout=log, stderr=log)
+        self.procs[name] = proc
+        return proc
+
+    def start_batcher(self, **env: str) -> None:
+        self._spawn("batcher", ["batcher"], env)
+
+    def start_worker(self, name: str = "worker0", **env: str) -> subprocess.Popen[bytes]:
+        env = {"WORKER_NUM_THREADS": "1", **env}
+        return self._spawn(name, ["gpu_worker", "--model", str(self.model_dir), "--device", "cpu"], env)
+
+    def start_gateway(self, **env: str) -> None:
+        from tests.conftest import free_port
+
+        port = free_port()
+        self._spawn(
+            "gateway",
+            ["gateway", "--host", "127.0.0.1", "--port", str(port), "--model", str(self.model_dir)],
+            env,
+        )
+        self.base_url = f"http://127.0.0.1:{port}"
+
+    def num_workers_joined(self) -> int:
+        raw = redis.Redis.from_url(self.redis_url).hget(streams.BATCHER_STATS, "num_workers")
+        return int(raw) if raw is not None else 0  # type: ignore[arg-type]
+
+    def stats(self) -> dict[str, float]:
+        raw = redis.Redis.from_url(self.redis_url).hgetall(streams.BATCHER_STATS)
+        return {k.decode(): float(v) for k, v in raw.items()}  # type: ignore[union-attr]
+
+    def wait_ready(self, num_workers: int, timeout: float = 90.0) -> None:
+        def healthy() -> bool:
+            self.check_alive()
+            try:
+                return httpx.get(f"{self.base_url}/health", timeout=2).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        wait_for(healthy, timeout, "gateway /health to answer 200")
+        wait_for(lambda: self.num_workers_joined() >= num_workers, timeout, f"{num_workers} workers to join")
+
+    def check_alive(self) -> None:
+        for name, proc in self.procs.items():
+            if proc.poll() is not None:
+                raise RuntimeError(f"{name} exited with {proc.returncode}:\n{self.log(name)}")
+
+    def log(self, name: str) -> str:
+        return (self.log_dir / f"{name}.log").read_text(errors="replace")[-4000:]
+
+    def stop(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()

@@ -1,0 +1,1 @@
+"""OpenAI-compatible HTTP front end: validates, tokenizes, queues requests and relays their tokens."""

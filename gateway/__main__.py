@@ -1,0 +1,48 @@
+"""`python -m gateway --host H --port P [--model DIR] [--served-model-name NAME]`."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from typing import Any
+
+import uvicorn
+
+from gateway.app import create_app
+from gateway.settings import GatewaySettings
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m gateway", description=__doc__)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--model", help="model directory (overrides GATEWAY_MODEL / MODEL)")
+    parser.add_argument("--served-model-name", help="name clients pass as `model` (default: directory name)")
+    parser.add_argument("--log-level", default="info")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    # Flags given on the command line win over the environment.
+    overrides: dict[str, Any] = {}
+    if args.model is not None:
+        overrides["model"] = args.model
+    if args.served_model_name is not None:
+        overrides["served_model_name"] = args.served_model_name
+    settings = GatewaySettings(**overrides)
+    # Open streams get a few seconds to finish on shutdown rather than holding it up indefinitely.
+    uvicorn.run(
+        create_app(settings),
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        timeout_graceful_shutdown=5,
+    )
+
+
+if __name__ == "__main__":
+    main()

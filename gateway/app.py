@@ -1,0 +1,39 @@
+"""The FastAPI application: `create_app(settings)` is the one entry point."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from common.redis_conn import connect_async
+from gateway import routes_chat, routes_completions, routes_models
+from gateway.errors import install_error_handlers
+from gateway.request_runner import RequestRunner
+from gateway.served_model import load_served_model
+from gateway.settings import GatewaySettings
+from gateway.state import GatewayState
+
+
+def create_app(settings: GatewaySettings) -> FastAPI:
+    """Build the app; the tokenizer loads now (so a bad model dir fails fast), Redis on startup."""
+    served = load_served_model(settings)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        redis = connect_async(settings.redis_url)
+        runner = RequestRunner(redis, served, settings.request_timeout_s)
+        app.state.gateway = GatewayState(settings=settings, served=served, redis=redis, runner=runner)
+        try:
+            yield
+        finally:
+            await runner.drain()
+            await redis.aclose()
+
+    app = FastAPI(title="cbserve gateway", lifespan=lifespan)
+    install_error_handlers(app)
+    app.include_router(routes_completions.router)
+    app.include_router(routes_chat.router)
+    app.include_router(routes_models.router)
+    return app

@@ -1,0 +1,125 @@
+"""Chat templates rendered the way transformers renders them, without importing transformers.
+
+Hub templates are untrusted code: they run in jinja's immutable sandbox with the same globals and filters
+transformers provides (`raise_exception`, `strftime_now`, `tojson`, `dict`, `namespace`, `{% generation %}`).
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from functools import lru_cache
+from typing import Any
+
+import jinja2
+import jinja2.ext
+import jinja2.nodes
+import jinja2.parser
+import jinja2.runtime
+import jinja2.utils
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+
+class ChatTemplateError(ValueError):
+    """The template refused the conversation (e.g. `raise_exception('roles must alternate')`)."""
+
+
+class _GenerationTag(jinja2.ext.Extension):
+    # transformers tracks assistant spans with `{% generation %}`; rendering only needs the body.
+    tags = {"generation"}  # noqa: RUF012 - jinja reads it as a class attribute
+
+    def parse(self, parser: jinja2.parser.Parser) -> jinja2.nodes.Node:
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return jinja2.nodes.CallBlock(self.call_method("_render_body"), [], [], body).set_lineno(lineno)
+
+    def _render_body(self, caller: jinja2.runtime.Macro) -> str:
+        return str(caller())
+
+
+class _TemplateNamespace(jinja2.utils.Namespace):
+    # As in transformers: namespaces reject underscore names so templates cannot reach CPython internals.
+    def __init__(*args: Any, **kwargs: Any) -> None:
+        self, rest = args[0], args[1:]
+        attrs = dict(*rest, **kwargs)
+        for name in attrs:
+            _TemplateNamespace._check_name(name)
+        jinja2.utils.Namespace.__init__(self, attrs)
+
+    def __setitem__(self, name: str, value: Any) -> None:
+        _TemplateNamespace._check_name(name)
+        jinja2.utils.Namespace.__setitem__(self, name, value)
+
+    @staticmethod
+    def _check_name(name: object) -> None:
+        if isinstance(name, str) and name.startswith("_"):
+            raise jinja2.exceptions.SecurityError(f"namespace attribute {name!r} is not allowed")
+
+
+class _TemplateDict:
+    # `dict(...)` inside templates, without exposing the dict type itself.
+    def __call__(self, *args: Any, **kwargs: Any) -> dict[Any, Any]:
+        return dict(*args, **kwargs)
+
+    def fromkeys(self, *args: Any, **kwargs: Any) -> dict[Any, Any]:
+        return dict.fromkeys(*args, **kwargs)
+
+
+def _raise_exception(message: str) -> None:
+    raise jinja2.exceptions.TemplateError(message)
+
+
+def _tojson(
+    x: Any,
+    ensure_ascii: bool = False,
+    indent: int | None = None,
+    separators: tuple[str, str] | None = None,
+    sort_keys: bool = False,
+) -> str:
+    # jinja's own tojson escapes HTML characters, which would change the prompt.
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+def _strftime_now(format: str) -> str:
+    return datetime.now().strftime(format)
+
+
+@lru_cache(maxsize=8)
+def _compile(template: str) -> jinja2.Template:
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationTag, jinja2.ext.loopcontrols]
+    )
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = _strftime_now
+    env.globals["dict"] = _TemplateDict()
+    env.globals["namespace"] = _TemplateNamespace
+    return env.from_string(template)
+
+
+def render_chat(
+    template: str,
+    messages: list[dict[str, Any]],
+    *,
+    special_tokens: dict[str, str],
+    add_generation_prompt: bool = True,
+) -> str:
+    """The prompt text for `messages`; raises ChatTemplateError when the template rejects them."""
+    # Like transformers: keys whose value is None are dropped, since templates handle a missing key better.
+    chat = [{k: v for k, v in m.items() if v is not None} for m in messages]
+    try:
+        compiled = _compile(template)
+        return compiled.render(
+            messages=chat,
+            tools=None,
+            documents=None,
+            add_generation_prompt=add_generation_prompt,
+            **special_tokens,
+        )
+    except jinja2.exceptions.TemplateError as exc:
+        raise ChatTemplateError(str(exc)) from exc
+
+
+def check_template(template: str) -> None:
+    """Fail at startup, not on the first chat request, when the model's template does not compile."""
+    _compile(template)

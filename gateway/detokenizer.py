@@ -1,0 +1,38 @@
+"""Incremental detokenization, vLLM-style: decode a short window of tokens and emit what it added.
+
+Decoding one token at a time is wrong for many tokenizers (SentencePiece drops the leading space of the
+first token; byte-level BPE splits multi-byte characters across tokens), so each step decodes the tokens
+from `prefix_offset` and emits only the text beyond what `prefix_offset:read_offset` already produced.
+"""
+
+from __future__ import annotations
+
+from tokenizers import Tokenizer
+
+# Prompt tokens kept as left context so the first output token decodes with the right leading space.
+NUM_CONTEXT_TOKENS = 5
+_REPLACEMENT_CHAR = "\ufffd"
+
+
+class IncrementalDetokenizer:
+    def __init__(self, tokenizer: Tokenizer, prompt_token_ids: list[int]) -> None:
+        self._tokenizer = tokenizer
+        self._token_ids = list(prompt_token_ids[-NUM_CONTEXT_TOKENS:])
+        # Text up to read_offset has been emitted; prefix_offset:read_offset is the context window.
+        self._prefix_offset = 0
+        self._read_offset = len(self._token_ids)
+
+    def _decode(self, start: int, end: int | None = None) -> str:
+        return str(self._tokenizer.decode(self._token_ids[start:end], skip_special_tokens=True))
+
+    def step(self, token_id: int) -> str:
+        """Append one token and return the new text it completes (often "", e.g. mid-character)."""
+        self._token_ids.append(token_id)
+        prefix_text = self._decode(self._prefix_offset, self._read_offset)
+        new_text = self._decode(self._prefix_offset)
+        # A trailing U+FFFD is an incomplete UTF-8 sequence: wait for the next token to finish it.
+        if len(new_text) <= len(prefix_text) or new_text.endswith(_REPLACEMENT_CHAR):
+            return ""
+        self._prefix_offset = self._read_offset
+        self._read_offset = len(self._token_ids)
+        return new_text[len(prefix_text) :]

@@ -1,0 +1,116 @@
+"""OpenAI-style error objects, and the exception handlers that turn every failure into one."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import redis.exceptions
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from common.protocol import RequestError
+
+logger = logging.getLogger(__name__)
+
+# RequestError codes (from the batcher / worker) that blame the request rather than the server.
+_STATUS_BY_CODE = {
+    "invalid_request_error": 400,
+    "context_length_exceeded": 400,
+    "rate_limit_exceeded": 429,
+}
+
+
+class OpenAIError(Exception):
+    """Raised anywhere in a request; the handler answers `{"error": {...}}` with `status`."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.param = param
+        self.code = code
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+def invalid_request(message: str, param: str | None = None, code: str | None = None) -> OpenAIError:
+    return OpenAIError(400, message, param=param, code=code)
+
+
+def from_request_error(error: RequestError) -> OpenAIError:
+    status = _STATUS_BY_CODE.get(error.code, 500)
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    return OpenAIError(status, error.message, type=kind, code=error.code)
+
+
+# Pydantic names the member of a union that failed inside `loc` (e.g. ("prompt", "list[int]")): not a param.
+_UNION_TAGS = {"str", "int", "float", "bool", "list", "dict", "none", "function-after", "function-before"}
+
+
+def _param_name(loc: tuple[int | str, ...]) -> str | None:
+    """("body", "messages", 0, "role") -> "messages[0].role", the form the 400 errors use."""
+    param = ""
+    for part in loc[1:] if loc and loc[0] == "body" else loc:
+        if isinstance(part, int):
+            param += f"[{part}]"
+        elif part in _UNION_TAGS or "[" in part:
+            break
+        else:
+            param += f".{part}" if param else part
+    return param or None
+
+
+def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
+    errors = exc.errors()
+    if not errors:
+        return "invalid request body", None
+    first = errors[0]
+    param = _param_name(first.get("loc", ()))
+    message = str(first.get("msg", "invalid value"))
+    if first.get("type") == "json_invalid":
+        return f"request body is not valid JSON: {first.get('ctx', {}).get('error', message)}", None
+    return (f"{param}: {message}" if param else message), param
+
+
+async def _openai_error(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, OpenAIError)
+    return JSONResponse(exc.body(), status_code=exc.status)
+
+
+async def _validation_error(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    message, param = _validation_message(exc)
+    return JSONResponse(OpenAIError(422, message, param=param).body(), status_code=422)
+
+
+async def _http_error(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, StarletteHTTPException)
+    kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
+    error = OpenAIError(exc.status_code, str(exc.detail), type=kind)
+    return JSONResponse(error.body(), status_code=exc.status_code, headers=exc.headers)
+
+
+async def _redis_error(_: Request, exc: Exception) -> JSONResponse:
+    logger.warning("redis unavailable: %s", exc)
+    error = OpenAIError(503, "the request queue is unavailable, retry later", type="server_error")
+    return JSONResponse(error.body(), status_code=503)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(OpenAIError, _openai_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(redis.exceptions.RedisError, _redis_error)

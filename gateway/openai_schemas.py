@@ -1,0 +1,147 @@
+"""Request and response bodies of the OpenAI API subset the gateway serves.
+
+Request models check types only (a wrong type is a 422); value ranges are checked in `validation.py`
+so they come back as 400 naming the parameter, as OpenAI and vLLM answer. Unknown fields are ignored.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+
+class _Lenient(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class StreamOptions(_Lenient):
+    include_usage: bool = False  # end the stream with a chunk that carries usage
+
+
+class _SamplingRequest(_Lenient):
+    model: str | None = None  # must name the served model when given
+    max_tokens: int | None = None  # default: whatever room the context has left
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None  # -1 or 0: off
+    seed: int | None = None
+    stop: str | list[str] | None = None  # matched on the output text
+    stop_token_ids: list[int] | None = None
+    # null is accepted wherever OpenAI accepts it, meaning the default.
+    ignore_eos: bool | None = False
+    n: int | None = 1
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+    # vLLM's extension: also return the generated token ids with each choice (tests compare them).
+    return_token_ids: bool | None = False
+
+
+class CompletionRequest(_SamplingRequest):
+    prompt: str | list[int] | list[str] | list[list[int]]  # one prompt: text or token ids
+    echo: bool | None = False  # not supported yet
+    logprobs: int | None = None  # not supported yet
+    best_of: int | None = None  # not supported yet
+    suffix: str | None = None  # not supported yet
+
+
+class ContentPart(_Lenient):
+    type: str  # only "text" is supported
+    text: str | None = None
+
+
+class ChatMessage(_Lenient):
+    role: str
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+
+
+class ChatCompletionRequest(_SamplingRequest):
+    messages: list[ChatMessage]
+    max_completion_tokens: int | None = None  # newer name of max_tokens; wins when both are given
+    logprobs: bool | None = None  # not supported yet
+    top_logprobs: int | None = None  # not supported yet
+
+
+# Leaves `token_ids` out of every choice when the client did not ask for them.
+EXCLUDE_TOKEN_IDS = {"choices": {"__all__": {"token_ids"}}}
+
+
+class UsageInfo(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class CompletionChoice(BaseModel):
+    index: int = 0
+    text: str
+    logprobs: None = None
+    finish_reason: str | None = None
+    token_ids: list[int] | None = None  # only with return_token_ids
+
+
+class CompletionResponse(BaseModel):
+    """Non-streaming answer, and (with `usage` left out or null) each streamed chunk."""
+
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: UsageInfo | None = None
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int = 0
+    message: AssistantMessage
+    logprobs: None = None
+    finish_reason: str | None = None
+    token_ids: list[int] | None = None  # only with return_token_ids
+
+
+class ChatCompletionResponse(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: UsageInfo
+
+
+class ChatChunkChoice(BaseModel):
+    index: int = 0
+    delta: dict[str, str]  # only the fields that changed: role first, then content
+    logprobs: None = None
+    finish_reason: str | None = None
+    token_ids: list[int] | None = None  # only with return_token_ids
+
+
+class ChatCompletionChunk(BaseModel):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChatChunkChoice]
+    usage: UsageInfo | None = None
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "cbserve"
+    root: str
+    parent: str | None = None
+    max_model_len: int
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]

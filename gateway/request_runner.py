@@ -1,0 +1,113 @@
+"""Submits a prepared request to Redis and follows it to its end; aborts it when the client goes away."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncGenerator
+from contextlib import aclosing
+from dataclasses import dataclass
+
+import redis.asyncio as aioredis
+import redis.exceptions
+
+from common.protocol import FIELD, AbortRequest, encode
+from common.redis_conn import min_id
+from common.streams import BATCHER_INBOX, REQUESTS_STREAM
+from gateway.output_processor import OutputProcessor
+from gateway.request_builder import PreparedRequest
+from gateway.served_model import ServedModel
+from gateway.stream_reader import RequestFailed, RequestTimedOut, follow_token_stream
+
+logger = logging.getLogger(__name__)
+
+# How long shutdown waits for aborts still on their way to Redis.
+_ABORT_DRAIN_S = 5.0
+
+
+@dataclass(slots=True, frozen=True)
+class Output:
+    entry_id: str  # token stream entry that produced this text: the SSE id
+    text: str
+    finish_reason: str | None
+    num_output_tokens: int  # tokens generated so far, for usage
+    token_ids: list[int]  # tokens accepted since the previous Output
+
+
+class RequestRunner:
+    def __init__(self, redis: aioredis.Redis, served: ServedModel, request_timeout_s: float) -> None:
+        self._redis = redis
+        self._served = served
+        self._request_timeout_s = request_timeout_s
+        # Abort sends run as their own tasks: a cancelled stream cannot await anything in its finally.
+        self._pending_aborts: set[asyncio.Task[None]] = set()
+
+    async def submit(self, request: PreparedRequest) -> None:
+        await self._redis.xadd(
+            REQUESTS_STREAM, {FIELD: encode(request.to_message())}, minid=min_id(), approximate=True
+        )
+
+    def abort_later(self, req_id: str, reason: str) -> None:
+        """Tell the batcher to stop `req_id`, without awaiting (safe inside a cancelled task)."""
+        task = asyncio.get_running_loop().create_task(self._send_abort(req_id, reason))
+        self._pending_aborts.add(task)
+        task.add_done_callback(self._pending_aborts.discard)
+
+    async def _send_abort(self, req_id: str, reason: str) -> None:
+        message = encode(AbortRequest(req_id=req_id, reason=reason))
+        try:
+            await self._redis.xadd(BATCHER_INBOX, {FIELD: message}, minid=min_id(), approximate=True)
+        except redis.exceptions.RedisError as exc:
+            logger.warning("could not abort %s (%s): %s", req_id, reason, exc)
+
+    async def drain(self) -> None:
+        if self._pending_aborts:
+            await asyncio.wait(set(self._pending_aborts), timeout=_ABORT_DRAIN_S)
+
+    async def outputs(self, request: PreparedRequest) -> AsyncGenerator[Output | None, None]:
+        """Text deltas until the request finishes; None after a read that brought nothing to show.
+
+        The Nones let callers check regularly that their client is still there. Raises RequestFailed
+        when the request fails and RequestTimedOut past the request timeout. Leaving early (client gone,
+        cancellation, timeout, Redis error) aborts the request in the batcher.
+        """
+        processor = OutputProcessor(self._served.tokenizer.tokenizer, request.prompt_token_ids, request.stop)
+        deadline = time.monotonic() + self._request_timeout_s
+        done = False
+        token_ids: list[int] = []
+        try:
+            batches = follow_token_stream(self._redis, request.req_id, deadline=deadline)
+            async with aclosing(batches):
+                async for batch in batches:
+                    shown = False
+                    for entry_id, event in batch:
+                        token_ids.append(event.token_id)
+                        delta = processor.process(event.token_id, event.finish_reason)
+                        if delta.stop_string_hit:
+                            self.abort_later(request.req_id, "stop")
+                        if delta.finish_reason is not None:
+                            done = True
+                        if delta.text or delta.finish_reason is not None:
+                            shown = True
+                            yield Output(
+                                entry_id,
+                                delta.text,
+                                delta.finish_reason,
+                                processor.num_output_tokens,
+                                token_ids,
+                            )
+                            token_ids = []
+                        if done:
+                            return
+                    if not shown:
+                        yield None
+        except RequestFailed:
+            done = True  # the request is over on the server side already
+            raise
+        except RequestTimedOut:
+            logger.warning("request %s timed out after %.0f s", request.req_id, self._request_timeout_s)
+            raise
+        finally:
+            if not done:
+                self.abort_later(request.req_id, "abort")

@@ -1,0 +1,46 @@
+"""GET /v1/models and GET /health."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Annotated
+
+import redis.exceptions
+from fastapi import APIRouter, Depends
+from fastapi.responses import JSONResponse
+
+from common.streams import WORKERS_HEARTBEAT
+from gateway.openai_schemas import ModelCard, ModelList
+from gateway.state import GatewayState, get_state
+
+router = APIRouter()
+
+# A health probe must answer quickly even when Redis hangs.
+_HEALTH_REDIS_TIMEOUT_S = 2.0
+
+
+@router.get("/v1/models")
+async def list_models(state: Annotated[GatewayState, Depends(get_state)]) -> ModelList:
+    served = state.served
+    card = ModelCard(
+        id=served.name, created=served.created, root=served.root, max_model_len=served.max_model_len
+    )
+    return ModelList(data=[card])
+
+
+@router.get("/health")
+async def health(state: Annotated[GatewayState, Depends(get_state)]) -> JSONResponse:
+    """200 while at least one worker's heartbeat is fresh; 503 otherwise, or when Redis is unreachable."""
+    timeout_s = state.settings.heartbeat_timeout_s
+    cutoff_ms = int((time.time() - timeout_s) * 1000)
+    try:
+        async with asyncio.timeout(_HEALTH_REDIS_TIMEOUT_S):
+            num_alive = int(await state.redis.zcount(WORKERS_HEARTBEAT, f"({cutoff_ms}", "+inf"))
+    except (redis.exceptions.RedisError, TimeoutError) as exc:
+        message = f"redis unreachable: {exc or type(exc).__name__}"
+        return JSONResponse({"status": "unavailable", "message": message}, status_code=503)
+    if num_alive == 0:
+        message = f"no worker heartbeat in the last {timeout_s:g} s"
+        return JSONResponse({"status": "unavailable", "message": message}, status_code=503)
+    return JSONResponse({"status": "ok", "num_workers": num_alive})

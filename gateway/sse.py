@@ -1,0 +1,11 @@
+"""Server-sent events framing, written by hand (no extra dependency)."""
+
+from __future__ import annotations
+
+DONE = b"data: [DONE]\n\n"
+
+
+def sse_event(data: str, event_id: str | None = None) -> bytes:
+    """One event; `event_id` (a token stream entry id) lets a client resume with Last-Event-ID."""
+    head = f"id: {event_id}\n" if event_id is not None else ""
+    return f"{head}data: {data}\n\n".encode()

@@ -1,0 +1,26 @@
+"""What every route needs, created once per app in the lifespan and reached through `get_state`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import redis.asyncio as aioredis
+from starlette.requests import Request
+
+from gateway.request_runner import RequestRunner
+from gateway.served_model import ServedModel
+from gateway.settings import GatewaySettings
+
+
+@dataclass(slots=True, frozen=True)
+class GatewayState:
+    settings: GatewaySettings
+    served: ServedModel
+    redis: aioredis.Redis  # the app's one client (it pools connections)
+    runner: RequestRunner
+
+
+def get_state(request: Request) -> GatewayState:
+    state = request.app.state.gateway
+    assert isinstance(state, GatewayState)
+    return state

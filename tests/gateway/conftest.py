@@ -1,0 +1,57 @@
+"""A real gateway (uvicorn in a thread) on a private Redis, an HTTP client, and the worker harness."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+import uvicorn
+
+from gateway.app import create_app
+from gateway.settings import GatewaySettings
+from tests.conftest import free_port
+from tests.stream_harness import StreamHarness
+
+
+@dataclass
+class RunningGateway:
+    url: str
+    settings: GatewaySettings
+    client: httpx.Client
+    harness: StreamHarness
+
+
+def start_server(settings: GatewaySettings) -> tuple[uvicorn.Server, threading.Thread, str]:
+    port = free_port()
+    config = uvicorn.Config(
+        create_app(settings), host="127.0.0.1", port=port, log_level="warning", timeout_graceful_shutdown=2
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, name="gateway-uvicorn", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 15
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("gateway did not start")
+        time.sleep(0.01)
+    return server, thread, f"http://127.0.0.1:{port}"
+
+
+@pytest.fixture()
+def gateway(redis_url: str, tiny_model_dir: Path) -> Iterator[RunningGateway]:
+    settings = GatewaySettings(model=tiny_model_dir, redis_url=redis_url, request_timeout_s=60)
+    server, thread, url = start_server(settings)
+    harness = StreamHarness(redis_url)
+    client = httpx.Client(base_url=url, timeout=30)
+    try:
+        yield RunningGateway(url, settings, client, harness)
+    finally:
+        client.close()
+        harness.close()
+        server.should_exit = True
+        thread.join(timeout=15)

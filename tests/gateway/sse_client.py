@@ -1,0 +1,44 @@
+"""Reading a gateway SSE response in tests: events as (id, data) pairs, exactly as framed."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+
+@dataclass
+class SSEEvent:
+    id: str | None
+    data: str
+
+    def json(self) -> Any:
+        return json.loads(self.data)
+
+
+def parse_sse(raw: str) -> list[SSEEvent]:
+    """Split a complete SSE body; every event must be `[id: X\\n]data: Y` and end with a blank line."""
+    assert raw.endswith("\n\n"), f"body does not end an event: {raw[-40:]!r}"
+    events = []
+    for block in raw[:-2].split("\n\n"):
+        event_id = None
+        data = None
+        for line in block.split("\n"):
+            field, _, value = line.partition(": ")
+            if field == "id":
+                event_id = value
+            elif field == "data":
+                data = value
+            else:
+                raise AssertionError(f"unexpected SSE line {line!r}")
+        assert data is not None, f"event without data: {block!r}"
+        events.append(SSEEvent(event_id, data))
+    return events
+
+
+def post_sse(client: httpx.Client, path: str, body: dict[str, Any]) -> tuple[httpx.Response, list[SSEEvent]]:
+    with client.stream("POST", path, json=body) as response:
+        raw = response.read().decode()
+    return response, parse_sse(raw)

@@ -1,0 +1,113 @@
+"""Every refused request gets an OpenAI error object with the right status, and nothing is queued."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+
+from tests.gateway.conftest import RunningGateway
+
+CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+USER = [{"role": "user", "content": "hi"}]
+
+# (path, body, status, param, code)
+CASES: list[tuple[str, Any, int, str | None, str | None]] = [
+    (COMPLETIONS, {"prompt": "hi", "temperature": -0.1}, 400, "temperature", None),
+    (COMPLETIONS, {"prompt": "hi", "temperature": 2.5}, 400, "temperature", None),
+    (COMPLETIONS, {"prompt": "hi", "top_p": 0}, 400, "top_p", None),
+    (COMPLETIONS, {"prompt": "hi", "top_p": 1.5}, 400, "top_p", None),
+    (COMPLETIONS, {"prompt": "hi", "top_k": -2}, 400, "top_k", None),
+    (COMPLETIONS, {"prompt": "hi", "max_tokens": 0}, 400, "max_tokens", None),
+    (COMPLETIONS, {"prompt": "hi", "max_tokens": 10_000}, 400, "max_tokens", "context_length_exceeded"),
+    (COMPLETIONS, {"prompt": "hi " * 600}, 400, "prompt", "context_length_exceeded"),
+    (COMPLETIONS, {"prompt": ""}, 400, "prompt", None),
+    (COMPLETIONS, {"prompt": []}, 400, "prompt", None),
+    (COMPLETIONS, {"prompt": [1, 99_999]}, 400, "prompt", None),
+    (COMPLETIONS, {"prompt": [-1]}, 400, "prompt", None),
+    (COMPLETIONS, {"prompt": ["a", "b"]}, 400, "prompt", None),
+    (COMPLETIONS, {"prompt": "hi", "n": 2}, 400, "n", None),
+    (COMPLETIONS, {"prompt": "hi", "stop": ""}, 400, "stop", None),
+    (COMPLETIONS, {"prompt": "hi", "stop_token_ids": [100_000]}, 400, "stop_token_ids", None),
+    (COMPLETIONS, {"prompt": "hi", "seed": 2**70}, 400, "seed", None),
+    (COMPLETIONS, {"prompt": "hi", "echo": True}, 400, "echo", None),
+    (COMPLETIONS, {"prompt": "hi", "logprobs": 1}, 400, "logprobs", None),
+    (COMPLETIONS, {"prompt": "hi", "model": "gpt-4"}, 404, "model", "model_not_found"),
+    (CHAT, {"messages": USER, "n": 2}, 400, "n", None),
+    (CHAT, {"messages": USER, "max_completion_tokens": 0}, 400, "max_completion_tokens", None),
+    (CHAT, {"messages": USER, "max_tokens": 600}, 400, "max_tokens", "context_length_exceeded"),
+    (CHAT, {"messages": []}, 400, "messages", None),
+    (CHAT, {"messages": [{"role": "tool", "content": "x"}]}, 400, "messages[0].role", None),
+    (CHAT, {"messages": [{"role": "user"}]}, 400, "messages[0].content", None),
+    (
+        CHAT,
+        {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+        400,
+        "messages[0].content",
+        None,
+    ),
+    (CHAT, {"messages": USER, "logprobs": True}, 400, "logprobs", None),
+    (CHAT, {"messages": USER, "model": "nope"}, 404, "model", "model_not_found"),
+    # Malformed bodies: wrong types or missing fields.
+    (COMPLETIONS, {"prompt": "hi", "max_tokens": "many"}, 422, "max_tokens", None),
+    (COMPLETIONS, {"prompt": 5}, 422, "prompt", None),
+    (COMPLETIONS, {"max_tokens": 5}, 422, "prompt", None),
+    (COMPLETIONS, [1, 2], 422, None, None),
+    (COMPLETIONS, {"prompt": "hi", "stream": "maybe"}, 422, "stream", None),
+    (CHAT, {"messages": "hi"}, 422, "messages", None),
+    (CHAT, {"messages": [{"content": "no role"}]}, 422, "messages[0].role", None),
+]
+
+
+def _assert_error(response: Any, status: int, param: str | None, code: str | None) -> dict[str, Any]:
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert set(body) == {"error"}
+    error = body["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert isinstance(error["message"], str) and error["message"]
+    assert error["type"] == "invalid_request_error"
+    assert error["param"] == param
+    assert error["code"] == code
+    return dict(error)
+
+
+@pytest.mark.parametrize(("path", "body", "status", "param", "code"), CASES)
+def test_refused(
+    gateway: RunningGateway, path: str, body: Any, status: int, param: str | None, code: str | None
+) -> None:
+    _assert_error(gateway.client.post(path, json=body), status, param, code)
+    assert gateway.harness.num_requests() == 0
+
+
+def test_context_length_message_names_the_lengths(gateway: RunningGateway) -> None:
+    response = gateway.client.post(COMPLETIONS, json={"prompt": "hi", "max_tokens": 10_000})
+    message = _assert_error(response, 400, "max_tokens", "context_length_exceeded")["message"]
+    assert "512" in message and "10000" in message
+
+
+def test_invalid_json_is_422(gateway: RunningGateway) -> None:
+    response = gateway.client.post(
+        COMPLETIONS, content=b'{"prompt": "hi",', headers={"content-type": "application/json"}
+    )
+    assert "JSON" in _assert_error(response, 422, None, None)["message"]
+
+
+def test_unknown_route_is_an_openai_error(gateway: RunningGateway) -> None:
+    response = gateway.client.get("/v1/engines")
+    assert response.status_code == 404
+    assert set(response.json()["error"]) == {"message", "type", "param", "code"}
+
+
+def test_still_serving_after_errors(gateway: RunningGateway) -> None:
+    for path, body, status, param, code in CASES:
+        _assert_error(gateway.client.post(path, json=body), status, param, code)
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        future = pool.submit(gateway.client.post, COMPLETIONS, json={"prompt": "hi", "max_tokens": 2})
+        request = gateway.harness.next_request()
+        gateway.harness.emit_tokens(request.req_id, [300, 301], finish_reason="length")
+        response = future.result(timeout=30)
+    assert response.status_code == 200
+    assert response.json()["usage"]["completion_tokens"] == 2

@@ -1,0 +1,52 @@
+"""GatewaySettings: env names, defaults, and errors that say what to change."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from common.settings import DEFAULT_REDIS_URL
+from gateway.served_model import load_served_model
+from gateway.settings import GatewaySettings
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("MODEL", "GATEWAY_MODEL", "REDIS_URL", "GATEWAY_SERVED_MODEL_NAME", "GATEWAY_MAX_MODEL_LEN"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def test_defaults_from_model_dir(tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MODEL", str(tiny_model_dir))
+    settings = GatewaySettings()
+    assert settings.model == tiny_model_dir
+    assert settings.model_name == tiny_model_dir.name
+    assert settings.heartbeat_timeout_s == 5.0
+    assert settings.redis_url == DEFAULT_REDIS_URL
+    assert load_served_model(settings).max_model_len == 512
+
+
+def test_env_names(tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GATEWAY_MODEL", str(tiny_model_dir))
+    monkeypatch.setenv("GATEWAY_SERVED_MODEL_NAME", "tiny")
+    monkeypatch.setenv("GATEWAY_MAX_MODEL_LEN", "256")
+    monkeypatch.setenv("GATEWAY_HEARTBEAT_TIMEOUT_S", "2.5")
+    monkeypatch.setenv("REDIS_URL", "redis://example:1/2")
+    settings = GatewaySettings()
+    assert (settings.model_name, settings.max_model_len, settings.heartbeat_timeout_s) == ("tiny", 256, 2.5)
+    assert settings.redis_url == "redis://example:1/2"
+    assert load_served_model(settings).max_model_len == 256
+    # Constructor arguments (the CLI flags) win over the environment.
+    assert GatewaySettings(served_model_name="other").model_name == "other"
+
+
+def test_model_dir_without_tokenizer_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValidationError, match="GATEWAY_MODEL"):
+        GatewaySettings(model=tmp_path)
+
+
+def test_missing_model_is_refused() -> None:
+    with pytest.raises(ValidationError, match="MODEL"):
+        GatewaySettings()

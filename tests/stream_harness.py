@@ -1,0 +1,120 @@
+"""Plays the worker's part of the Redis protocol for gateway tests: no batcher, no GPU.
+
+It reads GenerateRequests from the requests stream, writes TokenEvents / RequestErrors to a request's
+token stream, seeds worker heartbeats, and reads AbortRequests from the batcher's inbox, all through a
+real Redis with the real message encoding.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import redis
+
+from common.protocol import (
+    FIELD,
+    AbortRequest,
+    FinishReason,
+    GenerateRequest,
+    RequestError,
+    TokenEvent,
+    decode_inbox,
+    decode_request,
+    encode,
+)
+from common.streams import BATCHER_INBOX, REQUESTS_STREAM, WORKERS_HEARTBEAT, token_stream
+
+BLOCK_MS = 200
+
+
+class StreamHarness:
+    def __init__(self, redis_url: str) -> None:
+        # Typed loosely: redis-py's sync stubs union every possible reply shape.
+        self.redis: Any = redis.Redis.from_url(redis_url)
+        self._requests_last_id = "0-0"
+        self._inbox_last_id = "0-0"
+
+    def close(self) -> None:
+        self.redis.close()
+
+    def heartbeat(self, worker_id: str = "worker-0", at: float | None = None) -> None:
+        """Record a heartbeat (unix ms score), now or at time `at`."""
+        at_ms = int((time.time() if at is None else at) * 1000)
+        self.redis.zadd(WORKERS_HEARTBEAT, {worker_id: at_ms})
+
+    def next_request(self, timeout_s: float = 10.0) -> GenerateRequest:
+        """The next GenerateRequest on the requests stream, waiting up to `timeout_s`."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            reply = self.redis.xread({REQUESTS_STREAM: self._requests_last_id}, count=1, block=BLOCK_MS)
+            for _, entries in reply or []:
+                for entry_id, fields in entries:
+                    self._requests_last_id = entry_id.decode()
+                    return decode_request(fields[FIELD])
+        raise TimeoutError("no GenerateRequest arrived")
+
+    def num_requests(self) -> int:
+        return int(self.redis.xlen(REQUESTS_STREAM))
+
+    def emit(
+        self,
+        req_id: str,
+        token_id: int,
+        index: int,
+        *,
+        attempt: int = 0,
+        finish_reason: FinishReason | None = None,
+    ) -> str:
+        """XADD one TokenEvent; returns its entry id (what the gateway must use as the SSE id)."""
+        event = TokenEvent(
+            req_id=req_id, index=index, token_id=token_id, attempt=attempt, finish_reason=finish_reason
+        )
+        return self.redis.xadd(token_stream(req_id), {FIELD: encode(event)}).decode()
+
+    def emit_tokens(
+        self,
+        req_id: str,
+        token_ids: list[int],
+        *,
+        start_index: int = 0,
+        attempt: int = 0,
+        finish_reason: FinishReason | None = "length",
+    ) -> list[str]:
+        """One event per token, the last carrying `finish_reason` (None leaves the request running)."""
+        ids = []
+        for offset, token_id in enumerate(token_ids):
+            last = offset == len(token_ids) - 1
+            ids.append(
+                self.emit(
+                    req_id,
+                    token_id,
+                    start_index + offset,
+                    attempt=attempt,
+                    finish_reason=finish_reason if last else None,
+                )
+            )
+        return ids
+
+    def emit_error(self, req_id: str, message: str, code: str = "server_error") -> str:
+        error = RequestError(req_id=req_id, message=message, code=code)
+        return self.redis.xadd(token_stream(req_id), {FIELD: encode(error)}).decode()
+
+    def wait_abort(self, req_id: str, timeout_s: float = 10.0) -> AbortRequest:
+        """The first AbortRequest for `req_id` in the batcher's inbox, waiting up to `timeout_s`."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            reply = self.redis.xread({BATCHER_INBOX: self._inbox_last_id}, count=100, block=BLOCK_MS)
+            for _, entries in reply or []:
+                for entry_id, fields in entries:
+                    self._inbox_last_id = entry_id.decode()
+                    message = decode_inbox(fields[FIELD])
+                    if isinstance(message, AbortRequest) and message.req_id == req_id:
+                        return message
+        raise TimeoutError(f"no AbortRequest for {req_id}")
+
+    def aborts(self) -> list[AbortRequest]:
+        """Every AbortRequest in the inbox so far (no waiting)."""
+        entries = self.redis.xrange(BATCHER_INBOX)
+        messages = [decode_inbox(fields[FIELD]) for _, fields in entries]
+        return [m for m in messages if isinstance(m, AbortRequest)]

@@ -1,0 +1,62 @@
+"""`python -m gpu_worker --model PATH [--device cpu|cuda]`: the only place settings are built."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+from types import FrameType
+
+import torch
+from pydantic import ValidationError
+from transformers.utils import logging as transformers_logging
+
+from gpu_worker.model_runner import ModelRunner
+from gpu_worker.settings import WorkerSettings, explain_errors
+from gpu_worker.worker import Worker
+
+logger = logging.getLogger("gpu_worker")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m gpu_worker", description=__doc__)
+    parser.add_argument("--model", help="model directory or hub id (overrides WORKER_MODEL / MODEL)")
+    parser.add_argument("--device", choices=["cpu", "cuda"], help="overrides WORKER_DEVICE")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    transformers_logging.disable_progress_bar()  # one log line per start, not a weight-loading bar
+    args = parse_args(argv)
+    overrides = {name: value for name, value in vars(args).items() if value is not None}
+    try:
+        settings = WorkerSettings(**overrides)
+    except ValidationError as exc:
+        print(explain_errors(exc), file=sys.stderr)
+        return 2
+    if settings.num_threads is not None:
+        torch.set_num_threads(settings.num_threads)
+    try:
+        runner = ModelRunner(settings)
+    except ValueError as exc:  # sizing and device problems carry a message that says what to change
+        print(f"cannot start worker: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # transformers' way of saying the model path or hub id does not resolve
+        print(f"cannot load model {settings.model!r} (check --model / MODEL): {exc}", file=sys.stderr)
+        return 2
+    worker = Worker(settings, runner)
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        logger.info("received %s, stopping", signal.Signals(signum).name)
+        worker.stop()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    worker.run()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

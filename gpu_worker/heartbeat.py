@@ -1,0 +1,47 @@
+"""The worker's pulse: a thread, so that a long forward pass never makes the worker look dead."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import redis
+
+from common.streams import WORKERS_HEARTBEAT
+
+logger = logging.getLogger(__name__)
+
+
+def beat(client: redis.Redis, worker_id: str) -> None:
+    client.zadd(WORKERS_HEARTBEAT, {worker_id: int(time.time() * 1000)})
+
+
+class Heartbeat:
+    def __init__(self, client: redis.Redis, worker_id: str, interval_s: float) -> None:
+        self._client = client
+        self._worker_id = worker_id
+        self._interval_s = interval_s
+        self._stopped = threading.Event()
+        # Daemon: a wedged Redis call must never keep a stopping process alive.
+        self._thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self._thread.join(timeout=5.0)
+
+    def _run(self) -> None:
+        failing = False
+        while not self._stopped.wait(self._interval_s):
+            try:
+                beat(self._client, self._worker_id)
+                if failing:
+                    logger.info("heartbeat restored")
+                failing = False
+            except redis.RedisError as exc:
+                if not failing:  # log the first failure of a run, not one line per beat
+                    logger.warning("heartbeat failed: %s", exc)
+                failing = True

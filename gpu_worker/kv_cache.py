@@ -1,0 +1,66 @@
+"""The paged KV cache: one preallocated K and V pool per layer, addressed by block and slot.
+
+A token's slot is `block_id * block_size + offset`; the batcher owns which blocks a request holds, the
+worker only writes the slots it is told to and reads them back through the request's block table.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(slots=True)
+class KVCache:
+    k_pools: list[torch.Tensor]  # per layer: [num_blocks, block_size, num_kv_heads, head_dim]
+    v_pools: list[torch.Tensor]  # same shape as k_pools
+    block_size: int
+
+    @classmethod
+    def allocate(
+        cls,
+        *,
+        num_layers: int,
+        num_blocks: int,
+        block_size: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> KVCache:
+        shape = (num_blocks, block_size, num_kv_heads, head_dim)
+        # Zeroed, not empty: padded reads in batched decode are masked, but 0 * NaN from garbage
+        # memory would still poison the weighted sum.
+        k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        return cls(k_pools=k, v_pools=v, block_size=block_size)
+
+    @staticmethod
+    def bytes_per_block(
+        *, num_layers: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype
+    ) -> int:
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        return 2 * num_layers * block_size * num_kv_heads * head_dim * itemsize
+
+    @property
+    def num_blocks(self) -> int:
+        return int(self.k_pools[0].shape[0])
+
+    def write(self, layer: int, slot_mapping: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> None:
+        """Store `key`/`value` ([T, num_kv_heads, head_dim]) at the flat slots `slot_mapping` ([T])."""
+        k_flat = self.k_pools[layer].view(-1, *self.k_pools[layer].shape[2:])
+        v_flat = self.v_pools[layer].view(-1, *self.v_pools[layer].shape[2:])
+        k_flat.index_copy_(0, slot_mapping, key.to(k_flat.dtype))
+        v_flat.index_copy_(0, slot_mapping, value.to(v_flat.dtype))
+
+    def gather(self, layer: int, block_tables: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V of the blocks in `block_tables` ([B, nb]), as [B, nb * block_size, kv_heads, head_dim]."""
+        batch, num_table_blocks = block_tables.shape
+        k = self.k_pools[layer][block_tables]
+        v = self.v_pools[layer][block_tables]
+        length = num_table_blocks * self.block_size
+        return (
+            k.view(batch, length, *k.shape[3:]),
+            v.view(batch, length, *v.shape[3:]),
+        )

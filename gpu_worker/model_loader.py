@@ -1,0 +1,104 @@
+"""Loading the model with paged attention, and sizing the KV cache around it."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+from transformers import AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
+
+from gpu_worker.attention import register_paged_attention
+from gpu_worker.kv_cache import KVCache
+from gpu_worker.settings import WorkerSettings
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(slots=True, frozen=True)
+class KVShape:
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+
+
+def load_model(settings: WorkerSettings) -> PreTrainedModel:
+    if settings.device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("WORKER_DEVICE=cuda but torch sees no CUDA device: use --device cpu or a CUDA build")
+    attn_implementation = register_paged_attention()
+    model = AutoModelForCausalLM.from_pretrained(
+        settings.model,
+        attn_implementation=attn_implementation,
+        dtype=getattr(torch, settings.resolved_dtype),
+    )
+    # transformers types `.to` through a decorator that mypy misreads; it is nn.Module.to.
+    model.to(torch.device(settings.device))  # type: ignore[arg-type]
+    model.eval()
+    return model
+
+
+def kv_shape(config: PretrainedConfig) -> KVShape:
+    text = config.get_text_config()
+    num_heads = int(text.num_attention_heads)
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // num_heads
+    num_kv_heads = getattr(text, "num_key_value_heads", None) or num_heads
+    return KVShape(
+        num_layers=int(text.num_hidden_layers), num_kv_heads=int(num_kv_heads), head_dim=int(head_dim)
+    )
+
+
+def resolve_num_blocks(settings: WorkerSettings, shape: KVShape, dtype: torch.dtype) -> int:
+    if settings.num_blocks is not None:
+        return settings.num_blocks
+    per_block = KVCache.bytes_per_block(
+        num_layers=shape.num_layers,
+        block_size=settings.block_size,
+        num_kv_heads=shape.num_kv_heads,
+        head_dim=shape.head_dim,
+        dtype=dtype,
+    )
+    if settings.device == "cuda":
+        # Measured after the weights are loaded, so the weights are already out of the free memory.
+        free, _total = torch.cuda.mem_get_info()
+        budget = int(free * settings.gpu_memory_utilization)
+    else:
+        budget = settings.kv_cache_memory_mb * 1024 * 1024
+    num_blocks = budget // per_block
+    if num_blocks < 1:
+        raise ValueError(
+            f"no room for one KV block ({per_block} bytes): raise WORKER_KV_CACHE_MEMORY_MB "
+            "or WORKER_GPU_MEMORY_UTILIZATION, or set WORKER_NUM_BLOCKS"
+        )
+    return int(num_blocks)
+
+
+def resolve_max_model_len(settings: WorkerSettings, config: PretrainedConfig, num_blocks: int) -> int:
+    capacity = num_blocks * settings.block_size
+    model_limit = getattr(config.get_text_config(), "max_position_embeddings", None) or capacity
+    if settings.max_model_len is None:
+        return int(min(model_limit, capacity))
+    if settings.max_model_len > capacity:
+        raise ValueError(
+            f"WORKER_MAX_MODEL_LEN={settings.max_model_len} exceeds the KV cache ({capacity} tokens): "
+            "lower it or raise WORKER_NUM_BLOCKS"
+        )
+    if settings.max_model_len > model_limit:
+        logger.warning(
+            "max_model_len %d is past the model's %d positions", settings.max_model_len, model_limit
+        )
+    return settings.max_model_len
+
+
+def eos_token_ids(model: PreTrainedModel) -> frozenset[int]:
+    """EOS ids from both the generation config and the model config (models disagree on which holds them)."""
+    ids: set[int] = set()
+    generation_config = getattr(model, "generation_config", None)
+    for source in (
+        getattr(generation_config, "eos_token_id", None),
+        model.config.get_text_config().eos_token_id,
+    ):
+        if isinstance(source, int):
+            ids.add(source)
+        elif source is not None:
+            ids.update(int(i) for i in source)
+    return frozenset(ids)

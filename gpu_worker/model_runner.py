@@ -1,0 +1,247 @@
+"""ModelRunner: applies a SchedulerOutput, runs one forward over the ragged batch, samples.
+
+It keeps per-request state between steps (token ids, block table, computed count), so the batcher
+only sends diffs. A step is all or nothing: if it fails as a whole, the new requests and block-table
+extensions it brought are undone (its frees stay done), so the batcher may resend it as it was or
+treat its requests as preempted.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+
+from common.finish import check_finish
+from common.protocol import (
+    CachedRequestData,
+    FinishReason,
+    ModelRunnerOutput,
+    NewRequestData,
+    SchedulerOutput,
+    TokenEvent,
+)
+from gpu_worker.input_batch import InputBatch, ScheduledRequest, build_input_batch
+from gpu_worker.kv_cache import KVCache
+from gpu_worker.model_loader import (
+    eos_token_ids,
+    kv_shape,
+    load_model,
+    resolve_max_model_len,
+    resolve_num_blocks,
+)
+from gpu_worker.request_state import RequestState
+from gpu_worker.sampler import Sampler
+from gpu_worker.settings import WorkerSettings
+
+logger = logging.getLogger(__name__)
+
+
+class ModelRunner:
+    def __init__(self, settings: WorkerSettings) -> None:
+        self.worker_id = settings.worker_id
+        self.model_name = settings.model
+        self.device = torch.device(settings.device)
+        self.model = load_model(settings)
+        config = self.model.config
+        shape = kv_shape(config)
+        dtype = self.model.dtype
+        self.block_size = settings.block_size
+        self.num_blocks = resolve_num_blocks(settings, shape, dtype)
+        self.max_model_len = resolve_max_model_len(settings, config, self.num_blocks)
+        self.kv_cache = KVCache.allocate(
+            num_layers=shape.num_layers,
+            num_blocks=self.num_blocks,
+            block_size=self.block_size,
+            num_kv_heads=shape.num_kv_heads,
+            head_dim=shape.head_dim,
+            dtype=dtype,
+            device=self.device,
+        )
+        self.vocab_size = int(config.get_text_config().vocab_size)
+        self.eos_token_ids = eos_token_ids(self.model)
+        self.sampler = Sampler(settings.seed)
+        self.requests: dict[str, RequestState] = {}
+
+    # ---- one step -------------------------------------------------------------------------------
+
+    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        started = time.perf_counter()
+        req_errors: dict[str, str] = {}
+        undo = self._undo_log(scheduler_output)
+        try:
+            self._apply(scheduler_output, req_errors)
+            scheduled = self._scheduled(scheduler_output, req_errors)
+            batch = build_input_batch(scheduled, self.kv_cache, self.device)
+            sampled = self._forward_and_sample(batch)
+        except Exception as exc:  # the whole step failed: say so instead of dying, the batcher decides
+            logger.exception("step %d failed", scheduler_output.step_id)
+            self._rollback(undo)
+            return ModelRunnerOutput(
+                step_id=scheduler_output.step_id,
+                worker_id=self.worker_id,
+                req_ids=[],
+                sampled_token_ids=[],
+                finish_reasons=[],
+                req_errors=req_errors,
+                error=f"{type(exc).__name__}: {exc}",
+            )
+        finish_reasons = self._advance(batch, sampled)
+        return ModelRunnerOutput(
+            step_id=scheduler_output.step_id,
+            worker_id=self.worker_id,
+            req_ids=[r.state.req_id for r in batch.sampling_reqs],
+            sampled_token_ids=sampled,
+            finish_reasons=finish_reasons,
+            req_errors=req_errors,
+            num_scheduled_tokens=int(batch.input_ids.shape[1]),
+            step_time=time.perf_counter() - started,
+        )
+
+    def token_events(self, output: ModelRunnerOutput) -> list[TokenEvent]:
+        """The token-stream events of a step result; valid until the next step frees finished requests."""
+        events = []
+        for req_id, token_id, reason in zip(
+            output.req_ids, output.sampled_token_ids, output.finish_reasons, strict=True
+        ):
+            state = self.requests[req_id]
+            events.append(
+                TokenEvent(
+                    req_id=req_id,
+                    index=state.num_output_tokens - 1,
+                    token_id=token_id,
+                    attempt=state.attempt,
+                    finish_reason=reason,
+                )
+            )
+        return events
+
+    # ---- apply the diff -------------------------------------------------------------------------
+
+    def _undo_log(self, so: SchedulerOutput) -> dict[str, int | None]:
+        """How to undo the diff: new requests (None) are removed, block tables cut back to a length."""
+        undo: dict[str, int | None] = {new.req_id: None for new in so.scheduled_new_reqs}
+        for cached in so.scheduled_cached_reqs:
+            state = self.requests.get(cached.req_id)
+            if state is not None:
+                undo[cached.req_id] = len(state.block_ids)
+        return undo
+
+    def _rollback(self, undo: dict[str, int | None]) -> None:
+        for req_id, num_blocks in undo.items():
+            state = self.requests.get(req_id)
+            if num_blocks is None:
+                self.requests.pop(req_id, None)
+            elif state is not None:
+                del state.block_ids[num_blocks:]
+
+    def _apply(self, so: SchedulerOutput, req_errors: dict[str, str]) -> None:
+        for req_id in so.finished_req_ids:
+            self.requests.pop(req_id, None)  # already gone after a per-request error: nothing to do
+        for new in so.scheduled_new_reqs:
+            self._fail_or(req_errors, new.req_id, self._check_new(new))
+            if new.req_id not in req_errors:
+                self.requests[new.req_id] = RequestState.from_new(new)
+        for cached in so.scheduled_cached_reqs:
+            self._fail_or(req_errors, cached.req_id, self._check_cached(cached))
+            if cached.req_id not in req_errors:
+                self.requests[cached.req_id].block_ids.extend(cached.new_block_ids)
+
+    def _fail_or(self, req_errors: dict[str, str], req_id: str, error: str | None) -> None:
+        # A request that cannot run is dropped here alone; the batcher frees it on the reported error.
+        if error is not None:
+            req_errors[req_id] = error
+            self.requests.pop(req_id, None)
+
+    def _check_new(self, new: NewRequestData) -> str | None:
+        num_tokens = len(new.prompt_token_ids) + len(new.output_token_ids)
+        if not new.prompt_token_ids:
+            return "empty prompt"
+        bad = [t for t in (*new.prompt_token_ids, *new.output_token_ids) if not 0 <= t < self.vocab_size]
+        if bad:
+            return f"token id {bad[0]} is outside the vocabulary (0..{self.vocab_size - 1})"
+        if num_tokens > self.max_model_len:
+            return f"{num_tokens} tokens exceed max_model_len {self.max_model_len}"
+        if not 0 <= new.num_computed_tokens < num_tokens:
+            return f"num_computed_tokens {new.num_computed_tokens} out of range for {num_tokens} tokens"
+        return self._check_blocks(new.block_ids)
+
+    def _check_cached(self, cached: CachedRequestData) -> str | None:
+        state = self.requests.get(cached.req_id)
+        if state is None:
+            return "unknown request: it was never sent to this worker as new, or was freed"
+        if state.finish_reason is not None:
+            return f"request already finished ({state.finish_reason})"
+        if cached.num_computed_tokens != state.num_computed_tokens:
+            return (
+                f"num_computed_tokens mismatch: batcher says {cached.num_computed_tokens}, "
+                f"worker has {state.num_computed_tokens}"
+            )
+        return self._check_blocks(cached.new_block_ids)
+
+    def _check_blocks(self, block_ids: list[int]) -> str | None:
+        bad = [b for b in block_ids if not 0 <= b < self.num_blocks]
+        return f"block id {bad[0]} outside the pool (0..{self.num_blocks - 1})" if bad else None
+
+    def _scheduled(self, so: SchedulerOutput, req_errors: dict[str, str]) -> list[ScheduledRequest]:
+        scheduled = []
+        for req_id, num_tokens in so.num_scheduled_tokens.items():
+            if req_id in req_errors:
+                continue
+            state = self.requests.get(req_id)
+            error = self._check_scheduled(state, num_tokens)
+            if error is not None or state is None:
+                self._fail_or(req_errors, req_id, error or "unknown request")
+                continue
+            scheduled.append(ScheduledRequest(state=state, num_tokens=num_tokens))
+        return scheduled
+
+    def _check_scheduled(self, state: RequestState | None, num_tokens: int) -> str | None:
+        if state is None:
+            return "scheduled but unknown to this worker"
+        end = state.num_computed_tokens + num_tokens
+        if num_tokens < 1 or end > state.num_tokens:
+            return (
+                f"scheduled {num_tokens} tokens from {state.num_computed_tokens}, "
+                f"but only {state.num_tokens} are known"
+            )
+        if end > len(state.block_ids) * self.block_size:
+            return f"{end} tokens need more than the {len(state.block_ids)} blocks allocated"
+        return None
+
+    # ---- forward, sample, advance ---------------------------------------------------------------
+
+    @torch.inference_mode()
+    def _forward_and_sample(self, batch: InputBatch) -> list[int]:
+        if not batch.scheduled:
+            return []
+        outputs = self.model(
+            input_ids=batch.input_ids,
+            position_ids=batch.position_ids,
+            use_cache=False,  # the paged pool is the cache; no DynamicCache
+            logits_to_keep=batch.logits_indices,  # logits only where a token is sampled
+            attn_metadata=batch.attn_metadata,
+        )
+        logits = outputs.logits[0]
+        params = [r.state.sampling_params for r in batch.sampling_reqs]
+        indices = [r.state.num_output_tokens for r in batch.sampling_reqs]
+        return self.sampler.sample(logits, params, indices)
+
+    def _advance(self, batch: InputBatch, sampled: list[int]) -> list[FinishReason | None]:
+        for req in batch.scheduled:
+            req.state.num_computed_tokens += req.num_tokens
+        reasons: list[FinishReason | None] = []
+        for req, token_id in zip(batch.sampling_reqs, sampled, strict=True):
+            state = req.state
+            state.token_ids.append(token_id)
+            state.finish_reason = check_finish(
+                token_id,
+                state.num_output_tokens,
+                state.num_tokens,
+                state.sampling_params,
+                self.eos_token_ids,
+                self.max_model_len,
+            )
+            reasons.append(state.finish_reason)
+        return reasons

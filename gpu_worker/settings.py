@@ -1,0 +1,117 @@
+"""Settings of one worker process, read from `WORKER_*` environment variables (CLI flags override)."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+from typing import Literal
+
+from pydantic import AliasChoices, Field, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from common.settings import redis_url_field
+
+Device = Literal["cpu", "cuda"]
+DType = Literal["auto", "float32", "bfloat16", "float16"]
+
+
+def default_worker_id() -> str:
+    # Host and pid name the process in logs; the random suffix keeps ids unique when containers started
+    # by `docker compose --scale` share a hostname pattern and pid 1.
+    return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
+
+
+class WorkerSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="WORKER_", extra="ignore")
+
+    # Model directory or hub id; `MODEL` is shared with the gateway so one variable configures both.
+    model: str = Field(
+        default="",
+        validation_alias=AliasChoices("WORKER_MODEL", "MODEL", "model"),
+        validate_default=True,
+        description="Model directory or hub id (--model, WORKER_MODEL or MODEL).",
+    )
+    device: Device = Field(default="cpu", description="Where the model runs: cpu or cuda (--device).")
+    dtype: DType = Field(
+        default="auto", description="Weights and KV dtype; auto: float32 on cpu, bfloat16 on cuda."
+    )
+    num_blocks: int | None = Field(
+        default=None,
+        gt=0,
+        description="KV-cache blocks; default: sized from kv_cache_memory_mb or free GPU memory.",
+    )
+    kv_cache_memory_mb: int = Field(
+        default=512, gt=0, description="KV-cache size on cpu when num_blocks is unset."
+    )
+    gpu_memory_utilization: float = Field(
+        default=0.9,
+        gt=0.0,
+        le=1.0,
+        description="Share of free GPU memory (after loading) given to the KV cache.",
+    )
+    block_size: int = Field(default=16, gt=0, description="Tokens per KV-cache block.")
+    max_model_len: int | None = Field(
+        default=None,
+        gt=0,
+        description="Longest sequence; default min(model context, num_blocks * block_size).",
+    )
+    worker_id: str = Field(default_factory=default_worker_id, min_length=1, description="Unique per process.")
+    num_threads: int | None = Field(default=None, gt=0, description="torch intra-op threads (cpu).")
+    seed: int | None = Field(
+        default=None, description="Seed of the generator used by requests without a seed."
+    )
+    heartbeat_interval_s: float = Field(default=1.0, gt=0.0, description="Seconds between heartbeats.")
+    redis_url: str = redis_url_field()
+
+    @field_validator("model", mode="after")
+    @classmethod
+    def _model_given(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("no model given: pass --model PATH or set MODEL / WORKER_MODEL")
+        return value
+
+    @field_validator("redis_url", mode="after")
+    @classmethod
+    def _redis_scheme(cls, value: str) -> str:
+        if not value.startswith(("redis://", "rediss://", "unix://")):
+            # The value is not echoed: it may hold a password.
+            raise ValueError("REDIS_URL must start with redis://, rediss:// or unix://")
+        return value
+
+    @model_validator(mode="after")
+    def _dtype_fits_device(self) -> WorkerSettings:
+        if self.device == "cpu" and self.dtype == "float16":
+            raise ValueError("float16 is slow or unsupported on cpu: set WORKER_DTYPE=float32 or bfloat16")
+        return self
+
+    @property
+    def resolved_dtype(self) -> Literal["float32", "bfloat16", "float16"]:
+        """The dtype `auto` stands for on this device."""
+        if self.dtype == "auto":
+            return "bfloat16" if self.device == "cuda" else "float32"
+        return self.dtype
+
+
+# Where each setting comes from, for error messages; the rest are WORKER_<NAME>.
+_SOURCES = {
+    "model": "--model, WORKER_MODEL or MODEL",
+    "device": "--device or WORKER_DEVICE",
+    "redis_url": "REDIS_URL",
+}
+
+
+def explain_errors(exc: ValidationError) -> str:
+    """One line per invalid setting, naming the flag or variable to change."""
+    lines = ["invalid worker settings:"]
+    for error in exc.errors():
+        field = str(error["loc"][0]).lower() if error["loc"] else ""  # aliases report as REDIS_URL
+        line = error["msg"].removeprefix("Value error, ")
+        if field:
+            source = _SOURCES.get(field, f"WORKER_{field.upper()}")
+            hint = "" if "WORKER_" in line or "REDIS_URL" in line else f" (set {source})"
+            # A bad REDIS_URL may carry a password: name the field, never echo its value.
+            shown = "<hidden>" if field == "redis_url" else repr(error.get("input"))
+            line = f"{field} = {shown}: {line}{hint}"
+        lines.append(f"  {line}")
+    return "\n".join(lines)

@@ -1,0 +1,319 @@
+"""ModelRunner against the real tiny model: continuous batching must not change a single greedy token."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+from transformers.masking_utils import create_causal_mask
+
+from common.protocol import (
+    CachedRequestData,
+    ModelRunnerOutput,
+    NewRequestData,
+    SamplingParams,
+    SchedulerOutput,
+)
+from gpu_worker.model_runner import ModelRunner
+from gpu_worker.settings import WorkerSettings
+
+# The tiny model's greedy continuation of this prompt is [461, 0, 257, 0, ...]: EOS (0) mid-stream.
+EOS_PROMPT = [462, 383, 46, 427, 255, 274, 170, 352]
+BLOCK_SIZE = 4  # small blocks so requests span many, exercising block-table reads
+NUM_BLOCKS = 96
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _few_threads() -> None:
+    torch.set_num_threads(1)
+
+
+@pytest.fixture()
+def runner(tiny_model_dir: Path) -> ModelRunner:
+    settings = WorkerSettings(
+        model=str(tiny_model_dir), num_blocks=NUM_BLOCKS, block_size=BLOCK_SIZE, worker_id="test", seed=0
+    )
+    return ModelRunner(settings)
+
+
+def reference_greedy(model_dir: Path, prompt: list[int], num_tokens: int) -> list[int]:
+    """Plain transformers, one request alone, EOS never special: what every batched run must equal."""
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    ids = torch.tensor([prompt])
+    with torch.inference_mode():
+        out = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            do_sample=False,
+            max_new_tokens=num_tokens,
+            eos_token_id=None,  # with EOS disabled (not suppressed), generate matches ignore_eos
+            pad_token_id=0,
+        )
+    return [int(t) for t in out[0, len(prompt) :]]
+
+
+@dataclass
+class SimRequest:
+    """The batcher's view of one request in this hand-rolled scheduler."""
+
+    req_id: str
+    prompt: list[int]
+    params: SamplingParams
+    arrival_step: int
+    outputs: list[int] = field(default_factory=list)
+    blocks: list[int] = field(default_factory=list)
+    num_computed: int = 0
+    on_worker: bool = False
+    attempt: int = 0
+    done: bool = False
+
+    @property
+    def num_known(self) -> int:
+        return len(self.prompt) + len(self.outputs)
+
+
+class SimScheduler:
+    """Decodes first, then prefills chunked to a token budget; blocks from a free list."""
+
+    def __init__(self, runner: ModelRunner, token_budget: int) -> None:
+        self.runner = runner
+        self.token_budget = token_budget
+        self.free_blocks = list(range(NUM_BLOCKS))
+        self.to_free: list[str] = []
+        self.step_id = 0
+
+    def release(self, req: SimRequest) -> None:
+        self.free_blocks.extend(req.blocks)
+        req.blocks = []
+        self.to_free.append(req.req_id)
+
+    def preempt(self, req: SimRequest) -> None:
+        self.release(req)
+        req.num_computed, req.on_worker, req.attempt = 0, False, req.attempt + 1
+
+    def step(self, requests: list[SimRequest]) -> ModelRunnerOutput:
+        active = [r for r in requests if not r.done and r.arrival_step <= self.step_id]
+        active.sort(key=lambda r: (r.num_known - r.num_computed != 1 or not r.on_worker, r.arrival_step))
+        new, cached, scheduled, budget = [], [], {}, self.token_budget
+        for req in active:
+            num = min(req.num_known - req.num_computed, budget)
+            if num <= 0:
+                continue
+            needed = -(-(req.num_computed + num) // BLOCK_SIZE) - len(req.blocks)
+            fresh = [self.free_blocks.pop(0) for _ in range(needed)]
+            req.blocks += fresh
+            if req.on_worker:
+                cached.append(
+                    CachedRequestData(
+                        req_id=req.req_id, new_block_ids=fresh, num_computed_tokens=req.num_computed
+                    )
+                )
+            else:
+                new.append(
+                    NewRequestData(
+                        req_id=req.req_id,
+                        prompt_token_ids=req.prompt,
+                        output_token_ids=list(req.outputs),
+                        sampling_params=req.params,
+                        block_ids=list(req.blocks),
+                        num_computed_tokens=req.num_computed,
+                        attempt=req.attempt,
+                    )
+                )
+                req.on_worker = True
+            scheduled[req.req_id] = num
+            budget -= num
+        output = self.runner.execute_model(
+            SchedulerOutput(
+                step_id=self.step_id,
+                scheduled_new_reqs=new,
+                scheduled_cached_reqs=cached,
+                num_scheduled_tokens=scheduled,
+                total_num_scheduled_tokens=sum(scheduled.values()),
+                finished_req_ids=self.to_free,
+            )
+        )
+        self.to_free = []
+        assert output.error is None, output.error
+        assert output.req_errors == {}
+        self._update(requests, scheduled, output)
+        self.step_id += 1
+        return output
+
+    def _update(
+        self, requests: list[SimRequest], scheduled: dict[str, int], output: ModelRunnerOutput
+    ) -> None:
+        by_id = {r.req_id: r for r in requests}
+        for req_id, num in scheduled.items():
+            by_id[req_id].num_computed += num
+        events = self.runner.token_events(output)
+        for event, reason in zip(events, output.finish_reasons, strict=True):
+            req = by_id[event.req_id]
+            assert event.index == len(req.outputs) and event.attempt == req.attempt
+            req.outputs.append(event.token_id)
+            assert (reason == "length") == (len(req.outputs) == req.params.max_tokens)
+            if reason is not None:
+                req.done = True
+                self.release(req)
+
+
+def make_requests(params: list[SamplingParams]) -> list[SimRequest]:
+    generator = torch.Generator().manual_seed(1)
+    prompt_lens = [3, 17, 9, 40, 1, 26, 12, 33, 5, 21, 0]
+    arrivals = [0, 0, 1, 2, 2, 4, 6, 7, 9, 12, 3]
+    prompts = [torch.randint(3, 500, (n,), generator=generator).tolist() for n in prompt_lens]
+    prompts[10] = EOS_PROMPT
+    return [
+        SimRequest(req_id=f"r{i}", prompt=prompts[i], params=params[i], arrival_step=arrivals[i])
+        for i in range(len(params))
+    ]
+
+
+def run_to_completion(
+    runner: ModelRunner, requests: list[SimRequest], preempt: dict[int, str], token_budget: int = 24
+) -> None:
+    scheduler = SimScheduler(runner, token_budget)
+    by_id = {r.req_id: r for r in requests}
+    while not all(r.done for r in requests):
+        target = preempt.get(scheduler.step_id)
+        if target is not None:
+            assert by_id[target].outputs and not by_id[target].done, "preempt a request that is decoding"
+            scheduler.preempt(by_id[target])
+        scheduler.step(requests)
+        assert scheduler.step_id < 500
+
+
+def test_batched_greedy_equals_transformers_generate(runner: ModelRunner, tiny_model_dir: Path) -> None:
+    max_tokens = [12, 5, 20, 8, 15, 3, 10, 18, 7, 9, 6]
+    params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in max_tokens]
+    requests = make_requests(params)
+    # r3 (40-token prompt) needs two chunks at a 24-token budget; r0 is preempted mid-decode and resumed.
+    run_to_completion(runner, requests, preempt={8: "r0"})
+    assert requests[0].attempt == 1
+    assert 0 in requests[10].outputs, "EOS_PROMPT no longer makes the tiny model emit EOS: pick another"
+    for req in requests:
+        expected = reference_greedy(tiny_model_dir, req.prompt, req.params.max_tokens)
+        assert req.outputs == expected, req.req_id
+
+
+def test_seeded_sampling_survives_batching_and_preemption(runner: ModelRunner) -> None:
+    params = [SamplingParams(max_tokens=10, temperature=0.8, top_p=0.9, seed=100 + i) for i in range(11)]
+    batched = make_requests(params)
+    run_to_completion(runner, batched, preempt={6: "r1"})
+    for i in (0, 1, 3):
+        alone = make_requests(params)[i : i + 1]
+        alone[0].arrival_step = 0
+        run_to_completion(runner, alone, preempt={})
+        assert alone[0].outputs == batched[i].outputs
+
+
+def test_bad_request_fails_alone(runner: ModelRunner) -> None:
+    good = NewRequestData(
+        req_id="good",
+        prompt_token_ids=[5, 6, 7],
+        output_token_ids=[],
+        sampling_params=SamplingParams(max_tokens=2, temperature=0.0),
+        block_ids=[0],
+        num_computed_tokens=0,
+        attempt=0,
+    )
+    bad = NewRequestData(
+        req_id="bad",
+        prompt_token_ids=[5, 10**6],
+        output_token_ids=[],
+        sampling_params=SamplingParams(max_tokens=2),
+        block_ids=[1],
+        num_computed_tokens=0,
+        attempt=0,
+    )
+    output = runner.execute_model(
+        SchedulerOutput(
+            step_id=0,
+            scheduled_new_reqs=[good, bad],
+            scheduled_cached_reqs=[
+                CachedRequestData(req_id="ghost", new_block_ids=[], num_computed_tokens=4)
+            ],
+            num_scheduled_tokens={"good": 3, "bad": 2, "ghost": 1},
+            total_num_scheduled_tokens=6,
+            finished_req_ids=[],
+        )
+    )
+    assert output.error is None
+    assert output.req_ids == ["good"]
+    assert set(output.req_errors) == {"bad", "ghost"}
+    assert "vocabulary" in output.req_errors["bad"]
+
+
+def single_step(runner: ModelRunner, prompt: list[int], params: SamplingParams) -> ModelRunnerOutput:
+    new = NewRequestData(
+        req_id="s",
+        prompt_token_ids=prompt,
+        output_token_ids=[],
+        sampling_params=params,
+        block_ids=list(range(-(-len(prompt) // BLOCK_SIZE) + 1)),
+        num_computed_tokens=0,
+        attempt=0,
+    )
+    return runner.execute_model(
+        SchedulerOutput(
+            step_id=0,
+            scheduled_new_reqs=[new],
+            scheduled_cached_reqs=[],
+            num_scheduled_tokens={"s": len(prompt)},
+            total_num_scheduled_tokens=len(prompt),
+            finished_req_ids=[],
+        )
+    )
+
+
+def test_stop_token_finishes(runner: ModelRunner, tiny_model_dir: Path) -> None:
+    prompt = [11, 12, 13, 14, 15]
+    first = reference_greedy(tiny_model_dir, prompt, 1)[0]
+    output = single_step(
+        runner, prompt, SamplingParams(max_tokens=5, temperature=0.0, stop_token_ids=[first])
+    )
+    assert output.sampled_token_ids == [first]
+    assert output.finish_reasons == ["stop"]
+
+
+def test_eos_finishes_without_ignore_eos(runner: ModelRunner) -> None:
+    # Resent as if preempted after its first token, so the next sampled token is the EOS.
+    new = NewRequestData(
+        req_id="e",
+        prompt_token_ids=EOS_PROMPT,
+        output_token_ids=[461],
+        sampling_params=SamplingParams(max_tokens=5, temperature=0.0),
+        block_ids=[0, 1, 2],
+        num_computed_tokens=0,
+        attempt=1,
+    )
+    output = runner.execute_model(
+        SchedulerOutput(
+            step_id=0,
+            scheduled_new_reqs=[new],
+            scheduled_cached_reqs=[],
+            num_scheduled_tokens={"e": 9},
+            total_num_scheduled_tokens=9,
+            finished_req_ids=[],
+        )
+    )
+    assert output.sampled_token_ids == [0]
+    assert output.finish_reasons == ["stop"]
+    (event,) = runner.token_events(output)
+    assert (event.index, event.attempt, event.finish_reason) == (1, 1, "stop")
+
+
+def test_transformers_builds_no_dense_mask(runner: ModelRunner) -> None:
+    # A packed batch (positions restart per request) is where transformers would build a [T, T] mask.
+    config = runner.model.config
+    mask = create_causal_mask(
+        config=config,
+        inputs_embeds=torch.zeros(1, 6, config.hidden_size),
+        attention_mask=None,
+        cache=None,
+        position_ids=torch.tensor([[4, 0, 1, 2, 7, 8]]),
+    )
+    assert mask is None

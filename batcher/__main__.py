@@ -5,20 +5,45 @@ from __future__ import annotations
 import argparse
 import logging
 import signal
+import sys
 import threading
+import time
 
 from batcher.service import Batcher
 from batcher.settings import BatcherSettings
+from common import streams
 from common.redis_conn import connect
+
+# `--healthcheck` passes while the batcher refreshed its stats this recently (seconds).
+HEALTHY_WITHIN_S = 10.0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m batcher", description="The continuous-batching scheduler."
+    )
+    parser.add_argument("--log-level", default="INFO")
+    parser.add_argument(
+        "--healthcheck", action="store_true", help="exit 0 if a batcher is alive on REDIS_URL, else 1"
+    )
+    return parser
+
+
+def healthcheck(settings: BatcherSettings) -> int:
+    client = connect(settings.redis_url)
+    try:
+        updated: bytes | None = client.hget(streams.BATCHER_STATS, "updated_at")  # type: ignore[assignment]
+    finally:
+        client.close()
+    return 0 if updated is not None and time.time() - float(updated) < HEALTHY_WITHIN_S else 1
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m batcher", description=__doc__)
-    parser.add_argument("--log-level", default="INFO")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-
+    args = build_parser().parse_args(argv)
     settings = BatcherSettings()
+    if args.healthcheck:
+        sys.exit(healthcheck(settings))
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())

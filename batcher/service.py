@@ -138,6 +138,7 @@ class Batcher:
     def check_workers(self, now: float) -> None:
         """Join workers with a fresh heartbeat; drop those whose heartbeat is too old."""
         self._next_worker_check = now + self.settings.worker_check_interval_s
+        self._stats_dirty = True  # refreshes `updated_at`, the batcher's own liveness signal
         beats: Any = self.redis.zrange(streams.WORKERS_HEARTBEAT, 0, -1, withscores=True)
         cutoff_ms = (now - self.settings.heartbeat_timeout_s) * 1000
         alive = {_s(wid) for wid, score in beats if score >= cutoff_ms}
@@ -167,6 +168,7 @@ class Batcher:
         # Forget it in Redis too, so a worker that was only paused cannot rejoin with stale state.
         self._pipe.zrem(streams.WORKERS_HEARTBEAT, worker_id)
         self._pipe.hdel(streams.WORKERS_HASH, worker_id)
+        self._pipe.hdel(streams.BATCHER_STATS, f"num_steps:{worker_id}")
         self._stats_dirty = True
         log.warning("worker %s is gone; %d requests will be recomputed elsewhere", worker_id, len(orphans))
 
@@ -209,6 +211,7 @@ class Batcher:
             num_waiting=len(s.waiting),
             num_running=s.num_running,
             num_workers=len(s.workers),
+            **{f"num_steps:{wid}": ws.step_id for wid, ws in s.workers.items()},
             updated_at=time.time(),
         )
         return stats

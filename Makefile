@@ -1,0 +1,23 @@
+# Two commands matter: `make run MODEL=/path/to/model` and `make test`.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+MODEL ?=
+
+.PHONY: install test lint run
+
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	# CPU hosts: this pins the CPU wheel that lies on local disk; GPU hosts get the CUDA build.
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e ".[dev]"
+	touch $@
+
+install: $(VENV)/.installed
+
+lint: install
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+	$(PY) -m mypy
+
+test: lint
+	$(PY) -m pytest

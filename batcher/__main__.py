@@ -18,7 +18,7 @@ from common.redis_conn import connect
 HEALTHY_WITHIN_S = 10.0
 
 
-def build_parser() -> argparse.ArgumentParser:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m batcher", description="The continuous-batching scheduler."
     )
@@ -26,7 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--healthcheck", action="store_true", help="exit 0 if a batcher is alive on REDIS_URL, else 1"
     )
-    return parser
+    return parser.parse_args(argv)
 
 
 def healthcheck(settings: BatcherSettings) -> int:
@@ -39,7 +39,7 @@ def healthcheck(settings: BatcherSettings) -> int:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
+    args = parse_args(argv)
     settings = BatcherSettings()
     if args.healthcheck:
         sys.exit(healthcheck(settings))

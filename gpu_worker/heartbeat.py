@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from pathlib import Path
 
 import redis
 
@@ -18,8 +19,12 @@ def beat(client: redis.Redis, worker_id: str) -> None:
 
 
 class Heartbeat:
-    def __init__(self, client: redis.Redis, worker_id: str, interval_s: float) -> None:
+    def __init__(
+        self, client: redis.Redis, worker_id: str, interval_s: float, health_file: str | None = None
+    ) -> None:
         self._client = client
+        # Touched after each beat that reached Redis: a container healthcheck reads its age.
+        self._health_file = Path(health_file) if health_file else None
         self._worker_id = worker_id
         self._interval_s = interval_s
         self._stopped = threading.Event()
@@ -38,6 +43,8 @@ class Heartbeat:
         while not self._stopped.wait(self._interval_s):
             try:
                 beat(self._client, self._worker_id)
+                if self._health_file is not None:
+                    self._health_file.touch()
                 if failing:
                     logger.info("heartbeat restored")
                 failing = False

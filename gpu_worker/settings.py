@@ -62,6 +62,10 @@ class WorkerSettings(BaseSettings):
         default=None, description="Seed of the generator used by requests without a seed."
     )
     heartbeat_interval_s: float = Field(default=1.0, gt=0.0, description="Seconds between heartbeats.")
+    health_file: str | None = Field(
+        default=None,
+        description="File touched after every heartbeat that reached Redis (container healthchecks).",
+    )
     redis_url: str = redis_url_field()
 
     @field_validator("model", mode="after")

@@ -47,7 +47,7 @@ class Worker:
         self._last_id = "0-0"  # the stream is new: this worker id has never existed before
         self._stopping = threading.Event()
         self._heartbeat = Heartbeat(
-            connect(settings.redis_url), self.worker_id, settings.heartbeat_interval_s
+            connect(settings.redis_url), self.worker_id, settings.heartbeat_interval_s, settings.health_file
         )
 
     def info(self) -> WorkerInfo:

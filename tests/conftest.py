@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import socket
 import subprocess
@@ -30,8 +31,8 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny_model(tmp_path_factory.mktemp("models") / "tiny-llama")
 
 
-@pytest.fixture()
-def redis_url(tmp_path: Path) -> Iterator[str]:
+@contextlib.contextmanager
+def redis_server(data_dir: Path) -> Iterator[str]:
     """A redis-server of the test's own on a free port; never the machine's shared one."""
     binary = shutil.which("redis-server")
     assert binary, "redis-server must be on PATH"
@@ -48,7 +49,7 @@ def redis_url(tmp_path: Path) -> Iterator[str]:
             "--appendonly",
             "no",
             "--dir",
-            str(tmp_path),
+            str(data_dir),
         ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -71,6 +72,12 @@ def redis_url(tmp_path: Path) -> Iterator[str]:
         client.close()
         proc.kill()
         proc.wait()
+
+
+@pytest.fixture()
+def redis_url(tmp_path: Path) -> Iterator[str]:
+    with redis_server(tmp_path) as url:
+        yield url
 
 
 @pytest.fixture()

@@ -59,6 +59,7 @@ def worker_proc(tiny_model_dir: Path, redis_url: str, tmp_path: Path) -> Iterato
         "WORKER_NUM_THREADS": "1",
         "WORKER_NUM_BLOCKS": "32",
         "WORKER_HEARTBEAT_INTERVAL_S": "0.1",
+        "WORKER_HEALTH_FILE": str(tmp_path / "alive"),
     }
     log = (tmp_path / "worker.log").open("wb")
     proc = subprocess.Popen(
@@ -100,7 +101,9 @@ def step_message(
     return encode(output)
 
 
-def test_worker_serves_a_step_and_deregisters(worker_proc: subprocess.Popen[bytes], redis_url: str) -> None:
+def test_worker_serves_a_step_and_deregisters(
+    worker_proc: subprocess.Popen[bytes], redis_url: str, tmp_path: Path
+) -> None:
     client = redis.Redis.from_url(redis_url)
 
     def workers() -> Any:
@@ -121,6 +124,8 @@ def test_worker_serves_a_step_and_deregisters(worker_proc: subprocess.Popen[byte
         "a later heartbeat",
         worker_proc,
     )
+    # The container healthcheck's signal: touched after beats that reached Redis.
+    wait_for(lambda: (tmp_path / "alive").exists(), 10, "the health file", worker_proc)
     hello_id, hello = wait_for(lambda: read_inbox(client, "0-0"), 10, "the hello on the inbox", worker_proc)
     assert isinstance(hello, WorkerInfo) and hello.worker_id == info.worker_id
 

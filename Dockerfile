@@ -1,0 +1,20 @@
+# One image for every Python service; docker-compose.yml picks the module to run.
+FROM python:3.11-slim
+
+ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+WORKDIR /app
+
+# torch first and on its own layer: it is the big one, and its build (CUDA on PyPI's Linux wheel)
+# is chosen here rather than by a dependency resolver.
+RUN pip install torch==2.13.0
+
+COPY pyproject.toml README.md ./
+COPY common ./common
+COPY gateway ./gateway
+COPY batcher ./batcher
+COPY gpu_worker ./gpu_worker
+RUN pip install ".[worker,gateway]"
+
+# Models are mounted at /models (see docker-compose.yml); nothing is fetched at run time.
+RUN useradd --create-home --uid 1000 app
+USER app

@@ -1,0 +1,115 @@
+"""docker-compose.yml agrees with the real entry points (no Docker engine runs here to try it)."""
+
+from __future__ import annotations
+
+import importlib
+import re
+import shlex
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from pydantic_settings import BaseSettings
+
+from batcher.settings import BatcherSettings
+from gateway.settings import GatewaySettings
+from gpu_worker.settings import WorkerSettings
+
+ROOT = Path(__file__).resolve().parent.parent
+SETTINGS: dict[str, type[BaseSettings]] = {
+    "gateway": GatewaySettings,
+    "batcher": BatcherSettings,
+    "gpu_worker": WorkerSettings,
+}
+
+
+def interpolate(value: str) -> str:
+    """Compose's `${VAR:-default}` with nothing set: the default."""
+    return re.sub(r"\$\{[A-Z_]+:-([^}]*)\}", r"\1", value)
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict[str, Any]:
+    data = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    assert isinstance(data, dict)
+    return data
+
+
+def env_names(settings: type[BaseSettings]) -> set[str]:
+    """Every environment variable a settings class reads."""
+    prefix = str(settings.model_config.get("env_prefix", ""))
+    names = set()
+    for name, field in settings.model_fields.items():
+        names.add(f"{prefix}{name}".upper())
+        alias = field.validation_alias
+        for choice in getattr(alias, "choices", []):
+            if isinstance(choice, str) and choice.isupper():
+                names.add(choice)
+    return names
+
+
+def test_services_and_redis(compose: dict[str, Any]) -> None:
+    services = compose["services"]
+    assert set(services) == {"redis", "gateway", "batcher", "gpu_worker"}
+    redis = services["redis"]
+    command = " ".join(redis["command"])
+    assert "--appendonly yes" in command and "--requirepass" in command
+    assert "ports" not in redis, "Redis must not be published to the host"
+    assert "healthcheck" in redis
+
+
+@pytest.mark.parametrize("service", list(SETTINGS))
+def test_python_service_matches_its_entry_point(compose: dict[str, Any], service: str) -> None:
+    spec = compose["services"][service]
+    command = [interpolate(str(part)) for part in spec["command"]]
+    assert command[:3] == ["python", "-m", service]
+    # The arguments parse with the module's own parser.
+    main = importlib.import_module(f"{service}.__main__")
+    main.parse_args(command[3:])
+    # Every variable set is one the service reads; REDIS_URL carries the password.
+    env = {k: interpolate(str(v)) for k, v in spec["environment"].items()}
+    unknown = set(env) - env_names(SETTINGS[service])
+    assert not unknown, f"{service} sets variables it never reads: {unknown}"
+    assert env["REDIS_URL"].startswith("redis://:") and "@redis:6379" in env["REDIS_URL"]
+    assert spec["depends_on"]["redis"]["condition"] == "service_healthy"
+    assert spec["healthcheck"]["test"][0] in {"CMD", "CMD-SHELL"}
+    assert spec["build"] == "." and spec["image"] == compose["services"]["gateway"]["image"]
+
+
+def test_batcher_settings_accept_compose_values(compose: dict[str, Any]) -> None:
+    env = {k: interpolate(str(v)) for k, v in compose["services"]["batcher"]["environment"].items()}
+    fields = {k.removeprefix("BATCHER_").lower(): v for k, v in env.items() if k.startswith("BATCHER_")}
+    settings = BatcherSettings(**fields)  # type: ignore[arg-type]
+    assert settings.max_num_batched_tokens >= settings.max_num_seqs
+    healthcheck = compose["services"]["batcher"]["healthcheck"]["test"]
+    assert healthcheck[1:4] == ["python", "-m", "batcher"]
+    importlib.import_module("batcher.__main__").parse_args(healthcheck[4:])
+
+
+def test_gpu_worker_reserves_a_gpu_and_checks_its_heartbeat_file(compose: dict[str, Any]) -> None:
+    spec = compose["services"]["gpu_worker"]
+    [device] = spec["deploy"]["resources"]["reservations"]["devices"]
+    assert device["driver"] == "nvidia" and "gpu" in device["capabilities"]
+    assert "container_name" not in spec, "a fixed name would break --scale"
+    assert "WORKER_WORKER_ID" not in spec["environment"], "a fixed id would break --scale"
+    health_file = spec["environment"]["WORKER_HEALTH_FILE"]
+    assert health_file in " ".join(spec["healthcheck"]["test"])
+
+
+def test_gateway_is_the_only_published_service(compose: dict[str, Any]) -> None:
+    published = [name for name, spec in compose["services"].items() if "ports" in spec]
+    assert published == ["gateway"]
+    [mapping] = compose["services"]["gateway"]["ports"]
+    assert interpolate(mapping).endswith(":8000")
+    port = shlex.split(" ".join(compose["services"]["gateway"]["command"]))
+    assert port[port.index("--port") + 1] == "8000"
+    assert "http://127.0.0.1:8000/health" in " ".join(compose["services"]["gateway"]["healthcheck"]["test"])
+
+
+def test_dockerfile_installs_every_service() -> None:
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    for package in ("common", "gateway", "batcher", "gpu_worker"):
+        assert f"COPY {package} ./{package}" in dockerfile
+    assert 'pip install ".[worker,gateway]"' in dockerfile
+    assert "pip install torch==" in dockerfile

@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 MODEL ?=
 
-.PHONY: install test lint run
+.PHONY: install test lint run demo-model
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -21,3 +21,11 @@ lint: install
 
 test: lint
 	$(PY) -m pytest
+
+# Batcher, worker(s) and gateway as local processes; needs a Redis at REDIS_URL and MODEL=<dir>.
+run: install
+	MODEL="$(MODEL)" PY="$(PY)" scripts/run_local.sh
+
+# A small random-weight model directory to try the stack with (no hub needed): make demo-model
+demo-model: install
+	$(PY) -m tests.tiny_model models/tiny-llama

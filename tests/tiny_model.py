@@ -84,3 +84,9 @@ def build_tiny_model(path: Path, *, seed: int = 0, vocab_size: int = 512, max_le
     model.save_pretrained(path)
     fast.save_pretrained(path)
     return path
+
+
+if __name__ == "__main__":
+    import sys
+
+    print(build_tiny_model(Path(sys.argv[1] if len(sys.argv) > 1 else "models/tiny-llama")))

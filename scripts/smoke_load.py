@@ -1,6 +1,6 @@
 """A rough load check (not the benchmark tool): N concurrent greedy completions, output tokens/s.
 
-    python scripts/smoke_load.py --base-url http://127.0.0.1:8000 --requests 32 --max-tokens 64
+python scripts/smoke_load.py --base-url http://127.0.0.1:8000 --requests 32 --max-tokens 64
 """
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ async def main() -> None:
         counts = await asyncio.gather(*(one(client, p, args.max_tokens) for p in prompts))
         elapsed = time.perf_counter() - start
     total = sum(counts)
-    print(f"{args.requests} requests, {total} output tokens in {elapsed:.2f} s: {total / elapsed:.0f} tokens/s")
+    rate = total / elapsed
+    print(f"{args.requests} requests, {total} output tokens in {elapsed:.2f} s: {rate:.0f} tokens/s")
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Literal
 
 from batcher.block_manager import BlockManager
 from batcher.request import Request, RequestStatus
@@ -28,10 +29,18 @@ from common.protocol import (
 EARLY_ABORT_TTL_S = 300.0
 
 
+Policy = Literal["fused", "tgi"]
+
+
 @dataclass(slots=True)
 class SchedulerConfig:
     max_num_seqs: int = 64  # requests in one worker's batch
     max_num_batched_tokens: int = 512  # tokens computed in one step (prefill chunks + decodes)
+    # "fused": vLLM-style steps mixing decodes and chunked prefills under the token budget.
+    # "tgi": text-generation-inference's admission, whole prompts in prefill-only steps (see _schedule_tgi).
+    policy: Policy = "fused"
+    waiting_served_ratio: float = 0.3  # tgi: admit only if floor(running * ratio) new requests fit
+    max_waiting_tokens: int = 20  # tgi: ... unless the batch decoded this many steps since the last admission
 
 
 @dataclass(slots=True)
@@ -52,6 +61,7 @@ class WorkerState:
     to_free: list[str] = field(default_factory=list)  # req ids the worker must drop in its next step
     in_flight: dict[str, int] | None = None  # req_id -> tokens of the step being computed
     step_id: int = 0
+    steps_since_admission: int = 0  # tgi policy: TGI's `waiting_tokens`
 
     def can_host(self, req: Request) -> bool:
         """Whether this worker's whole pool could ever hold the request alone."""
@@ -126,9 +136,12 @@ class Scheduler:
         new: list[NewRequestData] = []
         failed: list[Request] = []
 
-        budget, preempted = self._schedule_running(ws, budget, num_scheduled, cached)
-        if not preempted:
-            budget = self._schedule_waiting(ws, budget, num_scheduled, new, failed)
+        if self.config.policy == "tgi":
+            self._schedule_tgi(ws, num_scheduled, cached, new, failed)
+        else:
+            budget, preempted = self._schedule_running(ws, budget, num_scheduled, cached)
+            if not preempted:
+                self._schedule_waiting(ws, budget, num_scheduled, new, failed)
 
         if not num_scheduled:
             return None, failed
@@ -213,18 +226,83 @@ class Scheduler:
             need = bm.num_new_blocks(len(req.block_ids), req.num_computed_tokens + num_new)
             if need > bm.num_free_blocks:
                 break
-            self.waiting.popleft()
-            req.block_ids.extend(bm.allocate(need))
-            req.status = RequestStatus.RUNNING
-            req.worker_id = ws.info.worker_id
-            req.attempt += 1
-            ws.running.append(req)
-            new.append(req.to_new_request_data())
-            self._count_chunk(req, num_new)
-            num_scheduled[req.req_id] = num_new
+            self._admit(ws, num_new, num_scheduled, new)
             budget -= num_new
             admitted += 1
         return budget
+
+    def _schedule_tgi(
+        self,
+        ws: WorkerState,
+        num_scheduled: dict[str, int],
+        cached: list[CachedRequestData],
+        new: list[NewRequestData],
+        failed: list[Request],
+    ) -> None:
+        """TGI's admission rule (text-generation-inference, backends/v3/src/backend.rs).
+
+        New requests are prefilled whole, in a step of their own (the running batch waits), and only
+        when at least floor(running * waiting_served_ratio) of them fit, unless the running batch has
+        decoded `max_waiting_tokens` steps since the last admission; otherwise the step decodes.
+        """
+        cfg = self.config
+        min_size = 0
+        if ws.running and ws.steps_since_admission < cfg.max_waiting_tokens:
+            min_size = math.floor(len(ws.running) * cfg.waiting_served_ratio)
+        batch = self._tgi_candidates(ws, failed)
+        if batch and len(batch) >= min_size:
+            for req in batch:
+                self._admit(ws, req.num_tokens - req.num_computed_tokens, num_scheduled, new)
+            ws.steps_since_admission = 1
+            return
+        if ws.running:
+            self._schedule_running(ws, cfg.max_num_batched_tokens, num_scheduled, cached)
+            ws.steps_since_admission += 1
+
+    def _tgi_candidates(self, ws: WorkerState, failed: list[Request]) -> list[Request]:
+        """The waiting requests (a prefix of the queue) one prefill-only step could take whole."""
+        bm = ws.block_manager
+        share = self._fair_share(ws)
+        free, tokens = bm.num_free_blocks, 0
+        picked: list[Request] = []
+        for req in list(self.waiting):
+            if len(ws.running) + len(picked) >= self.config.max_num_seqs:
+                break
+            if not ws.can_host(req):
+                if any(w.can_host(req) for w in self.workers.values()):
+                    break
+                self.waiting.remove(req)
+                self._fail(req, "the request needs more KV-cache blocks than any worker has")
+                failed.append(req)
+                continue
+            if len(picked) >= share and self._best_worker(req, prefer=ws) is not ws:
+                break
+            num_new = req.num_tokens - req.num_computed_tokens
+            # No chunking: a prompt over the budget still goes, alone (TGI sizes its budget to fit one).
+            if picked and tokens + num_new > self.config.max_num_batched_tokens:
+                break
+            need = bm.num_new_blocks(len(req.block_ids), req.num_computed_tokens + num_new)
+            if need > free:
+                break
+            picked.append(req)
+            tokens += num_new
+            free -= need
+        return picked
+
+    def _admit(
+        self, ws: WorkerState, num_new: int, num_scheduled: dict[str, int], new: list[NewRequestData]
+    ) -> None:
+        """Move the head of the waiting queue onto `ws` with `num_new` tokens to compute this step."""
+        req = self.waiting.popleft()
+        need = ws.block_manager.num_new_blocks(len(req.block_ids), req.num_computed_tokens + num_new)
+        req.block_ids.extend(ws.block_manager.allocate(need))
+        req.status = RequestStatus.RUNNING
+        req.worker_id = ws.info.worker_id
+        req.attempt += 1
+        ws.running.append(req)
+        new.append(req.to_new_request_data())
+        self._count_chunk(req, num_new)
+        num_scheduled[req.req_id] = num_new
 
     def _eligible(self, ws: WorkerState) -> bool:
         return len(ws.running) < self.config.max_num_seqs

@@ -42,6 +42,9 @@ class Batcher:
             SchedulerConfig(
                 max_num_seqs=settings.max_num_seqs,
                 max_num_batched_tokens=settings.max_num_batched_tokens,
+                policy=settings.policy,
+                waiting_served_ratio=settings.waiting_served_ratio,
+                max_waiting_tokens=settings.max_waiting_tokens,
             )
         )
         self._pipe = client.pipeline(transaction=False)

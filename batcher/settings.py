@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+from typing import Literal
 
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -22,6 +23,17 @@ class BatcherSettings(BaseSettings):
     max_num_seqs: int = Field(64, ge=1, description="Most requests in one worker's batch.")
     max_num_batched_tokens: int = Field(
         512, ge=1, description="Token budget of one step: prefill chunks plus decodes."
+    )
+    policy: Literal["fused", "tgi"] = Field(
+        "fused",
+        description="fused: decodes and chunked prefills share each step (vLLM); "
+        "tgi: whole prompts in prefill-only steps admitted by waiting_served_ratio (TGI).",
+    )
+    waiting_served_ratio: float = Field(
+        0.3, ge=0, description="tgi: admit new requests only if floor(running * ratio) of them fit."
+    )
+    max_waiting_tokens: int = Field(
+        20, ge=1, description="tgi: ...unless the running batch decoded this many steps without admitting."
     )
     heartbeat_timeout_s: float = Field(
         5.0, gt=0, description="A worker whose last heartbeat is older than this is dead."

@@ -3,7 +3,8 @@
 Sixteen requests with different prompt lengths and max_tokens arrive in waves: each wave starts only
 once every streaming request of the previous wave has its first token, so new prefills always join a
 batch that is mid-decode. The same requests run with one worker, with two, and with a KV pool small
-enough (and a token budget low enough) to force preemption and chunked prefill; all must match.
+enough (and a token budget low enough) to force preemption and chunked prefill, and with the
+TGI-style admission policy; all must match.
 """
 
 from __future__ import annotations
@@ -110,6 +111,8 @@ async def run_cases(base_url: str, cases: list[tuple[list[int], int]], model: st
 CONFIGS: dict[str, dict[str, object]] = {
     "one_worker": {"workers": 1, "worker_env": {}, "batcher_env": {}},
     "two_workers": {"workers": 2, "worker_env": {}, "batcher_env": {}},
+    # TGI-style admission (whole prompts in prefill-only steps) must not change results either.
+    "tgi_policy": {"workers": 1, "worker_env": {}, "batcher_env": {"BATCHER_POLICY": "tgi"}},
     # 16 blocks of 16 tokens hold ~2 of the longest requests: preemption is certain, and a budget
     # of 32 tokens per step splits every longer prompt into chunks.
     "preempt_and_chunk": {

@@ -263,3 +263,56 @@ def test_failed_step_fails_its_requests() -> None:
     [failed] = s.update_from_output(bad)
     assert failed.finish_reason == "error" and "boom" in (failed.error or "")
     assert not s.requests
+
+
+def tgi(max_num_seqs: int = 32, max_tokens: int = 64, max_waiting_tokens: int = 20) -> Scheduler:
+    config = SchedulerConfig(
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_tokens,
+        policy="tgi",
+        waiting_served_ratio=0.3,
+        max_waiting_tokens=max_waiting_tokens,
+    )
+    s = Scheduler(config)
+    s.add_worker(worker(num_blocks=256))
+    return s
+
+
+def test_tgi_prefills_whole_prompts_in_steps_of_their_own() -> None:
+    s = tgi(max_tokens=16)
+    s.add_request(request("long", prompt_len=50, max_tokens=30), now=0.0)
+    out = step(s)
+    assert out.num_scheduled_tokens == {"long": 50}  # no chunking, even over the budget
+    assert s.stats.num_partial_prefills == 0
+    s.add_request(request("next", prompt_len=5), now=0.0)
+    out = step(s)
+    # floor(1 * 0.3) == 0: any new request is enough, and its prefill step carries no decode.
+    assert out.num_scheduled_tokens == {"next": 5}
+
+
+def test_tgi_waits_for_enough_new_requests_then_admits_them_together() -> None:
+    s = tgi()
+    for i in range(10):
+        s.add_request(request(f"r{i}", prompt_len=4, max_tokens=100), now=0.0)
+    step(s)  # all ten prefilled together
+    s.add_request(request("a", prompt_len=4), now=0.0)
+    s.add_request(request("b", prompt_len=4), now=0.0)
+    out = step(s)
+    assert set(out.num_scheduled_tokens) == {f"r{i}" for i in range(10)}  # 2 < floor(10 * 0.3): decode
+    s.add_request(request("c", prompt_len=4), now=0.0)
+    out = step(s)
+    assert out.num_scheduled_tokens == {"a": 4, "b": 4, "c": 4}  # 3 fit: a prefill-only step
+    out = step(s)
+    assert len(out.num_scheduled_tokens) == 13 and set(out.num_scheduled_tokens.values()) == {1}
+
+
+def test_tgi_admits_a_lone_request_after_max_waiting_tokens() -> None:
+    s = tgi(max_waiting_tokens=5)
+    for i in range(10):
+        s.add_request(request(f"r{i}", prompt_len=4, max_tokens=100), now=0.0)
+    step(s)
+    s.add_request(request("lone", prompt_len=4), now=0.0)
+    decodes = 0
+    while "lone" not in step(s).num_scheduled_tokens:
+        decodes += 1
+    assert decodes == 4  # steps_since_admission counts 1 (the prefill) + 4 decodes = 5

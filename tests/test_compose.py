@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import importlib
+import json
 import re
 import shlex
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import pytest
 import yaml
 from pydantic_settings import BaseSettings
@@ -47,6 +49,29 @@ def env_names(settings: type[BaseSettings]) -> set[str]:
             if isinstance(choice, str) and choice.isupper():
                 names.add(choice)
     return names
+
+
+def test_file_follows_the_compose_specification(compose: dict[str, Any]) -> None:
+    schema = json.loads((ROOT / "tests" / "schemas" / "compose_spec.json").read_text())
+    errors = [f"{list(e.path)}: {e.message}" for e in jsonschema.Draft7Validator(schema).iter_errors(compose)]
+    assert not errors, errors
+
+
+def test_schema_check_catches_mistakes(compose: dict[str, Any]) -> None:
+    schema = json.loads((ROOT / "tests" / "schemas" / "compose_spec.json").read_text())
+    broken = json.loads(json.dumps(compose))
+    broken["services"]["gateway"]["healthcheck"]["intervall"] = "10s"
+    broken["services"]["batcher"]["depends_on"] = {"redis": {"condition": "when_ready"}}
+    assert len(list(jsonschema.Draft7Validator(schema).iter_errors(broken))) == 2
+
+
+def test_default_model_is_the_shipped_demo(compose: dict[str, Any]) -> None:
+    for service in ("gateway", "gpu_worker"):
+        model = interpolate(compose["services"][service]["environment"]["MODEL"])
+        assert model == "/models/demo"
+    assert any(
+        interpolate(v).startswith("./models:/models") for v in compose["services"]["gateway"]["volumes"]
+    )
 
 
 def test_services_and_redis(compose: dict[str, Any]) -> None:

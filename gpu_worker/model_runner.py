@@ -62,6 +62,8 @@ class ModelRunner:
         self.vocab_size = int(config.get_text_config().vocab_size)
         self.eos_token_ids = eos_token_ids(self.model)
         self.sampler = Sampler(settings.seed)
+        # Null-model mode times everything but the model: the step still builds its inputs.
+        self.null_model = settings.null_model
         self.requests: dict[str, RequestState] = {}
 
     # ---- one step -------------------------------------------------------------------------------
@@ -216,6 +218,8 @@ class ModelRunner:
     def _forward_and_sample(self, batch: InputBatch) -> list[int]:
         if not batch.scheduled:
             return []
+        if self.null_model:
+            return [0] * len(batch.sampling_reqs)
         outputs = self.model(
             input_ids=batch.input_ids,
             position_ids=batch.position_ids,

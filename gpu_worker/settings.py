@@ -62,6 +62,10 @@ class WorkerSettings(BaseSettings):
         default=None, description="Seed of the generator used by requests without a seed."
     )
     heartbeat_interval_s: float = Field(default=1.0, gt=0.0, description="Seconds between heartbeats.")
+    null_model: bool = Field(
+        default=False,
+        description="Benchmarks only: skip the forward pass and sample token 0, to time the control plane.",
+    )
     health_file: str | None = Field(
         default=None,
         description="File touched after every heartbeat that reached Redis (container healthchecks).",

@@ -317,3 +317,19 @@ def test_transformers_builds_no_dense_mask(runner: ModelRunner) -> None:
         position_ids=torch.tensor([[4, 0, 1, 2, 7, 8]]),
     )
     assert mask is None
+
+
+def test_null_model_samples_token_zero_without_a_forward(tiny_model_dir: Path) -> None:
+    settings = WorkerSettings(
+        model=str(tiny_model_dir),
+        num_blocks=NUM_BLOCKS,
+        block_size=BLOCK_SIZE,
+        worker_id="n",
+        null_model=True,
+    )
+    null = ModelRunner(settings)
+    calls: list[int] = []
+    null.model.register_forward_hook(lambda *_: calls.append(1))
+    out = single_step(null, [5, 6, 7], SamplingParams(max_tokens=1, ignore_eos=True))
+    assert out.sampled_token_ids == [0] and out.finish_reasons == ["length"]
+    assert calls == []

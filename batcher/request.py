@@ -29,7 +29,11 @@ class Request:
     owner: str = ""
     output_token_ids: list[int] = field(default_factory=list)
     status: RequestStatus = RequestStatus.WAITING
-    num_computed_tokens: int = 0  # tokens whose KV the worker holds
+    # Tokens whose KV the worker holds once the steps already sent are done (counted when scheduled).
+    num_computed_tokens: int = 0
+    # Tokens the steps already sent will sample but whose results have not arrived (async scheduling).
+    num_output_placeholders: int = 0
+    num_inflight_steps: int = 0  # steps sent with this request whose results have not arrived
     block_ids: list[int] = field(default_factory=list)
     worker_id: str | None = None  # the worker holding its KV while RUNNING
     attempt: int = 0  # bumped on every (re)schedule; the worker stamps it on token events
@@ -54,6 +58,16 @@ class Request:
     def num_tokens(self) -> int:
         """Prompt plus generated tokens: what the worker must have computed before it samples again."""
         return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_tokens_with_placeholders(self) -> int:
+        """Known tokens plus those being sampled now: what the next step may compute up to."""
+        return self.num_tokens + self.num_output_placeholders
+
+    @property
+    def is_finishing(self) -> bool:
+        """Steps already sent will bring it to max_tokens: scheduling it again would be wasted."""
+        return len(self.output_token_ids) + self.num_output_placeholders >= self.sampling_params.max_tokens
 
     @property
     def max_num_tokens(self) -> int:

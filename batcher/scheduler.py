@@ -41,6 +41,13 @@ class SchedulerConfig:
     policy: Policy = "fused"
     waiting_served_ratio: float = 0.3  # tgi: admit only if floor(running * ratio) new requests fit
     max_waiting_tokens: int = 20  # tgi: ... unless the batch decoded this many steps since the last admission
+    # Schedule a worker's step N+1 while step N runs (the worker feeds back the tokens it sampled),
+    # so the worker never waits on the batcher's round trip.
+    async_scheduling: bool = False
+
+    @property
+    def max_steps_in_flight(self) -> int:
+        return 2 if self.async_scheduling else 1
 
 
 @dataclass(slots=True)
@@ -51,6 +58,8 @@ class SchedulerStats:
     num_finished: int = 0
     num_aborted: int = 0
     num_failed: int = 0
+    worker_busy_s: float = 0.0  # summed step_time of all results
+    worker_idle_s: float = 0.0  # summed time workers waited for their next step
 
 
 @dataclass(slots=True)
@@ -59,7 +68,8 @@ class WorkerState:
     block_manager: BlockManager
     running: list[Request] = field(default_factory=list)  # in admission order: newest last
     to_free: list[str] = field(default_factory=list)  # req ids the worker must drop in its next step
-    in_flight: dict[str, int] | None = None  # req_id -> tokens of the step being computed
+    # (step_id, req_id -> tokens) of each step sent whose result has not arrived, oldest first
+    in_flight: deque[tuple[int, dict[str, int]]] = field(default_factory=deque)
     step_id: int = 0
     steps_since_admission: int = 0  # tgi policy: TGI's `waiting_tokens`
 
@@ -94,6 +104,7 @@ class Scheduler:
         orphans = list(ws.running)
         for req in reversed(orphans):
             self._reset(req)
+            req.num_inflight_steps = 0  # those results will never come
             self.waiting.appendleft(req)
         return orphans
 
@@ -129,7 +140,7 @@ class Scheduler:
     def schedule(self, worker_id: str) -> tuple[SchedulerOutput | None, list[Request]]:
         """The next step for `worker_id` (None when it has nothing to compute) and requests failed now."""
         ws = self.workers[worker_id]
-        assert ws.in_flight is None, "one step in flight per worker"
+        assert len(ws.in_flight) < self.config.max_steps_in_flight, "too many steps in flight"
         budget = self.config.max_num_batched_tokens
         num_scheduled: dict[str, int] = {}
         cached: list[CachedRequestData] = []
@@ -146,7 +157,9 @@ class Scheduler:
         if not num_scheduled:
             return None, failed
         ws.step_id += 1
-        ws.in_flight = dict(num_scheduled)
+        ws.in_flight.append((ws.step_id, dict(num_scheduled)))
+        for req_id, n in num_scheduled.items():
+            self._account_scheduled(self.requests[req_id], n)
         self.stats.num_steps += 1
         out = SchedulerOutput(
             step_id=ws.step_id,
@@ -171,8 +184,8 @@ class Scheduler:
         i = 0
         while i < len(ws.running) and budget > 0:
             req = ws.running[i]
-            num_new = min(req.num_tokens - req.num_computed_tokens, budget)
-            if num_new <= 0:
+            num_new = min(req.num_tokens_with_placeholders - req.num_computed_tokens, budget)
+            if num_new <= 0 or req.is_finishing:
                 i += 1
                 continue
             need = bm.num_new_blocks(len(req.block_ids), req.num_computed_tokens + num_new)
@@ -212,6 +225,8 @@ class Scheduler:
         admitted = 0
         while self.waiting and budget > 0 and len(ws.running) < self.config.max_num_seqs:
             req = self.waiting[0]
+            if req.num_inflight_steps:
+                break  # preempted while a step ran: its last token is still on the way
             if not ws.can_host(req):
                 if any(w.can_host(req) for w in self.workers.values()):
                     break  # a larger worker will take it; keep arrival order
@@ -266,7 +281,7 @@ class Scheduler:
         free, tokens = bm.num_free_blocks, 0
         picked: list[Request] = []
         for req in list(self.waiting):
-            if len(ws.running) + len(picked) >= self.config.max_num_seqs:
+            if len(ws.running) + len(picked) >= self.config.max_num_seqs or req.num_inflight_steps:
                 break
             if not ws.can_host(req):
                 if any(w.can_host(req) for w in self.workers.values()):
@@ -326,17 +341,31 @@ class Scheduler:
         return math.floor(len(self.waiting) * ws.block_manager.num_free_blocks / total)
 
     def _count_chunk(self, req: Request, num_new: int) -> None:
-        if req.num_computed_tokens + num_new < req.num_tokens:
+        if req.num_computed_tokens + num_new < req.num_tokens_with_placeholders:
             self.stats.num_partial_prefills += 1
+
+    @staticmethod
+    def _account_scheduled(req: Request, num_new: int) -> None:
+        """Count a step's tokens as computed when it is sent, as vLLM's async scheduler does."""
+        req.num_computed_tokens += num_new
+        req.num_inflight_steps += 1
+        if req.num_computed_tokens == req.num_tokens_with_placeholders:
+            req.num_output_placeholders += 1  # this step ends with a sample
 
     # ----- results -------------------------------------------------------------------------------
     def update_from_output(self, out: ModelRunnerOutput) -> list[Request]:
         """Apply one step's result; returns the requests that finished with it."""
         ws = self.workers.get(out.worker_id)
-        if ws is None or ws.in_flight is None or out.step_id != ws.step_id:
+        if ws is None or not ws.in_flight or ws.in_flight[0][0] != out.step_id:
             return []  # from a worker declared dead, or a duplicate
-        scheduled, ws.in_flight = ws.in_flight, None
+        _, scheduled = ws.in_flight.popleft()
+        self.stats.worker_busy_s += out.step_time
+        self.stats.worker_idle_s += out.worker_idle_s
         finished: list[Request] = []
+        for req_id in scheduled:
+            req = self.requests.get(req_id)
+            if req is not None and req.num_inflight_steps:
+                req.num_inflight_steps -= 1
         if out.error is not None:
             for req_id in scheduled:
                 req = self._running_on(ws, req_id)
@@ -344,17 +373,17 @@ class Scheduler:
                     self._fail(req, f"worker step failed: {out.error}")
                     finished.append(req)
             return finished
-        for req_id, n in scheduled.items():
-            req = self._running_on(ws, req_id)
-            if req is not None:
-                req.num_computed_tokens += n
         for req_id, token_id, reason in zip(
             out.req_ids, out.sampled_token_ids, out.finish_reasons, strict=True
         ):
-            req = self._running_on(ws, req_id)
-            if req is None:
-                continue  # aborted while its step ran
+            req = self.requests.get(req_id)
+            if req is None or req_id not in scheduled:
+                continue  # aborted or finished while its step ran
+            # The token is on the request's stream already, so it is kept even if the request was
+            # preempted after this step was sent (it is then recomputed with it).
             req.output_token_ids.append(token_id)
+            if req.num_output_placeholders:
+                req.num_output_placeholders -= 1
             if reason is not None:
                 self._finish(req, reason)
                 self.stats.num_finished += 1
@@ -377,7 +406,7 @@ class Scheduler:
         ws.running.remove(req)
         ws.block_manager.free(req.block_ids)
         ws.to_free.append(req.req_id)
-        self._reset(req)
+        self._reset(req)  # num_inflight_steps stays: admission waits for those results
         req.num_preemptions += 1
         self.stats.num_preemptions += 1
         self.waiting.appendleft(req)
@@ -387,6 +416,7 @@ class Scheduler:
         req.status = RequestStatus.WAITING
         req.block_ids = []
         req.num_computed_tokens = 0
+        req.num_output_placeholders = 0
         req.worker_id = None
 
     def _release(self, req: Request) -> None:

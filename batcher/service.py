@@ -45,6 +45,7 @@ class Batcher:
                 policy=settings.policy,
                 waiting_served_ratio=settings.waiting_served_ratio,
                 max_waiting_tokens=settings.max_waiting_tokens,
+                async_scheduling=settings.async_scheduling,
             )
         )
         self._pipe = client.pipeline(transaction=False)
@@ -177,18 +178,18 @@ class Batcher:
 
     # ----- schedule and send ---------------------------------------------------------------------
     def schedule(self) -> None:
-        """Build the next step of every worker that is not computing one."""
+        """Build the next step of every worker that has room for one (two with async scheduling)."""
+        max_in_flight = self.scheduler.config.max_steps_in_flight
         for worker_id, ws in self.scheduler.workers.items():
-            if ws.in_flight is not None:
-                continue
-            out, failed = self.scheduler.schedule(worker_id)
-            self._on_finished(failed)
-            if out is None:
-                continue
-            self._pipe.xadd(
-                streams.worker_steps(worker_id), {FIELD: encode(out)}, minid=min_id(), approximate=True
-            )
-            self._stats_dirty = True
+            while len(ws.in_flight) < max_in_flight:
+                out, failed = self.scheduler.schedule(worker_id)
+                self._on_finished(failed)
+                if out is None:
+                    break
+                self._pipe.xadd(
+                    streams.worker_steps(worker_id), {FIELD: encode(out)}, minid=min_id(), approximate=True
+                )
+                self._stats_dirty = True
 
     def send(self) -> None:
         if self._stats_dirty:

@@ -35,6 +35,9 @@ class BatcherSettings(BaseSettings):
     max_waiting_tokens: int = Field(
         20, ge=1, description="tgi: ...unless the running batch decoded this many steps without admitting."
     )
+    async_scheduling: bool = Field(
+        False, description="Send a worker's step N+1 while step N runs, so it never waits on the batcher."
+    )
     heartbeat_timeout_s: float = Field(
         5.0, gt=0, description="A worker whose last heartbeat is older than this is dead."
     )

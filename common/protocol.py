@@ -103,6 +103,7 @@ class ModelRunnerOutput(msgspec.Struct, tag="result", kw_only=True):
     error: str | None = None  # the whole step failed; nothing in it was computed
     num_scheduled_tokens: int = 0  # tokens this step computed
     step_time: float = 0.0  # seconds spent in forward + sample
+    worker_idle_s: float = 0.0  # seconds between publishing the previous result and receiving this step
 
 
 class TokenEvent(msgspec.Struct, tag="token", kw_only=True):

@@ -174,7 +174,7 @@ class ModelRunner:
         if state is None:
             return "unknown request: it was never sent to this worker as new, or was freed"
         if state.finish_reason is not None:
-            return f"request already finished ({state.finish_reason})"
+            return None  # async scheduling sent it once more before learning it ended: skipped below
         if cached.num_computed_tokens != state.num_computed_tokens:
             return (
                 f"num_computed_tokens mismatch: batcher says {cached.num_computed_tokens}, "
@@ -192,6 +192,8 @@ class ModelRunner:
             if req_id in req_errors:
                 continue
             state = self.requests.get(req_id)
+            if state is not None and state.finish_reason is not None:
+                continue  # finished in an earlier step; the batcher frees it once it hears
             error = self._check_scheduled(state, num_tokens)
             if error is not None or state is None:
                 self._fail_or(req_errors, req_id, error or "unknown request")

@@ -76,12 +76,17 @@ class Worker:
             self.runner.max_model_len,
         )
         try:
+            published_at: float | None = None
             while not self._stopping.is_set():
                 scheduler_output = self._retry(self.receive)
                 if scheduler_output is None:
                     continue
+                received_at = time.perf_counter()
                 output = self.execute(scheduler_output)
+                # How long this worker waited on the batcher: the cost async scheduling hides.
+                output.worker_idle_s = received_at - published_at if published_at is not None else 0.0
                 self._retry(partial(self.publish, output))
+                published_at = time.perf_counter()
         finally:
             self._heartbeat.stop()
             self.deregister()

@@ -4,7 +4,7 @@ Sixteen requests with different prompt lengths and max_tokens arrive in waves: e
 once every streaming request of the previous wave has its first token, so new prefills always join a
 batch that is mid-decode. The same requests run with one worker, with two, and with a KV pool small
 enough (and a token budget low enough) to force preemption and chunked prefill, and with the
-TGI-style admission policy; all must match.
+TGI-style admission policy, and with async scheduling; all must match.
 """
 
 from __future__ import annotations
@@ -120,6 +120,16 @@ CONFIGS: dict[str, dict[str, object]] = {
         "worker_env": {"WORKER_NUM_BLOCKS": "16", "WORKER_BLOCK_SIZE": "16"},
         "batcher_env": {"BATCHER_MAX_NUM_BATCHED_TOKENS": "32", "BATCHER_MAX_NUM_SEQS": "8"},
     },
+    # The same pressure with step N+1 scheduled while step N runs.
+    "async_preempt_and_chunk": {
+        "workers": 1,
+        "worker_env": {"WORKER_NUM_BLOCKS": "16", "WORKER_BLOCK_SIZE": "16"},
+        "batcher_env": {
+            "BATCHER_MAX_NUM_BATCHED_TOKENS": "32",
+            "BATCHER_MAX_NUM_SEQS": "8",
+            "BATCHER_ASYNC_SCHEDULING": "true",
+        },
+    },
 }
 
 
@@ -150,6 +160,6 @@ def test_greedy_pipeline_matches_generate(
     if config == "two_workers":
         steps = {k: v for k, v in stats.items() if k.startswith("num_steps:")}
         assert len(steps) == 2 and all(n > 0 for n in steps.values()), f"both workers must compute: {steps}"
-    if config == "preempt_and_chunk":
+    if config.endswith("preempt_and_chunk"):
         assert stats["num_preemptions"] > 0
         assert stats["num_partial_prefills"] > 0

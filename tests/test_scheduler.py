@@ -49,13 +49,13 @@ def complete(
 ) -> list[Request]:
     """Answer a step as a worker would: a token (100 + output index) for each request whose prompt is done."""
     req_ids, tokens, reasons = [], [], []
-    for req_id, n in out.num_scheduled_tokens.items():
+    for req_id in out.num_scheduled_tokens:
         req = s.requests.get(req_id)
         if req is None:  # aborted meanwhile: the worker does not know yet and samples anyway
             req_ids.append(req_id)
             tokens.append(0)
             reasons.append(None)
-        elif req.num_computed_tokens + n == req.num_tokens:
+        elif req.num_output_placeholders:  # the step it was sent in ends with a sample
             req_ids.append(req_id)
             tokens.append(100 + len(req.output_token_ids))
             reasons.append(finish(req))
@@ -201,7 +201,7 @@ def test_result_of_an_aborted_request_is_ignored() -> None:
     assert out is not None
     s.abort_request("a", "abort", now=0.0)
     assert complete(s, out) == []
-    assert s.workers["w0"].in_flight is None
+    assert not s.workers["w0"].in_flight
 
 
 def test_request_larger_than_every_pool_fails() -> None:
@@ -316,3 +316,112 @@ def test_tgi_admits_a_lone_request_after_max_waiting_tokens() -> None:
     while "lone" not in step(s).num_scheduled_tokens:
         decodes += 1
     assert decodes == 4  # steps_since_admission counts 1 (the prefill) + 4 decodes = 5
+
+
+class FakeWorker:
+    """Answers steps the way gpu_worker does (own token counts, finishes at max_tokens), no model."""
+
+    def __init__(self, worker_id: str = "w0") -> None:
+        self.worker_id = worker_id
+        self.known: dict[str, int] = {}  # tokens the worker knows per request
+        self.computed: dict[str, int] = {}
+        self.outputs: dict[str, list[int]] = {}
+        self.max_tokens: dict[str, int] = {}
+        self.done: set[str] = set()
+
+    def run(self, out: SchedulerOutput) -> ModelRunnerOutput:
+        for req_id in out.finished_req_ids:
+            for table in (self.known, self.computed, self.outputs, self.max_tokens):
+                table.pop(req_id, None)
+            self.done.discard(req_id)
+        for new in out.scheduled_new_reqs:
+            self.known[new.req_id] = len(new.prompt_token_ids) + len(new.output_token_ids)
+            self.computed[new.req_id] = new.num_computed_tokens
+            self.outputs[new.req_id] = list(new.output_token_ids)
+            self.max_tokens[new.req_id] = new.sampling_params.max_tokens
+        for cached in out.scheduled_cached_reqs:
+            if cached.req_id not in self.done:
+                assert cached.num_computed_tokens == self.computed[cached.req_id]
+        req_ids, tokens, reasons = [], [], []
+        for req_id, n in out.num_scheduled_tokens.items():
+            if req_id in self.done:
+                continue  # sent once more before the batcher heard it finished
+            self.computed[req_id] += n
+            assert self.computed[req_id] <= self.known[req_id]
+            if self.computed[req_id] == self.known[req_id]:
+                token = 100 + len(self.outputs[req_id])
+                self.outputs[req_id].append(token)
+                self.known[req_id] += 1
+                reason: FinishReason | None = None
+                if len(self.outputs[req_id]) >= self.max_tokens[req_id]:
+                    reason = "length"
+                    self.done.add(req_id)
+                req_ids.append(req_id)
+                tokens.append(token)
+                reasons.append(reason)
+        return ModelRunnerOutput(
+            step_id=out.step_id,
+            worker_id=self.worker_id,
+            req_ids=req_ids,
+            sampled_token_ids=tokens,
+            finish_reasons=reasons,
+        )
+
+
+def run_async(s: Scheduler, fake: FakeWorker, max_steps: int = 500) -> list[Request]:
+    """Drive one worker, with as many steps in flight as the config allows, until all finished."""
+    finished: list[Request] = []
+    in_flight: list[SchedulerOutput] = []
+    for _ in range(max_steps):
+        while len(in_flight) < s.config.max_steps_in_flight:
+            out, failed = s.schedule(fake.worker_id)
+            assert not failed
+            if out is None:
+                break
+            in_flight.append(out)
+        if not in_flight:
+            return finished
+        finished += s.update_from_output(fake.run(in_flight.pop(0)))
+    raise AssertionError("did not finish")
+
+
+def test_async_scheduling_sends_the_next_step_before_the_result() -> None:
+    s = Scheduler(SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=16, async_scheduling=True))
+    s.add_worker(worker())
+    s.add_request(request("a", prompt_len=4, max_tokens=3), now=0.0)
+    s.add_request(request("b", prompt_len=20, max_tokens=3), now=0.0)
+    first, _ = s.schedule("w0")
+    second, _ = s.schedule("w0")
+    assert first is not None and second is not None
+    assert first.num_scheduled_tokens == {"a": 4, "b": 12}
+    # "a" decodes the token step 1 is sampling; "b" continues its prompt.
+    assert second.num_scheduled_tokens == {"a": 1, "b": 8}
+    assert {c.req_id: c.num_computed_tokens for c in second.scheduled_cached_reqs} == {"a": 4, "b": 12}
+
+
+def test_async_scheduling_gives_the_same_tokens_with_preemption_and_finishes() -> None:
+    def run(async_scheduling: bool) -> dict[str, list[int]]:
+        config = SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=16, async_scheduling=async_scheduling)
+        s = Scheduler(config)
+        s.add_worker(worker(num_blocks=10, block_size=4))
+        for i, (n, m) in enumerate([(4, 9), (7, 5), (12, 8), (3, 1), (9, 7)]):
+            s.add_request(request(f"r{i}", prompt_len=n, max_tokens=m), now=0.0)
+        done = run_async(s, FakeWorker())
+        assert not s.requests and s.workers["w0"].block_manager.num_free_blocks == 10
+        if async_scheduling:
+            assert s.stats.num_preemptions > 0
+        return {r.req_id: r.output_token_ids for r in done}
+
+    expected = {f"r{i}": [100 + j for j in range(m)] for i, m in enumerate([9, 5, 8, 1, 7])}
+    assert run(False) == expected
+    assert run(True) == expected
+
+
+def test_async_scheduling_skips_a_request_its_in_flight_step_finishes() -> None:
+    s = Scheduler(SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=16, async_scheduling=True))
+    s.add_worker(worker())
+    s.add_request(request("one", prompt_len=4, max_tokens=1), now=0.0)
+    s.add_request(request("more", prompt_len=4, max_tokens=5), now=0.0)
+    s.schedule("w0")
+    second, _ = s.schedule("w0")
+    assert second is not None and set(second.num_scheduled_tokens) == {"more"}

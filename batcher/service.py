@@ -79,6 +79,8 @@ class Batcher:
         now = time.time()
         if now >= self._next_worker_check:
             self.check_workers(now)
+            # A safety net under the XREAD wake-up: whatever is still unclaimed is taken now.
+            self._claim_requests()
         self.schedule()
         self.send()
 
@@ -103,6 +105,11 @@ class Batcher:
             self._claim_requests()
 
     def _claim_requests(self) -> None:
+        """Claim every new request; a burst larger than READ_COUNT takes several reads."""
+        while self._claim_some() == READ_COUNT:
+            pass
+
+    def _claim_some(self) -> int:
         resp: Any = self.redis.xreadgroup(
             streams.BATCHER_GROUP,
             self.settings.batcher_id,
@@ -110,7 +117,9 @@ class Batcher:
             count=READ_COUNT,
         )
         now = time.time()
+        num_read = 0
         for _, entries in resp or []:
+            num_read += len(entries)
             for entry_id, fields in entries:
                 try:
                     msg = decode_request(fields[FIELD])
@@ -120,6 +129,7 @@ class Batcher:
                     continue
                 req = Request.from_message(msg, _s(entry_id))
                 self._on_finished(self.scheduler.add_request(req, now))
+        return num_read
 
     def _on_inbox(self, fields: dict[bytes, bytes]) -> None:
         try:

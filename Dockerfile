@@ -13,6 +13,7 @@ COPY common ./common
 COPY gateway ./gateway
 COPY batcher ./batcher
 COPY gpu_worker ./gpu_worker
+COPY cbserve ./cbserve
 RUN pip install ".[worker,gateway]"
 
 # Models are mounted at /models (see docker-compose.yml); nothing is fetched at run time.

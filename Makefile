@@ -1,14 +1,21 @@
-# Two commands matter: `make run MODEL=/path/to/model` and `make test`.
+# Two commands matter: `make run` (serve the demo model; `make run ARGS="--workers 2"`) and `make test`.
 VENV ?= .venv
 PY := $(VENV)/bin/python
-MODEL ?=
+# Passed to `cbserve up`, e.g. ARGS="--model /path/to/model --port 8123 --workers 2". A MODEL given on
+# the make command line reaches cbserve through the environment, as before.
+ARGS ?=
+# torch comes first and on its own, so no resolver picks its build. Here `pip install torch==2.13.0`
+# finds a CPU wheel on local disk; a GPU host gets the CUDA build from PyPI. On a CPU-only machine
+# elsewhere, set TORCH_INDEX_URL to PyTorch's CPU-only wheel index to skip the multi-GB CUDA build:
+# it is passed as --index-url only when nvidia-smi is absent.
+TORCH_INDEX_URL ?=
+TORCH_PIP_ARGS := $(if $(TORCH_INDEX_URL),$(if $(shell command -v nvidia-smi),,--index-url $(TORCH_INDEX_URL)))
 
-.PHONY: install test lint run demo-model
+.PHONY: install test lint run
 
 $(VENV)/.installed: pyproject.toml
-	python3 -m venv $(VENV)
-	# CPU hosts: this pins the CPU wheel that lies on local disk; GPU hosts get the CUDA build.
-	$(PY) -m pip install -q torch==2.13.0
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q torch==2.13.0 $(TORCH_PIP_ARGS)
 	$(PY) -m pip install -q -e ".[dev]"
 	touch $@
 
@@ -22,10 +29,7 @@ lint: install
 test: lint
 	$(PY) -m pytest
 
-# Batcher, worker(s) and gateway as local processes; needs a Redis at REDIS_URL and MODEL=<dir>.
+# Redis (REDIS_URL if reachable, else redis-server from PATH, else the embedded one), the batcher,
+# worker(s) and the gateway on :8000 in one command; Ctrl-C stops them all. See `cbserve up --help`.
 run: install
-	MODEL="$(MODEL)" PY="$(PY)" scripts/run_local.sh
-
-# A small random-weight model directory to try the stack with (no hub needed): make demo-model
-demo-model: install
-	$(PY) -m tests.tiny_model models/tiny-llama
+	$(VENV)/bin/cbserve up $(ARGS)

@@ -1,0 +1,1 @@
+"""`cbserve`: one-command launcher (`cbserve up`) and terminal clients (`chat`, `complete`)."""

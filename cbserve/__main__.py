@@ -1,0 +1,131 @@
+"""`cbserve up | chat | complete`: start the whole stack in one command, or talk to a running one."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from cbserve.defaults import (
+    DEFAULT_BASE_URL,
+    DEFAULT_MODEL_DIR,
+    DEFAULT_READY_TIMEOUT_S,
+    REDIS_MODES,
+    default_model,
+)
+
+
+def _positive_int(value: str) -> int:
+    number = int(value)
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {number}")
+    return number
+
+
+def _add_sampling_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--base-url", default=DEFAULT_BASE_URL, help=f"gateway URL (default {DEFAULT_BASE_URL})"
+    )
+    parser.add_argument("--model", help="model name (default: the first one GET /v1/models lists)")
+    parser.add_argument("--max-tokens", type=_positive_int, help="tokens per reply (default: the server's)")
+    parser.add_argument("--temperature", type=float, help="0 is greedy (default: the server's, 1.0)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="cbserve", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="{up,chat,complete}")
+
+    up = commands.add_parser("up", help="start Redis (if needed), the batcher, workers and the gateway")
+    up.add_argument(
+        "--model",
+        default=default_model(os.environ),
+        help=f"model directory or hub id (default: $MODEL, else {DEFAULT_MODEL_DIR})",
+    )
+    up.add_argument("--workers", type=_positive_int, default=1, help="worker processes (default 1)")
+    up.add_argument("--host", default="127.0.0.1", help="gateway bind address (default 127.0.0.1)")
+    up.add_argument("--port", type=int, default=8000, help="gateway port (default 8000)")
+    up.add_argument(
+        "--redis",
+        choices=REDIS_MODES,
+        default="auto",
+        help="auto: a reachable $REDIS_URL, else redis-server from PATH, else the embedded one; "
+        "url / binary / embedded force one (default auto)",
+    )
+    up.add_argument(
+        "--device",
+        choices=["auto", "cpu", "cuda"],
+        default="auto",
+        help="worker device (default auto: cuda when torch sees one, else cpu)",
+    )
+    up.add_argument("--run-dir", type=Path, help="logs and Redis data (default ./.cbserve/runs/<time>-<pid>)")
+    up.add_argument(
+        "--ready-timeout",
+        type=float,
+        default=DEFAULT_READY_TIMEOUT_S,
+        help=f"seconds to wait for the stack to be ready (default {DEFAULT_READY_TIMEOUT_S:g})",
+    )
+
+    chat = commands.add_parser("chat", help="multi-turn chat in the terminal (reads stdin lines when piped)")
+    _add_sampling_args(chat)
+    chat.add_argument("--system", help="system message that opens the conversation")
+
+    complete = commands.add_parser("complete", help="one text completion, printed as it streams")
+    complete.add_argument("prompt")
+    _add_sampling_args(complete)
+    complete.add_argument(
+        "--stream", action=argparse.BooleanOptionalAction, default=True, help="stream tokens (default on)"
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    # Each command imports only what it needs: the clients never load the launcher's machinery.
+    try:
+        if args.command == "up":
+            from cbserve.launcher import UpOptions, run_up
+
+            return run_up(
+                UpOptions(
+                    model=args.model,
+                    workers=args.workers,
+                    host=args.host,
+                    port=args.port,
+                    redis=args.redis,
+                    device=args.device,
+                    run_dir=args.run_dir,
+                    ready_timeout_s=args.ready_timeout,
+                )
+            )
+        if args.command == "chat":
+            from cbserve.client_chat import ChatOptions, run_chat
+
+            return run_chat(
+                ChatOptions(
+                    base_url=args.base_url,
+                    model=args.model,
+                    max_tokens=args.max_tokens,
+                    temperature=args.temperature,
+                    system=args.system,
+                )
+            )
+        from cbserve.client_complete import CompleteOptions, run_complete
+
+        return run_complete(
+            CompleteOptions(
+                prompt=args.prompt,
+                base_url=args.base_url,
+                model=args.model,
+                max_tokens=args.max_tokens,
+                temperature=args.temperature,
+                stream=args.stream,
+            )
+        )
+    except KeyboardInterrupt:  # the clients' Ctrl-C; `up` handles its own signals
+        print(file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

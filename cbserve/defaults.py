@@ -1,0 +1,22 @@
+"""Defaults shared by the command line and the launcher, importable without loading either."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Literal
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+# The demo model shipped with the repository; `make run` serves it when no model is named.
+DEFAULT_MODEL_DIR = REPO_ROOT / "models" / "demo"
+# Model loading on a slow CPU (or a first hub download) can take minutes; a dead child fails at once.
+DEFAULT_READY_TIMEOUT_S = 600.0
+DEFAULT_BASE_URL = "http://127.0.0.1:8000"
+
+RedisMode = Literal["auto", "url", "binary", "embedded"]
+REDIS_MODES: tuple[RedisMode, ...] = ("auto", "url", "binary", "embedded")
+
+
+def default_model(env: Mapping[str, str]) -> str:
+    """`MODEL` when set (the variable the services read too), else the repository's demo model."""
+    return env.get("MODEL") or str(DEFAULT_MODEL_DIR)

@@ -1,0 +1,356 @@
+"""`cbserve up`: Redis, the batcher, N workers and the gateway as child processes, ready in one command."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import httpx
+import redis
+
+from cbserve import processes
+from cbserve.defaults import DEFAULT_READY_TIMEOUT_S, RedisMode
+from cbserve.processes import Child
+from cbserve.redis_resolver import RedisUnavailable, redact, resolve
+from common import streams
+
+
+class LaunchError(RuntimeError):
+    """Startup cannot go on; the message says why (and what to change)."""
+
+
+@dataclass
+class UpOptions:
+    model: str
+    workers: int = 1
+    host: str = "127.0.0.1"
+    port: int = 8000
+    redis: RedisMode = "auto"
+    device: str = "auto"
+    run_dir: Path | None = None
+    ready_timeout_s: float = DEFAULT_READY_TIMEOUT_S
+
+
+def say(message: str) -> None:
+    print(f"cbserve: {message}", flush=True)
+
+
+# ----- before anything starts ------------------------------------------------------------------------
+def resolve_model(spec: str) -> Path:
+    """A local model directory, or a hub id fetched (or found in the hub cache) as one.
+
+    The gateway needs a directory (it reads tokenizer.json without transformers), so a hub id is
+    resolved here once and the same directory goes to the gateway and every worker.
+    """
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        return path.resolve()
+    looks_like_hub_id = spec.count("/") == 1 and not spec.startswith((".", "/", "~")) and not path.exists()
+    if not looks_like_hub_id:
+        raise LaunchError(
+            f"no model directory at {path}. Pass --model DIR (a Hugging Face model directory with "
+            "config.json, safetensors weights and tokenizer.json) or a hub id, or set MODEL"
+        )
+    try:
+        from huggingface_hub import snapshot_download
+    except ImportError as exc:
+        raise LaunchError(f"{spec!r} is not a directory, and huggingface_hub is not installed") from exc
+    say(f"fetching {spec} from the Hugging Face hub (or its local cache)")
+    try:
+        patterns = ["*.json", "*.safetensors", "*.jinja", "*.model", "*.txt"]
+        return Path(snapshot_download(spec, allow_patterns=patterns))
+    except Exception as exc:  # the hub client raises many kinds; all mean the same here
+        raise LaunchError(f"cannot fetch model {spec!r}: {exc}") from exc
+
+
+def resolve_device(choice: str, env: Mapping[str, str]) -> tuple[str, str]:
+    """(device, why). `auto` asks torch only when an NVIDIA driver is present, to keep CPU starts fast."""
+    if choice != "auto":
+        return choice, f"--device {choice}"
+    if env.get("WORKER_DEVICE") in ("cpu", "cuda"):
+        return env["WORKER_DEVICE"], "WORKER_DEVICE is set"
+    if shutil.which("nvidia-smi") is None:
+        return "cpu", "no nvidia-smi on PATH"
+    probe = "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"
+    try:
+        found = (
+            subprocess.run([sys.executable, "-c", probe], timeout=120, capture_output=True).returncode == 0
+        )
+    except subprocess.TimeoutExpired:
+        found = False
+    if found:
+        return "cuda", "torch sees a CUDA device"
+    return "cpu", "nvidia-smi exists but this torch build sees no CUDA device"
+
+
+def check_port_free(host: str, port: int) -> None:
+    """Fail before loading anything if the gateway could not bind, rather than after a long model load."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        with socket.socket(family, kind, proto) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+            s.bind(address)
+    except OSError as exc:
+        raise LaunchError(f"cannot listen on {host}:{port} ({exc}); pass another --port") from exc
+
+
+def connect_url(host: str, port: int) -> str:
+    """The URL clients on this machine use; a wildcard bind is reached through loopback."""
+    connect_host = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(host, host)
+    if ":" in connect_host:
+        connect_host = f"[{connect_host}]"
+    return f"http://{connect_host}:{port}"
+
+
+def new_run_dir(base: Path | None) -> Path:
+    run_dir = base or Path.cwd() / ".cbserve" / "runs" / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return run_dir.resolve()
+
+
+# ----- signals ---------------------------------------------------------------------------------------
+class StopSignals:
+    """SIGINT / SIGTERM / SIGHUP ask for a clean stop; a second one means stop waiting and kill."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.name = ""  # the first signal's name
+        self.event = threading.Event()
+        self._previous: dict[int, Any] = {}
+
+    def install(self) -> None:
+        for signum in self.SIGNALS:
+            self._previous[signum] = signal.signal(signum, self._handle)
+
+    def restore(self) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        # No printing here: a signal landing inside another print would make it a reentrant call.
+        self.count += 1
+        self.name = self.name or signal.Signals(signum).name
+        self.event.set()
+
+    @property
+    def requested(self) -> bool:
+        return self.count > 0
+
+    def forced(self) -> bool:
+        return self.count > 1
+
+    def wait(self, timeout_s: float) -> bool:
+        return self.event.wait(timeout_s)
+
+
+# ----- the running stack -----------------------------------------------------------------------------
+@dataclass
+class Stack:
+    run_dir: Path
+    services: list[Child] = field(default_factory=list)  # batcher, workers, gateway
+    redis_server: Child | None = None  # only when the launcher started it
+
+    def children(self) -> list[Child]:
+        return [*self.services, *([self.redis_server] if self.redis_server else [])]
+
+    def first_exited(self) -> Child | None:
+        return next((c for c in self.children() if c.exited()), None)
+
+    def stop(self, signals: StopSignals) -> None:
+        # Services first, so none of them sees Redis vanish mid-step; Redis last, flushing its AOF.
+        processes.stop(self.services, force=signals.forced)
+        if self.redis_server is not None:
+            processes.stop([self.redis_server], force=signals.forced)
+
+
+def _service_env(env: Mapping[str, str], redis_url: str) -> dict[str, str]:
+    return {**env, "REDIS_URL": redis_url, "PYTHONUNBUFFERED": "1"}
+
+
+def start_services(stack: Stack, opts: UpOptions, model_dir: Path, device: str, redis_url: str) -> None:
+    env = _service_env(os.environ, redis_url)
+    python = [sys.executable, "-m"]
+
+    def start(name: str, args: list[str], child_env: dict[str, str]) -> None:
+        stack.services.append(
+            processes.spawn(name, [*python, *args], stack.run_dir / f"{name}.log", child_env)
+        )
+
+    start("batcher", ["batcher"], env)
+    worker_env = dict(env)
+    if device == "cpu" and "WORKER_NUM_THREADS" not in env:
+        # N workers each using every core would oversubscribe the CPU; share the cores out instead.
+        worker_env["WORKER_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // opts.workers))
+    for i in range(opts.workers):
+        start(f"worker{i}", ["gpu_worker", "--model", str(model_dir), "--device", device], worker_env)
+    start(
+        "gateway", ["gateway", "--host", opts.host, "--port", str(opts.port), "--model", str(model_dir)], env
+    )
+
+
+def _died_message(child: Child, when: str) -> str:
+    return (
+        f"{child.name} (pid {child.pid}) exited with code {child.proc.returncode} {when}; "
+        f"last lines of {child.log_path}:\n{child.log_tail()}"
+    )
+
+
+def _ready_state(base_url: str, redis_url: str, started_at: float) -> tuple[bool, str, int]:
+    """(health is 200, health's word, workers the batcher has joined since this launch)."""
+    try:
+        response = httpx.get(f"{base_url}/health", timeout=2.0)
+        healthy, health = response.status_code == 200, f"{response.status_code} {response.text[:200]}"
+    except httpx.HTTPError as exc:
+        healthy, health = False, f"no answer ({type(exc).__name__})"
+    client = redis.Redis.from_url(redis_url, socket_connect_timeout=2.0, socket_timeout=2.0)
+    try:
+        stats: Any = client.hmget(streams.BATCHER_STATS, ["num_workers", "updated_at"])
+    except redis.RedisError:
+        stats = [None, None]
+    finally:
+        client.close()
+    num_workers, updated_at = stats
+    # Stats left in a reused Redis by an earlier batcher must not count: only ones written since launch.
+    fresh = updated_at is not None and float(updated_at) >= started_at
+    return healthy, health, int(num_workers) if fresh and num_workers is not None else 0
+
+
+def wait_ready(stack: Stack, opts: UpOptions, base_url: str, redis_url: str, signals: StopSignals) -> bool:
+    """True once /health is 200 and every worker joined; False if a stop was asked first."""
+    started_at = time.time() - 1.0  # a little slack for clock granularity
+    deadline = time.monotonic() + opts.ready_timeout_s
+    while not signals.requested:
+        dead = stack.first_exited()
+        if dead is not None:
+            raise LaunchError(_died_message(dead, "before the stack was ready"))
+        healthy, health, joined = _ready_state(base_url, redis_url, started_at)
+        if healthy and joined >= opts.workers:
+            return True
+        if time.monotonic() > deadline:
+            raise LaunchError(
+                f"not ready after {opts.ready_timeout_s:g} s: /health {health}, "
+                f"{joined} of {opts.workers} workers joined; logs in {stack.run_dir}"
+            )
+        signals.wait(0.2)
+    return False
+
+
+def served_model_name(base_url: str, fallback: str) -> str:
+    try:
+        data = httpx.get(f"{base_url}/v1/models", timeout=5.0).json()
+        return str(data["data"][0]["id"])
+    except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError):
+        return fallback
+
+
+def chat_command() -> str:
+    """How to run `cbserve` from this shell: by name when on PATH, else by path (as after `make run`)."""
+    script = Path(sys.executable).parent / "cbserve"
+    on_path = shutil.which("cbserve")
+    if on_path and Path(on_path).resolve() == script.resolve():
+        return "cbserve"
+    if script.is_file():
+        with contextlib.suppress(ValueError):
+            return str(script.relative_to(Path.cwd()))
+        return str(script)
+    return f"{sys.executable} -m cbserve"
+
+
+def banner(base_url: str, model: str, workers: int, run_dir: Path, names: list[str]) -> str:
+    hello = [{"role": "user", "content": "Hello"}]
+    body = json.dumps({"model": model, "messages": hello, "max_tokens": 32, "stream": True})
+    plural = "s" if workers != 1 else ""
+    return f"""
+cbserve is ready: {base_url}  (model "{model}", {workers} worker{plural})
+logs:  {run_dir}/{{{",".join(names)}}}.log
+stop:  Ctrl-C
+
+Stream a chat completion with curl:
+  curl -N {base_url}/v1/chat/completions -H 'content-type: application/json' -d '{body}'
+
+Or with the OpenAI Python SDK (pip install openai):
+  from openai import OpenAI
+  client = OpenAI(base_url="{base_url}/v1", api_key="unused")
+  stream = client.chat.completions.create(
+      model={json.dumps(model)}, messages={json.dumps(hello)}, max_tokens=32, stream=True
+  )
+  for chunk in stream:
+      if chunk.choices:
+          print(chunk.choices[0].delta.content or "", end="", flush=True)
+  print()
+
+Or chat in this terminal:  {chat_command()} chat --base-url {base_url}
+"""
+
+
+def supervise(stack: Stack, signals: StopSignals) -> None:
+    """Block until a stop is asked; a child that exits on its own first is an error."""
+    while not signals.requested:
+        dead = stack.first_exited()
+        if dead is not None:
+            raise LaunchError(_died_message(dead, "unexpectedly") + "\nstopping everything")
+        signals.wait(0.5)
+
+
+def run_up(opts: UpOptions) -> int:
+    """The whole `cbserve up`; returns the exit code (0 after Ctrl-C / SIGTERM)."""
+    if opts.workers < 1:
+        print("cbserve: --workers must be at least 1", file=sys.stderr)
+        return 2
+    try:
+        model_dir = resolve_model(opts.model)
+        check_port_free(opts.host, opts.port)
+        device, device_why = resolve_device(opts.device, os.environ)
+    except LaunchError as exc:
+        print(f"cbserve: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:  # during a hub download or the CUDA probe; nothing has been started yet
+        return 0
+    stack = Stack(run_dir=new_run_dir(opts.run_dir))
+    base_url = connect_url(opts.host, opts.port)
+    signals = StopSignals()
+    signals.install()  # before any child exists, so no Ctrl-C can leave one behind
+    try:
+        say(f"model {model_dir}, {opts.workers} worker(s) on {device} ({device_why})")
+        say(f"run directory (logs, Redis data): {stack.run_dir}")
+        choice = resolve(opts.redis, stack.run_dir / "redis", stack.run_dir / "redis.log", os.environ)
+        stack.redis_server = choice.server
+        say(f"Redis: {choice.kind} at {redact(choice.url)}")
+        for reason in choice.reasons:
+            say(f"  - {reason}")
+        if signals.requested:
+            return 0
+        start_services(stack, opts, model_dir, device, choice.url)
+        pids = ", ".join(f"{c.name}={c.pid}" for c in stack.children())
+        say(f"started {pids}; waiting for /health and {opts.workers} worker(s) to join")
+        if not wait_ready(stack, opts, base_url, choice.url, signals):
+            return 0
+        model_name = served_model_name(base_url, model_dir.name)
+        print(banner(base_url, model_name, opts.workers, stack.run_dir, [c.name for c in stack.children()]))
+        sys.stdout.flush()
+        supervise(stack, signals)
+        return 0
+    except (LaunchError, RedisUnavailable) as exc:
+        print(f"cbserve: {exc}", file=sys.stderr, flush=True)
+        return 1
+    finally:
+        if signals.requested:
+            say(f"{signals.name}: stopping (send it again to kill at once)")
+        stack.stop(signals)
+        say(f"stopped everything; logs kept in {stack.run_dir}")
+        signals.restore()

@@ -1,0 +1,142 @@
+"""Request lists: random, capped-exponential and ShareGPT prompts, each a seeded, reproducible list.
+
+Every generator returns token-id prompts with the output length each request asks for (`max_tokens`,
+sent with `ignore_eos` so the server produces exactly that many tokens). The same arguments and seed
+always give the same list, which is what lets compare mode run several systems on identical load.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks.tokenizer import BenchTokenizer
+
+DATASETS = ("random", "capped-exponential", "sharegpt")
+
+# ShareGPT filters, as in vLLM's benchmark: drop conversations too short to time or too long to fit.
+SHAREGPT_MIN_TOKENS = 4
+SHAREGPT_MAX_PROMPT_TOKENS = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class SampleRequest:
+    prompt_token_ids: list[int]  # the prompt as ids (sent as-is, or detokenized for text servers)
+    output_len: int  # max_tokens of this request
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.prompt_token_ids)
+
+
+@dataclass(frozen=True, slots=True)
+class DatasetConfig:
+    name: str  # one of DATASETS
+    num_prompts: int
+    seed: int
+    input_len: int = 1024  # random / capped-exponential: centre of the input-length range
+    output_len: int = 128  # random: centre of the output-length range
+    range_ratio: float = 0.0  # lengths uniform in [L * (1 - r), L * (1 + r)]
+    output_mean: float = 128.0  # capped-exponential: mean of the exponential output lengths
+    output_cap: int = 1024  # capped-exponential and sharegpt: longest output asked for
+    sharegpt_path: str | None = None  # ShareGPT-format JSON file
+    max_model_len: int = 2048  # sharegpt: prompt + output must fit
+
+
+def length_range(centre: int, range_ratio: float) -> tuple[int, int]:
+    """[floor(L(1-r)), ceil(L(1+r))], at least 1: vLLM's random-dataset length range."""
+    if not 0.0 <= range_ratio < 1.0:
+        raise ValueError(f"--random-range-ratio must be in [0, 1), got {range_ratio}")
+    low = max(1, math.floor(centre * (1.0 - range_ratio)))
+    high = max(low, math.ceil(centre * (1.0 + range_ratio)))
+    return low, high
+
+
+def _rng(seed: int, stream: int) -> np.random.Generator:
+    # Separate streams for lengths, token ids and arrivals: changing one never shifts the others.
+    return np.random.default_rng([seed, stream])
+
+
+def _random_prompts(
+    input_lens: np.ndarray, vocab_ids: list[int], rng: np.random.Generator
+) -> list[list[int]]:
+    ids = np.asarray(vocab_ids, dtype=np.int64)
+    return [[int(t) for t in rng.choice(ids, size=int(n))] for n in input_lens]
+
+
+def random_requests(config: DatasetConfig, vocab_ids: list[int]) -> list[SampleRequest]:
+    """Input and output lengths uniform in their ranges; prompt ids uniform over the vocabulary."""
+    lengths = _rng(config.seed, 0)
+    in_low, in_high = length_range(config.input_len, config.range_ratio)
+    out_low, out_high = length_range(config.output_len, config.range_ratio)
+    input_lens = lengths.integers(in_low, in_high + 1, size=config.num_prompts)
+    output_lens = lengths.integers(out_low, out_high + 1, size=config.num_prompts)
+    prompts = _random_prompts(input_lens, vocab_ids, _rng(config.seed, 1))
+    return [SampleRequest(p, int(o)) for p, o in zip(prompts, output_lens, strict=True)]
+
+
+def capped_exponential_requests(config: DatasetConfig, vocab_ids: list[int]) -> list[SampleRequest]:
+    """Anyscale's continuous-batching load: outputs exponential around a mean, capped; inputs uniform."""
+    if config.output_mean <= 0 or config.output_cap < 1:
+        raise ValueError("--output-mean must be > 0 and --output-cap >= 1")
+    lengths = _rng(config.seed, 0)
+    in_low, in_high = length_range(config.input_len, config.range_ratio)
+    input_lens = lengths.integers(in_low, in_high + 1, size=config.num_prompts)
+    raw = lengths.exponential(config.output_mean, size=config.num_prompts)
+    output_lens = np.clip(np.rint(raw), 1, config.output_cap).astype(np.int64)
+    prompts = _random_prompts(input_lens, vocab_ids, _rng(config.seed, 1))
+    return [SampleRequest(p, int(o)) for p, o in zip(prompts, output_lens, strict=True)]
+
+
+def _sharegpt_pairs(path: Path) -> list[tuple[str, str]]:
+    """(first human turn, first reply) of every conversation with at least two turns."""
+    data = json.loads(path.read_text(encoding="utf-8"))
+    pairs: list[tuple[str, str]] = []
+    for entry in data:
+        turns = entry.get("conversations") or entry.get("conversation") or []
+        if len(turns) >= 2:
+            pairs.append((str(turns[0].get("value", "")), str(turns[1].get("value", ""))))
+    return pairs
+
+
+def sharegpt_requests(config: DatasetConfig, tokenizer: BenchTokenizer) -> list[SampleRequest]:
+    """Conversations in a seeded order; the output length is the reference reply's, capped."""
+    if config.sharegpt_path is None:
+        raise ValueError("--dataset sharegpt needs --dataset-path FILE (ShareGPT-format JSON)")
+    pairs = _sharegpt_pairs(Path(config.sharegpt_path))
+    order = _rng(config.seed, 0).permutation(len(pairs))
+    requests: list[SampleRequest] = []
+    for index in order:
+        prompt, reply = pairs[int(index)]
+        prompt_ids = tokenizer.encode(prompt)
+        output_len = min(len(tokenizer.encode(reply)), config.output_cap)
+        too_short = len(prompt_ids) < SHAREGPT_MIN_TOKENS or output_len < SHAREGPT_MIN_TOKENS
+        too_long = (
+            len(prompt_ids) > SHAREGPT_MAX_PROMPT_TOKENS
+            or len(prompt_ids) + output_len > config.max_model_len
+        )
+        if too_short or too_long:
+            continue
+        requests.append(SampleRequest(prompt_ids, output_len))
+        if len(requests) == config.num_prompts:
+            return requests
+    raise ValueError(
+        f"{config.sharegpt_path} has only {len(requests)} usable conversations; "
+        f"lower --num-prompts (asked for {config.num_prompts})"
+    )
+
+
+def sample_requests(config: DatasetConfig, tokenizer: BenchTokenizer) -> list[SampleRequest]:
+    if config.num_prompts < 1:
+        raise ValueError("--num-prompts must be at least 1")
+    if config.name == "random":
+        return random_requests(config, tokenizer.sampleable_ids())
+    if config.name == "capped-exponential":
+        return capped_exponential_requests(config, tokenizer.sampleable_ids())
+    if config.name == "sharegpt":
+        return sharegpt_requests(config, tokenizer)
+    raise ValueError(f"unknown dataset {config.name!r}; choose one of {', '.join(DATASETS)}")

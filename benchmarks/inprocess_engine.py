@@ -1,0 +1,117 @@
+"""Our engine in one process: the batcher's Scheduler and the worker's ModelRunner wired directly.
+
+It is the full pipeline minus Redis, the gateway and the process boundaries, so comparing the two in
+one benchmark run isolates what the message queue costs. It offers the same `submit / start / stop /
+stats` surface as `StaticBatchEngine`, so `benchmarks.static_server --engine inprocess` serves it
+behind the same HTTP front.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+
+from batcher.request import Request
+from batcher.scheduler import Scheduler, SchedulerConfig, SchedulerStats
+from benchmarks.static_engine import GenerationRequest, TokenEvent
+from common.protocol import SamplingParams, WorkerInfo
+from gpu_worker.model_runner import ModelRunner
+
+log = logging.getLogger("benchmarks.inprocess_engine")
+
+_IDLE_POLL_S = 0.05  # how long an idle engine waits for a request before looking at its stop flag
+
+
+class InProcessEngine:
+    def __init__(self, runner: ModelRunner, config: SchedulerConfig) -> None:
+        self.runner = runner
+        self.scheduler = Scheduler(config)
+        self.worker_id = runner.worker_id  # results carry it: the scheduler matches them by it
+        self.scheduler.add_worker(
+            WorkerInfo(
+                worker_id=self.worker_id,
+                model=runner.model_name,
+                num_blocks=runner.num_blocks,
+                block_size=runner.block_size,
+                max_model_len=runner.max_model_len,
+                started_at=time.time(),
+            )
+        )
+        self.stats: SchedulerStats = self.scheduler.stats
+        self._incoming: queue.Queue[GenerationRequest] = queue.Queue()
+        self._requests: dict[str, GenerationRequest] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="inprocess-engine", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+    def submit(self, request: GenerationRequest) -> None:
+        self._incoming.put(request)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._step()
+            except Exception as exc:  # fail what is pending loudly instead of hanging every client
+                log.exception("engine step failed")
+                for req_id in list(self._requests):
+                    self._emit(req_id, TokenEvent(token_id=None, error=f"engine failed: {exc}"))
+                self._requests.clear()
+                self._stop.set()
+
+    def _step(self) -> None:
+        """Receive new requests, schedule one step, run it, publish its tokens."""
+        self._receive(block=not self.scheduler.requests)
+        out, failed = self.scheduler.schedule(self.worker_id)
+        for req in failed:
+            self._emit(req.req_id, TokenEvent(token_id=None, error=req.error or "request failed"))
+        if out is None:
+            return
+        result = self.runner.execute_model(out)
+        for event in self.runner.token_events(result):
+            self._emit(event.req_id, TokenEvent(event.token_id, event.finish_reason))
+        for req in self.scheduler.update_from_output(result):
+            if req.finish_reason == "error":
+                self._emit(req.req_id, TokenEvent(token_id=None, error=req.error or "request failed"))
+            self._requests.pop(req.req_id, None)
+
+    def _receive(self, block: bool) -> None:
+        try:
+            first = self._incoming.get(timeout=_IDLE_POLL_S) if block else self._incoming.get_nowait()
+        except queue.Empty:
+            return
+        pending = [first]
+        while True:
+            try:
+                pending.append(self._incoming.get_nowait())
+            except queue.Empty:
+                break
+        now = time.time()
+        for gen in pending:
+            self._requests[gen.req_id] = gen
+            params = SamplingParams(
+                max_tokens=gen.max_tokens,
+                temperature=gen.temperature,
+                seed=gen.seed,
+                ignore_eos=gen.ignore_eos,
+            )
+            req = Request(
+                req_id=gen.req_id,
+                prompt_token_ids=gen.prompt_token_ids,
+                sampling_params=params,
+                arrival_time=now,
+                entry_id="",
+            )
+            self.scheduler.add_request(req, now)
+
+    def _emit(self, req_id: str, event: TokenEvent) -> None:
+        gen = self._requests.get(req_id)
+        if gen is not None:
+            gen.emit(event)

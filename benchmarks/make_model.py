@@ -1,0 +1,142 @@
+"""Random-weight benchmark models with a real byte-level BPE tokenizer, saved like any hub model.
+
+python -m benchmarks.make_model models/gpt2-small-llama --preset gpt2-small-llama
+python -m benchmarks.make_model models/bench-tiny --preset tiny
+
+Presets:
+- `gpt2-small-llama` (the issue's benchmark model): Llama architecture at GPT-2-small size, hidden
+  768, 12 layers, 12 heads (no GQA), MLP 2048 (Llama's 8/3 ratio: the same MLP parameters as GPT-2's
+  4 x 768 with two matrices), vocab 32000, context 2048, fp32. About 134M parameters.
+- `tiny`: hidden 64, 2 layers, vocab 512, context 512, like the test suite's model, for smoke runs.
+
+The tokenizer is trained (a few seconds) on text every Python install carries: pydoc's topic help
+and the standard library's source files, read, never imported. Weights come from a fixed seed, so the
+same preset on the same Python and transformers gives the same model. Outputs are gibberish; the
+model exists to cost what a real one of its shape costs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sysconfig
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
+
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+
+
+@dataclass(frozen=True, slots=True)
+class Preset:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    max_position_embeddings: int
+    corpus_files: int  # standard-library source files read for tokenizer training (0: none)
+
+
+PRESETS: dict[str, Preset] = {
+    "gpt2-small-llama": Preset(32000, 768, 2048, 12, 12, 12, 2048, corpus_files=400),
+    "tiny": Preset(512, 64, 128, 2, 4, 2, 512, corpus_files=0),
+}
+
+
+def corpus(num_files: int) -> Iterator[str]:
+    """pydoc's topic help (about 0.5 MB of English), then up to `num_files` stdlib sources, sorted."""
+    from pydoc_data.topics import topics
+
+    yield from (topics[key] for key in sorted(topics))
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    for path in sorted(stdlib.glob("*.py"))[:num_files]:
+        yield path.read_text(encoding="utf-8", errors="replace")
+
+
+def train_tokenizer(preset: Preset) -> Tokenizer:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=preset.vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(corpus(preset.corpus_files), trainer=trainer)
+    return tok
+
+
+def build_model(out_dir: Path, preset_name: str, seed: int = 0) -> Path:
+    import torch
+    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    preset = PRESETS[preset_name]
+    tok = train_tokenizer(preset)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|endoftext|>",
+        bos_token="<|endoftext|>",
+        pad_token="<|endoftext|>",
+        additional_special_tokens=SPECIAL_TOKENS[1:],
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    fast.model_max_length = preset.max_position_embeddings
+    eos_id = tok.token_to_id("<|endoftext|>")
+    im_end_id = tok.token_to_id("<|im_end|>")
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=preset.vocab_size,
+        hidden_size=preset.hidden_size,
+        intermediate_size=preset.intermediate_size,
+        num_hidden_layers=preset.num_hidden_layers,
+        num_attention_heads=preset.num_attention_heads,
+        num_key_value_heads=preset.num_key_value_heads,
+        max_position_embeddings=preset.max_position_embeddings,
+        bos_token_id=eos_id,
+        eos_token_id=eos_id,
+        pad_token_id=eos_id,
+        tie_word_embeddings=False,
+        dtype="float32",
+    )
+    model = LlamaForCausalLM(config)  # fp32: torch's default dtype
+    model.generation_config = GenerationConfig(
+        bos_token_id=eos_id, eos_token_id=[eos_id, im_end_id], pad_token_id=eos_id
+    )
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out_dir)
+    fast.save_pretrained(out_dir)
+    num_params = sum(p.numel() for p in model.parameters())
+    meta = {"preset": preset_name, "seed": seed, "num_parameters": num_params, "tokenizer_vocab": len(fast)}
+    (out_dir / "benchmark_model.json").write_text(json.dumps(meta, indent=2) + "\n")
+    return out_dir
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.make_model", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("out_dir", type=Path)
+    parser.add_argument("--preset", choices=sorted(PRESETS), default="gpt2-small-llama")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    print(build_model(args.out_dir, args.preset, args.seed))
+
+
+if __name__ == "__main__":
+    main()

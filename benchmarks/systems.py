@@ -42,6 +42,7 @@ class ProcessGroup:
         self.log_dir = log_dir
         self.env = env
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.redis_url: str | None = None  # set by the cbserve starter, for tools that read its stats
         log_dir.mkdir(parents=True, exist_ok=True)
 
     def spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> None:
@@ -142,6 +143,7 @@ def _start_cbserve(group: ProcessGroup, launch: LaunchSpec, model: str, port: in
     redis_args = ["--port", str(redis_port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
     group.spawn("redis", [binary, *redis_args, "--dir", str(data_dir)])
     redis_url = f"redis://127.0.0.1:{redis_port}/0"
+    group.redis_url = redis_url
     client = redis.Redis.from_url(redis_url)
 
     def redis_up() -> bool:

@@ -1,0 +1,113 @@
+"""Control-plane cost per iteration: the whole pipeline with a null model (no forward pass).
+
+    python -m benchmarks.control_plane --model models/tiny-llama --batch-sizes 1,16,64 --output-len 200
+
+For each batch size B it starts the pipeline (redis-server, batcher, one worker with
+WORKER_NULL_MODEL=true, gateway), sends B concurrent requests of `--output-len` tokens (ignore_eos),
+and reads the batcher's counters before and after: wall time per iteration, the worker's time per
+step (input building and bookkeeping, no model), and how long the worker waited between steps, once
+with synchronous scheduling and once with async scheduling (step N+1 sent while step N runs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import redis
+
+from benchmarks.specs import LaunchSpec
+from benchmarks.systems import ProcessGroup, free_port, http_ok, wait_until
+from common import streams
+
+
+def _stats(redis_url: str) -> dict[str, float]:
+    raw: Any = redis.Redis.from_url(redis_url).hgetall(streams.BATCHER_STATS)
+    return {k.decode(): float(v) for k, v in raw.items() if not k.startswith(b"num_steps:")}
+
+
+async def _load(base_url: str, batch_size: int, output_len: int) -> float:
+    body = {"prompt": [7, 8, 9, 10], "max_tokens": output_len, "temperature": 0, "ignore_eos": True}
+    async with httpx.AsyncClient(base_url=base_url, timeout=600) as client:
+        start = time.perf_counter()
+        responses = await asyncio.gather(
+            *(client.post("/v1/completions", json=body) for _ in range(batch_size))
+        )
+        elapsed = time.perf_counter() - start
+    for r in responses:
+        r.raise_for_status()
+    return elapsed
+
+
+def measure(
+    model: str, batch_size: int, output_len: int, async_scheduling: bool, log_dir: Path
+) -> dict[str, Any]:
+    from benchmarks.systems import _start_cbserve
+
+    env = {
+        "WORKER_NULL_MODEL": "true",
+        "WORKER_NUM_THREADS": "1",
+        "BATCHER_MAX_NUM_SEQS": str(max(batch_size, 1)),
+        "BATCHER_MAX_NUM_BATCHED_TOKENS": str(max(batch_size * 4, 64)),
+        "BATCHER_ASYNC_SCHEDULING": "true" if async_scheduling else "false",
+    }
+    group = ProcessGroup(f"null-b{batch_size}-{'async' if async_scheduling else 'sync'}", log_dir, env)
+    port = free_port()
+    try:
+        _start_cbserve(group, LaunchSpec(kind="cbserve", options={"workers": 1}), model, port)
+        base_url = f"http://127.0.0.1:{port}"
+        wait_until(lambda: http_ok(f"{base_url}/health"), 120, "/health", group)
+        assert group.redis_url is not None
+        asyncio.run(_load(base_url, batch_size, 4))  # warm-up: connections, first allocations
+        before = _stats(group.redis_url)
+        elapsed = asyncio.run(_load(base_url, batch_size, output_len))
+        after = _stats(group.redis_url)
+    finally:
+        group.stop()
+    steps = after["num_steps"] - before["num_steps"]
+    return {
+        "batch_size": batch_size,
+        "async_scheduling": async_scheduling,
+        "steps": int(steps),
+        "tokens": batch_size * output_len,
+        "ms_per_iteration": 1000 * elapsed / steps,
+        "worker_step_ms": 1000 * (after["worker_busy_s"] - before["worker_busy_s"]) / steps,
+        "worker_idle_ms_per_step": 1000 * (after["worker_idle_s"] - before["worker_idle_s"]) / steps,
+        "tokens_per_s": batch_size * output_len / elapsed,
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.control_plane", description=__doc__)
+    parser.add_argument(
+        "--model", required=True, help="any model directory (only its tokenizer and config matter)"
+    )
+    parser.add_argument("--batch-sizes", default="1,16,64")
+    parser.add_argument("--output-len", type=int, default=200)
+    parser.add_argument("--result-file", default=None)
+    args = parser.parse_args(argv)
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="control-plane-") as tmp:
+        for batch_size in (int(b) for b in args.batch_sizes.split(",")):
+            for async_scheduling in (False, True):
+                rows.append(measure(args.model, batch_size, args.output_len, async_scheduling, Path(tmp)))
+    columns = [("batch", 5), ("scheduling", 10), ("steps", 6), ("ms/iter", 8), ("worker ms", 9)]
+    print(" ".join(f"{name:>{width}}" for name, width in [*columns, ("idle ms", 8), ("tok/s", 8)]))
+    for r in rows:
+        mode = "async" if r["async_scheduling"] else "sync"
+        print(
+            f"{r['batch_size']:>5} {mode:>10} {r['steps']:>6} {r['ms_per_iteration']:>8.3f} "
+            f"{r['worker_step_ms']:>9.3f} {r['worker_idle_ms_per_step']:>8.3f} {r['tokens_per_s']:>8.0f}"
+        )
+    if args.result_file:
+        Path(args.result_file).write_text(json.dumps(rows, indent=2))
+
+
+if __name__ == "__main__":
+    main()

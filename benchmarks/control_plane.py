@@ -1,5 +1,7 @@
 """Control-plane cost per iteration: the whole pipeline with a null model (no forward pass).
 
+With `--real-model` the forward runs too, which shows how much of that cost async scheduling hides.
+
     python -m benchmarks.control_plane --model models/tiny-llama --batch-sizes 1,16,64 --output-len 200
 
 For each batch size B it starts the pipeline (redis-server, batcher, one worker with
@@ -46,12 +48,12 @@ async def _load(base_url: str, batch_size: int, output_len: int) -> float:
 
 
 def measure(
-    model: str, batch_size: int, output_len: int, async_scheduling: bool, log_dir: Path
+    model: str, batch_size: int, output_len: int, async_scheduling: bool, null_model: bool, log_dir: Path
 ) -> dict[str, Any]:
     from benchmarks.systems import _start_cbserve
 
     env = {
-        "WORKER_NULL_MODEL": "true",
+        "WORKER_NULL_MODEL": "true" if null_model else "false",
         "WORKER_NUM_THREADS": "1",
         "BATCHER_MAX_NUM_SEQS": str(max(batch_size, 1)),
         "BATCHER_MAX_NUM_BATCHED_TOKENS": str(max(batch_size * 4, 64)),
@@ -72,6 +74,7 @@ def measure(
         group.stop()
     steps = after["num_steps"] - before["num_steps"]
     return {
+        "null_model": null_model,
         "batch_size": batch_size,
         "async_scheduling": async_scheduling,
         "steps": int(steps),
@@ -90,13 +93,21 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--batch-sizes", default="1,16,64")
     parser.add_argument("--output-len", type=int, default=200)
+    parser.add_argument(
+        "--real-model",
+        action="store_true",
+        help="run the model's forward too: shows how much of that cost async scheduling hides",
+    )
     parser.add_argument("--result-file", default=None)
     args = parser.parse_args(argv)
     rows = []
     with tempfile.TemporaryDirectory(prefix="control-plane-") as tmp:
         for batch_size in (int(b) for b in args.batch_sizes.split(",")):
             for async_scheduling in (False, True):
-                rows.append(measure(args.model, batch_size, args.output_len, async_scheduling, Path(tmp)))
+                null = not args.real_model
+                rows.append(
+                    measure(args.model, batch_size, args.output_len, async_scheduling, null, Path(tmp))
+                )
     columns = [("batch", 5), ("scheduling", 10), ("steps", 6), ("ms/iter", 8), ("worker ms", 9)]
     print(" ".join(f"{name:>{width}}" for name, width in [*columns, ("idle ms", 8), ("tok/s", 8)]))
     for r in rows:

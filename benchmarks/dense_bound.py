@@ -1,0 +1,67 @@
+"""The dense-forward bound: a bare batched greedy decode with no scheduling, serving or paging at all.
+
+    python -m benchmarks.dense_bound --model models/gpt2-small-llama --batch-size 16 --context-len 176
+
+transformers' own forward with a DynamicCache over one equal-length batch: prefill once (not timed),
+then `--steps` single-token decode steps, timed. The output token throughput of any server running
+the same model at the same batch size and context lengths can at best approach this.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+
+def measure(
+    model_dir: str, batch_size: int, context_len: int, steps: int, num_threads: int
+) -> dict[str, float]:
+    import inspect
+
+    import torch
+    from transformers import AutoModelForCausalLM, DynamicCache
+
+    if num_threads:
+        torch.set_num_threads(num_threads)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    model.eval()
+    vocab = int(model.config.get_text_config().vocab_size)
+    generator = torch.Generator().manual_seed(0)
+    # The timed decodes start halfway into the context, so their mean context is `context_len`.
+    prompt_len = max(context_len - steps // 2, 1)
+    input_ids = torch.randint(3, vocab, (batch_size, prompt_len), generator=generator)
+    # transformers 5 renamed `past_key_values` to `cache` (the old name warns).
+    key = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    cache = DynamicCache()
+    with torch.inference_mode():
+        out = model(input_ids=input_ids, use_cache=True, **{key: cache})
+        tokens = out.logits[:, -1].argmax(-1, keepdim=True)
+        start = time.perf_counter()
+        for _ in range(steps):
+            out = model(input_ids=tokens, use_cache=True, **{key: cache})
+            tokens = out.logits[:, -1].argmax(-1, keepdim=True)
+        elapsed = time.perf_counter() - start
+    return {
+        "batch_size": batch_size,
+        "mean_context_len": prompt_len + steps / 2,
+        "steps": steps,
+        "ms_per_step": 1000 * elapsed / steps,
+        "output_tokens_per_s": batch_size * steps / elapsed,
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.dense_bound", description=__doc__)
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--context-len", type=int, default=176, help="mean context of the timed decodes")
+    parser.add_argument("--steps", type=int, default=64)
+    parser.add_argument("--num-threads", type=int, default=0, help="torch threads (0: torch default)")
+    args = parser.parse_args(argv)
+    result = measure(args.model, args.batch_size, args.context_len, args.steps, args.num_threads)
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

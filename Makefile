@@ -11,7 +11,7 @@ ARGS ?=
 TORCH_INDEX_URL ?=
 TORCH_PIP_ARGS := $(if $(TORCH_INDEX_URL),$(if $(shell command -v nvidia-smi),,--index-url $(TORCH_INDEX_URL)))
 
-.PHONY: install test lint run
+.PHONY: install test lint run train-demo-model
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -33,3 +33,7 @@ test: lint
 # worker(s) and the gateway on :8000 in one command; Ctrl-C stops them all. See `cbserve up --help`.
 run: install
 	$(VENV)/bin/cbserve up $(ARGS)
+
+# Retrain the shipped demo model (deterministic; about 11 minutes on 2 CPU cores).
+train-demo-model: install
+	$(PY) scripts/train_demo_model.py --out models/demo

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import logging
 import queue
-import threading
 import time
 
 from batcher.request import Request
 from batcher.scheduler import Scheduler, SchedulerConfig, SchedulerStats
-from benchmarks.static_engine import GenerationRequest, TokenEvent
+from benchmarks.static_engine import EngineThread, GenerationRequest, TokenEvent
 from common.protocol import SamplingParams, WorkerInfo
 from gpu_worker.model_runner import ModelRunner
 
@@ -24,8 +23,9 @@ log = logging.getLogger("benchmarks.inprocess_engine")
 _IDLE_POLL_S = 0.05  # how long an idle engine waits for a request before looking at its stop flag
 
 
-class InProcessEngine:
+class InProcessEngine(EngineThread):
     def __init__(self, runner: ModelRunner, config: SchedulerConfig) -> None:
+        super().__init__("inprocess-engine")
         self.runner = runner
         self.scheduler = Scheduler(config)
         self.worker_id = runner.worker_id  # results carry it: the scheduler matches them by it
@@ -40,20 +40,7 @@ class InProcessEngine:
             )
         )
         self.stats: SchedulerStats = self.scheduler.stats
-        self._incoming: queue.Queue[GenerationRequest] = queue.Queue()
         self._requests: dict[str, GenerationRequest] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="inprocess-engine", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=30)
-
-    def submit(self, request: GenerationRequest) -> None:
-        self._incoming.put(request)
 
     def _loop(self) -> None:
         while not self._stop.is_set():
@@ -84,13 +71,13 @@ class InProcessEngine:
 
     def _receive(self, block: bool) -> None:
         try:
-            first = self._incoming.get(timeout=_IDLE_POLL_S) if block else self._incoming.get_nowait()
+            first = self._waiting.get(timeout=_IDLE_POLL_S) if block else self._waiting.get_nowait()
         except queue.Empty:
             return
         pending = [first]
         while True:
             try:
-                pending.append(self._incoming.get_nowait())
+                pending.append(self._waiting.get_nowait())
             except queue.Empty:
                 break
         now = time.time()

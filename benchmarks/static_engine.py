@@ -53,6 +53,28 @@ class EngineStats:
     batch_sizes: list[int] = field(default_factory=list)
 
 
+class EngineThread:
+    """What every benchmark engine shares: requests arrive on a queue, one daemon thread runs `_loop`."""
+
+    def __init__(self, thread_name: str) -> None:
+        self._waiting: queue.Queue[GenerationRequest] = queue.Queue()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name=thread_name, daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+    def submit(self, request: GenerationRequest) -> None:
+        self._waiting.put(request)
+
+    def _loop(self) -> None:
+        raise NotImplementedError
+
+
 @dataclass(slots=True)
 class _Row:
     request: GenerationRequest
@@ -61,7 +83,7 @@ class _Row:
     done: bool = False
 
 
-class StaticBatchEngine:
+class StaticBatchEngine(EngineThread):
     def __init__(
         self,
         model: torch.nn.Module,
@@ -85,19 +107,7 @@ class StaticBatchEngine:
         self._cache_key = (
             "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
         )
-        self._waiting: queue.Queue[GenerationRequest] = queue.Queue()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="static-batch-engine", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=30)
-
-    def submit(self, request: GenerationRequest) -> None:
-        self._waiting.put(request)
+        super().__init__("static-batch-engine")
 
     def _loop(self) -> None:
         while not self._stop.is_set():

@@ -6,7 +6,7 @@ so they come back as 400 naming the parameter, as OpenAI and vLLM answer. Unknow
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
@@ -64,8 +64,13 @@ class ChatCompletionRequest(_SamplingRequest):
     top_logprobs: int | None = None  # not supported yet
 
 
-# Leaves `token_ids` out of every choice when the client did not ask for them.
-EXCLUDE_TOKEN_IDS = {"choices": {"__all__": {"token_ids"}}}
+def response_exclude(*, return_token_ids: bool, include_usage: bool = True) -> dict[str, Any] | None:
+    """What a response or chunk leaves out: `token_ids` unless asked for, `usage` on chunks unless
+    the client asked for usage (OpenAI then sends `usage: null` on every chunk)."""
+    exclude: dict[str, Any] = {} if include_usage else {"usage": True}
+    if not return_token_ids:
+        exclude["choices"] = {"__all__": {"token_ids"}}
+    return exclude or None
 
 
 class UsageInfo(BaseModel):

@@ -10,7 +10,6 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 
 from gateway.openai_schemas import (
-    EXCLUDE_TOKEN_IDS,
     AssistantMessage,
     ChatChoice,
     ChatChunkChoice,
@@ -18,6 +17,7 @@ from gateway.openai_schemas import (
     ChatCompletionRequest,
     ChatCompletionResponse,
     UsageInfo,
+    response_exclude,
 )
 from gateway.request_builder import PreparedRequest, prepare_request
 from gateway.routes_completions import SSE_HEADERS
@@ -32,15 +32,15 @@ class ChatChunks:
 
     def __init__(self, response_id: str, created: int, model: str, request: PreparedRequest) -> None:
         self._id, self._created, self._model = response_id, created, model
-        self._exclude: dict[str, object] = {} if request.include_usage else {"usage": True}
-        if not request.return_token_ids:
-            self._exclude.update(EXCLUDE_TOKEN_IDS)
+        self._exclude = response_exclude(
+            return_token_ids=request.return_token_ids, include_usage=request.include_usage
+        )
 
     def _chunk(self, choices: list[ChatChunkChoice], usage: UsageInfo | None = None) -> str:
         chunk = ChatCompletionChunk(
             id=self._id, created=self._created, model=self._model, choices=choices, usage=usage
         )
-        return chunk.model_dump_json(exclude=self._exclude)  # type: ignore[arg-type]
+        return chunk.model_dump_json(exclude=self._exclude)
 
     def opening(self) -> list[str]:
         return [self._chunk([ChatChunkChoice(delta={"role": "assistant", "content": ""})])]
@@ -76,5 +76,6 @@ async def create_chat_completion(
         choices=[ChatChoice(message=message, finish_reason=done.finish_reason, token_ids=done.token_ids)],
         usage=done.usage,
     )
-    exclude = None if request.return_token_ids else EXCLUDE_TOKEN_IDS
-    return JSONResponse(response.model_dump(exclude=exclude))
+    return JSONResponse(
+        response.model_dump(exclude=response_exclude(return_token_ids=request.return_token_ids))
+    )

@@ -10,11 +10,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 
 from gateway.openai_schemas import (
-    EXCLUDE_TOKEN_IDS,
     CompletionChoice,
     CompletionRequest,
     CompletionResponse,
     UsageInfo,
+    response_exclude,
 )
 from gateway.request_builder import PreparedRequest, prepare_request
 from gateway.state import GatewayState, get_state
@@ -30,16 +30,15 @@ class CompletionChunks:
 
     def __init__(self, response_id: str, created: int, model: str, request: PreparedRequest) -> None:
         self._id, self._created, self._model = response_id, created, model
-        # OpenAI sends `usage: null` on every chunk only when the client asked for usage.
-        self._exclude: dict[str, object] = {} if request.include_usage else {"usage": True}
-        if not request.return_token_ids:
-            self._exclude.update(EXCLUDE_TOKEN_IDS)
+        self._exclude = response_exclude(
+            return_token_ids=request.return_token_ids, include_usage=request.include_usage
+        )
 
     def _chunk(self, choices: list[CompletionChoice], usage: UsageInfo | None = None) -> str:
         chunk = CompletionResponse(
             id=self._id, created=self._created, model=self._model, choices=choices, usage=usage
         )
-        return chunk.model_dump_json(exclude=self._exclude)  # type: ignore[arg-type]
+        return chunk.model_dump_json(exclude=self._exclude)
 
     def opening(self) -> list[str]:
         return []
@@ -74,5 +73,6 @@ async def create_completion(
         ],
         usage=done.usage,
     )
-    exclude = None if request.return_token_ids else EXCLUDE_TOKEN_IDS
-    return JSONResponse(response.model_dump(exclude=exclude))
+    return JSONResponse(
+        response.model_dump(exclude=response_exclude(return_token_ids=request.return_token_ids))
+    )

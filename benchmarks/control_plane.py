@@ -48,7 +48,13 @@ async def _load(base_url: str, batch_size: int, output_len: int) -> float:
 
 
 def measure(
-    model: str, batch_size: int, output_len: int, async_scheduling: bool, null_model: bool, log_dir: Path
+    model: str,
+    batch_size: int,
+    output_len: int,
+    async_scheduling: bool,
+    null_model: bool,
+    log_dir: Path,
+    device: str = "cpu",
 ) -> dict[str, Any]:
     from benchmarks.systems import _start_cbserve
 
@@ -59,10 +65,14 @@ def measure(
         "BATCHER_MAX_NUM_BATCHED_TOKENS": str(max(batch_size * 4, 64)),
         "BATCHER_ASYNC_SCHEDULING": "true" if async_scheduling else "false",
     }
+    if device != "cpu":
+        env["WORKER_NUM_BLOCKS"] = "4096"  # plenty for B x output_len; no need to claim the whole GPU
     group = ProcessGroup(f"null-b{batch_size}-{'async' if async_scheduling else 'sync'}", log_dir, env)
     port = free_port()
     try:
-        _start_cbserve(group, LaunchSpec(kind="cbserve", options={"workers": 1}), model, port)
+        _start_cbserve(
+            group, LaunchSpec(kind="cbserve", options={"workers": 1, "device": device}), model, port
+        )
         base_url = f"http://127.0.0.1:{port}"
         wait_until(lambda: http_ok(f"{base_url}/health"), 120, "/health", group)
         assert group.redis_url is not None
@@ -75,6 +85,7 @@ def measure(
     steps = after["num_steps"] - before["num_steps"]
     return {
         "null_model": null_model,
+        "device": device,
         "batch_size": batch_size,
         "async_scheduling": async_scheduling,
         "steps": int(steps),
@@ -98,6 +109,7 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="run the model's forward too: shows how much of that cost async scheduling hides",
     )
+    parser.add_argument("--device", default="cpu", help="the worker's device with --real-model (cpu, cuda)")
     parser.add_argument("--result-file", default=None)
     args = parser.parse_args(argv)
     rows = []
@@ -106,7 +118,15 @@ def main(argv: list[str] | None = None) -> None:
             for async_scheduling in (False, True):
                 null = not args.real_model
                 rows.append(
-                    measure(args.model, batch_size, args.output_len, async_scheduling, null, Path(tmp))
+                    measure(
+                        args.model,
+                        batch_size,
+                        args.output_len,
+                        async_scheduling,
+                        null,
+                        Path(tmp),
+                        args.device,
+                    )
                 )
     columns = [("batch", 5), ("scheduling", 10), ("steps", 6), ("ms/iter", 8), ("worker ms", 9)]
     print(" ".join(f"{name:>{width}}" for name, width in [*columns, ("idle ms", 8), ("tok/s", 8)]))

@@ -44,7 +44,9 @@ class DatasetConfig:
     output_mean: float = 128.0  # capped-exponential: mean of the exponential output lengths
     output_cap: int = 1024  # capped-exponential and sharegpt: longest output asked for
     sharegpt_path: str | None = None  # ShareGPT-format JSON file
-    max_model_len: int = 2048  # sharegpt: prompt + output must fit
+    max_model_len: int = 2048  # sharegpt: prompt + output must fit; long prompts: their output is cut to fit
+    long_prompt_len: int = 0  # > 0: some requests get a prompt this long instead (a prefill spike)
+    long_prompt_fraction: float = 0.0  # share of requests that get one (at least one when > 0)
 
 
 def length_range(centre: int, range_ratio: float) -> tuple[int, int]:
@@ -130,13 +132,36 @@ def sharegpt_requests(config: DatasetConfig, tokenizer: BenchTokenizer) -> list[
     )
 
 
+def mix_in_long_prompts(
+    requests: list[SampleRequest], config: DatasetConfig, vocab_ids: list[int]
+) -> list[SampleRequest]:
+    """Give a seeded subset of requests a `long_prompt_len`-token prompt: the load that shows whether
+    a long prefill stalls the decodes running beside it (chunked prefill vs TGI-style admission)."""
+    if config.long_prompt_len <= 0 or config.long_prompt_fraction <= 0:
+        return requests
+    if not 0.0 < config.long_prompt_fraction <= 1.0:
+        raise ValueError("--long-prompt-fraction must be in (0, 1]")
+    room = config.max_model_len - config.long_prompt_len
+    if room < 1:
+        raise ValueError("--long-prompt-len must be below --max-model-len (the output needs room)")
+    count = max(1, round(config.long_prompt_fraction * len(requests)))
+    chosen = _rng(config.seed, 3).choice(len(requests), size=count, replace=False)
+    prompts = _random_prompts(np.full(count, config.long_prompt_len), vocab_ids, _rng(config.seed, 4))
+    mixed = list(requests)
+    for index, prompt in zip(chosen, prompts, strict=True):
+        mixed[int(index)] = SampleRequest(prompt, min(mixed[int(index)].output_len, room))
+    return mixed
+
+
 def sample_requests(config: DatasetConfig, tokenizer: BenchTokenizer) -> list[SampleRequest]:
     if config.num_prompts < 1:
         raise ValueError("--num-prompts must be at least 1")
     if config.name == "random":
-        return random_requests(config, tokenizer.sampleable_ids())
-    if config.name == "capped-exponential":
-        return capped_exponential_requests(config, tokenizer.sampleable_ids())
-    if config.name == "sharegpt":
-        return sharegpt_requests(config, tokenizer)
-    raise ValueError(f"unknown dataset {config.name!r}; choose one of {', '.join(DATASETS)}")
+        requests = random_requests(config, tokenizer.sampleable_ids())
+    elif config.name == "capped-exponential":
+        requests = capped_exponential_requests(config, tokenizer.sampleable_ids())
+    elif config.name == "sharegpt":
+        requests = sharegpt_requests(config, tokenizer)
+    else:
+        raise ValueError(f"unknown dataset {config.name!r}; choose one of {', '.join(DATASETS)}")
+    return mix_in_long_prompts(requests, config, tokenizer.sampleable_ids())

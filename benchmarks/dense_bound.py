@@ -15,8 +15,14 @@ import time
 
 
 def measure(
-    model_dir: str, batch_size: int, context_len: int, steps: int, num_threads: int
-) -> dict[str, float]:
+    model_dir: str,
+    batch_size: int,
+    context_len: int,
+    steps: int,
+    num_threads: int,
+    device: str = "cpu",
+    dtype: str = "float32",
+) -> dict[str, float | str]:
     import inspect
 
     import torch
@@ -24,25 +30,30 @@ def measure(
 
     if num_threads:
         torch.set_num_threads(num_threads)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype)).to(device)  # type: ignore[arg-type]  # decorated `.to` confuses mypy
     model.eval()
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     vocab = int(model.config.get_text_config().vocab_size)
     generator = torch.Generator().manual_seed(0)
     # The timed decodes start halfway into the context, so their mean context is `context_len`.
     prompt_len = max(context_len - steps // 2, 1)
-    input_ids = torch.randint(3, vocab, (batch_size, prompt_len), generator=generator)
+    input_ids = torch.randint(3, vocab, (batch_size, prompt_len), generator=generator).to(device)
     # transformers 5 renamed `past_key_values` to `cache` (the old name warns).
     key = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
     cache = DynamicCache()
     with torch.inference_mode():
         out = model(input_ids=input_ids, use_cache=True, **{key: cache})
         tokens = out.logits[:, -1].argmax(-1, keepdim=True)
+        sync()
         start = time.perf_counter()
         for _ in range(steps):
             out = model(input_ids=tokens, use_cache=True, **{key: cache})
             tokens = out.logits[:, -1].argmax(-1, keepdim=True)
+        sync()
         elapsed = time.perf_counter() - start
     return {
+        "device": device,
+        "dtype": dtype,
         "batch_size": batch_size,
         "mean_context_len": prompt_len + steps / 2,
         "steps": steps,
@@ -58,8 +69,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--context-len", type=int, default=176, help="mean context of the timed decodes")
     parser.add_argument("--steps", type=int, default=64)
     parser.add_argument("--num-threads", type=int, default=0, help="torch threads (0: torch default)")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
     args = parser.parse_args(argv)
-    result = measure(args.model, args.batch_size, args.context_len, args.steps, args.num_threads)
+    result = measure(
+        args.model, args.batch_size, args.context_len, args.steps, args.num_threads, args.device, args.dtype
+    )
     print(json.dumps(result))
 
 

@@ -7,6 +7,8 @@ Presets:
 - `gpt2-small-llama` (the issue's benchmark model): Llama architecture at GPT-2-small size, hidden
   768, 12 layers, 12 heads (no GQA), MLP 2048 (Llama's 8/3 ratio: the same MLP parameters as GPT-2's
   4 x 768 with two matrices), vocab 32000, context 2048, fp32. About 134M parameters.
+- `llama-1b` (the GPU run): TinyLlama-1.1B's shape, hidden 2048, 22 layers, 32 heads with 4 KV
+  heads (GQA), MLP 5632, vocab 32000, context 4096, saved in bfloat16. About 1.1B parameters.
 - `tiny`: hidden 64, 2 layers, vocab 512, context 512, like the test suite's model, for smoke runs.
 
 The tokenizer is trained (a few seconds) on text every Python install carries: pydoc's topic help
@@ -47,10 +49,12 @@ class Preset:
     num_key_value_heads: int
     max_position_embeddings: int
     corpus_files: int  # standard-library source files read for tokenizer training (0: none)
+    dtype: str = "float32"  # the dtype the weights are saved in
 
 
 PRESETS: dict[str, Preset] = {
     "gpt2-small-llama": Preset(32000, 768, 2048, 12, 12, 12, 2048, corpus_files=400),
+    "llama-1b": Preset(32000, 2048, 5632, 22, 32, 4, 4096, corpus_files=400, dtype="bfloat16"),
     "tiny": Preset(512, 64, 128, 2, 4, 2, 512, corpus_files=0),
 }
 
@@ -81,7 +85,7 @@ def train_tokenizer(preset: Preset) -> Tokenizer:
     return tok
 
 
-def build_model(out_dir: Path, preset_name: str, seed: int = 0) -> Path:
+def build_model(out_dir: Path, preset_name: str, seed: int = 0, device: str = "cpu") -> Path:
     import torch
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
@@ -112,17 +116,26 @@ def build_model(out_dir: Path, preset_name: str, seed: int = 0) -> Path:
         eos_token_id=eos_id,
         pad_token_id=eos_id,
         tie_word_embeddings=False,
-        dtype="float32",
+        dtype=preset.dtype,
     )
-    model = LlamaForCausalLM(config)  # fp32: torch's default dtype
+    # Initialised in fp32 (the seed fixes the weights), on `device` because a 1B-parameter init is
+    # minutes on one CPU thread and seconds on a GPU; then cast to the preset's dtype for saving.
+    with torch.device(device):
+        model = LlamaForCausalLM(config).to(getattr(torch, preset.dtype))
     model.generation_config = GenerationConfig(
         bos_token_id=eos_id, eos_token_id=[eos_id, im_end_id], pad_token_id=eos_id
     )
     out_dir.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out_dir)
+    model.cpu().save_pretrained(out_dir)
     fast.save_pretrained(out_dir)
     num_params = sum(p.numel() for p in model.parameters())
-    meta = {"preset": preset_name, "seed": seed, "num_parameters": num_params, "tokenizer_vocab": len(fast)}
+    meta = {
+        "preset": preset_name,
+        "seed": seed,
+        "init_device": device,
+        "num_parameters": num_params,
+        "tokenizer_vocab": len(fast),
+    }
     (out_dir / "benchmark_model.json").write_text(json.dumps(meta, indent=2) + "\n")
     return out_dir
 
@@ -134,8 +147,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("out_dir", type=Path)
     parser.add_argument("--preset", choices=sorted(PRESETS), default="gpt2-small-llama")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", default="cpu", help="where the weights are initialised (cpu, cuda)")
     args = parser.parse_args(argv)
-    print(build_model(args.out_dir, args.preset, args.seed))
+    print(build_model(args.out_dir, args.preset, args.seed, args.device))
 
 
 if __name__ == "__main__":

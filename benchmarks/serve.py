@@ -65,7 +65,11 @@ def _add_benchmark_args(parser: argparse.ArgumentParser) -> None:
     )
     data.add_argument("--output-mean", type=float, default=128.0, help="capped-exponential: mean output")
     data.add_argument("--output-cap", type=int, default=1024, help="capped-exponential, sharegpt: max output")
-    data.add_argument("--max-model-len", type=int, default=2048, help="sharegpt: prompt + output limit")
+    data.add_argument(
+        "--max-model-len", type=int, default=2048, help="sharegpt, long prompts: prompt + output limit"
+    )
+    data.add_argument("--long-prompt-len", type=int, default=0, help="mix in prompts of this many tokens")
+    data.add_argument("--long-prompt-fraction", type=float, default=0.0, help="share of long-prompt requests")
     load = parser.add_argument_group("load")
     load.add_argument("--request-rate", type=float, default=math.inf, help="requests/s; inf: all at t=0")
     load.add_argument("--burstiness", type=float, default=1.0, help="1: Poisson; else Gamma gaps")
@@ -150,6 +154,8 @@ def make_workload(args: argparse.Namespace) -> Workload:
         output_cap=args.output_cap,
         sharegpt_path=args.dataset_path,
         max_model_len=args.max_model_len,
+        long_prompt_len=args.long_prompt_len,
+        long_prompt_fraction=args.long_prompt_fraction,
     )
     requests = sample_requests(config, tokenizer)
     arrivals = arrival_times(len(requests), args.request_rate, args.burstiness, args.seed)

@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# Issue 4's GPU figures in one prepared run (about 9 minutes on one H200):
+#   bash benchmarks/gpu_run.sh RESULT_DIR
+# 1. a TinyLlama-1.1B-shaped random-weight Llama in bfloat16 (benchmarks.make_model --preset llama-1b)
+# 2. the dense-forward bound at batch 16
+# 3. static vs transformers serve vs cbserve vs in-process at t=0 (benchmarks/specs/gpu-llama-1b.toml)
+# 4. fused vs TGI policy: saturation (all at t=0, no concurrency cap), then Poisson at 50% and 90% of
+#    the fused run's request throughput, then 90% with 2,000-token prompts mixed in
+# 5. control-plane cost (null model, batch 1/16/64) and the real model's worker idle time per step
+# Each step has its own time limit and the results are packed into RESULT_DIR/gpu-results.tar.gz after
+# every step, so whatever finished comes back even if a later step runs out of time.
+# SMOKE=1 does the same on the CPU with the tiny preset and few requests (a dry run of this script).
+set -u -o pipefail
+cd "$(dirname "$0")/.."
+RESULT_DIR=$(realpath -m "${1:-benchmarks/results/gpu}")
+WORK=$(mktemp -d /tmp/gpu-run-XXXX)
+mkdir -p "$RESULT_DIR"
+PY=${PYTHON:-python3}
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+START=$(date +%s)
+BUDGET_S=${BUDGET_S:-560}
+
+# A machine without a package registry gets the missing wheels (and redis-server) carried in .whl/.
+if [ "${SMOKE:-0}" != 1 ] && ls .whl/*.whl >/dev/null 2>&1; then
+    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+        .whl/*.whl || exit 1
+    export PYTHONPATH=/tmp/site:$PWD
+fi
+[ -d .whl/bin ] && chmod +x .whl/bin/* && export PATH=$PWD/.whl/bin:$PATH
+
+log() { echo "[$(date +%T) +$(($(date +%s) - START))s] $*" | tee -a "$WORK/progress.log"; }
+pack() { tar czf "$RESULT_DIR/gpu-results.tar.gz" -C "$WORK" . 2>/dev/null; cp "$WORK/progress.log" "$RESULT_DIR/"; }
+# step NAME LIMIT_S CMD...: runs CMD under a time limit that also respects the whole run's budget.
+step() {
+    local name=$1 limit=$2; shift 2
+    local left=$((BUDGET_S - ($(date +%s) - START)))
+    if [ "$left" -lt 20 ]; then log "skip $name (budget spent)"; return 1; fi
+    [ "$limit" -gt "$left" ] && limit=$left
+    log "start $name (limit ${limit}s)"
+    timeout -k 5 "$limit" "$@" >"$WORK/$name.log" 2>&1
+    local rc=$?
+    log "end $name rc=$rc"
+    grep -v -E "it/s\]|s/it\]" "$WORK/$name.log" | tail -n 30
+    pack
+    return $rc
+}
+
+if [ "${SMOKE:-0}" = 1 ]; then
+    DEVICE=cpu DTYPE=float32 PRESET=tiny MODEL=$WORK/model
+    SPEC=benchmarks/specs/cpu-tiny.toml NUM=12 LONG=400 MAXLEN=512 BLOCKS=512 SEQS=8 CP_BATCHES=1,4
+    OUT_CAP=64 REAL_OUT=16
+else
+    DEVICE=cuda DTYPE=bfloat16 PRESET=llama-1b MODEL=models/llama-1b
+    SPEC=benchmarks/specs/gpu-llama-1b.toml NUM=128 LONG=2000 MAXLEN=4096 BLOCKS=16384 SEQS=128
+    CP_BATCHES=1,16,64 OUT_CAP=512 REAL_OUT=64
+fi
+
+{
+    date -u; nvidia-smi 2>&1 | head -15; nproc
+    $PY -c "import torch, transformers; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), \
+'transformers', transformers.__version__)"
+    which redis-server
+} >"$WORK/env.txt" 2>&1
+cat "$WORK/env.txt"
+
+step make_model 150 $PY -m benchmarks.make_model "$MODEL" --preset "$PRESET" --device "$DEVICE" || exit 1
+step dense_bound 60 $PY -m benchmarks.dense_bound --model "$MODEL" --batch-size 16 --context-len 176 \
+    --steps 64 --device "$DEVICE" --dtype "$DTYPE"
+
+# The issue's comparison, same workload as the CPU run.
+if [ "${SMOKE:-0}" = 1 ]; then
+    step compare_t0 200 $PY -m benchmarks.serve compare --spec "$SPEC" --model "$MODEL" --num-prompts "$NUM" \
+        --disable-tqdm --result-file "$WORK/compare_t0.json"
+else
+    step compare_t0 240 $PY -m benchmarks.serve compare --spec "$SPEC" --disable-tqdm \
+        --result-file "$WORK/compare_t0.json"
+fi
+
+# Policies under the same load: fused steps (chunked prefill) vs TGI admission (no chunking).
+WORKLOAD=(--model "$MODEL" --dataset capped-exponential --num-prompts "$NUM" --random-input-len 144
+    --random-range-ratio 0.7778 --output-mean 64 --output-cap "$OUT_CAP" --seed 0 --percentiles 50,99
+    --max-model-len "$MAXLEN" --disable-tqdm)
+POLICY_ENV="device=$DEVICE,BATCHER_MAX_NUM_SEQS=$SEQS,BATCHER_MAX_NUM_BATCHED_TOKENS=2048"
+POLICY_ENV="$POLICY_ENV,BATCHER_ASYNC_SCHEDULING=true,WORKER_NUM_BLOCKS=$BLOCKS"
+POLICIES=(--launch "fused=cbserve:$POLICY_ENV,BATCHER_POLICY=fused"
+    --launch "tgi=cbserve:$POLICY_ENV,BATCHER_POLICY=tgi")
+step policy_max 120 $PY -m benchmarks.serve compare "${POLICIES[@]}" "${WORKLOAD[@]}" \
+    --request-rate inf --result-file "$WORK/policy_max.json"
+MAX_RPS=$($PY -c "import json; print(json.load(open('$WORK/policy_max.json'))['systems']['fused']['summary']['request_throughput'])" 2>/dev/null || echo 1)
+log "max request throughput (fused, t=0): $MAX_RPS req/s"
+for pct in 50 90; do
+    rate=$($PY -c "print(round($MAX_RPS * $pct / 100, 3))")
+    step "policy_poisson$pct" 120 $PY -m benchmarks.serve compare "${POLICIES[@]}" "${WORKLOAD[@]}" \
+        --request-rate "$rate" --result-file "$WORK/policy_poisson$pct.json"
+done
+rate=$($PY -c "print(round($MAX_RPS * 0.9, 3))")
+step policy_long90 120 $PY -m benchmarks.serve compare "${POLICIES[@]}" "${WORKLOAD[@]}" \
+    --request-rate "$rate" --long-prompt-len "$LONG" --long-prompt-fraction 0.05 \
+    --result-file "$WORK/policy_long90.json"
+
+# Control plane: null model (no GPU work) on this machine's cores, then the real model on the GPU.
+step control_null 90 $PY -m benchmarks.control_plane --model "$MODEL" --batch-sizes "$CP_BATCHES" \
+    --output-len 200 --result-file "$WORK/control_null.json"
+step control_real 90 $PY -m benchmarks.control_plane --model "$MODEL" --batch-sizes 16,64 \
+    --output-len "$REAL_OUT" --real-model --device "$DEVICE" --result-file "$WORK/control_real.json"
+log "done"
+pack

@@ -25,10 +25,21 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tr
     seed: int | None = None  # per-request seed: the sample at output index i depends only on (seed, i)
     stop_token_ids: list[int] = []  # extra token ids that end the request (the token is kept)
     ignore_eos: bool = False  # keep generating past EOS
+    min_p: float = 0.0  # drop tokens less likely than min_p x the most likely one, 0 keeps all
+    presence_penalty: float = 0.0  # subtracted from the logit of every token already in the output
+    frequency_penalty: float = 0.0  # subtracted once per occurrence in the output
+    repetition_penalty: float = 1.0  # HF style over prompt + output: > 1 divides positive logits
+    logit_bias: dict[int, float] = {}  # token id -> added to its logit before anything else
+    min_tokens: int = 0  # EOS and stop_token_ids are masked until this many tokens are out
+    logprobs: int | None = None  # None: none; k: the sampled token's logprob and the k most likely
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0 or self.top_k == 1
+
+    @property
+    def has_penalties(self) -> bool:
+        return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or self.repetition_penalty != 1.0
 
 
 class GenerateRequest(msgspec.Struct, tag="request", kw_only=True):
@@ -40,6 +51,7 @@ class GenerateRequest(msgspec.Struct, tag="request", kw_only=True):
     arrival_time: float  # unix seconds when the client's request arrived
     priority: int = 0  # lower runs first (reserved for priority scheduling)
     owner: str = ""  # API key id that created it
+    user: str = ""  # the client's end-user id (OpenAI `user`), recorded for abuse tracing
 
 
 class AbortRequest(msgspec.Struct, tag="abort", kw_only=True):
@@ -106,14 +118,20 @@ class ModelRunnerOutput(msgspec.Struct, tag="result", kw_only=True):
     worker_idle_s: float = 0.0  # seconds between publishing the previous result and receiving this step
 
 
-class TokenEvent(msgspec.Struct, tag="token", kw_only=True):
-    """One generated token on a request's token stream; its stream entry id is the SSE id."""
+class TokenEvent(msgspec.Struct, tag="token", kw_only=True, omit_defaults=True):
+    """One generated token on a request's token stream; its stream entry id is the SSE id.
+
+    Logprob fields exist only when the request asked for logprobs (omitted from the encoding otherwise).
+    """
 
     req_id: str
     index: int  # position in the output; readers drop indexes they already have
     token_id: int
     attempt: int  # readers drop events from an attempt older than the newest seen
     finish_reason: FinishReason | None = None  # set on the last token
+    logprob: float | None = None  # log-probability of token_id under the model's raw distribution
+    top_token_ids: list[int] = []  # the most likely tokens, most likely first
+    top_logprobs: list[float] = []  # their log-probabilities, parallel to top_token_ids
 
 
 class RequestError(msgspec.Struct, tag="error", kw_only=True):

@@ -28,6 +28,12 @@ class _SamplingRequest(_Lenient):
     seed: int | None = None
     stop: str | list[str] | None = None  # matched on the output text
     stop_token_ids: list[int] | None = None
+    min_p: float | None = None  # vLLM: drop tokens under min_p x the top token's probability
+    presence_penalty: float | None = None  # [-2, 2], over output tokens
+    frequency_penalty: float | None = None  # [-2, 2], per occurrence in the output
+    repetition_penalty: float | None = None  # vLLM / HF: > 0, over prompt + output, 1 is off
+    logit_bias: dict[str, float] | None = None  # token id (as a string) -> bias in [-100, 100]
+    min_tokens: int | None = None  # vLLM: EOS / stop_token_ids cannot end the output before this
     # null is accepted wherever OpenAI accepts it, meaning the default.
     ignore_eos: bool | None = False
     n: int | None = 1
@@ -40,8 +46,8 @@ class _SamplingRequest(_Lenient):
 
 class CompletionRequest(_SamplingRequest):
     prompt: str | list[int] | list[str] | list[list[int]]  # one prompt: text or token ids
-    echo: bool | None = False  # not supported yet
-    logprobs: int | None = None  # not supported yet
+    echo: bool | None = False  # prepend the prompt text to each choice
+    logprobs: int | None = None  # 0..20: the sampled token's logprob plus this many most likely
     best_of: int | None = None  # not supported yet
     suffix: str | None = None  # not supported yet
 
@@ -60,8 +66,8 @@ class ChatMessage(_Lenient):
 class ChatCompletionRequest(_SamplingRequest):
     messages: list[ChatMessage]
     max_completion_tokens: int | None = None  # newer name of max_tokens; wins when both are given
-    logprobs: bool | None = None  # not supported yet
-    top_logprobs: int | None = None  # not supported yet
+    logprobs: bool | None = None  # return the sampled tokens' logprobs
+    top_logprobs: int | None = None  # 0..20 most likely tokens per position (needs logprobs)
 
 
 def response_exclude(*, return_token_ids: bool, include_usage: bool = True) -> dict[str, Any] | None:
@@ -79,10 +85,19 @@ class UsageInfo(BaseModel):
     total_tokens: int
 
 
+class CompletionLogprobs(BaseModel):
+    """The legacy completions shape: parallel lists, one entry per generated token."""
+
+    tokens: list[str] = []
+    token_logprobs: list[float | None] = []
+    top_logprobs: list[dict[str, float] | None] = []
+    text_offset: list[int] = []  # character offset of each token in the choice's text
+
+
 class CompletionChoice(BaseModel):
     index: int = 0
     text: str
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
     finish_reason: str | None = None
     token_ids: list[int] | None = None  # only with return_token_ids
 
@@ -103,10 +118,24 @@ class AssistantMessage(BaseModel):
     content: str
 
 
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None  # UTF-8 bytes of `token`
+
+
+class TokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob]  # most likely first
+
+
+class ChatLogprobs(BaseModel):
+    content: list[TokenLogprob] | None
+
+
 class ChatChoice(BaseModel):
     index: int = 0
     message: AssistantMessage
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
     token_ids: list[int] | None = None  # only with return_token_ids
 
@@ -123,7 +152,7 @@ class ChatCompletionResponse(BaseModel):
 class ChatChunkChoice(BaseModel):
     index: int = 0
     delta: dict[str, str]  # only the fields that changed: role first, then content
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
     token_ids: list[int] | None = None  # only with return_token_ids
 

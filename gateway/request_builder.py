@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import secrets
 from dataclasses import dataclass
+
+import msgspec
 
 from common.protocol import GenerateRequest, SamplingParams
 from gateway.openai_schemas import ChatCompletionRequest, CompletionRequest
@@ -12,6 +15,7 @@ from gateway.served_model import ServedModel
 from gateway.validation import (
     check_model,
     check_unsupported,
+    num_choices,
     resolve_max_tokens,
     sampling_params,
     stop_strings,
@@ -28,6 +32,10 @@ class PreparedRequest:
     stream: bool
     include_usage: bool  # streaming: add a final usage chunk
     return_token_ids: bool = False  # add generated token ids to each choice
+    n: int = 1  # choices asked for; each is a PreparedRequest of its own (see fan_out)
+    logprobs: bool = False  # add logprobs to each choice
+    echo_text: str | None = None  # completions with echo: the prompt text that starts each choice
+    user: str = ""  # the client's end-user id, recorded with the request
 
     def to_message(self) -> GenerateRequest:
         return GenerateRequest(
@@ -35,7 +43,20 @@ class PreparedRequest:
             prompt_token_ids=self.prompt_token_ids,
             sampling_params=self.sampling_params,
             arrival_time=self.arrival_time,
+            user=self.user,
         )
+
+
+def fan_out(request: PreparedRequest) -> list[PreparedRequest]:
+    """One request per choice, each with its own id; with a seed, choice i uses seed + i (as vLLM's
+    ParentRequest does), so every choice is reproducible on its own and they differ from each other."""
+    choices = [request]
+    for i in range(1, request.n):
+        params = request.sampling_params
+        if params.seed is not None:
+            params = msgspec.structs.replace(params, seed=params.seed + i)
+        choices.append(dataclasses.replace(request, req_id=new_req_id(), sampling_params=params))
+    return choices
 
 
 def new_req_id() -> str:
@@ -49,10 +70,15 @@ def prepare_request(
     check_model(body.model, served)
     check_unsupported(body)
     stop = stop_strings(body.stop)
+    echo_text: str | None = None
     if isinstance(body, ChatCompletionRequest):
         prompt_token_ids = chat_prompt_ids(body.messages, served)
+        logprobs = bool(body.logprobs)
     else:
         prompt_token_ids = completion_prompt_ids(body.prompt, served)
+        logprobs = body.logprobs is not None
+        if body.echo:
+            echo_text = _prompt_text(body.prompt, prompt_token_ids, served)
     max_tokens = resolve_max_tokens(body, len(prompt_token_ids), served)
     return PreparedRequest(
         req_id=new_req_id(),
@@ -63,4 +89,19 @@ def prepare_request(
         stream=bool(body.stream),
         include_usage=bool(body.stream and body.stream_options and body.stream_options.include_usage),
         return_token_ids=bool(body.return_token_ids),
+        n=num_choices(body),
+        logprobs=logprobs,
+        echo_text=echo_text,
+        user=body.user or "",
     )
+
+
+def _prompt_text(
+    prompt: str | list[int] | list[str] | list[list[int]], token_ids: list[int], served: ServedModel
+) -> str:
+    """The prompt as the client wrote it; token-id prompts are decoded (special tokens left out)."""
+    if isinstance(prompt, str):
+        return prompt
+    if prompt and isinstance(prompt[0], str):
+        return str(prompt[0])
+    return served.tokenizer.decode(token_ids)

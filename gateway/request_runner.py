@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import redis.asyncio as aioredis
 import redis.exceptions
 
-from common.protocol import FIELD, AbortRequest, encode
+from common.protocol import FIELD, AbortRequest, TokenEvent, encode
 from common.redis_conn import min_id
 from common.streams import BATCHER_INBOX, REQUESTS_STREAM
 from gateway.output_processor import OutputProcessor
@@ -33,6 +33,7 @@ class Output:
     finish_reason: str | None
     num_output_tokens: int  # tokens generated so far, for usage
     token_ids: list[int]  # tokens accepted since the previous Output
+    events: list[TokenEvent]  # their token events (with logprobs when the request asked)
 
 
 class RequestRunner:
@@ -76,6 +77,7 @@ class RequestRunner:
         deadline = time.monotonic() + self._request_timeout_s
         done = False
         token_ids: list[int] = []
+        events: list[TokenEvent] = []
         try:
             batches = follow_token_stream(self._redis, request.req_id, deadline=deadline)
             async with aclosing(batches):
@@ -83,6 +85,7 @@ class RequestRunner:
                     shown = False
                     for entry_id, event in batch:
                         token_ids.append(event.token_id)
+                        events.append(event)
                         delta = processor.process(event.token_id, event.finish_reason)
                         if delta.stop_string_hit:
                             self.abort_later(request.req_id, "stop")
@@ -96,8 +99,9 @@ class RequestRunner:
                                 delta.finish_reason,
                                 processor.num_output_tokens,
                                 token_ids,
+                                events,
                             )
-                            token_ids = []
+                            token_ids, events = [], []
                         if done:
                             return
                     if not shown:

@@ -9,6 +9,7 @@ from fastapi import APIRouter, Depends
 from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 
+from gateway.logprobs import LogprobsFormatter
 from gateway.openai_schemas import (
     AssistantMessage,
     ChatChoice,
@@ -19,10 +20,11 @@ from gateway.openai_schemas import (
     UsageInfo,
     response_exclude,
 )
-from gateway.request_builder import PreparedRequest, prepare_request
+from gateway.request_builder import PreparedRequest, fan_out, prepare_request
+from gateway.request_runner import Output
 from gateway.routes_completions import SSE_HEADERS
 from gateway.state import GatewayState, get_state
-from gateway.streaming import collect, stream_sse
+from gateway.streaming import collect, stream_sse, usage
 
 router = APIRouter()
 
@@ -30,8 +32,17 @@ router = APIRouter()
 class ChatChunks:
     """Streamed chunks of /v1/chat/completions: the role first, content deltas, optional usage."""
 
-    def __init__(self, response_id: str, created: int, model: str, request: PreparedRequest) -> None:
+    def __init__(
+        self,
+        response_id: str,
+        created: int,
+        model: str,
+        request: PreparedRequest,
+        logprobs: LogprobsFormatter,
+    ) -> None:
         self._id, self._created, self._model = response_id, created, model
+        self._request = request
+        self._logprobs = logprobs
         self._exclude = response_exclude(
             return_token_ids=request.return_token_ids, include_usage=request.include_usage
         )
@@ -43,11 +54,21 @@ class ChatChunks:
         return chunk.model_dump_json(exclude=self._exclude)
 
     def opening(self) -> list[str]:
-        return [self._chunk([ChatChunkChoice(delta={"role": "assistant", "content": ""})])]
+        return [
+            self._chunk([ChatChunkChoice(index=i, delta={"role": "assistant", "content": ""})])
+            for i in range(self._request.n)
+        ]
 
-    def delta(self, text: str, finish_reason: str | None, token_ids: list[int]) -> str:
-        delta = {"content": text} if text else {}
-        choice = ChatChunkChoice(delta=delta, finish_reason=finish_reason, token_ids=token_ids)
+    def delta(self, index: int, out: Output) -> str:
+        delta = {"content": out.text} if out.text else {}
+        logprobs = self._logprobs.chat(out.events) if self._request.logprobs else None
+        choice = ChatChunkChoice(
+            index=index,
+            delta=delta,
+            logprobs=logprobs,
+            finish_reason=out.finish_reason,
+            token_ids=out.token_ids,
+        )
         return self._chunk([choice])
 
     def usage(self, usage: UsageInfo) -> str:
@@ -60,21 +81,33 @@ async def create_chat_completion(
 ) -> JSONResponse | StreamingResponse:
     arrival_time = time.time()
     request = prepare_request(body, state.served, arrival_time)
-    await state.runner.submit(request)
+    requests = fan_out(request)
+    for choice_request in requests:
+        await state.runner.submit(choice_request)
     response_id, created = f"chatcmpl-{request.req_id}", int(arrival_time)
+    formatter = LogprobsFormatter(state.served.tokenizer.tokenizer)
     if request.stream:
-        chunks = ChatChunks(response_id, created, state.served.name, request)
+        chunks = ChatChunks(response_id, created, state.served.name, request, formatter)
         return StreamingResponse(
-            stream_sse(state.runner, request, chunks), media_type="text/event-stream", headers=SSE_HEADERS
+            stream_sse(state.runner, requests, chunks), media_type="text/event-stream", headers=SSE_HEADERS
         )
-    done = await collect(state.runner, request, http_request)
-    message = AssistantMessage(content=done.text)
+    done = await collect(state.runner, requests, http_request)
+    choices = [
+        ChatChoice(
+            index=i,
+            message=AssistantMessage(content=c.text),
+            logprobs=formatter.chat(c.events) if request.logprobs else None,
+            finish_reason=c.finish_reason,
+            token_ids=c.token_ids,
+        )
+        for i, c in enumerate(done)
+    ]
     response = ChatCompletionResponse(
         id=response_id,
         created=created,
         model=state.served.name,
-        choices=[ChatChoice(message=message, finish_reason=done.finish_reason, token_ids=done.token_ids)],
-        usage=done.usage,
+        choices=choices,
+        usage=usage(requests, [c.num_output_tokens for c in done]),
     )
     return JSONResponse(
         response.model_dump(exclude=response_exclude(return_token_ids=request.return_token_ids))

@@ -9,6 +9,7 @@ from fastapi import APIRouter, Depends
 from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 
+from gateway.logprobs import LogprobsFormatter
 from gateway.openai_schemas import (
     CompletionChoice,
     CompletionRequest,
@@ -16,9 +17,10 @@ from gateway.openai_schemas import (
     UsageInfo,
     response_exclude,
 )
-from gateway.request_builder import PreparedRequest, prepare_request
+from gateway.request_builder import PreparedRequest, fan_out, prepare_request
+from gateway.request_runner import Output
 from gateway.state import GatewayState, get_state
-from gateway.streaming import collect, stream_sse
+from gateway.streaming import collect, stream_sse, usage
 
 router = APIRouter()
 
@@ -26,13 +28,24 @@ SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
 class CompletionChunks:
-    """Streamed chunks of /v1/completions: text deltas, then an optional usage chunk."""
+    """Streamed chunks of /v1/completions: echoed prompts, text deltas, then an optional usage chunk."""
 
-    def __init__(self, response_id: str, created: int, model: str, request: PreparedRequest) -> None:
+    def __init__(
+        self,
+        response_id: str,
+        created: int,
+        model: str,
+        request: PreparedRequest,
+        logprobs: LogprobsFormatter,
+    ) -> None:
         self._id, self._created, self._model = response_id, created, model
+        self._request = request
+        self._logprobs = logprobs
         self._exclude = response_exclude(
             return_token_ids=request.return_token_ids, include_usage=request.include_usage
         )
+        # Where each choice's next token starts in its text, for logprobs' text_offset.
+        self._offsets = [len(request.echo_text or "")] * request.n
 
     def _chunk(self, choices: list[CompletionChoice], usage: UsageInfo | None = None) -> str:
         chunk = CompletionResponse(
@@ -41,10 +54,23 @@ class CompletionChunks:
         return chunk.model_dump_json(exclude=self._exclude)
 
     def opening(self) -> list[str]:
-        return []
+        echo = self._request.echo_text
+        if not echo:
+            return []
+        return [self._chunk([CompletionChoice(index=i, text=echo)]) for i in range(self._request.n)]
 
-    def delta(self, text: str, finish_reason: str | None, token_ids: list[int]) -> str:
-        return self._chunk([CompletionChoice(text=text, finish_reason=finish_reason, token_ids=token_ids)])
+    def delta(self, index: int, out: Output) -> str:
+        logprobs = None
+        if self._request.logprobs:
+            logprobs, self._offsets[index] = self._logprobs.completion(out.events, self._offsets[index])
+        choice = CompletionChoice(
+            index=index,
+            text=out.text,
+            logprobs=logprobs,
+            finish_reason=out.finish_reason,
+            token_ids=out.token_ids,
+        )
+        return self._chunk([choice])
 
     def usage(self, usage: UsageInfo) -> str:
         return self._chunk([], usage)
@@ -56,22 +82,34 @@ async def create_completion(
 ) -> JSONResponse | StreamingResponse:
     arrival_time = time.time()
     request = prepare_request(body, state.served, arrival_time)
-    await state.runner.submit(request)
+    requests = fan_out(request)
+    for choice_request in requests:
+        await state.runner.submit(choice_request)
     response_id, created = f"cmpl-{request.req_id}", int(arrival_time)
+    formatter = LogprobsFormatter(state.served.tokenizer.tokenizer)
     if request.stream:
-        chunks = CompletionChunks(response_id, created, state.served.name, request)
+        chunks = CompletionChunks(response_id, created, state.served.name, request, formatter)
         return StreamingResponse(
-            stream_sse(state.runner, request, chunks), media_type="text/event-stream", headers=SSE_HEADERS
+            stream_sse(state.runner, requests, chunks), media_type="text/event-stream", headers=SSE_HEADERS
         )
-    done = await collect(state.runner, request, http_request)
+    done = await collect(state.runner, requests, http_request)
+    echo = request.echo_text or ""
+    choices = [
+        CompletionChoice(
+            index=i,
+            text=echo + c.text,
+            logprobs=formatter.completion(c.events, len(echo))[0] if request.logprobs else None,
+            finish_reason=c.finish_reason,
+            token_ids=c.token_ids,
+        )
+        for i, c in enumerate(done)
+    ]
     response = CompletionResponse(
         id=response_id,
         created=created,
         model=state.served.name,
-        choices=[
-            CompletionChoice(text=done.text, finish_reason=done.finish_reason, token_ids=done.token_ids)
-        ],
-        usage=done.usage,
+        choices=choices,
+        usage=usage(requests, [c.num_output_tokens for c in done]),
     )
     return JSONResponse(
         response.model_dump(exclude=response_exclude(return_token_ids=request.return_token_ids))

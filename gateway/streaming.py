@@ -1,20 +1,27 @@
-"""The two ways to answer a generation: one SSE event per text delta, or one body at the end."""
+"""The two ways to answer a generation: one SSE event per text delta, or one body at the end.
+
+Both take the n requests of an n-choice response (see `request_builder.fan_out`); with one choice,
+each SSE event's id is the token stream entry id, so a client can resume. With several, the events
+of different token streams interleave and no id could name a resume point: they carry none.
+"""
 
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import aclosing
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import redis.exceptions
 from starlette.requests import Request
 
+from common.protocol import TokenEvent
 from gateway.errors import OpenAIError, from_request_error
+from gateway.fanout import merged_outputs
 from gateway.openai_schemas import UsageInfo
 from gateway.request_builder import PreparedRequest
-from gateway.request_runner import RequestRunner
+from gateway.request_runner import Output, RequestRunner
 from gateway.sse import DONE, sse_event
 from gateway.stream_reader import RequestFailed, RequestTimedOut
 
@@ -27,25 +34,30 @@ class ChunkFormatter(Protocol):
 
     def opening(self) -> list[str]: ...
 
-    def delta(self, text: str, finish_reason: str | None, token_ids: list[int]) -> str: ...
+    def delta(self, index: int, out: Output) -> str: ...
 
     def usage(self, usage: UsageInfo) -> str: ...
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True)
 class Completed:
-    text: str
-    finish_reason: str
-    usage: UsageInfo
-    token_ids: list[int]
+    """One choice of a non-streaming answer."""
+
+    text: str = ""
+    finish_reason: str | None = None
+    num_output_tokens: int = 0
+    token_ids: list[int] = field(default_factory=list)
+    events: list[TokenEvent] = field(default_factory=list)  # for logprobs
 
 
-def _usage(request: PreparedRequest, num_output_tokens: int) -> UsageInfo:
-    num_prompt_tokens = len(request.prompt_token_ids)
+def usage(requests: Sequence[PreparedRequest], num_output_tokens: Sequence[int]) -> UsageInfo:
+    """The prompt is counted once, however many choices share it (as OpenAI counts n > 1)."""
+    num_prompt_tokens = len(requests[0].prompt_token_ids)
+    completion_tokens = sum(num_output_tokens)
     return UsageInfo(
         prompt_tokens=num_prompt_tokens,
-        completion_tokens=num_output_tokens,
-        total_tokens=num_prompt_tokens + num_output_tokens,
+        completion_tokens=completion_tokens,
+        total_tokens=num_prompt_tokens + completion_tokens,
     )
 
 
@@ -58,25 +70,26 @@ def _unavailable() -> OpenAIError:
 
 
 async def stream_sse(
-    runner: RequestRunner, request: PreparedRequest, formatter: ChunkFormatter
+    runner: RequestRunner, requests: Sequence[PreparedRequest], formatter: ChunkFormatter
 ) -> AsyncIterator[bytes]:
     """SSE body: opening chunks, one chunk per delta (id = its token event), usage, then [DONE].
 
     Failures become an `{"error": ...}` event, since the 200 status has already been sent. On client
     disconnect Starlette cancels this generator; `outputs` then aborts the request without awaiting.
     """
-    num_output_tokens = 0
+    num_output_tokens = [0] * len(requests)
+    resumable = len(requests) == 1
     try:
         for data in formatter.opening():
             yield sse_event(data)
-        async with aclosing(runner.outputs(request)) as outputs:
-            async for out in outputs:
+        async with aclosing(merged_outputs(runner, requests)) as outputs:
+            async for index, out in outputs:
                 if out is None:
                     continue
-                num_output_tokens = out.num_output_tokens
-                yield sse_event(formatter.delta(out.text, out.finish_reason, out.token_ids), out.entry_id)
-        if request.include_usage:
-            yield sse_event(formatter.usage(_usage(request, num_output_tokens)))
+                num_output_tokens[index] = out.num_output_tokens
+                yield sse_event(formatter.delta(index, out), out.entry_id if resumable else None)
+        if requests[0].include_usage:
+            yield sse_event(formatter.usage(usage(requests, num_output_tokens)))
     except RequestFailed as exc:
         yield sse_event(json.dumps(from_request_error(exc.error).body()), exc.entry_id)
     except RequestTimedOut:
@@ -86,27 +99,29 @@ async def stream_sse(
     yield DONE
 
 
-async def collect(runner: RequestRunner, request: PreparedRequest, http_request: Request) -> Completed:
-    """The whole answer; checks between reads that the client is still waiting, and aborts if not."""
-    parts: list[str] = []
-    token_ids: list[int] = []
-    finish_reason: str | None = None
-    num_output_tokens = 0
+async def collect(
+    runner: RequestRunner, requests: Sequence[PreparedRequest], http_request: Request
+) -> list[Completed]:
+    """Every choice whole; checks between reads that the client is still waiting, and aborts if not."""
+    choices = [Completed() for _ in requests]
     try:
-        async with aclosing(runner.outputs(request)) as outputs:
-            async for out in outputs:
+        async with aclosing(merged_outputs(runner, requests)) as outputs:
+            async for index, out in outputs:
                 if await http_request.is_disconnected():
-                    # Leaving the loop closes `outputs`, which aborts the request.
+                    # Leaving the loop closes `outputs`, which aborts the requests.
                     raise OpenAIError(_CLIENT_GONE, "client disconnected", code="client_disconnected")
                 if out is None:
                     continue
-                parts.append(out.text)
-                token_ids.extend(out.token_ids)
-                finish_reason = out.finish_reason
-                num_output_tokens = out.num_output_tokens
+                choice = choices[index]
+                choice.text += out.text
+                choice.token_ids.extend(out.token_ids)
+                choice.events.extend(out.events)
+                choice.finish_reason = out.finish_reason
+                choice.num_output_tokens = out.num_output_tokens
     except RequestFailed as exc:
         raise from_request_error(exc.error) from exc
     except RequestTimedOut as exc:
         raise _timed_out() from exc
-    assert finish_reason is not None  # outputs ends only on a finish or by raising
-    return Completed("".join(parts), finish_reason, _usage(request, num_output_tokens), token_ids)
+    # outputs ends only when every choice finished, or by raising
+    assert all(c.finish_reason is not None for c in choices)
+    return choices

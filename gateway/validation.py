@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from common.protocol import SamplingParams
 from gateway.errors import OpenAIError, invalid_request
 from gateway.openai_schemas import ChatCompletionRequest, CompletionRequest
@@ -10,6 +12,10 @@ from gateway.served_model import ServedModel
 # Bounds that keep values inside what msgpack and the sampler can hold.
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 MAX_TEMPERATURE = 2.0
+MAX_N = 16  # choices per request; each is a request of its own in the batcher
+MAX_LOGPROBS = 20  # most likely tokens returned per position (vLLM's default max_logprobs)
+MAX_PENALTY = 2.0  # presence / frequency, as OpenAI bounds them
+MAX_LOGIT_BIAS = 100.0
 
 
 def check_model(requested: str | None, served: ServedModel) -> None:
@@ -24,22 +30,33 @@ def check_model(requested: str | None, served: ServedModel) -> None:
 
 def check_unsupported(body: CompletionRequest | ChatCompletionRequest) -> None:
     """Features that would silently change the answer if ignored are refused until they exist."""
-    if body.n not in (None, 1):
-        raise invalid_request("n must be 1; several choices per request are not supported yet", "n")
     if isinstance(body, CompletionRequest):
-        if body.echo:
-            raise invalid_request("echo is not supported yet", "echo")
-        if body.logprobs is not None:
-            raise invalid_request("logprobs are not supported yet", "logprobs")
-        if body.best_of not in (None, 1):
-            raise invalid_request("best_of must be 1; it is not supported yet", "best_of")
+        if body.best_of not in (None, 1, num_choices(body)):
+            raise invalid_request(
+                "best_of must equal n; ranking extra candidates is not supported", "best_of"
+            )
         if body.suffix:
             raise invalid_request("suffix is not supported yet", "suffix")
+
+
+def num_choices(body: CompletionRequest | ChatCompletionRequest) -> int:
+    n = 1 if body.n is None else body.n
+    if not 1 <= n <= MAX_N:
+        raise invalid_request(f"n must be in [1, {MAX_N}], got {n}", "n")
+    return n
+
+
+def num_logprobs(body: CompletionRequest | ChatCompletionRequest) -> int | None:
+    """How many most likely tokens to return per position; None when logprobs are off."""
+    if isinstance(body, CompletionRequest):
+        k, param = body.logprobs, "logprobs"
     else:
-        if body.logprobs:
-            raise invalid_request("logprobs are not supported yet", "logprobs")
-        if body.top_logprobs:
-            raise invalid_request("top_logprobs are not supported yet", "top_logprobs")
+        if body.top_logprobs is not None and not body.logprobs:
+            raise invalid_request("top_logprobs needs logprobs set to true", "top_logprobs")
+        k, param = (body.top_logprobs or 0) if body.logprobs else None, "top_logprobs"
+    if k is not None and not 0 <= k <= MAX_LOGPROBS:
+        raise invalid_request(f"{param} must be in [0, {MAX_LOGPROBS}], got {k}", param)
+    return k
 
 
 def stop_strings(stop: str | list[str] | None) -> list[str]:
@@ -103,8 +120,17 @@ def sampling_params(
         top_k = 0
     if body.seed is not None and not _INT64_MIN <= body.seed <= _INT64_MAX:
         raise invalid_request("seed must fit in a signed 64-bit integer", "seed")
+    if body.seed is not None and body.seed + num_choices(body) - 1 > _INT64_MAX:
+        raise invalid_request(
+            "seed + n - 1 must fit in a signed 64-bit integer (choice i uses seed + i)", "seed"
+        )
     stop_token_ids = list(body.stop_token_ids or [])
     check_token_ids(stop_token_ids, served, "stop_token_ids")
+    min_tokens = 0 if body.min_tokens is None else body.min_tokens
+    if not 0 <= min_tokens <= max_tokens:
+        raise invalid_request(
+            f"min_tokens must be in [0, max_tokens={max_tokens}], got {min_tokens}", "min_tokens"
+        )
     return SamplingParams(
         max_tokens=max_tokens,
         temperature=temperature,
@@ -113,7 +139,50 @@ def sampling_params(
         seed=body.seed,
         stop_token_ids=stop_token_ids,
         ignore_eos=bool(body.ignore_eos),
+        min_p=_in_range(body.min_p, 0.0, 0.0, 1.0, "min_p"),
+        presence_penalty=_in_range(body.presence_penalty, 0.0, -MAX_PENALTY, MAX_PENALTY, "presence_penalty"),
+        frequency_penalty=_in_range(
+            body.frequency_penalty, 0.0, -MAX_PENALTY, MAX_PENALTY, "frequency_penalty"
+        ),
+        repetition_penalty=_repetition_penalty(body.repetition_penalty),
+        logit_bias=_logit_bias(body.logit_bias, served),
+        min_tokens=min_tokens,
+        logprobs=num_logprobs(body),
     )
+
+
+def _in_range(value: float | None, default: float, low: float, high: float, param: str) -> float:
+    if value is None:
+        return default
+    if not low <= value <= high:  # also rejects NaN
+        raise invalid_request(f"{param} must be in [{low:g}, {high:g}], got {value}", param)
+    return value
+
+
+def _repetition_penalty(value: float | None) -> float:
+    if value is None:
+        return 1.0
+    if not (value > 0.0 and math.isfinite(value)):
+        raise invalid_request(
+            f"repetition_penalty must be a finite number > 0, got {value}", "repetition_penalty"
+        )
+    return value
+
+
+def _logit_bias(bias: dict[str, float] | None, served: ServedModel) -> dict[int, float]:
+    result: dict[int, float] = {}
+    for key, value in (bias or {}).items():
+        try:
+            token_id = int(key)
+        except ValueError:
+            raise invalid_request(f"logit_bias keys must be token ids, got {key!r}", "logit_bias") from None
+        check_token_ids([token_id], served, "logit_bias")
+        if not -MAX_LOGIT_BIAS <= value <= MAX_LOGIT_BIAS:
+            raise invalid_request(
+                f"logit_bias values must be in [-100, 100], got {value} for token {key}", "logit_bias"
+            )
+        result[token_id] = value
+    return result
 
 
 def check_token_ids(token_ids: list[int], served: ServedModel, param: str) -> None:

@@ -24,6 +24,7 @@ from common.protocol import (
 )
 from gpu_worker.input_batch import InputBatch, ScheduledRequest, build_input_batch
 from gpu_worker.kv_cache import KVCache
+from gpu_worker.logprobs import SampleLogprobs
 from gpu_worker.model_loader import (
     eos_token_ids,
     kv_shape,
@@ -61,10 +62,12 @@ class ModelRunner:
         )
         self.vocab_size = int(config.get_text_config().vocab_size)
         self.eos_token_ids = eos_token_ids(self.model)
-        self.sampler = Sampler(settings.seed)
+        self.sampler = Sampler(settings.seed, self.eos_token_ids)
         # Null-model mode times everything but the model: the step still builds its inputs.
         self.null_model = settings.null_model
         self.requests: dict[str, RequestState] = {}
+        # Logprobs of the last step's samples, by req_id, for its token events (only requests that asked).
+        self._step_logprobs: dict[str, SampleLogprobs] = {}
 
     # ---- one step -------------------------------------------------------------------------------
 
@@ -108,6 +111,7 @@ class ModelRunner:
             output.req_ids, output.sampled_token_ids, output.finish_reasons, strict=True
         ):
             state = self.requests[req_id]
+            logprobs = self._step_logprobs.get(req_id)
             events.append(
                 TokenEvent(
                     req_id=req_id,
@@ -115,6 +119,9 @@ class ModelRunner:
                     token_id=token_id,
                     attempt=state.attempt,
                     finish_reason=reason,
+                    logprob=None if logprobs is None else logprobs.logprob,
+                    top_token_ids=[] if logprobs is None else logprobs.top_token_ids,
+                    top_logprobs=[] if logprobs is None else logprobs.top_logprobs,
                 )
             )
         return events
@@ -163,6 +170,10 @@ class ModelRunner:
         bad = [t for t in (*new.prompt_token_ids, *new.output_token_ids) if not 0 <= t < self.vocab_size]
         if bad:
             return f"token id {bad[0]} is outside the vocabulary (0..{self.vocab_size - 1})"
+        params = new.sampling_params
+        bad = [t for t in (*params.logit_bias, *params.stop_token_ids) if not 0 <= t < self.vocab_size]
+        if bad:
+            return f"sampling parameter token id {bad[0]} is outside the vocabulary"
         if num_tokens > self.max_model_len:
             return f"{num_tokens} tokens exceed max_model_len {self.max_model_len}"
         if not 0 <= new.num_computed_tokens < num_tokens:
@@ -218,6 +229,7 @@ class ModelRunner:
 
     @torch.inference_mode()
     def _forward_and_sample(self, batch: InputBatch) -> list[int]:
+        self._step_logprobs = {}
         if not batch.scheduled:
             return []
         if self.null_model:
@@ -230,9 +242,19 @@ class ModelRunner:
             attn_metadata=batch.attn_metadata,
         )
         logits = outputs.logits[0]
-        params = [r.state.sampling_params for r in batch.sampling_reqs]
-        indices = [r.state.num_output_tokens for r in batch.sampling_reqs]
-        return self.sampler.sample(logits, params, indices)
+        states = [r.state for r in batch.sampling_reqs]
+        params = [s.sampling_params for s in states]
+        indices = [s.num_output_tokens for s in states]
+        # Token histories are copied only for the requests whose penalties read them.
+        prompts = [
+            s.token_ids[: s.num_prompt_tokens] if s.sampling_params.has_penalties else [] for s in states
+        ]
+        outputs_so_far = [s.output_token_ids if s.sampling_params.has_penalties else [] for s in states]
+        result = self.sampler.sample(logits, params, indices, prompts, outputs_so_far)
+        for state, logprobs in zip(states, result.logprobs, strict=True):
+            if logprobs is not None:
+                self._step_logprobs[state.req_id] = logprobs
+        return result.token_ids
 
     def _advance(self, batch: InputBatch, sampled: list[int]) -> list[FinishReason | None]:
         for req in batch.scheduled:

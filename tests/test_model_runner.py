@@ -210,6 +210,62 @@ def test_seeded_sampling_survives_batching_and_preemption(runner: ModelRunner) -
         assert alone[0].outputs == batched[i].outputs
 
 
+def test_penalties_and_logprobs_survive_batching_and_preemption(runner: ModelRunner) -> None:
+    # Penalties read the output so far, which a preempted request gets back from the batcher.
+    params = [
+        SamplingParams(
+            max_tokens=12,
+            temperature=0.0 if i % 2 else 0.9,
+            seed=7 + i,
+            repetition_penalty=1.3,
+            frequency_penalty=0.4,
+            presence_penalty=0.2 * (i % 3),
+            min_tokens=3,
+            logprobs=2,
+            logit_bias={5: -1.0},
+        )
+        for i in range(11)
+    ]
+    batched = make_requests(params)
+    run_to_completion(runner, batched, preempt={7: "r0", 9: "r2"})
+    assert batched[0].attempt == 1 and batched[2].attempt == 1
+    for i in (0, 2, 5):
+        alone = make_requests(params)[i : i + 1]
+        alone[0].arrival_step = 0
+        run_to_completion(runner, alone, preempt={})
+        assert alone[0].outputs == batched[i].outputs
+
+
+def test_token_events_carry_logprobs_only_when_asked(runner: ModelRunner) -> None:
+    def new(req_id: str, params: SamplingParams) -> NewRequestData:
+        return NewRequestData(
+            req_id=req_id,
+            prompt_token_ids=[5, 6, 7],
+            output_token_ids=[],
+            sampling_params=params,
+            block_ids=[0] if req_id == "a" else [1],
+            num_computed_tokens=0,
+            attempt=0,
+        )
+
+    asked, plain = SamplingParams(temperature=0.0, logprobs=3), SamplingParams(temperature=0.0)
+    output = runner.execute_model(
+        SchedulerOutput(
+            step_id=0,
+            scheduled_new_reqs=[new("a", asked), new("b", plain)],
+            scheduled_cached_reqs=[],
+            num_scheduled_tokens={"a": 3, "b": 3},
+            total_num_scheduled_tokens=6,
+            finished_req_ids=[],
+        )
+    )
+    with_logprobs, without = runner.token_events(output)
+    assert with_logprobs.logprob is not None and len(with_logprobs.top_token_ids) == 3
+    assert with_logprobs.top_token_ids[0] == with_logprobs.token_id  # greedy takes the most likely
+    assert with_logprobs.logprob == with_logprobs.top_logprobs[0]
+    assert without.logprob is None and without.top_token_ids == []
+
+
 def test_bad_request_fails_alone(runner: ModelRunner) -> None:
     good = NewRequestData(
         req_id="good",

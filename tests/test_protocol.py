@@ -26,6 +26,15 @@ from common.protocol import (
 )
 
 PARAMS = SamplingParams(max_tokens=7, temperature=0.5, top_p=0.9, top_k=5, seed=3, stop_token_ids=[2])
+FULL_PARAMS = SamplingParams(
+    min_p=0.05,
+    presence_penalty=0.5,
+    frequency_penalty=-0.5,
+    repetition_penalty=1.2,
+    logit_bias={7: -100.0, 300: 2.5},
+    min_tokens=3,
+    logprobs=5,
+)
 
 
 def test_request_round_trip() -> None:
@@ -36,8 +45,11 @@ def test_request_round_trip() -> None:
         arrival_time=1.5,
         priority=1,
         owner="k",
+        user="alice",
     )
     assert decode_request(encode(msg)) == msg
+    full = GenerateRequest(req_id="f", prompt_token_ids=[1], sampling_params=FULL_PARAMS, arrival_time=0.0)
+    assert decode_request(encode(full)) == full
 
 
 def test_step_round_trip() -> None:
@@ -92,6 +104,23 @@ def test_event_and_worker_round_trip() -> None:
         worker_id="w", model="m", num_blocks=8, block_size=16, max_model_len=128, started_at=1.0
     )
     assert decode_worker(encode(info)) == info
+
+
+def test_token_event_with_logprobs_round_trip_and_stays_compact() -> None:
+    token = TokenEvent(
+        req_id="a",
+        index=0,
+        token_id=9,
+        attempt=0,
+        logprob=-0.25,
+        top_token_ids=[9, 4],
+        top_logprobs=[-0.25, -1.5],
+    )
+    assert decode_event(encode(token)) == token
+    # Without logprobs the defaults are left out of the encoding, so plain events stay small.
+    plain = TokenEvent(req_id="a", index=0, token_id=9, attempt=0)
+    assert b"logprob" not in encode(plain) and b"finish_reason" not in encode(plain)
+    assert decode_event(encode(plain)) == plain
 
 
 def test_decoders_refuse_foreign_messages() -> None:

@@ -15,7 +15,7 @@ import time
 from batcher.request import Request
 from batcher.scheduler import Scheduler, SchedulerConfig, SchedulerStats
 from benchmarks.static_engine import EngineThread, GenerationRequest, TokenEvent
-from common.protocol import SamplingParams, WorkerInfo
+from common.protocol import SamplingParams
 from gpu_worker.model_runner import ModelRunner
 
 log = logging.getLogger("benchmarks.inprocess_engine")
@@ -29,16 +29,7 @@ class InProcessEngine(EngineThread):
         self.runner = runner
         self.scheduler = Scheduler(config)
         self.worker_id = runner.worker_id  # results carry it: the scheduler matches them by it
-        self.scheduler.add_worker(
-            WorkerInfo(
-                worker_id=self.worker_id,
-                model=runner.model_name,
-                num_blocks=runner.num_blocks,
-                block_size=runner.block_size,
-                max_model_len=runner.max_model_len,
-                started_at=time.time(),
-            )
-        )
+        self.scheduler.add_worker(runner.worker_info())
         self.stats: SchedulerStats = self.scheduler.stats
         self._requests: dict[str, GenerationRequest] = {}
 

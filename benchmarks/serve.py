@@ -104,6 +104,7 @@ def build_parser(compare: bool) -> argparse.ArgumentParser:
             "--launch", action=_AppendSystem, metavar="NAME=KIND[:k=v,...]", help="a server to start"
         )
         target.add_argument("--baseline", help="system the ratios divide by (default: the first)")
+        target.add_argument("--only", help="comma-separated names: run just these of the spec's systems")
         target.add_argument("--plot", type=Path, help="PNG path (default: next to the result file)")
         target.add_argument("--log-dir", type=Path, help="launched servers' logs (default: result dir)")
     else:
@@ -260,6 +261,14 @@ def resolve_systems(args: argparse.Namespace) -> tuple[list[SystemSpec], str]:
             systems.append(parse_system_arg(value, args.backend, args.prompt_format))
         else:
             systems.append(parse_launch_arg(value))
+    if args.only:
+        keep = [n.strip() for n in args.only.split(",") if n.strip()]
+        unknown = set(keep) - {s.name for s in systems}
+        if unknown:
+            raise SystemExit(f"--only names systems that are not defined: {sorted(unknown)}")
+        systems = [s for s in systems if s.name in keep]
+        if baseline not in keep:
+            baseline = None
     names = [s.name for s in systems]
     if not systems:
         raise SystemExit("compare needs systems: --system NAME=URL, --launch NAME=KIND, or --spec FILE")

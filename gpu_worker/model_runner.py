@@ -21,6 +21,7 @@ from common.protocol import (
     NewRequestData,
     SchedulerOutput,
     TokenEvent,
+    WorkerInfo,
 )
 from gpu_worker.input_batch import InputBatch, ScheduledRequest, build_input_batch
 from gpu_worker.kv_cache import KVCache
@@ -68,6 +69,17 @@ class ModelRunner:
         self.requests: dict[str, RequestState] = {}
         # Logprobs of the last step's samples, by req_id, for its token events (only requests that asked).
         self._step_logprobs: dict[str, SampleLogprobs] = {}
+
+    def worker_info(self) -> WorkerInfo:
+        """What the batcher needs to schedule onto this runner (sent when a worker registers)."""
+        return WorkerInfo(
+            worker_id=self.worker_id,
+            model=self.model_name,
+            num_blocks=self.num_blocks,
+            block_size=self.block_size,
+            max_model_len=self.max_model_len,
+            started_at=time.time(),
+        )
 
     # ---- one step -------------------------------------------------------------------------------
 

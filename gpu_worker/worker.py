@@ -51,14 +51,7 @@ class Worker:
         )
 
     def info(self) -> WorkerInfo:
-        return WorkerInfo(
-            worker_id=self.worker_id,
-            model=self.runner.model_name,
-            num_blocks=self.runner.num_blocks,
-            block_size=self.runner.block_size,
-            max_model_len=self.runner.max_model_len,
-            started_at=time.time(),
-        )
+        return self.runner.worker_info()
 
     def stop(self) -> None:
         """Safe from a signal handler: the loop notices within one blocking read (<= 1 s)."""

@@ -61,6 +61,25 @@ def test_capped_exponential_respects_the_cap(tiny_model_dir: Path) -> None:
     assert 28 < outputs.mean() < 34
 
 
+def test_long_prompts_replace_a_seeded_share_and_leave_the_rest(tiny_model_dir: Path) -> None:
+    tokenizer = BenchTokenizer(tiny_model_dir)
+    base = sample_requests(_config(num_prompts=40), tokenizer)
+    mixed = sample_requests(
+        _config(num_prompts=40, long_prompt_len=300, long_prompt_fraction=0.1, max_model_len=305), tokenizer
+    )
+    long = [i for i, r in enumerate(mixed) if r.prompt_len == 300]
+    assert len(long) == 4  # 10% of 40
+    # Only the chosen requests change; their outputs are cut so prompt + output fits the model.
+    assert all(mixed[i] == base[i] for i in range(40) if i not in long)
+    assert all(mixed[i].output_len == min(base[i].output_len, 5) for i in long)
+    again = sample_requests(
+        _config(num_prompts=40, long_prompt_len=300, long_prompt_fraction=0.1, max_model_len=305), tokenizer
+    )
+    assert again == mixed
+    with pytest.raises(ValueError, match="long-prompt-len"):
+        sample_requests(_config(long_prompt_len=300, long_prompt_fraction=0.1, max_model_len=300), tokenizer)
+
+
 def test_sharegpt_takes_reply_lengths_capped(tiny_model_dir: Path, tmp_path: Path) -> None:
     tokenizer = BenchTokenizer(tiny_model_dir)
     reply = "the value of the object is returned " * 10

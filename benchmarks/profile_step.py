@@ -1,0 +1,124 @@
+"""Where one worker step's time goes: the Scheduler and ModelRunner in this process, under a profiler.
+
+    python -m benchmarks.profile_step --model models/gpt2-small-llama --num-requests 16 --prompt-len 144
+
+Submits `--num-requests` requests (random prompt ids, `--output-len` tokens each, greedy), schedules
+and runs steps until every request has finished its prompt (the prefill phase), then times
+`--decode-steps` pure decode steps. For each phase it prints the wall time per step, how many torch
+operators one step dispatches (each one a kernel launch on a GPU, where launch latency rather than
+arithmetic bounds a small model), and the operators and Python functions that take the time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import pstats
+import time
+from collections.abc import Callable
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from batcher.request import Request
+from batcher.scheduler import Scheduler, SchedulerConfig
+from common.protocol import SamplingParams
+from gpu_worker.model_runner import ModelRunner
+from gpu_worker.settings import WorkerSettings
+
+
+def _engine(args: argparse.Namespace) -> tuple[Scheduler, ModelRunner]:
+    settings = WorkerSettings(
+        model=args.model,
+        device=args.device,
+        num_threads=args.num_threads or None,
+        kv_cache_memory_mb=args.kv_cache_mb,
+    )
+    runner = ModelRunner(settings)
+    scheduler = Scheduler(
+        SchedulerConfig(max_num_seqs=args.num_requests, max_num_batched_tokens=args.max_num_batched_tokens)
+    )
+    scheduler.add_worker(runner.worker_info())
+    generator = torch.Generator().manual_seed(0)
+    now = time.time()
+    for i in range(args.num_requests):
+        prompt = torch.randint(3, 1000, (args.prompt_len,), generator=generator).tolist()
+        params = SamplingParams(max_tokens=args.output_len, temperature=0.0, ignore_eos=True)
+        scheduler.add_request(Request(f"r{i}", prompt, params, now, entry_id=""), now)
+    return scheduler, runner
+
+
+def _step(scheduler: Scheduler, runner: ModelRunner) -> int:
+    """One schedule + forward + update; returns the tokens computed in it."""
+    out, _failed = scheduler.schedule(runner.worker_id)
+    assert out is not None, "nothing to schedule"
+    result = runner.execute_model(out)
+    runner.token_events(result)
+    scheduler.update_from_output(result)
+    return out.total_num_scheduled_tokens
+
+
+def _report(title: str, run: Callable[[], int], top: int) -> None:
+    """Runs `run` (which returns how many steps it ran) under torch's profiler and prints a summary."""
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        sync()
+        start = time.perf_counter()
+        steps = run()
+        sync()
+        elapsed = time.perf_counter() - start
+    events = prof.key_averages()
+    num_ops = sum(e.count for e in events if e.key.startswith("aten::") and e.cpu_parent is None)
+    print(f"\n=== {title}: {steps} steps, {1000 * elapsed / steps:.2f} ms/step (under the profiler)")
+    print(f"aten operators dispatched per step (top level): {num_ops / steps:.0f}")
+    print(events.table(sort_by="self_cpu_time_total", row_limit=top))
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.profile_step", description=__doc__)
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--num-requests", type=int, default=16)
+    parser.add_argument("--prompt-len", type=int, default=144)
+    parser.add_argument("--output-len", type=int, default=64)
+    parser.add_argument("--decode-steps", type=int, default=16)
+    parser.add_argument("--max-num-batched-tokens", type=int, default=512)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--num-threads", type=int, default=0)
+    parser.add_argument("--kv-cache-mb", type=int, default=512)
+    parser.add_argument("--top", type=int, default=15, help="rows of each table")
+    args = parser.parse_args(argv)
+    scheduler, runner = _engine(args)
+
+    def prefill() -> int:
+        steps = 0
+        while scheduler.waiting or any(
+            r.num_computed_tokens < len(r.prompt_token_ids) for r in _running(scheduler)
+        ):
+            _step(scheduler, runner)
+            steps += 1
+        return steps
+
+    def decode() -> int:
+        for _ in range(args.decode_steps):
+            _step(scheduler, runner)
+        return args.decode_steps
+
+    _report("prefill phase (prompt chunks, decodes of the requests already admitted)", prefill, args.top)
+    _report("decode steps", decode, args.top)
+    profiler = cProfile.Profile()
+    profiler.enable()
+    decode()
+    profiler.disable()
+    text = io.StringIO()
+    pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(args.top)
+    print("\n=== Python functions by own time (decode steps, cProfile)")
+    print("\n".join(line for line in text.getvalue().splitlines() if line.strip())[:6000])
+
+
+def _running(scheduler: Scheduler) -> list[Request]:
+    return [r for ws in scheduler.workers.values() for r in ws.running]
+
+
+if __name__ == "__main__":
+    main()

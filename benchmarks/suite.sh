@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
-# Issue 4's GPU figures in one prepared run (about 9 minutes on one H200):
-#   bash benchmarks/gpu_run.sh RESULT_DIR
+# Issue 4's figures in one prepared run: PROFILE=gpu (default; about 9 minutes on one H200), cpu (the
+# 2-core machine, gpt2-small-llama) or smoke (a dry run of this script with the tiny preset):
+#   bash benchmarks/suite.sh RESULT_DIR
+#   PROFILE=cpu STEPS="policy_max policy_poisson50 policy_poisson90 policy_long90" bash benchmarks/suite.sh DIR
+# STEPS names the steps to run (default: all); the policy steps at a Poisson rate need policy_max's.
 # A first run (docs/benchmarks.md) needed 9.5 minutes and more: the policy runs now use 64 requests.
 # 1. a TinyLlama-1.1B-shaped random-weight Llama in bfloat16 (benchmarks.make_model --preset llama-1b)
 # 2. the dense-forward bound at batch 16
@@ -10,7 +13,6 @@
 # 5. control-plane cost (null model, batch 1/16/64) and the real model's worker idle time per step
 # Each step has its own time limit and the results are packed into RESULT_DIR/gpu-results.tar.gz after
 # every step, so whatever finished comes back even if a later step runs out of time.
-# SMOKE=1 does the same on the CPU with the tiny preset and few requests (a dry run of this script).
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 RESULT_DIR=$(realpath -m "${1:-benchmarks/results/gpu}")
@@ -22,7 +24,8 @@ START=$(date +%s)
 BUDGET_S=${BUDGET_S:-560}
 
 # A machine without a package registry gets the missing wheels (and redis-server) carried in .whl/.
-if [ "${SMOKE:-0}" != 1 ] && ls .whl/*.whl >/dev/null 2>&1; then
+PROFILE=${PROFILE:-gpu}
+if [ "$PROFILE" = gpu ] && ls .whl/*.whl >/dev/null 2>&1; then
     $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
         .whl/*.whl || exit 1
     export PYTHONPATH=/tmp/site:$PWD
@@ -34,6 +37,7 @@ pack() { tar czf "$RESULT_DIR/gpu-results.tar.gz" -C "$WORK" . 2>/dev/null; cp "
 # step NAME LIMIT_S CMD...: runs CMD under a time limit that also respects the whole run's budget.
 step() {
     local name=$1 limit=$2; shift 2
+    if [ -n "${STEPS:-}" ] && [[ " $STEPS " != *" $name "* ]]; then return 0; fi
     local left=$((BUDGET_S - ($(date +%s) - START)))
     if [ "$left" -lt 20 ]; then log "skip $name (budget spent)"; return 1; fi
     [ "$limit" -gt "$left" ] && limit=$left
@@ -46,14 +50,19 @@ step() {
     return $rc
 }
 
-if [ "${SMOKE:-0}" = 1 ]; then
+if [ "$PROFILE" = smoke ]; then
     DEVICE=cpu DTYPE=float32 PRESET=tiny MODEL=$WORK/model
     SPEC=benchmarks/specs/cpu-tiny.toml NUM=12 LONG=400 MAXLEN=512 BLOCKS=512 SEQS=8 CP_BATCHES=1,4
-    OUT_CAP=64 REAL_OUT=16
+    OUT_CAP=64 REAL_OUT=16 BUDGET_TOKENS=512
+elif [ "$PROFILE" = cpu ]; then
+    DEVICE=cpu DTYPE=float32 PRESET=gpt2-small-llama MODEL=models/gpt2-small-llama
+    SPEC=benchmarks/specs/cpu-gpt2-small.toml NUM=48 LONG=2000 MAXLEN=2048 BLOCKS=4096 SEQS=16
+    CP_BATCHES=1,16,64 OUT_CAP=512 REAL_OUT=64 BUDGET_TOKENS=512 BUDGET_S=${BUDGET_S:-3600}
+    LAUNCH_EXTRA=",num_threads=2"
 else
     DEVICE=cuda DTYPE=bfloat16 PRESET=llama-1b MODEL=models/llama-1b
     SPEC=benchmarks/specs/gpu-llama-1b.toml NUM=64 LONG=2000 MAXLEN=4096 BLOCKS=16384 SEQS=128
-    CP_BATCHES=1,16,64 OUT_CAP=512 REAL_OUT=64
+    CP_BATCHES=1,16,64 OUT_CAP=512 REAL_OUT=64 BUDGET_TOKENS=2048
 fi
 
 {
@@ -64,12 +73,16 @@ fi
 } >"$WORK/env.txt" 2>&1
 cat "$WORK/env.txt"
 
-step make_model 150 $PY -m benchmarks.make_model "$MODEL" --preset "$PRESET" --device "$DEVICE" || exit 1
+if [ ! -f "$MODEL/config.json" ]; then
+    STEPS_SAVED=${STEPS:-}; STEPS=""
+    step make_model 150 $PY -m benchmarks.make_model "$MODEL" --preset "$PRESET" --device "$DEVICE" || exit 1
+    STEPS=$STEPS_SAVED
+fi
 step dense_bound 60 $PY -m benchmarks.dense_bound --model "$MODEL" --batch-size 16 --context-len 176 \
     --steps 64 --device "$DEVICE" --dtype "$DTYPE"
 
 # The issue's comparison, same workload as the CPU run.
-if [ "${SMOKE:-0}" = 1 ]; then
+if [ "$PROFILE" = smoke ]; then
     step compare_t0 200 $PY -m benchmarks.serve compare --spec "$SPEC" --model "$MODEL" --num-prompts "$NUM" \
         --disable-tqdm --result-file "$WORK/compare_t0.json"
 else
@@ -83,13 +96,13 @@ fi
 WORKLOAD=(--model "$MODEL" --dataset capped-exponential --num-prompts "$NUM" --random-input-len 144
     --random-range-ratio 0.7778 --output-mean 64 --output-cap "$OUT_CAP" --seed 0 --percentiles 50,99
     --max-model-len "$MAXLEN" --disable-tqdm)
-POLICY_ENV="device=$DEVICE,BATCHER_MAX_NUM_SEQS=$SEQS,BATCHER_MAX_NUM_BATCHED_TOKENS=2048"
+POLICY_ENV="device=$DEVICE${LAUNCH_EXTRA:-},BATCHER_MAX_NUM_SEQS=$SEQS,BATCHER_MAX_NUM_BATCHED_TOKENS=$BUDGET_TOKENS"
 POLICY_ENV="$POLICY_ENV,BATCHER_ASYNC_SCHEDULING=true,WORKER_NUM_BLOCKS=$BLOCKS"
 POLICIES=(--launch "fused=cbserve:$POLICY_ENV,BATCHER_POLICY=fused"
     --launch "tgi=cbserve:$POLICY_ENV,BATCHER_POLICY=tgi")
 step policy_max 120 $PY -m benchmarks.serve compare "${POLICIES[@]}" "${WORKLOAD[@]}" \
     --request-rate inf --result-file "$WORK/policy_max.json"
-MAX_RPS=$($PY -c "import json; print(json.load(open('$WORK/policy_max.json'))['systems']['fused']['summary']['request_throughput'])" 2>/dev/null || echo 1)
+MAX_RPS=${MAX_RPS:-$($PY -c "import json; print(json.load(open('$WORK/policy_max.json'))['systems']['fused']['summary']['request_throughput'])" 2>/dev/null || echo 1)}
 log "max request throughput (fused, t=0): $MAX_RPS req/s"
 for pct in 50 90; do
     rate=$($PY -c "print(round($MAX_RPS * $pct / 100, 3))")

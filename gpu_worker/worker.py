@@ -99,6 +99,7 @@ class Worker:
                 # How long this worker waited on the batcher: the cost async scheduling hides.
                 output.worker_idle_s = received_at - published_at if published_at is not None else 0.0
                 if self._retry(partial(self.publish, output)) is False:
+                    logger.warning("step %d not published: this worker was fenced", output.step_id)
                     self._heartbeat.fenced.set()  # rejoin at the top of the loop
                 published_at = time.perf_counter()
         finally:

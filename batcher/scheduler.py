@@ -117,10 +117,17 @@ class Scheduler:
         ws = self.workers.pop(worker_id, None)
         if ws is None:
             return []
+        # Its steps in flight will never answer: nothing may wait for them (a request preempted off
+        # this worker while a step ran is held back from admission until that step's result).
+        for _, scheduled in ws.in_flight:
+            for req_id in scheduled:
+                req = self.requests.get(req_id)
+                if req is not None and req.num_inflight_steps:
+                    req.num_inflight_steps -= 1
         orphans = list(ws.running)
         for req in reversed(orphans):
             self._reset(req)
-            req.num_inflight_steps = 0  # those results will never come
+            req.num_inflight_steps = 0
             self.waiting.appendleft(req)
         self.stats.num_failovers += len(orphans)
         return orphans

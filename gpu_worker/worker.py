@@ -170,9 +170,10 @@ class Worker:
         info = encode(self.info())
         pipe = self.redis.pipeline(transaction=False)
         pipe.hset(WORKERS_HASH, self.worker_id, info)
+        # Alive from the first moment, before the batcher can read the hello and look for a heartbeat.
+        pipe.zadd(WORKERS_HEARTBEAT, {self.worker_id: int(time.time() * 1000)})
         pipe.xadd(BATCHER_INBOX, {FIELD: info}, minid=min_id(), approximate=True)
         pipe.execute()
-        self._heartbeat.beat()  # alive from the first moment, not one interval later
 
     def deregister(self) -> None:
         try:

@@ -40,7 +40,8 @@ class Request:
     num_preemptions: int = 0
     finish_reason: FinishReason | None = None
     error: str | None = None  # why it failed, when finish_reason is "error"
-    error_published: bool = False  # the worker already wrote the RequestError to its token stream
+    num_failed_deliveries: int = 0  # times a worker reported it failed alone (not counting dead workers)
+    dead_letter: bool = False  # given up after too many failed deliveries: copied to the dead-letter stream
 
     @classmethod
     def from_message(cls, msg: GenerateRequest, entry_id: str) -> Request:
@@ -52,6 +53,17 @@ class Request:
             entry_id=entry_id,
             priority=msg.priority,
             owner=msg.owner,
+        )
+
+    def to_message(self) -> GenerateRequest:
+        """The request as it was submitted (for the dead-letter stream)."""
+        return GenerateRequest(
+            req_id=self.req_id,
+            prompt_token_ids=self.prompt_token_ids,
+            sampling_params=self.sampling_params,
+            arrival_time=self.arrival_time,
+            priority=self.priority,
+            owner=self.owner,
         )
 
     @property

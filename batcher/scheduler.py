@@ -44,6 +44,8 @@ class SchedulerConfig:
     # Schedule a worker's step N+1 while step N runs (the worker feeds back the tokens it sampled),
     # so the worker never waits on the batcher's round trip.
     async_scheduling: bool = False
+    # A request that fails alone on this many deliveries to a worker is given up (dead-lettered).
+    max_deliveries: int = 3
 
     @property
     def max_steps_in_flight(self) -> int:
@@ -58,6 +60,10 @@ class SchedulerStats:
     num_finished: int = 0
     num_aborted: int = 0
     num_failed: int = 0
+    num_retries: int = 0  # requests that failed alone on a worker and were queued again
+    num_dead_lettered: int = 0  # requests given up after max_deliveries failures
+    num_workers_lost: int = 0  # workers declared dead
+    num_failovers: int = 0  # requests moved off a dead worker to be recomputed elsewhere
     worker_busy_s: float = 0.0  # summed step_time of all results
     worker_idle_s: float = 0.0  # summed time workers waited for their next step
 
@@ -72,6 +78,9 @@ class WorkerState:
     in_flight: deque[tuple[int, dict[str, int]]] = field(default_factory=deque)
     step_id: int = 0
     steps_since_admission: int = 0  # tgi policy: TGI's `waiting_tokens`
+    # Declared dead and fenced: nothing more is sent to it; its results already written still count
+    # until the WorkerLost marker behind them is read, then it is removed.
+    fenced: bool = False
 
     def can_host(self, req: Request) -> bool:
         """Whether this worker's whole pool could ever hold the request alone."""
@@ -96,16 +105,31 @@ class Scheduler:
             bm = BlockManager(info.num_blocks, info.block_size)
             self.workers[info.worker_id] = WorkerState(info=info, block_manager=bm)
 
+    def fence_worker(self, worker_id: str) -> None:
+        """Stop scheduling a worker declared dead; `remove_worker` follows once its last results are in."""
+        ws = self.workers.get(worker_id)
+        if ws is not None and not ws.fenced:
+            ws.fenced = True
+            self.stats.num_workers_lost += 1
+
     def remove_worker(self, worker_id: str) -> list[Request]:
         """Forget a dead worker; its requests wait again (oldest first) to be recomputed elsewhere."""
         ws = self.workers.pop(worker_id, None)
         if ws is None:
             return []
+        # Its steps in flight will never answer: nothing may wait for them (a request preempted off
+        # this worker while a step ran is held back from admission until that step's result).
+        for _, scheduled in ws.in_flight:
+            for req_id in scheduled:
+                req = self.requests.get(req_id)
+                if req is not None and req.num_inflight_steps:
+                    req.num_inflight_steps -= 1
         orphans = list(ws.running)
         for req in reversed(orphans):
             self._reset(req)
-            req.num_inflight_steps = 0  # those results will never come
+            req.num_inflight_steps = 0
             self.waiting.appendleft(req)
+        self.stats.num_failovers += len(orphans)
         return orphans
 
     # ----- requests ------------------------------------------------------------------------------
@@ -140,6 +164,8 @@ class Scheduler:
     def schedule(self, worker_id: str) -> tuple[SchedulerOutput | None, list[Request]]:
         """The next step for `worker_id` (None when it has nothing to compute) and requests failed now."""
         ws = self.workers[worker_id]
+        if ws.fenced:
+            return None, []
         assert len(ws.in_flight) < self.config.max_steps_in_flight, "too many steps in flight"
         budget = self.config.max_num_batched_tokens
         num_scheduled: dict[str, int] = {}
@@ -320,7 +346,7 @@ class Scheduler:
         num_scheduled[req.req_id] = num_new
 
     def _eligible(self, ws: WorkerState) -> bool:
-        return len(ws.running) < self.config.max_num_seqs
+        return not ws.fenced and len(ws.running) < self.config.max_num_seqs
 
     def _best_worker(self, req: Request, prefer: WorkerState) -> WorkerState | None:
         best: WorkerState | None = None
@@ -390,10 +416,26 @@ class Scheduler:
                 finished.append(req)
         for req_id, message in out.req_errors.items():
             req = self._running_on(ws, req_id)
-            if req is not None:
-                self._fail(req, message, published=True)
+            if req is not None and self._retry_or_give_up(ws, req, message):
                 finished.append(req)
         return finished
+
+    def _retry_or_give_up(self, ws: WorkerState, req: Request, message: str) -> bool:
+        """A request failed alone (the worker dropped it): queue it again as a new attempt, or, on its
+        `max_deliveries`-th failure, fail it for good and dead-letter it. True when it finished."""
+        req.num_failed_deliveries += 1
+        if req.num_failed_deliveries >= self.config.max_deliveries:
+            self._fail(req, f"{message} (failed on {req.num_failed_deliveries} deliveries)")
+            req.dead_letter = True
+            self.stats.num_dead_lettered += 1
+            return True
+        ws.running.remove(req)
+        ws.block_manager.free(req.block_ids)
+        ws.to_free.append(req.req_id)  # already gone on the worker; freeing twice is harmless there
+        self._reset(req)
+        self.stats.num_retries += 1
+        self.waiting.appendleft(req)
+        return False
 
     # ----- state changes -------------------------------------------------------------------------
     def _running_on(self, ws: WorkerState, req_id: str) -> Request | None:
@@ -436,11 +478,10 @@ class Scheduler:
         self._release(req)
         self._mark_finished(req, reason)
 
-    def _fail(self, req: Request, message: str, published: bool = False) -> None:
+    def _fail(self, req: Request, message: str) -> None:
         self._release(req)
         self._mark_finished(req, "error")
         req.error = message
-        req.error_published = published
         self.stats.num_failed += 1
 
     @staticmethod

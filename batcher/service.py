@@ -21,6 +21,7 @@ from common.protocol import (
     ModelRunnerOutput,
     RequestError,
     WorkerInfo,
+    WorkerLost,
     decode_inbox,
     decode_request,
     decode_worker,
@@ -46,6 +47,7 @@ class Batcher:
                 waiting_served_ratio=settings.waiting_served_ratio,
                 max_waiting_tokens=settings.max_waiting_tokens,
                 async_scheduling=settings.async_scheduling,
+                max_deliveries=settings.max_deliveries,
             )
         )
         self._pipe = client.pipeline(transaction=False)
@@ -124,7 +126,8 @@ class Batcher:
                 try:
                     msg = decode_request(fields[FIELD])
                 except (KeyError, msgspec.DecodeError) as e:
-                    log.warning("dropping malformed request entry %s: %s", _s(entry_id), e)
+                    log.warning("dead-lettering malformed request entry %s: %s", _s(entry_id), e)
+                    self._dead_letter(fields, _s(entry_id), f"unreadable request: {e}", 1)
                     self._pipe.xack(streams.REQUESTS_STREAM, streams.BATCHER_GROUP, entry_id)
                     continue
                 req = Request.from_message(msg, _s(entry_id))
@@ -147,6 +150,10 @@ class Batcher:
                 self._on_finished([req])
         elif isinstance(msg, WorkerInfo):
             self._add_worker(msg)
+        elif isinstance(msg, WorkerLost):
+            # Every result the fenced worker managed to write came before this marker: what it streamed
+            # is in each request's output_token_ids now, so recomputing resumes exactly after it.
+            self._remove_worker(msg.worker_id, msg.reason)
 
     # ----- workers -------------------------------------------------------------------------------
     def check_workers(self, now: float) -> None:
@@ -156,9 +163,9 @@ class Batcher:
         beats: Any = self.redis.zrange(streams.WORKERS_HEARTBEAT, 0, -1, withscores=True)
         cutoff_ms = (now - self.settings.heartbeat_timeout_s) * 1000
         alive = {_s(wid) for wid, score in beats if score >= cutoff_ms}
-        for worker_id in list(self.scheduler.workers):
-            if worker_id not in alive:
-                self._remove_worker(worker_id)
+        for worker_id, ws in list(self.scheduler.workers.items()):
+            if worker_id not in alive and not ws.fenced:
+                self._fence_worker(worker_id)
         for worker_id in alive - self.scheduler.workers.keys():
             raw: Any = self.redis.hget(streams.WORKERS_HASH, worker_id)
             if raw is not None:
@@ -177,14 +184,28 @@ class Batcher:
             info.max_model_len,
         )
 
-    def _remove_worker(self, worker_id: str) -> None:
-        orphans = self.scheduler.remove_worker(worker_id)
-        # Forget it in Redis too, so a worker that was only paused cannot rejoin with stale state.
-        self._pipe.zrem(streams.WORKERS_HEARTBEAT, worker_id)
+    def _fence_worker(self, worker_id: str) -> None:
+        """Declare a worker dead: revoke its registration, which every write of the worker checks
+        atomically (gpu_worker/fence.py), then post a WorkerLost marker behind its last results."""
+        self.scheduler.fence_worker(worker_id)
         self._pipe.hdel(streams.WORKERS_HASH, worker_id)
+        self._pipe.zrem(streams.WORKERS_HEARTBEAT, worker_id)
+        self._pipe.delete(streams.worker_steps(worker_id))
+        marker = WorkerLost(worker_id=worker_id, reason="no heartbeat or deregistered")
+        self._pipe.xadd(streams.BATCHER_INBOX, {FIELD: encode(marker)}, minid=min_id(), approximate=True)
+        self._stats_dirty = True
+        log.warning("worker %s missed its heartbeat: fenced", worker_id)
+
+    def _remove_worker(self, worker_id: str, reason: str) -> None:
+        orphans = self.scheduler.remove_worker(worker_id)
         self._pipe.hdel(streams.BATCHER_STATS, f"num_steps:{worker_id}")
         self._stats_dirty = True
-        log.warning("worker %s is gone; %d requests will be recomputed elsewhere", worker_id, len(orphans))
+        log.warning(
+            "worker %s is gone (%s); %d requests will be recomputed elsewhere",
+            worker_id,
+            reason,
+            len(orphans),
+        )
 
     # ----- schedule and send ---------------------------------------------------------------------
     def schedule(self) -> None:
@@ -210,13 +231,26 @@ class Batcher:
 
     def _on_finished(self, finished: list[Request]) -> None:
         for req in finished:
-            if req.finish_reason == "error" and not req.error_published:
+            if req.finish_reason == "error":
                 key = streams.token_stream(req.req_id)
                 event = RequestError(req_id=req.req_id, message=req.error or "request failed")
                 self._pipe.xadd(key, {FIELD: encode(event)})
                 self._pipe.expire(key, TOKEN_STREAM_TTL_S)
+            if req.dead_letter:
+                fields = {FIELD: encode(req.to_message())}
+                self._dead_letter(fields, req.entry_id, req.error or "", req.num_failed_deliveries)
             self._pipe.xack(streams.REQUESTS_STREAM, streams.BATCHER_GROUP, req.entry_id)
             self._stats_dirty = True
+
+    def _dead_letter(self, fields: dict[bytes, bytes], entry_id: str, error: str, deliveries: int) -> None:
+        """Keep a given-up request for operators: its original fields plus why and how often it failed."""
+        entry: dict[bytes, bytes | str | int] = {
+            **fields,
+            b"entry_id": entry_id,
+            b"error": error,
+            b"deliveries": deliveries,
+        }
+        self._pipe.xadd(streams.DEAD_LETTER_STREAM, entry, minid=min_id(), approximate=True)  # type: ignore[arg-type]
 
     def _stats(self) -> dict[str, Any]:
         s = self.scheduler

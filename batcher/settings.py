@@ -41,6 +41,12 @@ class BatcherSettings(BaseSettings):
     heartbeat_timeout_s: float = Field(
         5.0, gt=0, description="A worker whose last heartbeat is older than this is dead."
     )
+    max_deliveries: int = Field(
+        3,
+        ge=1,
+        description="A request that fails alone on this many deliveries to a worker goes to the "
+        "dead-letter stream and its client gets an error.",
+    )
     worker_check_interval_s: float = Field(
         0.5, gt=0, description="How often to look for new or dead workers."
     )

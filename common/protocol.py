@@ -72,6 +72,17 @@ class WorkerInfo(msgspec.Struct, tag="hello", kw_only=True):
     started_at: float  # unix seconds
 
 
+class WorkerLost(msgspec.Struct, tag="worker_lost", kw_only=True):
+    """Written by the batcher to its own inbox right after fencing a worker (see docs/architecture.md).
+
+    The fence makes every later write of that worker fail, so every result it did write sits in the
+    inbox before this marker: reading up to it, the batcher knows every token the worker streamed.
+    """
+
+    worker_id: str
+    reason: str = "heartbeat timeout"
+
+
 class NewRequestData(msgspec.Struct, kw_only=True):
     """A request scheduled on a worker for the first time (or again after preemption / failover)."""
 
@@ -142,7 +153,7 @@ class RequestError(msgspec.Struct, tag="error", kw_only=True):
     code: str = "server_error"  # OpenAI-style error code for the client
 
 
-InboxMessage = ModelRunnerOutput | AbortRequest | WorkerInfo
+InboxMessage = ModelRunnerOutput | AbortRequest | WorkerInfo | WorkerLost
 StreamEvent = TokenEvent | RequestError
 
 _encoder = msgspec.msgpack.Encoder()

@@ -8,6 +8,10 @@ from typing import Final
 REQUESTS_STREAM: Final = "llm:requests"
 BATCHER_GROUP: Final = "batchers"
 
+# Requests given up on (failed on BATCHER_MAX_DELIVERIES workers, or unreadable), kept for operators:
+# the original entry's fields plus why it failed.
+DEAD_LETTER_STREAM: Final = "llm:requests:dead"
+
 # Everything addressed to the batcher: step results, aborts, worker hellos (XREAD, one reader).
 BATCHER_INBOX: Final = "llm:batcher:inbox"
 

@@ -4,30 +4,33 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from pathlib import Path
 
 import redis
 
-from common.streams import WORKERS_HEARTBEAT
+from gpu_worker.fence import Fence
 
 logger = logging.getLogger(__name__)
 
 
-def beat(client: redis.Redis, worker_id: str) -> None:
-    client.zadd(WORKERS_HEARTBEAT, {worker_id: int(time.time() * 1000)})
-
-
 class Heartbeat:
     def __init__(
-        self, client: redis.Redis, worker_id: str, interval_s: float, health_file: str | None = None
+        self,
+        client: redis.Redis,
+        worker_id: str,
+        interval_s: float,
+        health_file: str | None = None,
     ) -> None:
         self._client = client
+        self._fence = Fence(client)
         # Touched after each beat that reached Redis: a container healthcheck reads its age.
         self._health_file = Path(health_file) if health_file else None
         self._worker_id = worker_id
         self._interval_s = interval_s
         self._stopped = threading.Event()
+        # Set when a beat finds this worker fenced: the batcher declared it dead (it was paused too
+        # long); the worker loop then rejoins under a new id. The thread stops beating for good.
+        self.fenced = threading.Event()
         # Daemon: a wedged Redis call must never keep a stopping process alive.
         self._thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
 
@@ -38,11 +41,20 @@ class Heartbeat:
         self._stopped.set()
         self._thread.join(timeout=5.0)
 
+    def beat(self) -> bool:
+        """One fenced beat now; False (and `fenced` set) when the batcher has declared this worker dead."""
+        if self._fence.beat(self._client, self._worker_id):
+            return True
+        self.fenced.set()
+        return False
+
     def _run(self) -> None:
         failing = False
         while not self._stopped.wait(self._interval_s):
             try:
-                beat(self._client, self._worker_id)
+                if not self.beat():
+                    logger.warning("heartbeat refused: worker %s was declared dead", self._worker_id)
+                    return
                 if self._health_file is not None:
                     self._health_file.touch()
                 if failing:

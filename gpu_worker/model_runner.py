@@ -1,9 +1,9 @@
 """ModelRunner: applies a SchedulerOutput, runs one forward over the ragged batch, samples.
 
 It keeps per-request state between steps (token ids, block table, computed count), so the batcher
-only sends diffs. A step is all or nothing: if it fails as a whole, the new requests and block-table
-extensions it brought are undone (its frees stay done), so the batcher may resend it as it was or
-treat its requests as preempted.
+only sends diffs. A step is all or nothing: if it raises, the new requests and block-table extensions
+it brought are undone (its frees stay done) and it is rerun one request at a time, so a poison request
+fails alone (in `req_errors`) while the rest of the batch gets its tokens.
 """
 
 from __future__ import annotations
@@ -40,6 +40,10 @@ from gpu_worker.settings import WorkerSettings
 logger = logging.getLogger(__name__)
 
 
+class _StepFailed(Exception):
+    """A step raised; its diff has been rolled back."""
+
+
 class ModelRunner:
     def __init__(self, settings: WorkerSettings) -> None:
         self.worker_id = settings.worker_id
@@ -66,6 +70,7 @@ class ModelRunner:
         self.sampler = Sampler(settings.seed, self.eos_token_ids)
         # Null-model mode times everything but the model: the step still builds its inputs.
         self.null_model = settings.null_model
+        self.fail_on_token_id = settings.fail_on_token_id
         self.requests: dict[str, RequestState] = {}
         # Logprobs of the last step's samples, by req_id, for its token events (only requests that asked).
         self._step_logprobs: dict[str, SampleLogprobs] = {}
@@ -85,6 +90,21 @@ class ModelRunner:
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         started = time.perf_counter()
+        try:
+            output = self._execute(scheduler_output)
+        except _StepFailed as failed:
+            # Rare path: find the culprit instead of failing the whole batch (see _isolate).
+            logger.warning("step %d: rerunning it request by request (%s)", scheduler_output.step_id, failed)
+            output = self._isolate(scheduler_output)
+        output.step_time = time.perf_counter() - started
+        return output
+
+    def reset(self) -> None:
+        """Forget every request (the batcher has moved them elsewhere); the pool is simply reused."""
+        self.requests.clear()
+
+    def _execute(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        """One step, all or nothing: on an exception its diff is rolled back and _StepFailed raised."""
         req_errors: dict[str, str] = {}
         undo = self._undo_log(scheduler_output)
         try:
@@ -92,18 +112,10 @@ class ModelRunner:
             scheduled = self._scheduled(scheduler_output, req_errors)
             batch = build_input_batch(scheduled, self.kv_cache, self.device)
             sampled = self._forward_and_sample(batch)
-        except Exception as exc:  # the whole step failed: say so instead of dying, the batcher decides
+        except Exception as exc:
             logger.exception("step %d failed", scheduler_output.step_id)
             self._rollback(undo)
-            return ModelRunnerOutput(
-                step_id=scheduler_output.step_id,
-                worker_id=self.worker_id,
-                req_ids=[],
-                sampled_token_ids=[],
-                finish_reasons=[],
-                req_errors=req_errors,
-                error=f"{type(exc).__name__}: {exc}",
-            )
+            raise _StepFailed(f"{type(exc).__name__}: {exc}") from exc
         finish_reasons = self._advance(batch, sampled)
         return ModelRunnerOutput(
             step_id=scheduler_output.step_id,
@@ -113,8 +125,45 @@ class ModelRunner:
             finish_reasons=finish_reasons,
             req_errors=req_errors,
             num_scheduled_tokens=int(batch.input_ids.shape[1]),
-            step_time=time.perf_counter() - started,
         )
+
+    def _isolate(self, so: SchedulerOutput) -> ModelRunnerOutput:
+        """Rerun a failed step one request at a time: the ones that fail alone are reported in
+        `req_errors` (and dropped here), the others get their token as if the step had not failed.
+
+        Only the failure path pays for this (one forward per request, once); the happy path is one
+        forward as before. A failed forward may have written K/V of this step's slots, which the
+        rerun overwrites with the same values, so the survivors' tokens are unchanged.
+        """
+        merged = ModelRunnerOutput(
+            step_id=so.step_id, worker_id=self.worker_id, req_ids=[], sampled_token_ids=[], finish_reasons=[]
+        )
+        frees = so.finished_req_ids
+        logprobs: dict[str, SampleLogprobs] = {}  # each rerun's forward resets _step_logprobs
+        for req_id, num_tokens in so.num_scheduled_tokens.items():
+            alone = SchedulerOutput(
+                step_id=so.step_id,
+                scheduled_new_reqs=[n for n in so.scheduled_new_reqs if n.req_id == req_id],
+                scheduled_cached_reqs=[c for c in so.scheduled_cached_reqs if c.req_id == req_id],
+                num_scheduled_tokens={req_id: num_tokens},
+                total_num_scheduled_tokens=num_tokens,
+                finished_req_ids=frees,
+            )
+            frees = []  # applied with the first request
+            try:
+                out = self._execute(alone)
+            except _StepFailed as failed:
+                self.requests.pop(req_id, None)  # the batcher recomputes it from scratch if it retries
+                merged.req_errors[req_id] = str(failed)
+                continue
+            logprobs.update(self._step_logprobs)
+            merged.req_ids += out.req_ids
+            merged.sampled_token_ids += out.sampled_token_ids
+            merged.finish_reasons += out.finish_reasons
+            merged.req_errors.update(out.req_errors)
+            merged.num_scheduled_tokens += out.num_scheduled_tokens
+        self._step_logprobs = logprobs
+        return merged
 
     def token_events(self, output: ModelRunnerOutput) -> list[TokenEvent]:
         """The token-stream events of a step result; valid until the next step frees finished requests."""
@@ -244,6 +293,10 @@ class ModelRunner:
         self._step_logprobs = {}
         if not batch.scheduled:
             return []
+        if self.fail_on_token_id is not None and any(
+            self.fail_on_token_id in r.state.token_ids for r in batch.scheduled
+        ):
+            raise RuntimeError(f"fail_on_token_id: token {self.fail_on_token_id} is in the batch")
         if self.null_model:
             return [0] * len(batch.sampling_reqs)
         outputs = self.model(

@@ -66,6 +66,11 @@ class WorkerSettings(BaseSettings):
         default=False,
         description="Benchmarks only: skip the forward pass and sample token 0, to time the control plane.",
     )
+    fail_on_token_id: int | None = Field(
+        default=None,
+        description="Fault injection for tests: a forward pass raises while any request in it holds "
+        "this token id, as a poison input would.",
+    )
     health_file: str | None = Field(
         default=None,
         description="File touched after every heartbeat that reached Redis (container healthchecks).",

@@ -18,7 +18,6 @@ import redis
 from common.protocol import (
     FIELD,
     ModelRunnerOutput,
-    RequestError,
     SchedulerOutput,
     WorkerInfo,
     decode_step,
@@ -26,7 +25,8 @@ from common.protocol import (
 )
 from common.redis_conn import MAX_BLOCK_MS, TOKEN_STREAM_TTL_S, connect, min_id
 from common.streams import BATCHER_INBOX, WORKERS_HASH, WORKERS_HEARTBEAT, token_stream, worker_steps
-from gpu_worker.heartbeat import Heartbeat, beat
+from gpu_worker.fence import Fence, TokenWrite
+from gpu_worker.heartbeat import Heartbeat
 from gpu_worker.model_runner import ModelRunner
 from gpu_worker.settings import WorkerSettings
 
@@ -41,13 +41,22 @@ class Worker:
     def __init__(self, settings: WorkerSettings, runner: ModelRunner) -> None:
         self.settings = settings
         self.runner = runner
-        self.worker_id = settings.worker_id
-        self.steps_stream = worker_steps(self.worker_id)
         self.redis = connect(settings.redis_url)
-        self._last_id = "0-0"  # the stream is new: this worker id has never existed before
+        self._fence = Fence(self.redis)
         self._stopping = threading.Event()
+        self._generation = 0  # times this process rejoined after being fenced
+        self._use_id(settings.worker_id)
+
+    def _use_id(self, worker_id: str) -> None:
+        self.worker_id = worker_id
+        self.runner.worker_id = worker_id
+        self.steps_stream = worker_steps(worker_id)
+        self._last_id = "0-0"  # the stream is new: this worker id has never existed before
         self._heartbeat = Heartbeat(
-            connect(settings.redis_url), self.worker_id, settings.heartbeat_interval_s, settings.health_file
+            connect(self.settings.redis_url),
+            worker_id,
+            self.settings.heartbeat_interval_s,
+            self.settings.health_file,
         )
 
     def info(self) -> WorkerInfo:
@@ -71,6 +80,10 @@ class Worker:
         try:
             published_at: float | None = None
             while not self._stopping.is_set():
+                if self._heartbeat.fenced.is_set():
+                    self._rejoin()
+                    published_at = None
+                    continue
                 scheduler_output = self._retry(self.receive)
                 if scheduler_output is None:
                     continue
@@ -78,7 +91,9 @@ class Worker:
                 output = self.execute(scheduler_output)
                 # How long this worker waited on the batcher: the cost async scheduling hides.
                 output.worker_idle_s = received_at - published_at if published_at is not None else 0.0
-                self._retry(partial(self.publish, output))
+                if self._retry(partial(self.publish, output)) is False:
+                    logger.warning("step %d not published: this worker was fenced", output.step_id)
+                    self._heartbeat.fenced.set()  # rejoin at the top of the loop
                 published_at = time.perf_counter()
         finally:
             self._heartbeat.stop()
@@ -104,22 +119,43 @@ class Worker:
     def execute(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         return self.runner.execute_model(scheduler_output)
 
-    def publish(self, output: ModelRunnerOutput) -> None:
-        """Token events, errors and the step result in one round trip."""
-        pipe = self.redis.pipeline(transaction=False)
-        for event in self.runner.token_events(output):
-            stream = token_stream(event.req_id)
-            pipe.xadd(stream, {FIELD: encode(event)})
-            if event.finish_reason is not None:
-                pipe.expire(stream, TOKEN_STREAM_TTL_S)
-        for req_id, message in output.req_errors.items():
-            stream = token_stream(req_id)
-            pipe.xadd(stream, {FIELD: encode(RequestError(req_id=req_id, message=message))})
-            pipe.expire(stream, TOKEN_STREAM_TTL_S)
-        pipe.xadd(BATCHER_INBOX, {FIELD: encode(output)}, minid=min_id(), approximate=True)
+    def publish(self, output: ModelRunnerOutput) -> bool:
+        """Token events and the step result in one atomic, fenced script call.
+
+        Returns False, having written nothing, when the batcher has declared this worker dead.
+        Per-request errors are not written here: the batcher decides whether to retry or give up.
+        """
+        tokens = [
+            TokenWrite(token_stream(e.req_id), encode(e), e.finish_reason is not None)
+            for e in self.runner.token_events(output)
+        ]
         # Only this worker reads its steps stream: whatever it has consumed can go.
-        pipe.xtrim(self.steps_stream, minid=self._last_id, approximate=True)
-        pipe.execute()
+        return self._fence.publish(
+            self.redis,
+            self.worker_id,
+            self.steps_stream,
+            tokens,
+            encode(output),
+            inbox_min_id=min_id(),
+            steps_min_id=self._last_id,
+            token_ttl_s=TOKEN_STREAM_TTL_S,
+        )
+
+    def _rejoin(self) -> None:
+        """Fenced (declared dead while paused): drop every request and join again under a new id.
+
+        Its requests already run elsewhere; a new id means nothing it held can be confused with them.
+        Rejoining (rather than exiting) keeps `cbserve up`, which stops everything when a child exits,
+        serving after a long pause.
+        """
+        old_id = self.worker_id
+        self._heartbeat.stop()
+        self.runner.reset()
+        self._generation += 1
+        self._use_id(f"{self.settings.worker_id}.{self._generation}")
+        logger.warning("worker %s was declared dead by the batcher; rejoining as %s", old_id, self.worker_id)
+        self._retry(self.register)
+        self._heartbeat.start()
 
     # ---- registration ---------------------------------------------------------------------------
 
@@ -127,9 +163,10 @@ class Worker:
         info = encode(self.info())
         pipe = self.redis.pipeline(transaction=False)
         pipe.hset(WORKERS_HASH, self.worker_id, info)
+        # Alive from the first moment, before the batcher can read the hello and look for a heartbeat.
+        pipe.zadd(WORKERS_HEARTBEAT, {self.worker_id: int(time.time() * 1000)})
         pipe.xadd(BATCHER_INBOX, {FIELD: info}, minid=min_id(), approximate=True)
         pipe.execute()
-        beat(self.redis, self.worker_id)  # alive from the first moment, not one interval later
 
     def deregister(self) -> None:
         try:

@@ -389,3 +389,77 @@ def test_null_model_samples_token_zero_without_a_forward(tiny_model_dir: Path) -
     out = single_step(null, [5, 6, 7], SamplingParams(max_tokens=1, ignore_eos=True))
     assert out.sampled_token_ids == [0] and out.finish_reasons == ["length"]
     assert calls == []
+
+
+def test_step_that_raises_is_rerun_request_by_request(tiny_model_dir: Path) -> None:
+    """A request that makes the forward raise fails alone; the decodes sharing its step are unchanged."""
+    prompts = {"a": [17, 99, 250, 31, 8], "b": [400, 12, 77]}
+    num_tokens = 6
+    expected = {r: reference_greedy(tiny_model_dir, p, num_tokens) for r, p in prompts.items()}
+    used = {t for seq in [*prompts.values(), *expected.values()] for t in seq}
+    poison = next(t for t in range(3, 512) if t not in used)
+    runner = ModelRunner(
+        WorkerSettings(
+            model=str(tiny_model_dir),
+            num_blocks=NUM_BLOCKS,
+            block_size=BLOCK_SIZE,
+            worker_id="test",
+            fail_on_token_id=poison,
+        )
+    )
+    params = SamplingParams(max_tokens=num_tokens, temperature=0.0, ignore_eos=True)
+    # "a" asks for logprobs: they must survive the rerun (each single-request forward resets them).
+    with_logprobs = SamplingParams(max_tokens=num_tokens, temperature=0.0, ignore_eos=True, logprobs=1)
+    blocks = {"a": [0, 1, 2], "b": [3, 4, 5], "poison": [6]}
+
+    def new(req_id: str, prompt: list[int]) -> NewRequestData:
+        return NewRequestData(
+            req_id=req_id,
+            prompt_token_ids=prompt,
+            output_token_ids=[],
+            sampling_params=with_logprobs if req_id == "a" else params,
+            block_ids=blocks[req_id],
+            num_computed_tokens=0,
+            attempt=1,
+        )
+
+    got: dict[str, list[int]] = {"a": [], "b": []}
+    first = runner.execute_model(
+        SchedulerOutput(
+            step_id=0,
+            scheduled_new_reqs=[new(r, p) for r, p in prompts.items()],
+            scheduled_cached_reqs=[],
+            num_scheduled_tokens={r: len(p) for r, p in prompts.items()},
+            total_num_scheduled_tokens=sum(len(p) for p in prompts.values()),
+            finished_req_ids=[],
+        )
+    )
+    for r, t in zip(first.req_ids, first.sampled_token_ids, strict=True):
+        got[r].append(t)
+    for step_id in range(1, num_tokens):
+        cached = [
+            CachedRequestData(req_id=r, new_block_ids=[], num_computed_tokens=len(p) + step_id - 1)
+            for r, p in prompts.items()
+        ]
+        joins = [new("poison", [poison, 7])] if step_id == 1 else []
+        out = runner.execute_model(
+            SchedulerOutput(
+                step_id=step_id,
+                scheduled_new_reqs=joins,
+                scheduled_cached_reqs=cached,
+                num_scheduled_tokens={"a": 1, "b": 1} | ({"poison": 2} if joins else {}),
+                total_num_scheduled_tokens=4 if joins else 2,
+                finished_req_ids=[],
+            )
+        )
+        assert out.error is None and sorted(out.req_ids) == ["a", "b"]
+        events = {e.req_id: e for e in runner.token_events(out)}
+        assert events["a"].logprob is not None and events["b"].logprob is None
+        if joins:
+            assert list(out.req_errors) == ["poison"] and "fail_on_token_id" in out.req_errors["poison"]
+            assert "poison" not in runner.requests  # dropped: the batcher recomputes it if it retries
+        else:
+            assert out.req_errors == {}
+        for r, t in zip(out.req_ids, out.sampled_token_ids, strict=True):
+            got[r].append(t)
+    assert got == expected

@@ -425,3 +425,66 @@ def test_async_scheduling_skips_a_request_its_in_flight_step_finishes() -> None:
     s.schedule("w0")
     second, _ = s.schedule("w0")
     assert second is not None and set(second.num_scheduled_tokens) == {"more"}
+
+
+def test_fenced_worker_gets_no_steps_but_its_last_results_count() -> None:
+    s = make()
+    s.add_worker(worker("w1"))
+    for i in range(4):
+        s.add_request(request(f"r{i}", prompt_len=4, max_tokens=10), now=0.0)
+    on_w0, _ = s.schedule("w0")
+    assert on_w0 is not None and on_w0.num_scheduled_tokens  # w0 took its share
+    s.fence_worker("w0")
+    assert s.schedule("w0") == (None, [])
+    # Its result written before the fence still arrives (ahead of the WorkerLost marker) and counts.
+    complete(s, on_w0, "w0")
+    moved = s.remove_worker("w0")
+    assert {r.req_id for r in moved} == set(on_w0.num_scheduled_tokens)
+    out, _ = s.schedule("w1")
+    assert out is not None
+    assert {n.req_id: n.output_token_ids for n in out.scheduled_new_reqs} == {
+        r.req_id: [100] for r in moved
+    } | {rid: [] for rid in ("r0", "r1", "r2", "r3") if rid not in on_w0.num_scheduled_tokens}
+    assert s.stats.num_workers_lost == 1 and s.stats.num_failovers == len(moved)
+
+
+def test_request_preempted_during_a_step_of_a_dead_worker_is_not_stuck() -> None:
+    s = Scheduler(SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=16, async_scheduling=True))
+    s.add_worker(worker(num_blocks=3, block_size=4))
+    s.add_request(request("a", prompt_len=4), now=0.0)
+    s.add_request(request("b", prompt_len=4), now=0.0)
+    s.schedule("w0")
+    # Both decodes need a new block and one is left: "b" is preempted while step 1 runs.
+    s.schedule("w0")
+    assert [r.req_id for r in s.waiting] == ["b"] and s.requests["b"].num_inflight_steps == 1
+    s.add_worker(worker("w1", num_blocks=8, block_size=4))
+    s.remove_worker("w0")  # step 1's result will never come
+    out, _ = s.schedule("w1")
+    assert out is not None and [n.req_id for n in out.scheduled_new_reqs] == ["a", "b"]
+
+
+def test_request_failing_alone_is_retried_then_given_up() -> None:
+    s = Scheduler(SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=64, max_deliveries=3))
+    s.add_worker(worker())
+    s.add_request(request("ok", prompt_len=4, max_tokens=10), now=0.0)
+    s.add_request(request("bad", prompt_len=4, max_tokens=10), now=0.0)
+    attempts = []
+    for delivery in range(1, 4):
+        out, _ = s.schedule("w0")
+        assert out is not None and "bad" in out.num_scheduled_tokens
+        attempts += [n.attempt for n in out.scheduled_new_reqs if n.req_id == "bad"]
+        result = ModelRunnerOutput(
+            step_id=out.step_id,
+            worker_id="w0",
+            req_ids=["ok"],
+            sampled_token_ids=[100 + delivery - 1],
+            finish_reasons=[None],
+            req_errors={"bad": "boom"},
+        )
+        finished = s.update_from_output(result)
+        assert [r.req_id for r in finished] == ([] if delivery < 3 else ["bad"])
+    assert attempts == [1, 2, 3]  # each retry is a fresh attempt, recomputed from scratch
+    [bad] = finished
+    assert bad.finish_reason == "error" and bad.dead_letter and "3 deliveries" in (bad.error or "")
+    assert s.requests["ok"].output_token_ids == [100, 101, 102]  # its batch went on
+    assert (s.stats.num_retries, s.stats.num_dead_lettered) == (2, 1)

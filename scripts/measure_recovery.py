@@ -1,0 +1,93 @@
+"""Measure how long clients wait when a worker dies mid-generation, at the settings you choose.
+
+    python scripts/measure_recovery.py                      # defaults: 5 s heartbeat timeout
+    python scripts/measure_recovery.py --heartbeat-timeout 1.5 --heartbeat-interval 0.2 --check-interval 0.1
+
+Starts a private redis-server, the batcher, two workers and the gateway (the processes the tests use)
+on the demo model, streams greedy completions, SIGKILLs (or SIGSTOPs) one worker once every stream
+has a few tokens, and prints: when the batcher declared it dead, and the longest any client waited
+for its next token. Run from the repository root.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.conftest import redis_server  # noqa: E402
+from tests.fault_clients import longest_wait, run_with_fault  # noqa: E402
+from tests.services import Stack, wait_for  # noqa: E402
+
+
+def measure_once(args: argparse.Namespace, prompts: list[list[int]]) -> str:
+    batcher_env = {
+        "BATCHER_HEARTBEAT_TIMEOUT_S": str(args.heartbeat_timeout),
+        "BATCHER_WORKER_CHECK_INTERVAL_S": str(args.check_interval),
+    }
+    worker_env = {"WORKER_HEARTBEAT_INTERVAL_S": str(args.heartbeat_interval)}
+    with tempfile.TemporaryDirectory() as tmp, redis_server(Path(tmp)) as url:
+        stack = Stack(redis_url=url, model_dir=args.model, log_dir=Path(tmp))
+        victim = None
+        try:
+            stack.start_batcher(**batcher_env)
+            stack.start_worker("worker0", **worker_env)
+            victim = stack.start_worker("worker1", **worker_env)
+            stack.start_gateway()
+            stack.wait_ready(num_workers=2)
+            times: dict[str, float] = {}
+
+            def fault() -> None:
+                times["fired"] = time.monotonic()
+                assert victim is not None
+                os.kill(victim.pid, signal.SIGKILL if args.fault == "kill" else signal.SIGSTOP)
+
+            def detected() -> None:
+                wait_for(lambda: stack.stats().get("num_workers_lost", 0) >= 1, 60, "detection", 0.01)
+                times["declared"] = time.monotonic()
+
+            seen, fault_at = asyncio.run(
+                run_with_fault(stack.base_url, prompts, args.max_tokens, 4, fault, detected)
+            )
+            errors = sum(len(s.errors) for s in seen)
+            return (
+                f"declared dead after {times['declared'] - times['fired']:.2f}s, "
+                f"longest client wait {longest_wait(seen, fault_at):.2f}s, client errors {errors}"
+            )
+        finally:
+            if args.fault == "stop" and victim is not None and victim.poll() is None:
+                os.kill(victim.pid, signal.SIGCONT)
+            stack.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--model", type=Path, default=ROOT / "models" / "demo")
+    parser.add_argument("--heartbeat-timeout", type=float, default=5.0, help="BATCHER_HEARTBEAT_TIMEOUT_S")
+    parser.add_argument("--heartbeat-interval", type=float, default=1.0, help="WORKER_HEARTBEAT_INTERVAL_S")
+    parser.add_argument("--check-interval", type=float, default=0.5, help="BATCHER_WORKER_CHECK_INTERVAL_S")
+    parser.add_argument("--fault", choices=["kill", "stop"], default="kill")
+    parser.add_argument("--streams", type=int, default=8)
+    parser.add_argument("--max-tokens", type=int, default=160)
+    parser.add_argument("--runs", type=int, default=3)
+    args = parser.parse_args()
+    rng = random.Random(0)
+    prompts = [[rng.randrange(3, 200) for _ in range(rng.randrange(3, 30))] for _ in range(args.streams)]
+    print(f"fault={args.fault} timeout={args.heartbeat_timeout}s interval={args.heartbeat_interval}s")
+    for run in range(args.runs):
+        print(f"run {run}: {measure_once(args, prompts)}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

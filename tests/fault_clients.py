@@ -1,0 +1,84 @@
+"""SSE clients for fault tests: stream many completions, fire a fault mid-generation, time the pause."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+
+@dataclass
+class ClientStream:
+    """What one SSE client saw: token ids, when each arrived, how it ended."""
+
+    token_ids: list[int] = field(default_factory=list)
+    arrivals: list[float] = field(default_factory=list)  # time.monotonic() per token
+    finish_reason: str | None = None
+    errors: list[Any] = field(default_factory=list)
+
+
+async def stream_completion(
+    client: httpx.AsyncClient, prompt: list[int], max_tokens: int, seen: ClientStream
+) -> None:
+    body = {
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        "return_token_ids": True,
+        "stream": True,
+    }
+    async with client.stream("POST", "/v1/completions", json=body) as resp:
+        assert resp.status_code == 200, await resp.aread()
+        async for line in resp.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[len("data: ") :])
+            if "error" in chunk:
+                seen.errors.append(chunk["error"])
+                continue
+            for choice in chunk["choices"]:
+                ids = choice.get("token_ids") or []
+                seen.token_ids.extend(ids)
+                seen.arrivals.extend([time.monotonic()] * len(ids))
+                seen.finish_reason = choice.get("finish_reason") or seen.finish_reason
+
+
+async def run_with_fault(
+    base_url: str,
+    prompts: list[list[int]],
+    max_tokens: int,
+    tokens_before: int,
+    fault: Callable[[], None],
+    after_fault: Callable[[], None],
+) -> tuple[list[ClientStream], float]:
+    """Stream every prompt; fire `fault` once each stream has `tokens_before` tokens (none finished),
+    then run `after_fault` in a thread while the streams go on. Returns what each client saw and
+    when the fault fired."""
+    seen = [ClientStream() for _ in prompts]
+    async with httpx.AsyncClient(base_url=base_url, timeout=httpx.Timeout(120.0)) as client:
+        tasks = [
+            asyncio.create_task(stream_completion(client, p, max_tokens, s))
+            for p, s in zip(prompts, seen, strict=True)
+        ]
+        deadline = time.monotonic() + 60
+        while not all(len(s.token_ids) >= tokens_before for s in seen):
+            assert time.monotonic() < deadline, f"streams did not start: {[len(s.token_ids) for s in seen]}"
+            assert not any(t.done() for t in tasks), "a stream ended before the fault"
+            await asyncio.sleep(0.01)
+        assert all(len(s.token_ids) < max_tokens for s in seen), "too late: a stream already finished"
+        fault_at = time.monotonic()
+        fault()
+        await asyncio.to_thread(after_fault)
+        await asyncio.wait_for(asyncio.gather(*tasks), timeout=90)
+    return seen, fault_at
+
+
+def longest_wait(seen: list[ClientStream], fault_at: float) -> float:
+    """The longest any client waited for its next token across the fault: what a user notices."""
+    return max(b - a for s in seen for a, b in zip(s.arrivals, s.arrivals[1:], strict=False) if b > fault_at)

@@ -1,0 +1,197 @@
+"""A GPU worker dies (SIGKILL) or stalls (SIGSTOP) mid-generation: every client stream goes on.
+
+Two workers share eight greedy streams. Once every stream has a few tokens, one worker is killed or
+paused. Its requests must resume on the other worker from the tokens already streamed, so each
+client gets exactly `generate`'s tokens with no error, gap or repeat. The raw token streams in Redis
+must hold every output index exactly once: the fence (gpu_worker/fence.py) keeps a paused worker
+from writing anything once the batcher has declared it dead, rather than relying on readers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import signal
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from common import streams
+from common.protocol import (
+    FIELD,
+    ModelRunnerOutput,
+    NewRequestData,
+    SamplingParams,
+    SchedulerOutput,
+    TokenEvent,
+    WorkerInfo,
+    decode_event,
+    decode_inbox,
+    encode,
+)
+from tests.fault_clients import ClientStream, longest_wait, run_with_fault
+from tests.greedy_reference import greedy_generate
+from tests.services import Stack, wait_for
+
+NUM_STREAMS = 8
+MAX_TOKENS = 96
+TOKENS_BEFORE_FAULT = 4
+HEARTBEAT_TIMEOUT_S = 1.5
+# Short heartbeats so that a dead worker is noticed within about two seconds.
+BATCHER_ENV = {
+    "BATCHER_HEARTBEAT_TIMEOUT_S": str(HEARTBEAT_TIMEOUT_S),
+    "BATCHER_WORKER_CHECK_INTERVAL_S": "0.1",
+}
+WORKER_ENV = {"WORKER_HEARTBEAT_INTERVAL_S": "0.2"}
+
+
+@pytest.fixture(scope="module")
+def cases(tiny_model_dir: Path) -> tuple[list[list[int]], list[list[int]]]:
+    rng = random.Random(7)
+    prompts = [[rng.randrange(3, 512) for _ in range(rng.randrange(3, 40))] for _ in range(NUM_STREAMS)]
+    return prompts, greedy_generate(tiny_model_dir, prompts, MAX_TOKENS)
+
+
+def _token_events(redis_url: str, prompts: list[list[int]]) -> list[list[TokenEvent]]:
+    """Every TokenEvent in every request's raw token stream, in stream order."""
+    client = redis.Redis.from_url(redis_url)
+    keys = sorted(k.decode() for k in client.scan_iter(match=streams.token_stream("*")))
+    assert len(keys) == len(prompts), keys
+    out = []
+    for key in keys:
+        entries: Any = client.xrange(key)
+        events = [decode_event(fields[FIELD]) for _, fields in entries]
+        assert all(isinstance(e, TokenEvent) for e in events), events
+        out.append(events)
+    return out
+
+
+def _check(
+    stack: Stack, prompts: list[list[int]], expected: list[list[int]], seen: list[ClientStream]
+) -> None:
+    for i, s in enumerate(seen):
+        assert not s.errors, f"stream {i} got errors: {s.errors}"
+        assert s.finish_reason == "length", f"stream {i} ended with {s.finish_reason}"
+        assert s.token_ids == expected[i], f"stream {i} differs from generate"
+    # Not just filtered by readers: each index was written exactly once, by one attempt at a time.
+    for events in _token_events(stack.redis_url, prompts):
+        assert [e.index for e in events] == list(range(MAX_TOKENS)), [(e.index, e.attempt) for e in events]
+        attempts = [e.attempt for e in events]
+        assert attempts == sorted(attempts), attempts
+    stats = stack.stats()
+    assert stats["num_finished"] == NUM_STREAMS and stats["num_failed"] == 0, stats
+    assert stats["num_workers_lost"] >= 1 and stats["num_failovers"] >= 1, stats
+
+
+def _start(make_stack: Callable[[], Stack], async_scheduling: bool = False) -> Stack:
+    stack = make_stack()
+    stack.start_batcher(**BATCHER_ENV, BATCHER_ASYNC_SCHEDULING=str(async_scheduling).lower())
+    stack.start_worker("worker0", **WORKER_ENV)
+    stack.start_worker("worker1", **WORKER_ENV)
+    stack.start_gateway()
+    stack.wait_ready(num_workers=2)
+    return stack
+
+
+@pytest.mark.parametrize("scheduling", ["sync", "async"])
+def test_killed_worker_streams_resume_elsewhere(
+    scheduling: str, make_stack: Callable[[], Stack], cases: tuple[list[list[int]], list[list[int]]]
+) -> None:
+    prompts, expected = cases
+    stack = _start(make_stack, async_scheduling=scheduling == "async")
+    victim = stack.procs["worker1"]
+
+    def kill() -> None:
+        victim.send_signal(signal.SIGKILL)
+
+    def declared_dead() -> None:
+        wait_for(lambda: stack.stats().get("num_workers_lost", 0) >= 1, 30, "the batcher to notice the kill")
+
+    seen, fault_at = asyncio.run(
+        run_with_fault(stack.base_url, prompts, MAX_TOKENS, TOKENS_BEFORE_FAULT, kill, declared_dead)
+    )
+    victim.wait(timeout=10)
+    del stack.procs["worker1"]  # expected dead; the stack's liveness checks must not trip on it
+    _check(stack, prompts, expected, seen)
+    wait_s = longest_wait(seen, fault_at)
+    print(f"\nSIGKILL of 1 of 2 workers ({scheduling}): longest client wait {wait_s:.2f}s")
+    assert wait_s < HEARTBEAT_TIMEOUT_S + 5  # detection, plus slack for this loaded 2-core machine
+
+
+def test_paused_worker_is_fenced_and_rejoins(
+    make_stack: Callable[[], Stack], cases: tuple[list[list[int]], list[list[int]]]
+) -> None:
+    prompts, expected = cases
+    stack = _start(make_stack)
+    paused = stack.procs["worker1"]
+    client = redis.Redis.from_url(stack.redis_url)
+
+    def pause() -> None:
+        os.kill(paused.pid, signal.SIGSTOP)
+
+    def wait_fenced() -> None:
+        wait_for(lambda: stack.stats().get("num_workers_lost", 0) >= 1, 30, "the batcher to fence it")
+
+    try:
+        seen, fault_at = asyncio.run(
+            run_with_fault(stack.base_url, prompts, MAX_TOKENS, TOKENS_BEFORE_FAULT, pause, wait_fenced)
+        )
+    finally:
+        os.kill(paused.pid, signal.SIGCONT)
+    # Every request finished on worker0 while worker1 was stopped. Resumed, worker1 finds itself
+    # fenced (its step result is refused, its heartbeat too) and joins again under a new id.
+    wait_for(lambda: "declared dead" in stack.log("worker1"), 30, "worker1 to notice it was fenced")
+    wait_for(lambda: stack.num_workers_joined() == 2, 30, "worker1 to rejoin")
+    ids = [k.decode() for k in client.hkeys(streams.WORKERS_HASH)]
+    assert len(ids) == 2 and any(i.endswith(".1") for i in ids), ids
+    assert paused.poll() is None
+    _check(stack, prompts, expected, seen)
+    wait_s = longest_wait(seen, fault_at)
+    print(f"\nSIGSTOP of 1 of 2 workers: longest client wait {wait_s:.2f}s")
+    assert wait_s < HEARTBEAT_TIMEOUT_S + 5
+
+
+def test_fenced_worker_writes_nothing_and_rejoins(make_stack: Callable[[], Stack]) -> None:
+    """The fence itself, without timing luck: a step that reaches a worker after the batcher revoked
+    its registration is computed but not one token of it is written; the worker rejoins anew."""
+    stack = make_stack()
+    # A slow heartbeat, so that the refused publish (not the heartbeat) is what finds the fence.
+    worker = stack.start_worker("worker0", WORKER_HEARTBEAT_INTERVAL_S="60", WORKER_NUM_BLOCKS="32")
+    client = redis.Redis.from_url(stack.redis_url)
+    wait_for(lambda: client.hlen(streams.WORKERS_HASH) == 1, 60, "the worker to register")
+    (worker_id,) = [k.decode() for k in client.hkeys(streams.WORKERS_HASH)]
+
+    client.hdel(streams.WORKERS_HASH, worker_id)  # what the batcher does when it declares it dead
+    new = NewRequestData(
+        req_id="stale",
+        prompt_token_ids=[5, 6, 7],
+        output_token_ids=[],
+        sampling_params=SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True),
+        block_ids=[0],
+        num_computed_tokens=0,
+        attempt=1,
+    )
+    step = SchedulerOutput(
+        step_id=1,
+        scheduled_new_reqs=[new],
+        scheduled_cached_reqs=[],
+        num_scheduled_tokens={"stale": 3},
+        total_num_scheduled_tokens=3,
+        finished_req_ids=[],
+    )
+    client.xadd(streams.worker_steps(worker_id), {FIELD: encode(step)})
+
+    wait_for(lambda: "step 1 not published" in stack.log("worker0"), 30, "the refused publish")
+    wait_for(lambda: client.hexists(streams.WORKERS_HASH, f"{worker_id}.1"), 30, "the rejoin")
+    assert worker.poll() is None
+    assert not client.exists(streams.token_stream("stale"))
+    inbox: Any = client.xrange(streams.BATCHER_INBOX)
+    messages = [decode_inbox(fields[FIELD]) for _, fields in inbox]
+    assert not [m for m in messages if isinstance(m, ModelRunnerOutput)], messages
+    hellos = [m.worker_id for m in messages if isinstance(m, WorkerInfo)]
+    assert hellos == [worker_id, f"{worker_id}.1"]
+    assert client.zscore(streams.WORKERS_HEARTBEAT, f"{worker_id}.1") is not None

@@ -19,6 +19,7 @@ from gateway.output_processor import OutputProcessor
 from gateway.request_builder import PreparedRequest
 from gateway.served_model import ServedModel
 from gateway.stream_reader import RequestFailed, RequestTimedOut, follow_token_stream
+from gateway.token_mux import TokenStreamMux
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +40,7 @@ class Output:
 class RequestRunner:
     def __init__(self, redis: aioredis.Redis, served: ServedModel, request_timeout_s: float) -> None:
         self._redis = redis
+        self._mux = TokenStreamMux(redis)  # one shared read for every token stream followed here
         self._served = served
         self._request_timeout_s = request_timeout_s
         # Abort sends run as their own tasks: a cancelled stream cannot await anything in its finally.
@@ -65,6 +67,7 @@ class RequestRunner:
     async def drain(self) -> None:
         if self._pending_aborts:
             await asyncio.wait(set(self._pending_aborts), timeout=_ABORT_DRAIN_S)
+        await self._mux.close()
 
     async def outputs(self, request: PreparedRequest) -> AsyncGenerator[Output | None, None]:
         """Text deltas until the request finishes; None after a read that brought nothing to show.
@@ -79,7 +82,7 @@ class RequestRunner:
         token_ids: list[int] = []
         events: list[TokenEvent] = []
         try:
-            batches = follow_token_stream(self._redis, request.req_id, deadline=deadline)
+            batches = follow_token_stream(self._mux, request.req_id, deadline=deadline)
             async with aclosing(batches):
                 async for batch in batches:
                     shown = False

@@ -2,20 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
-from typing import Any
 
 import msgspec
-import redis.asyncio as aioredis
 
 from common.protocol import FIELD, RequestError, TokenEvent, decode_event
 from common.redis_conn import MAX_BLOCK_MS
-from common.streams import token_stream
-
-# Entries fetched per XREAD; a burst larger than this is simply read in several calls.
-_READ_COUNT = 256
+from gateway.token_mux import TokenStreamMux
 
 
 class RequestFailed(Exception):
@@ -46,49 +42,51 @@ class EventFilter:
         return True
 
 
-def _entries(reply: Any) -> list[tuple[bytes, dict[bytes, bytes]]]:
-    # connect_async speaks RESP2, where XREAD answers [[stream, [(id, fields), ...]]] (or [] on timeout).
-    return [entry for _, entries in reply or [] for entry in entries]
-
-
 async def follow_token_stream(
-    redis: aioredis.Redis, req_id: str, *, deadline: float, last_id: str = "0-0"
+    mux: TokenStreamMux, req_id: str, *, deadline: float, last_id: str = "0-0"
 ) -> AsyncGenerator[list[tuple[str, TokenEvent]], None]:
-    """Yield the new token events of each XREAD (possibly none, about once a second) until the last one.
+    """Yield the new token events of each read (possibly none, about once a second) until the last one.
 
     Empty batches give the caller a regular chance to notice that its client went away. Raises
-    RequestFailed on a RequestError event and RequestTimedOut past `deadline` (time.monotonic()).
+    RequestFailed on a RequestError event, RequestTimedOut past `deadline` (time.monotonic()), and
+    the Redis error when the shared read fails.
     """
-    key = token_stream(req_id)
     event_filter = EventFilter()
-    while True:
-        remaining_ms = int((deadline - time.monotonic()) * 1000)
-        if remaining_ms <= 0:
-            raise RequestTimedOut(req_id)
-        # Bounded BLOCK: redis-py retries a timed-out blocking read for a long time, so never block long.
-        reply = await redis.xread({key: last_id}, count=_READ_COUNT, block=min(MAX_BLOCK_MS, remaining_ms))
-        batch: list[tuple[str, TokenEvent]] = []
-        for raw_id, fields in _entries(reply):
-            entry_id = raw_id.decode() if isinstance(raw_id, bytes) else str(raw_id)
-            last_id = entry_id
-            event = _decode(req_id, fields)
-            if isinstance(event, RequestError):
-                raise RequestFailed(event, entry_id)
-            if not event_filter.accept(event):
+    sub = await mux.subscribe(req_id, last_id)
+    try:
+        while True:
+            remaining_s = deadline - time.monotonic()
+            if remaining_s <= 0:
+                raise RequestTimedOut(req_id)
+            try:
+                item = await asyncio.wait_for(sub.queue.get(), timeout=min(MAX_BLOCK_MS / 1000, remaining_s))
+            except TimeoutError:
+                yield []
                 continue
-            if event.finish_reason in ("abort", "error"):
-                # Never a normal finish for a client: the batcher ended the request for its own reasons.
-                raise RequestFailed(
-                    RequestError(
-                        req_id=req_id, message=f"request ended by the server ({event.finish_reason})"
-                    ),
-                    entry_id,
-                )
-            batch.append((entry_id, event))
-            if event.finish_reason is not None:
-                yield batch
-                return
-        yield batch
+            if isinstance(item, BaseException):
+                raise item
+            batch: list[tuple[str, TokenEvent]] = []
+            for entry_id, fields in item:
+                event = _decode(req_id, fields)
+                if isinstance(event, RequestError):
+                    raise RequestFailed(event, entry_id)
+                if not event_filter.accept(event):
+                    continue
+                if event.finish_reason in ("abort", "error"):
+                    # Never a normal finish for a client: the batcher ended the request for its own reasons.
+                    raise RequestFailed(
+                        RequestError(
+                            req_id=req_id, message=f"request ended by the server ({event.finish_reason})"
+                        ),
+                        entry_id,
+                    )
+                batch.append((entry_id, event))
+                if event.finish_reason is not None:
+                    yield batch
+                    return
+            yield batch
+    finally:
+        mux.unsubscribe(sub)
 
 
 def _decode(req_id: str, fields: dict[bytes, bytes]) -> TokenEvent | RequestError:

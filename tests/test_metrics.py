@@ -9,10 +9,13 @@ import signal
 from collections.abc import Callable
 
 import httpx
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
 from batcher.metrics import Histogram
+from gateway.batcher_collector import BatcherCollector
+from gateway.metrics import GatewayMetrics, RequestTracker
 from tests.services import Stack, wait_for
 
 PROMPTS = [[5, 6, 7], [8, 9, 10, 11, 12], [13, 14]]
@@ -175,3 +178,34 @@ def test_histogram_buckets_are_cumulative_and_inclusive() -> None:
     data = hist.data()
     assert data.counts == [2, 4, 5]  # `le` buckets: a value equal to a bound falls in that bucket
     assert data.count == 6 and data.sum == 17.0
+
+
+def test_tokens_read_together_share_the_gap_since_the_previous_read() -> None:
+    metrics = GatewayMetrics("m")
+    tracker = RequestTracker(metrics, start=10.0, num_prompt_tokens=7)
+    tracker.on_tokens(1, now=10.5)  # first token: TTFT 0.5
+    tracker.on_tokens(3, now=11.25)  # three tokens in one read: three gaps of 0.25
+    assert tracker.finish("length", now=11.25) == 1.25
+    tracker.finish("length", now=12.0)  # counted once
+    samples = [
+        s
+        for f in text_string_to_metric_families(generate_latest(metrics.registry).decode())
+        for s in f.samples
+    ]
+    assert value(samples, "cbserve:time_to_first_token_seconds_sum") == 0.5
+    assert value(samples, "cbserve:inter_token_latency_seconds_count") == 3
+    assert bucket(samples, "cbserve:inter_token_latency_seconds", "0.2") == 0
+    assert bucket(samples, "cbserve:inter_token_latency_seconds", "0.3") == 3
+    assert value(samples, "cbserve:generation_tokens_total") == 4
+    assert value(samples, "cbserve:prompt_tokens_total") == 7
+    assert value(samples, "cbserve:request_success_total", finished_reason="length") == 1
+    assert value(samples, "cbserve:e2e_request_latency_seconds_count") == 1
+
+
+def test_batcher_part_without_redis_is_only_redis_up() -> None:
+    registry = CollectorRegistry()
+    registry.register(BatcherCollector(None, None, now=0.0))
+    samples = [
+        s for f in text_string_to_metric_families(generate_latest(registry).decode()) for s in f.samples
+    ]
+    assert [(s.name, s.value) for s in samples] == [("cbserve:redis_up", 0.0)]

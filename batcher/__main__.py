@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import signal
 import sys
 import threading
@@ -12,6 +11,7 @@ import time
 from batcher.service import Batcher
 from batcher.settings import BatcherSettings
 from common import streams
+from common.logging_setup import configure_logging
 from common.redis_conn import connect
 
 # `--healthcheck` passes while the batcher refreshed its stats this recently (seconds).
@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> None:
     settings = BatcherSettings()
     if args.healthcheck:
         sys.exit(healthcheck(settings))
-    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging("batcher", settings.log_format, args.log_level)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())

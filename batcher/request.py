@@ -27,6 +27,7 @@ class Request:
     entry_id: str  # its entry in the requests stream, acknowledged when it finishes
     priority: int = 0
     owner: str = ""
+    queued_at: float = 0.0  # unix seconds when this batcher took it in (queue time starts here)
     output_token_ids: list[int] = field(default_factory=list)
     status: RequestStatus = RequestStatus.WAITING
     # Tokens whose KV the worker holds once the steps already sent are done (counted when scheduled).

@@ -143,6 +143,7 @@ class Scheduler:
             self._mark_finished(req, "stop" if early[1] == "stop" else "abort")
             self.stats.num_aborted += 1
             return [req]
+        req.queued_at = now
         self.requests[req.req_id] = req
         self.waiting.append(req)
         return []

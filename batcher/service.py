@@ -11,6 +11,7 @@ from typing import Any
 import msgspec
 import redis
 
+from batcher.metrics import BatcherMetrics
 from batcher.request import Request
 from batcher.scheduler import Scheduler, SchedulerConfig
 from batcher.settings import BatcherSettings
@@ -50,6 +51,7 @@ class Batcher:
                 max_deliveries=settings.max_deliveries,
             )
         )
+        self.metrics = BatcherMetrics(self.scheduler)
         self._pipe = client.pipeline(transaction=False)
         self._inbox_id = "0-0"
         self._requests_seen_id = "0-0"
@@ -143,6 +145,7 @@ class Batcher:
         if isinstance(msg, ModelRunnerOutput):
             if msg.error is not None:
                 log.error("worker %s step %d failed: %s", msg.worker_id, msg.step_id, msg.error)
+            self.metrics.on_step_result(msg)
             self._on_finished(self.scheduler.update_from_output(msg))
         elif isinstance(msg, AbortRequest):
             req = self.scheduler.abort_request(msg.req_id, msg.reason, time.time())
@@ -220,17 +223,20 @@ class Batcher:
                 self._pipe.xadd(
                     streams.worker_steps(worker_id), {FIELD: encode(out)}, minid=min_id(), approximate=True
                 )
+                self.metrics.on_step_sent(worker_id, out, time.time())
                 self._stats_dirty = True
 
     def send(self) -> None:
         if self._stats_dirty:
             self._pipe.hset(streams.BATCHER_STATS, mapping=self._stats())  # type: ignore[arg-type]
             self._stats_dirty = False
+        self.metrics.publish(self._pipe, time.time())
         if len(self._pipe):
             self._pipe.execute()
 
     def _on_finished(self, finished: list[Request]) -> None:
         for req in finished:
+            log.debug("request finished (%s)", req.finish_reason, extra={"request_id": req.req_id})
             if req.finish_reason == "error":
                 key = streams.token_stream(req.req_id)
                 event = RequestError(req_id=req.req_id, message=req.error or "request failed")

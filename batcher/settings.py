@@ -9,7 +9,8 @@ from typing import Literal
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from common.settings import redis_url_field
+from common.logging_setup import LogFormat
+from common.settings import log_format_field, redis_url_field
 
 
 def _default_batcher_id() -> str:
@@ -20,6 +21,7 @@ class BatcherSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="BATCHER_", extra="ignore")
 
     redis_url: str = redis_url_field()
+    log_format: LogFormat = log_format_field()
     max_num_seqs: int = Field(64, ge=1, description="Most requests in one worker's batch.")
     max_num_batched_tokens: int = Field(
         512, ge=1, description="Token budget of one step: prefill chunks plus decodes."

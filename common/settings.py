@@ -16,3 +16,12 @@ def redis_url_field() -> Any:
         validation_alias=AliasChoices("REDIS_URL", "redis_url"),
         description="Redis connection URL (redis:// or rediss://, credentials allowed).",
     )
+
+
+def log_format_field() -> Any:
+    """`LOG_FORMAT` (text or json), read without the service's prefix, like REDIS_URL."""
+    return Field(
+        default="text",
+        validation_alias=AliasChoices("LOG_FORMAT", "log_format"),
+        description="text: lines for people; json: one JSON object per line for log pipelines.",
+    )

@@ -21,6 +21,8 @@ WORKERS_HEARTBEAT: Final = "llm:workers:heartbeat"
 
 # Counters the batcher keeps (preemptions, steps, ...), a hash of integers.
 BATCHER_STATS: Final = "llm:batcher:stats"
+# Histograms and per-worker gauges for /metrics, a JSON MetricsSnapshot (common/metrics_schema.py).
+BATCHER_METRICS: Final = "llm:batcher:metrics"
 
 
 def token_stream(req_id: str) -> str:

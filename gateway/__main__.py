@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import logging
 from typing import Any
 
 import uvicorn
 
+from common.logging_setup import configure_logging
 from gateway.app import create_app
 from gateway.settings import GatewaySettings
 
@@ -24,9 +24,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
     # Flags given on the command line win over the environment.
     overrides: dict[str, Any] = {}
     if args.model is not None:
@@ -34,12 +31,14 @@ def main(argv: list[str] | None = None) -> None:
     if args.served_model_name is not None:
         overrides["served_model_name"] = args.served_model_name
     settings = GatewaySettings(**overrides)
+    configure_logging("gateway", settings.log_format, args.log_level)
     # Open streams get a few seconds to finish on shutdown rather than holding it up indefinitely.
     uvicorn.run(
         create_app(settings),
         host=args.host,
         port=args.port,
         log_level=args.log_level,
+        log_config=None,  # uvicorn's records go through the root handler: one format for every line
         timeout_graceful_shutdown=5,
     )
 

@@ -8,8 +8,9 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from common.redis_conn import connect_async
-from gateway import routes_chat, routes_completions, routes_models
+from gateway import routes_chat, routes_completions, routes_metrics, routes_models
 from gateway.errors import install_error_handlers
+from gateway.metrics import GatewayMetrics
 from gateway.request_runner import RequestRunner
 from gateway.served_model import load_served_model
 from gateway.settings import GatewaySettings
@@ -23,8 +24,11 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         redis = connect_async(settings.redis_url)
-        runner = RequestRunner(redis, served, settings.request_timeout_s)
-        app.state.gateway = GatewayState(settings=settings, served=served, redis=redis, runner=runner)
+        metrics = GatewayMetrics(served.name)
+        runner = RequestRunner(redis, served, settings.request_timeout_s, metrics)
+        app.state.gateway = GatewayState(
+            settings=settings, served=served, redis=redis, runner=runner, metrics=metrics
+        )
         try:
             yield
         finally:
@@ -36,4 +40,5 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     app.include_router(routes_completions.router)
     app.include_router(routes_chat.router)
     app.include_router(routes_models.router)
+    app.include_router(routes_metrics.router)
     return app

@@ -12,9 +12,11 @@ from dataclasses import dataclass
 import redis.asyncio as aioredis
 import redis.exceptions
 
+from common.logging_setup import bind_request_id
 from common.protocol import FIELD, AbortRequest, TokenEvent, encode
 from common.redis_conn import min_id
 from common.streams import BATCHER_INBOX, REQUESTS_STREAM
+from gateway.metrics import GatewayMetrics, RequestTracker
 from gateway.output_processor import OutputProcessor
 from gateway.request_builder import PreparedRequest
 from gateway.served_model import ServedModel
@@ -38,10 +40,17 @@ class Output:
 
 
 class RequestRunner:
-    def __init__(self, redis: aioredis.Redis, served: ServedModel, request_timeout_s: float) -> None:
+    def __init__(
+        self,
+        redis: aioredis.Redis,
+        served: ServedModel,
+        request_timeout_s: float,
+        metrics: GatewayMetrics,
+    ) -> None:
         self._redis = redis
         self._mux = TokenStreamMux(redis)  # one shared read for every token stream followed here
         self._served = served
+        self._metrics = metrics
         self._request_timeout_s = request_timeout_s
         # Abort sends run as their own tasks: a cancelled stream cannot await anything in its finally.
         self._pending_aborts: set[asyncio.Task[None]] = set()
@@ -49,6 +58,12 @@ class RequestRunner:
     async def submit(self, request: PreparedRequest) -> None:
         await self._redis.xadd(
             REQUESTS_STREAM, {FIELD: encode(request.to_message())}, minid=min_id(), approximate=True
+        )
+        logger.info(
+            "request queued: %d prompt tokens, max_tokens %d",
+            len(request.prompt_token_ids),
+            request.sampling_params.max_tokens,
+            extra={"request_id": request.req_id},
         )
 
     def abort_later(self, req_id: str, reason: str) -> None:
@@ -62,7 +77,7 @@ class RequestRunner:
         try:
             await self._redis.xadd(BATCHER_INBOX, {FIELD: message}, minid=min_id(), approximate=True)
         except redis.exceptions.RedisError as exc:
-            logger.warning("could not abort %s (%s): %s", req_id, reason, exc)
+            logger.warning("could not abort %s (%s): %s", req_id, reason, exc, extra={"request_id": req_id})
 
     async def drain(self) -> None:
         if self._pending_aborts:
@@ -76,7 +91,9 @@ class RequestRunner:
         when the request fails and RequestTimedOut past the request timeout. Leaving early (client gone,
         cancellation, timeout, Redis error) aborts the request in the batcher.
         """
+        bind_request_id(request.req_id)  # this task's log lines are about this request from now on
         processor = OutputProcessor(self._served.tokenizer.tokenizer, request.prompt_token_ids, request.stop)
+        tracker = self._metrics.track(request.arrival_time, len(request.prompt_token_ids))
         deadline = time.monotonic() + self._request_timeout_s
         done = False
         token_ids: list[int] = []
@@ -85,36 +102,62 @@ class RequestRunner:
             batches = follow_token_stream(self._mux, request.req_id, deadline=deadline)
             async with aclosing(batches):
                 async for batch in batches:
-                    shown = False
+                    read_at = time.monotonic()
+                    ready: list[Output] = []
+                    num_read = 0
                     for entry_id, event in batch:
+                        num_read += 1
                         token_ids.append(event.token_id)
                         events.append(event)
                         delta = processor.process(event.token_id, event.finish_reason)
                         if delta.stop_string_hit:
                             self.abort_later(request.req_id, "stop")
-                        if delta.finish_reason is not None:
-                            done = True
                         if delta.text or delta.finish_reason is not None:
-                            shown = True
-                            yield Output(
-                                entry_id,
-                                delta.text,
-                                delta.finish_reason,
-                                processor.num_output_tokens,
-                                token_ids,
-                                events,
+                            ready.append(
+                                Output(
+                                    entry_id,
+                                    delta.text,
+                                    delta.finish_reason,
+                                    processor.num_output_tokens,
+                                    token_ids,
+                                    events,
+                                )
                             )
                             token_ids, events = [], []
-                        if done:
-                            return
-                    if not shown:
+                        if delta.finish_reason is not None:
+                            done = True
+                            break
+                    # Metrics first: a caller may stop iterating right after the last output.
+                    tracker.on_tokens(num_read, read_at)
+                    if done:
+                        self._log_finished(tracker, ready[-1].finish_reason or "stop", read_at)
+                    for out in ready:
+                        yield out
+                    if done:
+                        return
+                    if not ready:
                         yield None
-        except RequestFailed:
+        except RequestFailed as exc:
             done = True  # the request is over on the server side already
+            tracker.finish("error")
+            logger.warning("request failed: %s", exc)
             raise
         except RequestTimedOut:
             logger.warning("request %s timed out after %.0f s", request.req_id, self._request_timeout_s)
             raise
         finally:
             if not done:
+                tracker.finish("abort")
                 self.abort_later(request.req_id, "abort")
+
+    @staticmethod
+    def _log_finished(tracker: RequestTracker, reason: str, now: float) -> None:
+        e2e = tracker.finish(reason, now)
+        logger.info(
+            "request finished (%s): %d prompt + %d output tokens, ttft %.3f s, e2e %.3f s",
+            reason,
+            tracker.num_prompt_tokens,
+            tracker.num_output_tokens,
+            tracker.ttft or 0.0,
+            e2e,
+        )

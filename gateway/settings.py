@@ -7,7 +7,8 @@ from pathlib import Path
 from pydantic import AliasChoices, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from common.settings import redis_url_field
+from common.logging_setup import LogFormat
+from common.settings import log_format_field, redis_url_field
 
 
 class GatewaySettings(BaseSettings):
@@ -24,6 +25,7 @@ class GatewaySettings(BaseSettings):
     # Give up on a request (and abort it) when it has not finished after this long.
     request_timeout_s: float = Field(default=3600.0, gt=0)
     redis_url: str = redis_url_field()
+    log_format: LogFormat = log_format_field()
 
     @field_validator("model")
     @classmethod

@@ -12,6 +12,7 @@ import torch
 from pydantic import ValidationError
 from transformers.utils import logging as transformers_logging
 
+from common.logging_setup import configure_logging
 from gpu_worker.model_runner import ModelRunner
 from gpu_worker.settings import WorkerSettings, explain_errors
 from gpu_worker.worker import Worker
@@ -27,7 +28,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     transformers_logging.disable_progress_bar()  # one log line per start, not a weight-loading bar
     args = parse_args(argv)
     overrides = {name: value for name, value in vars(args).items() if value is not None}
@@ -36,6 +36,10 @@ def main(argv: list[str] | None = None) -> int:
     except ValidationError as exc:
         print(explain_errors(exc), file=sys.stderr)
         return 2
+    configure_logging("gpu_worker", settings.log_format)
+    # transformers writes through a handler of its own; route its records through ours instead.
+    transformers_logging.disable_default_handler()
+    transformers_logging.enable_propagation()
     if settings.num_threads is not None:
         torch.set_num_threads(settings.num_threads)
     try:

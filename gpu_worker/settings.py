@@ -10,7 +10,8 @@ from typing import Literal
 from pydantic import AliasChoices, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from common.settings import redis_url_field
+from common.logging_setup import LogFormat
+from common.settings import log_format_field, redis_url_field
 
 Device = Literal["cpu", "cuda"]
 DType = Literal["auto", "float32", "bfloat16", "float16"]
@@ -76,6 +77,7 @@ class WorkerSettings(BaseSettings):
         description="File touched after every heartbeat that reached Redis (container healthchecks).",
     )
     redis_url: str = redis_url_field()
+    log_format: LogFormat = log_format_field()
 
     @field_validator("model", mode="after")
     @classmethod
@@ -111,6 +113,7 @@ _SOURCES = {
     "model": "--model, WORKER_MODEL or MODEL",
     "device": "--device or WORKER_DEVICE",
     "redis_url": "REDIS_URL",
+    "log_format": "LOG_FORMAT",
 }
 
 

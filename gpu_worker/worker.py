@@ -89,6 +89,8 @@ class Worker:
                     continue
                 received_at = time.perf_counter()
                 output = self.execute(scheduler_output)
+                for req_id, message in output.req_errors.items():
+                    logger.warning("request failed: %s", message, extra={"request_id": req_id})
                 # How long this worker waited on the batcher: the cost async scheduling hides.
                 output.worker_idle_s = received_at - published_at if published_at is not None else 0.0
                 if self._retry(partial(self.publish, output)) is False:

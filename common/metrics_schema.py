@@ -1,0 +1,40 @@
+"""What the batcher publishes for /metrics (`llm:batcher:metrics`): cumulative histograms and per-worker
+gauges, as one JSON document so `redis-cli GET` stays readable and a departed worker simply drops out."""
+
+from __future__ import annotations
+
+import msgspec
+
+
+class HistogramData(msgspec.Struct, kw_only=True):
+    bounds: list[float]  # bucket upper bounds, ascending; +Inf is implied
+    counts: list[int]  # observations <= each bound (cumulative), parallel to bounds
+    count: int  # all observations: the +Inf bucket
+    sum: float  # of all observed values
+
+
+class WorkerMetrics(msgspec.Struct, kw_only=True):
+    num_blocks: int  # KV-cache blocks in its pool
+    num_free_blocks: int  # of which free now
+    num_running: int  # requests holding blocks on it
+    step_time: HistogramData  # seconds of forward + sample per step, as the worker reported
+    batch_size: HistogramData  # requests per step
+    num_tokens: HistogramData  # tokens computed per step (prefill chunks + decodes)
+
+
+class MetricsSnapshot(msgspec.Struct, kw_only=True):
+    updated_at: float  # unix seconds
+    queue_time: HistogramData  # seconds from a request's arrival at the batcher to its first scheduling
+    workers: dict[str, WorkerMetrics]  # worker id -> its metrics
+
+
+_encoder = msgspec.json.Encoder()
+_decoder = msgspec.json.Decoder(MetricsSnapshot)
+
+
+def encode_snapshot(snapshot: MetricsSnapshot) -> bytes:
+    return _encoder.encode(snapshot)
+
+
+def decode_snapshot(data: bytes) -> MetricsSnapshot:
+    return _decoder.decode(data)

@@ -1,0 +1,134 @@
+"""The gateway's own request metrics, with vLLM's names under a `cbserve:` prefix.
+
+Latencies are measured where the client sees them: from the HTTP arrival to the token events this
+gateway reads. Each app owns a registry (no process-global state), so tests can run several apps.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+# vLLM's buckets (vllm/v1/metrics/loggers.py), so dashboards built for it read these the same way.
+TTFT_BUCKETS = (
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
+    1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+)  # fmt: skip
+ITL_BUCKETS = (
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75,
+    1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
+)  # fmt: skip
+E2E_BUCKETS = (
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0,
+    40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0,
+)  # fmt: skip
+REDIS_RTT_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
+
+
+class GatewayMetrics:
+    def __init__(self, model_name: str) -> None:
+        self.registry = CollectorRegistry()
+        reg, model = self.registry, ["model_name"]
+        self.ttft = Histogram(
+            "cbserve:time_to_first_token_seconds",
+            "Time from the request's arrival at the gateway to its first token.",
+            model,
+            buckets=TTFT_BUCKETS,
+            registry=reg,
+        ).labels(model_name)
+        self.itl = Histogram(
+            "cbserve:inter_token_latency_seconds",
+            "Time between output tokens (one observation per token after the first).",
+            model,
+            buckets=ITL_BUCKETS,
+            registry=reg,
+        ).labels(model_name)
+        self.e2e = Histogram(
+            "cbserve:e2e_request_latency_seconds",
+            "Time from the request's arrival at the gateway to its last token.",
+            model,
+            buckets=E2E_BUCKETS,
+            registry=reg,
+        ).labels(model_name)
+        self.prompt_tokens = Counter(
+            "cbserve:prompt_tokens", "Prompt tokens of requests that got a first token.", model, registry=reg
+        ).labels(model_name)
+        self.generation_tokens = Counter(
+            "cbserve:generation_tokens",
+            "Generated tokens (the EOS / stop token included).",
+            model,
+            registry=reg,
+        ).labels(model_name)
+        self._success = Counter(
+            "cbserve:request_success",
+            "Requests that ended, by finish reason (stop, length, abort, error).",
+            [*model, "finished_reason"],
+            registry=reg,
+        )
+        self._model_name = model_name
+        self.redis_rtt = Histogram(
+            "cbserve:redis_rtt_seconds",
+            "Round-trip time of a PING from this gateway to Redis, measured on every scrape.",
+            buckets=REDIS_RTT_BUCKETS,
+            registry=reg,
+        )
+
+    def track(self, arrival_time: float, num_prompt_tokens: int) -> RequestTracker:
+        """A tracker for one request that arrived at `arrival_time` (unix seconds)."""
+        # Arrival is a wall-clock stamp; latencies are then kept on the monotonic clock.
+        start = time.monotonic() - max(0.0, time.time() - arrival_time)
+        return RequestTracker(self, start, num_prompt_tokens)
+
+    def count_finished(self, finished_reason: str) -> None:
+        self._success.labels(self._model_name, finished_reason).inc()
+
+
+@dataclass(slots=True)
+class RequestTracker:
+    """Latency bookkeeping of one request: fed the tokens as they are read, told once when it ends."""
+
+    metrics: GatewayMetrics
+    start: float  # monotonic time of arrival
+    num_prompt_tokens: int
+    first_token_at: float | None = None
+    last_token_at: float | None = None
+    num_output_tokens: int = 0
+    finished: bool = False
+
+    def on_tokens(self, num_tokens: int, now: float | None = None) -> None:
+        """`num_tokens` new output tokens arrived in one read."""
+        if num_tokens <= 0:
+            return
+        now = time.monotonic() if now is None else now
+        m = self.metrics
+        remaining = num_tokens
+        if self.last_token_at is None:
+            self.first_token_at = now
+            m.ttft.observe(now - self.start)
+            m.prompt_tokens.inc(self.num_prompt_tokens)
+            remaining -= 1
+        else:
+            # Tokens read together share the gap since the previous read, so the observations sum to
+            # the decode time and there is one per token after the first.
+            gap = (now - self.last_token_at) / remaining
+            for _ in range(remaining):
+                m.itl.observe(gap)
+        m.generation_tokens.inc(num_tokens)
+        self.num_output_tokens += num_tokens
+        self.last_token_at = now
+
+    def finish(self, finished_reason: str, now: float | None = None) -> float:
+        """Count the request as ended (once); returns its end-to-end latency in seconds."""
+        now = time.monotonic() if now is None else now
+        e2e = now - self.start
+        if not self.finished:
+            self.finished = True
+            self.metrics.e2e.observe(e2e)
+            self.metrics.count_finished(finished_reason)
+        return e2e
+
+    @property
+    def ttft(self) -> float | None:
+        return None if self.first_token_at is None else self.first_token_at - self.start

@@ -27,6 +27,7 @@ class Request:
     entry_id: str  # its entry in the requests stream, acknowledged when it finishes
     priority: int = 0
     owner: str = ""
+    queue_deadline: float | None = None  # unix seconds; failed if never scheduled by then
     output_token_ids: list[int] = field(default_factory=list)
     status: RequestStatus = RequestStatus.WAITING
     # Tokens whose KV the worker holds once the steps already sent are done (counted when scheduled).
@@ -40,6 +41,7 @@ class Request:
     num_preemptions: int = 0
     finish_reason: FinishReason | None = None
     error: str | None = None  # why it failed, when finish_reason is "error"
+    error_code: str = "server_error"  # the RequestError's code: what the client is told the cause is
     error_published: bool = False  # the worker already wrote the RequestError to its token stream
 
     @classmethod
@@ -52,6 +54,7 @@ class Request:
             entry_id=entry_id,
             priority=msg.priority,
             owner=msg.owner,
+            queue_deadline=msg.queue_deadline,
         )
 
     @property

@@ -81,6 +81,7 @@ class Batcher:
             self.check_workers(now)
             # A safety net under the XREAD wake-up: whatever is still unclaimed is taken now.
             self._claim_requests()
+        self._on_finished(self.scheduler.expire_waiting(now))
         self.schedule()
         self.send()
 
@@ -212,7 +213,9 @@ class Batcher:
         for req in finished:
             if req.finish_reason == "error" and not req.error_published:
                 key = streams.token_stream(req.req_id)
-                event = RequestError(req_id=req.req_id, message=req.error or "request failed")
+                event = RequestError(
+                    req_id=req.req_id, message=req.error or "request failed", code=req.error_code
+                )
                 self._pipe.xadd(key, {FIELD: encode(event)})
                 self._pipe.expire(key, TOKEN_STREAM_TTL_S)
             self._pipe.xack(streams.REQUESTS_STREAM, streams.BATCHER_GROUP, req.entry_id)

@@ -9,7 +9,11 @@ from fastapi import FastAPI
 
 from common.redis_conn import connect_async
 from gateway import routes_chat, routes_completions, routes_models
+from gateway.api_keys import ApiKeys
+from gateway.auth import AuthMiddleware
+from gateway.body_limit import BodySizeLimitMiddleware
 from gateway.errors import install_error_handlers
+from gateway.rate_limit import RateLimiter, RateLimits
 from gateway.request_runner import RequestRunner
 from gateway.served_model import load_served_model
 from gateway.settings import GatewaySettings
@@ -19,12 +23,21 @@ from gateway.state import GatewayState
 def create_app(settings: GatewaySettings) -> FastAPI:
     """Build the app; the tokenizer loads now (so a bad model dir fails fast), Redis on startup."""
     served = load_served_model(settings)
+    keys_file = None if settings.api_keys_file is None else str(settings.api_keys_file)
+    api_keys = ApiKeys.from_settings(settings.api_key_hashes, keys_file)
+    limits = RateLimits(settings.rate_limit_rpm, settings.rate_limit_tpm)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         redis = connect_async(settings.redis_url)
         runner = RequestRunner(redis, served, settings.request_timeout_s)
-        app.state.gateway = GatewayState(settings=settings, served=served, redis=redis, runner=runner)
+        app.state.gateway = GatewayState(
+            settings=settings,
+            served=served,
+            redis=redis,
+            runner=runner,
+            rate_limiter=RateLimiter(redis, limits),
+        )
         try:
             yield
         finally:
@@ -36,4 +49,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     app.include_router(routes_completions.router)
     app.include_router(routes_chat.router)
     app.include_router(routes_models.router)
+    # Added last runs first: keys are checked before a byte of the body is read.
+    app.add_middleware(BodySizeLimitMiddleware, max_body_bytes=settings.max_body_bytes)
+    app.add_middleware(AuthMiddleware, keys=api_keys)
     return app

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import redis.asyncio as aioredis
 from starlette.requests import Request
 
+from gateway.rate_limit import RateLimiter
 from gateway.request_runner import RequestRunner
 from gateway.served_model import ServedModel
 from gateway.settings import GatewaySettings
@@ -18,6 +19,7 @@ class GatewayState:
     served: ServedModel
     redis: aioredis.Redis  # the app's one client (it pools connections)
     runner: RequestRunner
+    rate_limiter: RateLimiter
 
 
 def get_state(request: Request) -> GatewayState:

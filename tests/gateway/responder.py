@@ -23,7 +23,7 @@ TOKEN_ID = 300
 
 class Responder:
     def __init__(self, redis_url: str, num_tokens: int = 2) -> None:
-        self._redis: Any = redis.Redis.from_url(redis_url)
+        self.redis: Any = redis.Redis.from_url(redis_url)
         self._num_tokens = num_tokens
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="responder", daemon=True)
@@ -32,8 +32,8 @@ class Responder:
     def _run(self) -> None:
         last_id = "0-0"
         while not self._stop.is_set():
-            self._redis.zadd(WORKERS_HEARTBEAT, {"responder": int(time.time() * 1000)})
-            reply = self._redis.xread({REQUESTS_STREAM: last_id}, block=100)
+            self.redis.zadd(WORKERS_HEARTBEAT, {"responder": int(time.time() * 1000)})
+            reply = self.redis.xread({REQUESTS_STREAM: last_id}, block=100)
             for _, entries in reply or []:
                 for entry_id, fields in entries:
                     last_id = entry_id.decode()
@@ -44,7 +44,7 @@ class Responder:
         params = request.sampling_params
         n = min(self._num_tokens, params.max_tokens)
         k = params.logprobs
-        pipe = self._redis.pipeline(transaction=False)
+        pipe = self.redis.pipeline(transaction=False)
         for index in range(n):
             event = TokenEvent(
                 req_id=request.req_id,
@@ -65,7 +65,7 @@ class Responder:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(timeout=5)
-        self._redis.close()
+        self.redis.close()
 
 
 @contextmanager

@@ -130,6 +130,8 @@ class Batcher:
                     continue
                 req = Request.from_message(msg, _s(entry_id))
                 self._on_finished(self.scheduler.add_request(req, now))
+        # Gateways bound the queue by `num_waiting`: publish it as soon as claimed requests leave the lag.
+        self._stats_dirty = self._stats_dirty or num_read > 0
         return num_read
 
     def _on_inbox(self, fields: dict[bytes, bytes]) -> None:

@@ -28,6 +28,7 @@ class Request:
     priority: int = 0
     owner: str = ""
     queued_at: float = 0.0  # unix seconds when this batcher took it in (queue time starts here)
+    queue_deadline: float | None = None  # unix seconds; failed if never scheduled by then
     output_token_ids: list[int] = field(default_factory=list)
     status: RequestStatus = RequestStatus.WAITING
     # Tokens whose KV the worker holds once the steps already sent are done (counted when scheduled).
@@ -43,6 +44,7 @@ class Request:
     error: str | None = None  # why it failed, when finish_reason is "error"
     num_failed_deliveries: int = 0  # times a worker reported it failed alone (not counting dead workers)
     dead_letter: bool = False  # given up after too many failed deliveries: copied to the dead-letter stream
+    error_code: str = "server_error"  # the RequestError's code: what the client is told the cause is
 
     @classmethod
     def from_message(cls, msg: GenerateRequest, entry_id: str) -> Request:
@@ -54,6 +56,7 @@ class Request:
             entry_id=entry_id,
             priority=msg.priority,
             owner=msg.owner,
+            queue_deadline=msg.queue_deadline,
         )
 
     def to_message(self) -> GenerateRequest:

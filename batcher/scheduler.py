@@ -64,6 +64,7 @@ class SchedulerStats:
     num_dead_lettered: int = 0  # requests given up after max_deliveries failures
     num_workers_lost: int = 0  # workers declared dead
     num_failovers: int = 0  # requests moved off a dead worker to be recomputed elsewhere
+    num_queue_timeouts: int = 0  # never-scheduled requests failed at their queue deadline
     worker_busy_s: float = 0.0  # summed step_time of all results
     worker_idle_s: float = 0.0  # summed time workers waited for their next step
 
@@ -156,6 +157,24 @@ class Scheduler:
         self._finish(req, "stop" if reason == "stop" else "abort")
         self.stats.num_aborted += 1
         return req
+
+    def expire_waiting(self, now: float) -> list[Request]:
+        """Fail the requests still waiting for their first step past their queue deadline.
+
+        Only never-scheduled ones: a preempted or orphaned request has streamed tokens or held a slot,
+        and failing it now would waste that work and break what its client already received.
+        """
+        expired = [
+            req
+            for req in self.waiting
+            if req.queue_deadline is not None and now > req.queue_deadline and req.attempt == 0
+        ]
+        for req in expired:
+            waited = now - req.arrival_time
+            self._fail(req, f"the request waited {waited:.0f} s in the queue without being scheduled")
+            req.error_code = "queue_timeout"
+            self.stats.num_queue_timeouts += 1
+        return expired
 
     @property
     def num_running(self) -> int:

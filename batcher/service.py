@@ -85,6 +85,7 @@ class Batcher:
             self.check_workers(now)
             # A safety net under the XREAD wake-up: whatever is still unclaimed is taken now.
             self._claim_requests()
+        self._on_finished(self.scheduler.expire_waiting(now))
         self.schedule()
         self.send()
 
@@ -134,6 +135,8 @@ class Batcher:
                     continue
                 req = Request.from_message(msg, _s(entry_id))
                 self._on_finished(self.scheduler.add_request(req, now))
+        # Gateways bound the queue by `num_waiting`: publish it as soon as claimed requests leave the lag.
+        self._stats_dirty = self._stats_dirty or num_read > 0
         return num_read
 
     def _on_inbox(self, fields: dict[bytes, bytes]) -> None:
@@ -239,7 +242,9 @@ class Batcher:
             log.debug("request finished (%s)", req.finish_reason, extra={"request_id": req.req_id})
             if req.finish_reason == "error":
                 key = streams.token_stream(req.req_id)
-                event = RequestError(req_id=req.req_id, message=req.error or "request failed")
+                event = RequestError(
+                    req_id=req.req_id, message=req.error or "request failed", code=req.error_code
+                )
                 self._pipe.xadd(key, {FIELD: encode(event)})
                 self._pipe.expire(key, TOKEN_STREAM_TTL_S)
             if req.dead_letter:

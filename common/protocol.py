@@ -52,6 +52,8 @@ class GenerateRequest(msgspec.Struct, tag="request", kw_only=True):
     priority: int = 0  # lower runs first (reserved for priority scheduling)
     owner: str = ""  # API key id that created it
     user: str = ""  # the client's end-user id (OpenAI `user`), recorded for abuse tracing
+    # Unix seconds; still waiting for its first step after this, the batcher fails it (`queue_timeout`).
+    queue_deadline: float | None = None
 
 
 class AbortRequest(msgspec.Struct, tag="abort", kw_only=True):

@@ -33,3 +33,8 @@ def token_stream(req_id: str) -> str:
 def worker_steps(worker_id: str) -> str:
     """Per-worker stream of SchedulerOutput, written by the batcher, read by that worker only."""
     return f"llm:worker:{worker_id}:steps"
+
+
+def rate_limit_key(owner: str) -> str:
+    """Per-owner rate-limit counters (a hash with a TTL), shared by every gateway."""
+    return f"llm:ratelimit:{owner or '-'}"

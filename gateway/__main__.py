@@ -1,13 +1,18 @@
-"""`python -m gateway --host H --port P [--model DIR] [--served-model-name NAME]`."""
+"""`python -m gateway --host H --port P [--model DIR] [--served-model-name NAME]`.
+
+`python -m gateway hash-key [--name NAME] [--generate]` prints the config line for an API key.
+"""
 
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 import uvicorn
 
 from common.logging_setup import configure_logging
+from gateway import key_cli
 from gateway.app import create_app
 from gateway.settings import GatewaySettings
 
@@ -23,6 +28,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["hash-key"]:
+        raise SystemExit(key_cli.main(argv[1:]))
     args = parse_args(argv)
     # Flags given on the command line win over the environment.
     overrides: dict[str, Any] = {}

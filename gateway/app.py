@@ -9,8 +9,12 @@ from fastapi import FastAPI
 
 from common.redis_conn import connect_async
 from gateway import routes_chat, routes_completions, routes_metrics, routes_models
+from gateway.api_keys import ApiKeys
+from gateway.auth import AuthMiddleware
+from gateway.body_limit import BodySizeLimitMiddleware
 from gateway.errors import install_error_handlers
 from gateway.metrics import GatewayMetrics
+from gateway.rate_limit import RateLimiter, RateLimits
 from gateway.request_runner import RequestRunner
 from gateway.served_model import load_served_model
 from gateway.settings import GatewaySettings
@@ -20,6 +24,9 @@ from gateway.state import GatewayState
 def create_app(settings: GatewaySettings) -> FastAPI:
     """Build the app; the tokenizer loads now (so a bad model dir fails fast), Redis on startup."""
     served = load_served_model(settings)
+    keys_file = None if settings.api_keys_file is None else str(settings.api_keys_file)
+    api_keys = ApiKeys.from_settings(settings.api_key_hashes, keys_file)
+    limits = RateLimits(settings.rate_limit_rpm, settings.rate_limit_tpm)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -27,7 +34,12 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         metrics = GatewayMetrics(served.name)
         runner = RequestRunner(redis, served, settings.request_timeout_s, metrics)
         app.state.gateway = GatewayState(
-            settings=settings, served=served, redis=redis, runner=runner, metrics=metrics
+            settings=settings,
+            served=served,
+            redis=redis,
+            runner=runner,
+            metrics=metrics,
+            rate_limiter=RateLimiter(redis, limits),
         )
         try:
             yield
@@ -41,4 +53,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     app.include_router(routes_chat.router)
     app.include_router(routes_models.router)
     app.include_router(routes_metrics.router)
+    # Added last runs first: keys are checked before a byte of the body is read.
+    app.add_middleware(BodySizeLimitMiddleware, max_body_bytes=settings.max_body_bytes)
+    app.add_middleware(AuthMiddleware, keys=api_keys)
     return app

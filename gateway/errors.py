@@ -20,6 +20,7 @@ _STATUS_BY_CODE = {
     "invalid_request_error": 400,
     "context_length_exceeded": 400,
     "rate_limit_exceeded": 429,
+    "queue_timeout": 503,  # waited longer than GATEWAY_MAX_QUEUE_WAIT_S for a slot: overload
 }
 
 
@@ -34,6 +35,7 @@ class OpenAIError(Exception):
         type: str = "invalid_request_error",
         param: str | None = None,
         code: str | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -41,9 +43,13 @@ class OpenAIError(Exception):
         self.type = type
         self.param = param
         self.code = code
+        self.headers = headers  # e.g. Retry-After on 429, WWW-Authenticate on 401
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
 
 
 def invalid_request(message: str, param: str | None = None, code: str | None = None) -> OpenAIError:
@@ -87,7 +93,7 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
 
 async def _openai_error(_: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, OpenAIError)
-    return JSONResponse(exc.body(), status_code=exc.status)
+    return exc.response()
 
 
 async def _validation_error(_: Request, exc: Exception) -> JSONResponse:

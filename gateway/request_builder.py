@@ -14,7 +14,9 @@ from gateway.prompts import chat_prompt_ids, completion_prompt_ids
 from gateway.served_model import ServedModel
 from gateway.validation import (
     check_model,
+    check_prompt_length,
     check_unsupported,
+    check_user,
     num_choices,
     resolve_max_tokens,
     sampling_params,
@@ -36,6 +38,8 @@ class PreparedRequest:
     logprobs: bool = False  # add logprobs to each choice
     echo_text: str | None = None  # completions with echo: the prompt text that starts each choice
     user: str = ""  # the client's end-user id, recorded with the request
+    owner: str = ""  # name of the API key that made it; never the key
+    queue_deadline: float | None = None  # unix seconds; the batcher fails it if still unscheduled then
 
     def to_message(self) -> GenerateRequest:
         return GenerateRequest(
@@ -44,6 +48,8 @@ class PreparedRequest:
             sampling_params=self.sampling_params,
             arrival_time=self.arrival_time,
             user=self.user,
+            owner=self.owner,
+            queue_deadline=self.queue_deadline,
         )
 
 
@@ -64,12 +70,18 @@ def new_req_id() -> str:
 
 
 def prepare_request(
-    body: CompletionRequest | ChatCompletionRequest, served: ServedModel, arrival_time: float
+    body: CompletionRequest | ChatCompletionRequest,
+    served: ServedModel,
+    arrival_time: float,
+    *,
+    owner: str = "",
+    queue_deadline: float | None = None,
 ) -> PreparedRequest:
     """Check and tokenize `body`; raises OpenAIError (400/404) on anything it cannot serve."""
     check_model(body.model, served)
     check_unsupported(body)
     stop = stop_strings(body.stop)
+    user = check_user(body.user)
     echo_text: str | None = None
     if isinstance(body, ChatCompletionRequest):
         prompt_token_ids = chat_prompt_ids(body.messages, served)
@@ -79,6 +91,8 @@ def prepare_request(
         logprobs = body.logprobs is not None
         if body.echo:
             echo_text = _prompt_text(body.prompt, prompt_token_ids, served)
+    prompt_param = "messages" if isinstance(body, ChatCompletionRequest) else "prompt"
+    check_prompt_length(len(prompt_token_ids), served, prompt_param)
     max_tokens = resolve_max_tokens(body, len(prompt_token_ids), served)
     return PreparedRequest(
         req_id=new_req_id(),
@@ -92,7 +106,9 @@ def prepare_request(
         n=num_choices(body),
         logprobs=logprobs,
         echo_text=echo_text,
-        user=body.user or "",
+        user=user,
+        owner=owner,
+        queue_deadline=queue_deadline,
     )
 
 

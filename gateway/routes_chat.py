@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import time
 from typing import Annotated
 
 from fastapi import APIRouter, Depends
 from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 
+from gateway.admission import admit
 from gateway.logprobs import LogprobsFormatter
 from gateway.openai_schemas import (
     AssistantMessage,
@@ -20,7 +20,7 @@ from gateway.openai_schemas import (
     UsageInfo,
     response_exclude,
 )
-from gateway.request_builder import PreparedRequest, fan_out, prepare_request
+from gateway.request_builder import PreparedRequest
 from gateway.request_runner import Output
 from gateway.routes_completions import SSE_HEADERS
 from gateway.state import GatewayState, get_state
@@ -79,12 +79,9 @@ class ChatChunks:
 async def create_chat_completion(
     body: ChatCompletionRequest, http_request: Request, state: Annotated[GatewayState, Depends(get_state)]
 ) -> JSONResponse | StreamingResponse:
-    arrival_time = time.time()
-    request = prepare_request(body, state.served, arrival_time)
-    requests = fan_out(request)
-    for choice_request in requests:
-        await state.runner.submit(choice_request)
-    response_id, created = f"chatcmpl-{request.req_id}", int(arrival_time)
+    requests = await admit(body, http_request, state)
+    request = requests[0]
+    response_id, created = f"chatcmpl-{request.req_id}", int(request.arrival_time)
     formatter = LogprobsFormatter(state.served.tokenizer.tokenizer)
     if request.stream:
         chunks = ChatChunks(response_id, created, state.served.name, request, formatter)

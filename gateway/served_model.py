@@ -16,6 +16,8 @@ class ServedModel:
     root: str  # model directory
     tokenizer: ModelTokenizer
     max_model_len: int  # longest prompt + output
+    max_prompt_tokens: int | None = None  # operator's cap on prompts (GATEWAY_MAX_PROMPT_TOKENS)
+    max_tokens: int | None = None  # operator's cap on max_tokens, also its default (GATEWAY_MAX_TOKENS)
     created: int = field(default_factory=lambda: int(time.time()))
 
 
@@ -33,4 +35,6 @@ def load_served_model(settings: GatewaySettings) -> ServedModel:
         root=str(settings.model),
         tokenizer=tokenizer,
         max_model_len=max_model_len,
+        max_prompt_tokens=settings.max_prompt_tokens,
+        max_tokens=settings.max_tokens,
     )

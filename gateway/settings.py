@@ -9,6 +9,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from common.logging_setup import LogFormat
 from common.settings import log_format_field, redis_url_field
+from gateway.api_keys import parse_key_hashes
 
 
 class GatewaySettings(BaseSettings):
@@ -27,6 +28,30 @@ class GatewaySettings(BaseSettings):
     redis_url: str = redis_url_field()
     log_format: LogFormat = log_format_field()
 
+    # --- security -------------------------------------------------------------------------------
+    # API keys as SHA-256 hex digests, `[name:]digest` each: comma-separated here, one per line in the
+    # file. With neither set, the API is open. The keys themselves are never stored.
+    api_key_hashes: str = ""
+    api_keys_file: Path | None = None
+    # Per key (or for everyone together when no keys are set); 0 turns the limit off.
+    rate_limit_rpm: int = Field(default=0, ge=0)  # requests per minute
+    rate_limit_tpm: int = Field(default=0, ge=0)  # prompt + max_tokens (x n) per minute
+
+    # --- limits ---------------------------------------------------------------------------------
+    # Larger bodies are refused (413) before any JSON is parsed.
+    max_body_bytes: int = Field(default=4 * 1024 * 1024, gt=0)
+    # Longest prompt accepted; defaults to max_model_len - 1 (room for one output token).
+    max_prompt_tokens: int | None = Field(default=None, gt=0)
+    # Largest max_tokens accepted, and the default when a request gives none (capped by the context).
+    max_tokens: int | None = Field(default=None, gt=0)
+
+    # --- overload -------------------------------------------------------------------------------
+    # Requests waiting for a slot (not yet claimed + waiting in the batcher) beyond which new ones get 429.
+    # 0 turns the bound off.
+    max_queued_requests: int = Field(default=1000, ge=0)
+    # A request still waiting for its first step after this long fails with a `queue_timeout` error.
+    max_queue_wait_s: float = Field(default=600.0, gt=0)
+
     @field_validator("model")
     @classmethod
     def _model_has_tokenizer(cls, value: Path) -> Path:
@@ -35,6 +60,21 @@ class GatewaySettings(BaseSettings):
                 f"GATEWAY_MODEL (or MODEL, --model) must be a model directory containing tokenizer.json; "
                 f"{value} has none"
             )
+        return value
+
+    @field_validator("api_key_hashes")
+    @classmethod
+    def _hashes_parse(cls, value: str) -> str:
+        parse_key_hashes(value.split(","), "GATEWAY_API_KEY_HASHES")
+        return value
+
+    @field_validator("api_keys_file")
+    @classmethod
+    def _keys_file_parses(cls, value: Path | None) -> Path | None:
+        if value is not None:
+            if not value.is_file():
+                raise ValueError(f"GATEWAY_API_KEYS_FILE {value} is not a readable file")
+            parse_key_hashes(value.read_text().splitlines(), f"GATEWAY_API_KEYS_FILE {value}")
         return value
 
     @property

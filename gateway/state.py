@@ -8,6 +8,7 @@ import redis.asyncio as aioredis
 from starlette.requests import Request
 
 from gateway.metrics import GatewayMetrics
+from gateway.rate_limit import RateLimiter
 from gateway.request_runner import RequestRunner
 from gateway.served_model import ServedModel
 from gateway.settings import GatewaySettings
@@ -20,6 +21,7 @@ class GatewayState:
     redis: aioredis.Redis  # the app's one client (it pools connections)
     runner: RequestRunner
     metrics: GatewayMetrics  # the gateway's own request metrics (batcher ones are read on scrape)
+    rate_limiter: RateLimiter
 
 
 def get_state(request: Request) -> GatewayState:

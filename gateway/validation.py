@@ -16,6 +16,12 @@ MAX_N = 16  # choices per request; each is a request of its own in the batcher
 MAX_LOGPROBS = 20  # most likely tokens returned per position (vLLM's default max_logprobs)
 MAX_PENALTY = 2.0  # presence / frequency, as OpenAI bounds them
 MAX_LOGIT_BIAS = 100.0
+# Sizes of lists a client sends; the body-size limit bounds them too, these keep per-token work small.
+MAX_STOP_STRINGS = 16
+MAX_STOP_STRING_CHARS = 256  # streaming holds back this many characters minus one
+MAX_STOP_TOKEN_IDS = 256
+MAX_LOGIT_BIAS_ENTRIES = 1024
+MAX_USER_CHARS = 256  # the OpenAI `user` id is stored with the request
 
 
 def check_model(requested: str | None, served: ServedModel) -> None:
@@ -61,9 +67,37 @@ def num_logprobs(body: CompletionRequest | ChatCompletionRequest) -> int | None:
 
 def stop_strings(stop: str | list[str] | None) -> list[str]:
     stops = [stop] if isinstance(stop, str) else list(stop or [])
+    if len(stops) > MAX_STOP_STRINGS:
+        raise invalid_request(
+            f"at most {MAX_STOP_STRINGS} stop strings are allowed, got {len(stops)}", "stop"
+        )
     if any(s == "" for s in stops):
         raise invalid_request("stop strings must not be empty", "stop")
+    longest = max((len(s) for s in stops), default=0)
+    if longest > MAX_STOP_STRING_CHARS:
+        raise invalid_request(
+            f"stop strings must be at most {MAX_STOP_STRING_CHARS} characters, got {longest}", "stop"
+        )
     return stops
+
+
+def check_user(user: str | None) -> str:
+    user = user or ""
+    if len(user) > MAX_USER_CHARS:
+        raise invalid_request(f"user must be at most {MAX_USER_CHARS} characters", "user")
+    return user
+
+
+def check_prompt_length(num_prompt_tokens: int, served: ServedModel, param: str) -> None:
+    """The operator's cap on prompts (the context length is checked in resolve_max_tokens)."""
+    cap = served.max_prompt_tokens
+    if cap is not None and num_prompt_tokens > cap:
+        raise invalid_request(
+            f"The prompt has {num_prompt_tokens} tokens; this server accepts at most {cap}. "
+            "Please shorten the prompt.",
+            param,
+            "prompt_too_long",
+        )
 
 
 def _requested_max_tokens(body: CompletionRequest | ChatCompletionRequest) -> tuple[int | None, str]:
@@ -79,6 +113,9 @@ def resolve_max_tokens(
     max_tokens, param = _requested_max_tokens(body)
     if max_tokens is not None and max_tokens < 1:
         raise invalid_request(f"{param} must be at least 1, got {max_tokens}", param)
+    cap = served.max_tokens
+    if cap is not None and max_tokens is not None and max_tokens > cap:
+        raise invalid_request(f"{param} must be at most {cap} on this server, got {max_tokens}", param)
     room = served.max_model_len - num_prompt_tokens
     prompt_param = "messages" if isinstance(body, ChatCompletionRequest) else "prompt"
     if room < 1:
@@ -89,7 +126,7 @@ def resolve_max_tokens(
             "context_length_exceeded",
         )
     if max_tokens is None:
-        return room
+        return room if cap is None else min(room, cap)
     if max_tokens > room:
         raise invalid_request(
             f"This model's maximum context length is {served.max_model_len} tokens. However, you requested "
@@ -125,6 +162,8 @@ def sampling_params(
             "seed + n - 1 must fit in a signed 64-bit integer (choice i uses seed + i)", "seed"
         )
     stop_token_ids = list(body.stop_token_ids or [])
+    if len(stop_token_ids) > MAX_STOP_TOKEN_IDS:
+        raise invalid_request(f"at most {MAX_STOP_TOKEN_IDS} stop_token_ids are allowed", "stop_token_ids")
     check_token_ids(stop_token_ids, served, "stop_token_ids")
     min_tokens = 0 if body.min_tokens is None else body.min_tokens
     if not 0 <= min_tokens <= max_tokens:
@@ -171,6 +210,8 @@ def _repetition_penalty(value: float | None) -> float:
 
 def _logit_bias(bias: dict[str, float] | None, served: ServedModel) -> dict[int, float]:
     result: dict[int, float] = {}
+    if bias and len(bias) > MAX_LOGIT_BIAS_ENTRIES:
+        raise invalid_request(f"logit_bias may hold at most {MAX_LOGIT_BIAS_ENTRIES} entries", "logit_bias")
     for key, value in (bias or {}).items():
         try:
             token_id = int(key)

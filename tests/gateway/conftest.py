@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -55,3 +56,29 @@ def gateway(redis_url: str, tiny_model_dir: Path) -> Iterator[RunningGateway]:
         harness.close()
         server.should_exit = True
         thread.join(timeout=15)
+
+
+@pytest.fixture()
+def make_gateway(redis_url: str, tiny_model_dir: Path) -> Iterator[Callable[..., RunningGateway]]:
+    """Starts gateways with settings overrides (GatewaySettings field names) on the test's Redis."""
+    started: list[tuple[uvicorn.Server, threading.Thread, RunningGateway]] = []
+
+    def make(**overrides: Any) -> RunningGateway:
+        settings = GatewaySettings(
+            model=tiny_model_dir, redis_url=redis_url, **{"request_timeout_s": 60, **overrides}
+        )
+        server, thread, url = start_server(settings)
+        running = RunningGateway(
+            url, settings, httpx.Client(base_url=url, timeout=30), StreamHarness(redis_url)
+        )
+        started.append((server, thread, running))
+        return running
+
+    try:
+        yield make
+    finally:
+        for server, thread, running in started:
+            running.client.close()
+            running.harness.close()
+            server.should_exit = True
+            thread.join(timeout=15)

@@ -31,3 +31,10 @@ def token_stream(req_id: str) -> str:
 def worker_steps(worker_id: str) -> str:
     """Per-worker stream of SchedulerOutput, written by the batcher, read by that worker only."""
     return f"llm:worker:{worker_id}:steps"
+
+
+# The active batcher's lease: "<epoch>:<batcher_id>", SET with a PX TTL and renewed while it runs;
+# standby batchers wait for it to expire. Every step the batcher writes is fenced on it.
+BATCHER_LEASE: Final = "llm:batcher:lease"
+# Incremented on every takeover: the epoch stamped on steps (and echoed in results) of that leader.
+BATCHER_EPOCH: Final = "llm:batcher:epoch"

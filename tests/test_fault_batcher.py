@@ -115,8 +115,10 @@ def _check(
     assert stats["num_failed"] == 0, stats
 
 
+# The restarted process finds the pending entries under its own consumer name, or a dead one's.
+@pytest.mark.parametrize("new_id", ["batcher-a", "batcher-b"], ids=["same-name", "new-name"])
 def test_killed_batcher_is_restarted_and_streams_resume(
-    make_stack: Callable[[], Stack], cases: tuple[list[list[int]], list[list[int]]]
+    new_id: str, make_stack: Callable[[], Stack], cases: tuple[list[list[int]], list[list[int]]]
 ) -> None:
     prompts, expected = cases
     stack = _start(make_stack, ["batcher-a"])
@@ -126,17 +128,17 @@ def test_killed_batcher_is_restarted_and_streams_resume(
         victim.send_signal(signal.SIGKILL)
         victim.wait(timeout=10)
         del stack.procs["batcher-a"]  # expected dead; the stack's liveness checks must not trip on it
-        stack.start_batcher("batcher-b", BATCHER_BATCHER_ID="batcher-b", **BATCHER_ENV)
+        stack.start_batcher("restarted", BATCHER_BATCHER_ID=new_id, **BATCHER_ENV)
 
     def took_over() -> None:
-        wait_for(lambda: _lease_holder(stack) == "2:batcher-b", 30, "the new batcher to take the lease")
+        wait_for(lambda: _lease_holder(stack) == f"2:{new_id}", 30, "the new batcher to take the lease")
 
     seen, fault_at = asyncio.run(
         run_with_fault(stack.base_url, prompts, MAX_TOKENS, TOKENS_BEFORE_FAULT, kill_and_restart, took_over)
     )
     _check(stack, prompts, expected, seen, epoch=2)
     wait_s = longest_wait(seen, fault_at)
-    print(f"\nSIGKILL of the batcher, new process started: longest client wait {wait_s:.2f}s")
+    print(f"\nSIGKILL of the batcher, restarted as {new_id}: longest client wait {wait_s:.2f}s")
     assert wait_s < LEASE_TTL_S + 10  # a new process's imports, the lease TTL, workers rejoining
 
 

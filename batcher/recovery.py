@@ -48,6 +48,7 @@ def fence_workers(client: redis.Redis) -> list[str]:
         pipe.hdel(streams.WORKERS_HASH, *worker_ids)
         pipe.zrem(streams.WORKERS_HEARTBEAT, *worker_ids)
         pipe.delete(*(streams.worker_steps(w) for w in worker_ids))
+        pipe.hdel(streams.BATCHER_STATS, *(f"num_steps:{w}" for w in worker_ids))
         pipe.execute()
     return worker_ids
 

@@ -96,7 +96,7 @@ class Batcher:
             # Aborts the old leader may not have applied (early ones are kept until their request).
             since_ms = int(entries[0][0].split("-")[0]) - 5000
             for abort in recovery.aborts_since(self.redis, f"{max(since_ms, 0)}-0", self._inbox_id):
-                self._on_finished_abort(abort.req_id, abort.reason)
+                self._abort(abort.req_id, abort.reason)
         now = time.time()
         for entry_id, fields in entries:
             self._take(entry_id, fields, now, histories.get(_req_id(fields)))
@@ -177,7 +177,7 @@ class Batcher:
             req.attempt = history.attempt
         self._on_finished(self.scheduler.add_request(req, now))
 
-    def _on_finished_abort(self, req_id: str, reason: str) -> None:
+    def _abort(self, req_id: str, reason: str) -> None:
         req = self.scheduler.abort_request(req_id, reason, time.time())
         if req is not None:
             self._on_finished([req])
@@ -195,7 +195,7 @@ class Batcher:
                 log.error("worker %s step %d failed: %s", msg.worker_id, msg.step_id, msg.error)
             self._on_finished(self.scheduler.update_from_output(msg))
         elif isinstance(msg, AbortRequest):
-            self._on_finished_abort(msg.req_id, msg.reason)
+            self._abort(msg.req_id, msg.reason)
         elif isinstance(msg, WorkerInfo):
             self._add_worker(msg)
         elif isinstance(msg, WorkerLost):

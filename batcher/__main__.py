@@ -8,7 +8,7 @@ import sys
 import threading
 import time
 
-from batcher.service import Batcher
+from batcher.leader import serve
 from batcher.settings import BatcherSettings
 from common import streams
 from common.logging_setup import configure_logging
@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> None:
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     client = connect(settings.redis_url)
     try:
-        Batcher(settings, client).run(stop)
+        serve(settings, client, stop)
     finally:
         client.close()
 

@@ -11,6 +11,8 @@ from typing import Any
 import msgspec
 import redis
 
+from batcher import recovery
+from batcher.lease import Lease, LeaseLost
 from batcher.metrics import BatcherMetrics
 from batcher.request import Request
 from batcher.scheduler import Scheduler, SchedulerConfig
@@ -37,9 +39,10 @@ READ_COUNT = 512
 
 
 class Batcher:
-    def __init__(self, settings: BatcherSettings, client: redis.Redis) -> None:
+    def __init__(self, settings: BatcherSettings, client: redis.Redis, lease: Lease) -> None:
         self.settings = settings
         self.redis = client
+        self.lease = lease  # held: this is the active batcher (batcher/leader.py); LeaseLost ends run()
         self.scheduler = Scheduler(
             SchedulerConfig(
                 max_num_seqs=settings.max_num_seqs,
@@ -57,6 +60,8 @@ class Batcher:
         self._requests_seen_id = "0-0"
         self._next_worker_check = 0.0
         self._stats_dirty = True
+        self._steps: list[tuple[str, bytes]] = []  # (steps stream, encoded step) to send, fenced
+        self.num_recovered = 0  # requests rebuilt from Redis when this batcher took over
 
     # ----- lifecycle -----------------------------------------------------------------------------
     def setup(self) -> None:
@@ -65,17 +70,40 @@ class Batcher:
         except redis.ResponseError as e:
             if "BUSYGROUP" not in str(e):
                 raise
+        if self.lease.epoch > 1:
+            # An earlier batcher ran: its steps may still be in the workers. Fenced first, so that
+            # the token streams read next are final and nothing of the old state can land later.
+            fenced = recovery.fence_workers(self.redis)
+            log.info("fenced the workers of the previous batcher: %s", fenced)
         self._inbox_id = self._last_id(streams.BATCHER_INBOX)
         self._requests_seen_id = self._last_id(streams.REQUESTS_STREAM)
+        self._recover(recovery.claim_pending(self.redis, self.settings.batcher_id), replay_aborts=True)
         self._claim_requests()  # whatever arrived before we started
         self.check_workers(time.time())
 
     def run(self, stop: threading.Event) -> None:
+        """Serve until `stop` is set; raises LeaseLost when another batcher took over."""
         self.setup()
-        log.info("batcher %s started", self.settings.batcher_id)
+        log.info("batcher %s active (epoch %d)", self.settings.batcher_id, self.lease.epoch)
         while not stop.is_set():
             self.step()
         log.info("batcher %s stopped", self.settings.batcher_id)
+
+    def _recover(self, entries: list[recovery.Entry], replay_aborts: bool = False) -> None:
+        """Take in claimed pending entries as they stand in their token streams."""
+        if not entries:
+            return
+        histories = recovery.read_histories(self.redis, [_req_id(fields) for _, fields in entries])
+        if replay_aborts:
+            # Aborts the old leader may not have applied (early ones are kept until their request).
+            since_ms = int(entries[0][0].split("-")[0]) - 5000
+            for abort in recovery.aborts_since(self.redis, f"{max(since_ms, 0)}-0", self._inbox_id):
+                self._abort(abort.req_id, abort.reason)
+        now = time.time()
+        for entry_id, fields in entries:
+            self._take(entry_id, fields, now, histories.get(_req_id(fields)))
+        self.num_recovered += len(entries)
+        log.info("recovered %d pending requests from Redis", len(entries))
 
     def step(self) -> None:
         """One iteration of the busy loop."""
@@ -85,6 +113,7 @@ class Batcher:
             self.check_workers(now)
             # A safety net under the XREAD wake-up: whatever is still unclaimed is taken now.
             self._claim_requests()
+            self._recover(recovery.claim_from_others(self.redis, self.settings.batcher_id))
         self._on_finished(self.scheduler.expire_waiting(now))
         self.schedule()
         self.send()
@@ -111,6 +140,7 @@ class Batcher:
 
     def _claim_requests(self) -> None:
         """Claim every new request; a burst larger than READ_COUNT takes several reads."""
+        self.lease.check()  # a batcher that lost the lease must not take requests into its name
         while self._claim_some() == READ_COUNT:
             pass
 
@@ -126,18 +156,36 @@ class Batcher:
         for _, entries in resp or []:
             num_read += len(entries)
             for entry_id, fields in entries:
-                try:
-                    msg = decode_request(fields[FIELD])
-                except (KeyError, msgspec.DecodeError) as e:
-                    log.warning("dead-lettering malformed request entry %s: %s", _s(entry_id), e)
-                    self._dead_letter(fields, _s(entry_id), f"unreadable request: {e}", 1)
-                    self._pipe.xack(streams.REQUESTS_STREAM, streams.BATCHER_GROUP, entry_id)
-                    continue
-                req = Request.from_message(msg, _s(entry_id))
-                self._on_finished(self.scheduler.add_request(req, now))
+                self._take(_s(entry_id), fields, now, None)
         # Gateways bound the queue by `num_waiting`: publish it as soon as claimed requests leave the lag.
         self._stats_dirty = self._stats_dirty or num_read > 0
         return num_read
+
+    def _take(
+        self, entry_id: str, fields: dict[bytes, bytes], now: float, history: recovery.TokenHistory | None
+    ) -> None:
+        """Queue one entry of the requests stream; `history` is its token stream when recovered."""
+        try:
+            msg = decode_request(fields[FIELD])
+        except (KeyError, msgspec.DecodeError) as e:
+            log.warning("dead-lettering malformed request entry %s: %s", entry_id, e)
+            self._dead_letter(fields, entry_id, f"unreadable request: {e}", 1)
+            self._pipe.xack(streams.REQUESTS_STREAM, streams.BATCHER_GROUP, entry_id)
+            return
+        req = Request.from_message(msg, entry_id)
+        if history is not None:
+            if history.finished:  # it ended before the old batcher could acknowledge it
+                self._pipe.xack(streams.REQUESTS_STREAM, streams.BATCHER_GROUP, entry_id)
+                return
+            # Recomputed from prompt + what its client has; readers need a newer attempt than theirs.
+            req.output_token_ids = history.output_token_ids
+            req.attempt = history.attempt
+        self._on_finished(self.scheduler.add_request(req, now))
+
+    def _abort(self, req_id: str, reason: str) -> None:
+        req = self.scheduler.abort_request(req_id, reason, time.time())
+        if req is not None:
+            self._on_finished([req])
 
     def _on_inbox(self, fields: dict[bytes, bytes]) -> None:
         try:
@@ -146,14 +194,14 @@ class Batcher:
             log.warning("dropping malformed inbox entry: %s", e)
             return
         if isinstance(msg, ModelRunnerOutput):
+            if msg.epoch != self.lease.epoch:
+                return  # a step of an earlier leader, computed before its worker was fenced
             if msg.error is not None:
                 log.error("worker %s step %d failed: %s", msg.worker_id, msg.step_id, msg.error)
             self.metrics.on_step_result(msg)
             self._on_finished(self.scheduler.update_from_output(msg))
         elif isinstance(msg, AbortRequest):
-            req = self.scheduler.abort_request(msg.req_id, msg.reason, time.time())
-            if req is not None:
-                self._on_finished([req])
+            self._abort(msg.req_id, msg.reason)
         elif isinstance(msg, WorkerInfo):
             self._add_worker(msg)
         elif isinstance(msg, WorkerLost):
@@ -223,19 +271,30 @@ class Batcher:
                 self._on_finished(failed)
                 if out is None:
                     break
-                self._pipe.xadd(
-                    streams.worker_steps(worker_id), {FIELD: encode(out)}, minid=min_id(), approximate=True
-                )
+                out.epoch = self.lease.epoch
+                self._steps.append((streams.worker_steps(worker_id), encode(out)))
                 self.metrics.on_step_sent(worker_id, out, time.time())
                 self._stats_dirty = True
 
     def send(self) -> None:
+        """Everything queued this iteration in one round trip; the steps only while we hold the lease."""
+        self.lease.check()
         if self._stats_dirty:
             self._pipe.hset(streams.BATCHER_STATS, mapping=self._stats())  # type: ignore[arg-type]
             self._stats_dirty = False
         self.metrics.publish(self._pipe, time.time())
-        if len(self._pipe):
-            self._pipe.execute()
+        steps_sent = None
+        if self._steps:
+            steps_sent = self.lease.queue_steps(self._pipe, self._steps, min_id())
+            self._steps = []
+        if not len(self._pipe):
+            return
+        results = self._pipe.execute(raise_on_error=False)
+        for result in results[:-1] if steps_sent else results:
+            if isinstance(result, Exception):
+                raise result
+        if steps_sent is not None and not steps_sent(results[-1]):
+            raise LeaseLost(f"batcher {self.settings.batcher_id}: steps refused, the lease has moved on")
 
     def _on_finished(self, finished: list[Request]) -> None:
         for req in finished:
@@ -270,6 +329,8 @@ class Batcher:
             num_waiting=len(s.waiting),
             num_running=s.num_running,
             num_workers=len(s.workers),
+            epoch=self.lease.epoch,
+            num_recovered=self.num_recovered,
             **{f"num_steps:{wid}": ws.step_id for wid, ws in s.workers.items()},
             updated_at=time.time(),
         )
@@ -281,6 +342,14 @@ class Batcher:
         except redis.ResponseError:
             return "0-0"  # no such stream yet
         return _s(info["last-generated-id"])
+
+
+def _req_id(fields: dict[bytes, bytes]) -> str:
+    """The req_id of a requests-stream entry without failing on a malformed one (handled later)."""
+    try:
+        return decode_request(fields[FIELD]).req_id
+    except (KeyError, msgspec.DecodeError):
+        return ""
 
 
 def _s(value: bytes | str) -> str:

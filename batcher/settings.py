@@ -52,6 +52,15 @@ class BatcherSettings(BaseSettings):
     worker_check_interval_s: float = Field(
         0.5, gt=0, description="How often to look for new or dead workers."
     )
+    lease_ttl_s: float = Field(
+        5.0,
+        gt=0,
+        description="The active batcher's lease lives this long unless renewed (every third of it); "
+        "a standby takes over within about this long after the active one dies.",
+    )
+    standby_poll_s: float = Field(
+        0.5, gt=0, description="How often a standby batcher tries to take the lease."
+    )
     batcher_id: str = Field(default_factory=_default_batcher_id, description="Consumer name in the group.")
 
     @model_validator(mode="after")

@@ -114,6 +114,7 @@ class SchedulerOutput(msgspec.Struct, tag="step", kw_only=True):
     num_scheduled_tokens: dict[str, int]  # req_id -> tokens to compute this step (prefill chunk or 1)
     total_num_scheduled_tokens: int
     finished_req_ids: list[str]  # finished, aborted or preempted since the last step: free them
+    epoch: int = 0  # the sending batcher's lease epoch (batcher/lease.py); echoed in the result
 
 
 class ModelRunnerOutput(msgspec.Struct, tag="result", kw_only=True):
@@ -129,6 +130,7 @@ class ModelRunnerOutput(msgspec.Struct, tag="result", kw_only=True):
     num_scheduled_tokens: int = 0  # tokens this step computed
     step_time: float = 0.0  # seconds spent in forward + sample
     worker_idle_s: float = 0.0  # seconds between publishing the previous result and receiving this step
+    epoch: int = 0  # the epoch of the step it answers: a new batcher ignores results of an old one
 
 
 class TokenEvent(msgspec.Struct, tag="token", kw_only=True, omit_defaults=True):

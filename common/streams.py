@@ -38,3 +38,10 @@ def worker_steps(worker_id: str) -> str:
 def rate_limit_key(owner: str) -> str:
     """Per-owner rate-limit counters (a hash with a TTL), shared by every gateway."""
     return f"llm:ratelimit:{owner or '-'}"
+
+
+# The active batcher's lease: "<epoch>:<batcher_id>", SET with a PX TTL and renewed while it runs;
+# standby batchers wait for it to expire. Every step the batcher writes is fenced on it.
+BATCHER_LEASE: Final = "llm:batcher:lease"
+# Incremented on every takeover: the epoch stamped on steps (and echoed in results) of that leader.
+BATCHER_EPOCH: Final = "llm:batcher:epoch"

@@ -119,7 +119,9 @@ class Worker:
             return None
 
     def execute(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
-        return self.runner.execute_model(scheduler_output)
+        output = self.runner.execute_model(scheduler_output)
+        output.epoch = scheduler_output.epoch
+        return output
 
     def publish(self, output: ModelRunnerOutput) -> bool:
         """Token events and the step result in one atomic, fenced script call.

@@ -43,8 +43,8 @@ class Stack:
         self.procs[name] = proc
         return proc
 
-    def start_batcher(self, **env: str) -> None:
-        self._spawn("batcher", ["batcher"], env)
+    def start_batcher(self, name: str = "batcher", **env: str) -> subprocess.Popen[bytes]:
+        return self._spawn(name, ["batcher"], env)
 
     def start_worker(self, name: str = "worker0", **env: str) -> subprocess.Popen[bytes]:
         env = {"WORKER_NUM_THREADS": "1", **env}

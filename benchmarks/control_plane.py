@@ -16,6 +16,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import signal
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -112,6 +114,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--device", default="cpu", help="the worker's device with --real-model (cpu, cuda)")
     parser.add_argument("--result-file", default=None)
     args = parser.parse_args(argv)
+    # A SIGTERM must still stop the pipeline each measurement started (their `finally`).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     rows = []
     with tempfile.TemporaryDirectory(prefix="control-plane-") as tmp:
         for batch_size in (int(b) for b in args.batch_sizes.split(",")):

@@ -19,6 +19,7 @@ import argparse
 import asyncio
 import json
 import math
+import signal
 import subprocess
 import sys
 import time
@@ -328,6 +329,9 @@ def main_compare(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # SIGTERM (a `timeout`, a CI runner) must still stop the servers a comparison launched: turning it
+    # into SystemExit runs the `finally` that stops them; Python's default would just end the process.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     args, compare = parse_args(list(sys.argv[1:] if argv is None else argv))
     try:
         return main_compare(args) if compare else main_single(args)

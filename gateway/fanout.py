@@ -7,19 +7,20 @@ from collections.abc import AsyncGenerator, Sequence
 from contextlib import aclosing
 
 from gateway.request_builder import PreparedRequest
-from gateway.request_runner import Output, RequestRunner
+from gateway.request_runner import Follow, Output, RequestRunner
 
 _END = object()  # a choice's outputs are exhausted
 
 
 async def merged_outputs(
-    runner: RequestRunner, requests: Sequence[PreparedRequest]
+    runner: RequestRunner, requests: Sequence[PreparedRequest], follow: Follow | None = None
 ) -> AsyncGenerator[tuple[int, Output | None], None]:
     """Outputs of every choice in arrival order, tagged with the choice index; a failure of any choice
     is raised here. Closing this generator (or failing) closes every choice, which aborts unfinished ones.
+    `follow` applies to a single choice; several choices cannot be resumed, so they abort at once.
     """
     if len(requests) == 1:  # the common case needs no tasks
-        async with aclosing(runner.outputs(requests[0])) as outputs:
+        async with aclosing(runner.outputs(requests[0], follow)) as outputs:
             async for out in outputs:
                 yield 0, out
         return

@@ -14,7 +14,7 @@ from gateway.auth import request_owner
 from gateway.openai_schemas import ChatCompletionRequest, CompletionRequest
 from gateway.queue_depth import check_queue
 from gateway.request_builder import PreparedRequest, fan_out, prepare_request
-from gateway.request_meta import meta_of
+from gateway.request_meta import Kind, meta_of
 from gateway.state import GatewayState
 
 
@@ -37,7 +37,7 @@ async def admit(
     requests = fan_out(request)
     if len(requests) == 1:
         # Kept so that the client can resume the stream or fetch the result by id, through any gateway.
-        kind = "chat" if isinstance(body, ChatCompletionRequest) else "completion"
+        kind: Kind = "chat" if isinstance(body, ChatCompletionRequest) else "completion"
         await state.runner.submit(request, meta_of(request, kind, state.served.name))
         return requests
     for choice_request in requests:

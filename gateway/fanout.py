@@ -26,7 +26,7 @@ async def merged_outputs(
         return
     queue: asyncio.Queue[tuple[int, object]] = asyncio.Queue()
 
-    async def follow(index: int, request: PreparedRequest) -> None:
+    async def follow_choice(index: int, request: PreparedRequest) -> None:
         try:
             async with aclosing(runner.outputs(request)) as outputs:
                 async for out in outputs:
@@ -36,7 +36,7 @@ async def merged_outputs(
         else:
             queue.put_nowait((index, _END))
 
-    tasks = [asyncio.create_task(follow(i, r)) for i, r in enumerate(requests)]
+    tasks = [asyncio.create_task(follow_choice(i, r)) for i, r in enumerate(requests)]
     try:
         remaining = len(tasks)
         while remaining:

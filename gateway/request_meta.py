@@ -103,17 +103,18 @@ def save_meta(pipe: Any, meta: RequestMeta, ttl_s: int) -> None:
 
 
 async def load_meta(redis: aioredis.Redis, req_id: str) -> RequestMeta | None:
-    raw = await redis.hget(request_meta(req_id), _META)  # type: ignore[misc]
+    raw = await redis.hget(request_meta(req_id), _META)
     if raw is None:
         return None
+    assert isinstance(raw, bytes)  # connect_async leaves replies undecoded
     return msgspec.msgpack.decode(raw, type=RequestMeta)
 
 
 async def attach(redis: aioredis.Redis, req_id: str) -> int:
     """Count a resuming client in; returns the count this follower attached at."""
-    return int(await redis.hincrby(request_meta(req_id), _ATTACH, 1))  # type: ignore[misc]
+    return int(await redis.hincrby(request_meta(req_id), _ATTACH, 1))
 
 
 async def attach_count(redis: aioredis.Redis, req_id: str) -> int:
-    raw = await redis.hget(request_meta(req_id), _ATTACH)  # type: ignore[misc]
+    raw = await redis.hget(request_meta(req_id), _ATTACH)
     return int(raw or 0)

@@ -76,8 +76,8 @@ class RequestRunner:
         async with self._redis.pipeline(transaction=False) as pipe:
             if meta is not None:
                 save_meta(pipe, meta, self._meta_ttl_s)
-            message = {FIELD: encode(request.to_message())}
-            pipe.xadd(REQUESTS_STREAM, message, minid=min_id(), approximate=True)
+            fields: dict[Any, Any] = {FIELD: encode(request.to_message())}
+            pipe.xadd(REQUESTS_STREAM, fields, minid=min_id(), approximate=True)
             await pipe.execute()
         logger.info(
             "request queued: %d prompt tokens, max_tokens %d",

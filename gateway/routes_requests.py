@@ -22,7 +22,8 @@ from gateway.request_runner import Follow
 from gateway.routes_chat import ChatChunks, chat_response
 from gateway.routes_completions import SSE_HEADERS, CompletionChunks, completion_response, request_id_header
 from gateway.state import GatewayState, get_state
-from gateway.streaming import ChunkFormatter, collect, entry_key, stream_sse
+from gateway.streaming import ChunkFormatter, collect, stream_sse
+from gateway.token_mux import entry_key
 
 router = APIRouter()
 

@@ -24,6 +24,7 @@ from gateway.request_builder import PreparedRequest
 from gateway.request_runner import Follow, Output, RequestRunner
 from gateway.sse import DONE, sse_event
 from gateway.stream_reader import RequestFailed, RequestTimedOut
+from gateway.token_mux import entry_key
 
 # 499 (nginx's "client closed request"): nobody reads it, but logs show what happened.
 _CLIENT_GONE = 499
@@ -67,12 +68,6 @@ def _timed_out() -> OpenAIError:
 
 def _unavailable() -> OpenAIError:
     return OpenAIError(503, "the request queue became unavailable", type="server_error")
-
-
-def entry_key(entry_id: str) -> tuple[int, int]:
-    """A stream entry id ("<ms>-<seq>") as a sortable pair; ValueError when it is not one."""
-    ms, _, seq = entry_id.partition("-")
-    return int(ms), int(seq or 0)
 
 
 async def stream_sse(

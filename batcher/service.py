@@ -36,6 +36,7 @@ log = logging.getLogger("batcher")
 
 # Requests claimed from the stream per read; the rest wait for the next iteration.
 READ_COUNT = 512
+_ABORTED = "the request was aborted by the gateway (its client left without resuming, or it timed out)"
 
 
 class Batcher:
@@ -299,13 +300,18 @@ class Batcher:
     def _on_finished(self, finished: list[Request]) -> None:
         for req in finished:
             log.debug("request finished (%s)", req.finish_reason, extra={"request_id": req.req_id})
+            key = streams.token_stream(req.req_id)
             if req.finish_reason == "error":
-                key = streams.token_stream(req.req_id)
                 event = RequestError(
                     req_id=req.req_id, message=req.error or "request failed", code=req.error_code
                 )
                 self._pipe.xadd(key, {FIELD: encode(event)})
-                self._pipe.expire(key, TOKEN_STREAM_TTL_S)
+            elif req.finish_reason == "abort":
+                # Its client left and nobody resumed it: a late reader (resume, fetch) learns so at once.
+                event = RequestError(req_id=req.req_id, message=_ABORTED, code="request_aborted")
+                self._pipe.xadd(key, {FIELD: encode(event)})
+            # The worker sets it with a last token; an aborted or failed stream has none.
+            self._pipe.expire(key, TOKEN_STREAM_TTL_S)
             if req.dead_letter:
                 fields = {FIELD: encode(req.to_message())}
                 self._dead_letter(fields, req.entry_id, req.error or "", req.num_failed_deliveries)

@@ -30,6 +30,12 @@ def token_stream(req_id: str) -> str:
     return f"llm:tokens:{req_id}"
 
 
+def request_meta(req_id: str) -> str:
+    """Per-request hash the gateway writes at submit (how to render it, who owns it) for resuming
+    clients and fetches by id; its TTL outlives the request plus its token stream's resume window."""
+    return f"llm:request:{req_id}"
+
+
 def worker_steps(worker_id: str) -> str:
     """Per-worker stream of SchedulerOutput, written by the batcher, read by that worker only."""
     return f"llm:worker:{worker_id}:steps"

@@ -14,6 +14,7 @@ from gateway.auth import request_owner
 from gateway.openai_schemas import ChatCompletionRequest, CompletionRequest
 from gateway.queue_depth import check_queue
 from gateway.request_builder import PreparedRequest, fan_out, prepare_request
+from gateway.request_meta import Kind, meta_of
 from gateway.state import GatewayState
 
 
@@ -34,6 +35,11 @@ async def admit(
     num_tokens = len(request.prompt_token_ids) + request.n * request.sampling_params.max_tokens
     await state.rate_limiter.check(owner, num_tokens)
     requests = fan_out(request)
+    if len(requests) == 1:
+        # Kept so that the client can resume the stream or fetch the result by id, through any gateway.
+        kind: Kind = "chat" if isinstance(body, ChatCompletionRequest) else "completion"
+        await state.runner.submit(request, meta_of(request, kind, state.served.name))
+        return requests
     for choice_request in requests:
         await state.runner.submit(choice_request)
     return requests

@@ -8,7 +8,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from common.redis_conn import connect_async
-from gateway import routes_chat, routes_completions, routes_metrics, routes_models
+from gateway import routes_chat, routes_completions, routes_metrics, routes_models, routes_requests
 from gateway.api_keys import ApiKeys
 from gateway.auth import AuthMiddleware
 from gateway.body_limit import BodySizeLimitMiddleware
@@ -51,6 +51,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     install_error_handlers(app)
     app.include_router(routes_completions.router)
     app.include_router(routes_chat.router)
+    app.include_router(routes_requests.router)
     app.include_router(routes_models.router)
     app.include_router(routes_metrics.router)
     # Added last runs first: keys are checked before a byte of the body is read.

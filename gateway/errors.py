@@ -21,6 +21,7 @@ _STATUS_BY_CODE = {
     "context_length_exceeded": 400,
     "rate_limit_exceeded": 429,
     "queue_timeout": 503,  # waited longer than GATEWAY_MAX_QUEUE_WAIT_S for a slot: overload
+    "request_aborted": 410,  # its client left and nobody resumed it within the grace window
 }
 
 

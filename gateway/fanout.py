@@ -7,25 +7,26 @@ from collections.abc import AsyncGenerator, Sequence
 from contextlib import aclosing
 
 from gateway.request_builder import PreparedRequest
-from gateway.request_runner import Output, RequestRunner
+from gateway.request_runner import Follow, Output, RequestRunner
 
 _END = object()  # a choice's outputs are exhausted
 
 
 async def merged_outputs(
-    runner: RequestRunner, requests: Sequence[PreparedRequest]
+    runner: RequestRunner, requests: Sequence[PreparedRequest], follow: Follow | None = None
 ) -> AsyncGenerator[tuple[int, Output | None], None]:
     """Outputs of every choice in arrival order, tagged with the choice index; a failure of any choice
     is raised here. Closing this generator (or failing) closes every choice, which aborts unfinished ones.
+    `follow` applies to a single choice; several choices cannot be resumed, so they abort at once.
     """
     if len(requests) == 1:  # the common case needs no tasks
-        async with aclosing(runner.outputs(requests[0])) as outputs:
+        async with aclosing(runner.outputs(requests[0], follow)) as outputs:
             async for out in outputs:
                 yield 0, out
         return
     queue: asyncio.Queue[tuple[int, object]] = asyncio.Queue()
 
-    async def follow(index: int, request: PreparedRequest) -> None:
+    async def follow_choice(index: int, request: PreparedRequest) -> None:
         try:
             async with aclosing(runner.outputs(request)) as outputs:
                 async for out in outputs:
@@ -35,7 +36,7 @@ async def merged_outputs(
         else:
             queue.put_nowait((index, _END))
 
-    tasks = [asyncio.create_task(follow(i, r)) for i, r in enumerate(requests)]
+    tasks = [asyncio.create_task(follow_choice(i, r)) for i, r in enumerate(requests)]
     try:
         remaining = len(tasks)
         while remaining:

@@ -40,6 +40,12 @@ class PreparedRequest:
     user: str = ""  # the client's end-user id, recorded with the request
     owner: str = ""  # name of the API key that made it; never the key
     queue_deadline: float | None = None  # unix seconds; the batcher fails it if still unscheduled then
+    # Set when prompt_token_ids holds only the prompt's tail (a request rebuilt to resume its stream).
+    full_prompt_len: int | None = None
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids) if self.full_prompt_len is None else self.full_prompt_len
 
     def to_message(self) -> GenerateRequest:
         return GenerateRequest(

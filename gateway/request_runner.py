@@ -5,20 +5,22 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Coroutine
 from contextlib import aclosing
 from dataclasses import dataclass
+from typing import Any
 
 import redis.asyncio as aioredis
 import redis.exceptions
 
 from common.logging_setup import bind_request_id
 from common.protocol import FIELD, AbortRequest, TokenEvent, encode
-from common.redis_conn import min_id
-from common.streams import BATCHER_INBOX, REQUESTS_STREAM
+from common.redis_conn import TOKEN_STREAM_TTL_S, min_id
+from common.streams import BATCHER_INBOX, REQUESTS_STREAM, request_meta, token_stream
 from gateway.metrics import GatewayMetrics, RequestTracker
 from gateway.output_processor import OutputProcessor
 from gateway.request_builder import PreparedRequest
+from gateway.request_meta import RequestMeta, attach_count, save_meta
 from gateway.served_model import ServedModel
 from gateway.stream_reader import RequestFailed, RequestTimedOut, follow_token_stream
 from gateway.token_mux import TokenStreamMux
@@ -27,6 +29,17 @@ logger = logging.getLogger(__name__)
 
 # How long shutdown waits for aborts still on their way to Redis.
 _ABORT_DRAIN_S = 5.0
+
+
+@dataclass(slots=True, frozen=True)
+class Follow:
+    """What one follower of a request does when it stops before the end (see docs/reliability.md)."""
+
+    may_abort: bool = True  # leaving early aborts the request; a fetch by id only looks
+    grace_s: float = 0.0  # client gone: wait this long for a resume before aborting (0: at once)
+    attach: int = 0  # the request's attach count when this follower started (request_meta.attach)
+    track: bool = True  # count the request in this gateway's metrics (its first follower only)
+    wait_s: float | None = None  # give up after this long (RequestTimedOut) instead of the request timeout
 
 
 @dataclass(slots=True, frozen=True)
@@ -52,13 +65,20 @@ class RequestRunner:
         self._served = served
         self._metrics = metrics
         self._request_timeout_s = request_timeout_s
-        # Abort sends run as their own tasks: a cancelled stream cannot await anything in its finally.
+        # Aborts (and other writes) run as their own tasks: a cancelled stream cannot await in its finally.
         self._pending_aborts: set[asyncio.Task[None]] = set()
+        self._grace_timers: set[asyncio.Task[None]] = set()  # aborts waiting for a resume
+        # The request cannot run past its timeout (while a gateway follows it); then the resume window.
+        self._meta_ttl_s = int(request_timeout_s) + TOKEN_STREAM_TTL_S
 
-    async def submit(self, request: PreparedRequest) -> None:
-        await self._redis.xadd(
-            REQUESTS_STREAM, {FIELD: encode(request.to_message())}, minid=min_id(), approximate=True
-        )
+    async def submit(self, request: PreparedRequest, meta: RequestMeta | None = None) -> None:
+        """Append the request (and, for a resumable one, its metadata first) in one round trip."""
+        async with self._redis.pipeline(transaction=False) as pipe:
+            if meta is not None:
+                save_meta(pipe, meta, self._meta_ttl_s)
+            fields: dict[Any, Any] = {FIELD: encode(request.to_message())}
+            pipe.xadd(REQUESTS_STREAM, fields, minid=min_id(), approximate=True)
+            await pipe.execute()
         logger.info(
             "request queued: %d prompt tokens, max_tokens %d",
             len(request.prompt_token_ids),
@@ -68,9 +88,43 @@ class RequestRunner:
 
     def abort_later(self, req_id: str, reason: str) -> None:
         """Tell the batcher to stop `req_id`, without awaiting (safe inside a cancelled task)."""
-        task = asyncio.get_running_loop().create_task(self._send_abort(req_id, reason))
+        self._in_background(self._send_abort(req_id, reason))
+
+    def _in_background(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
         self._pending_aborts.add(task)
         task.add_done_callback(self._pending_aborts.discard)
+
+    async def _expire_meta(self, req_id: str) -> None:
+        # The request is over: its metadata need not outlive its token stream's resume window.
+        try:
+            await self._redis.expire(request_meta(req_id), TOKEN_STREAM_TTL_S)
+        except redis.exceptions.RedisError as exc:
+            logger.warning("could not expire the metadata of %s: %s", req_id, exc)
+
+    def abort_unless_resumed(self, req_id: str, grace_s: float, attach: int) -> None:
+        """After `grace_s`, abort `req_id` unless a client attached to it since this follower did."""
+        task = asyncio.get_running_loop().create_task(self._abort_after_grace(req_id, grace_s, attach))
+        self._grace_timers.add(task)
+        task.add_done_callback(self._grace_timers.discard)
+
+    async def _abort_after_grace(self, req_id: str, grace_s: float, attach: int) -> None:
+        await asyncio.sleep(grace_s)
+        try:
+            resumed = await attach_count(self._redis, req_id) != attach
+            # A token stream gets its TTL when the request ends: then there is nothing to abort.
+            ended = await self._redis.ttl(token_stream(req_id)) >= 0
+        except redis.exceptions.RedisError as exc:
+            logger.warning("could not check %s for a resume: %s", req_id, exc, extra={"request_id": req_id})
+            return
+        if resumed:
+            logger.info("client resumed the stream: not aborting", extra={"request_id": req_id})
+            return
+        if ended:
+            logger.info("no client resumed, but the request is over already", extra={"request_id": req_id})
+            return
+        logger.info("no client resumed within %.0f s: aborting", grace_s, extra={"request_id": req_id})
+        await self._send_abort(req_id, "abort")
 
     async def _send_abort(self, req_id: str, reason: str) -> None:
         message = encode(AbortRequest(req_id=req_id, reason=reason))
@@ -80,22 +134,35 @@ class RequestRunner:
             logger.warning("could not abort %s (%s): %s", req_id, reason, exc, extra={"request_id": req_id})
 
     async def drain(self) -> None:
+        # A gateway going away leaves its disconnected requests running: their clients may resume
+        # through another gateway (and the request ends by itself at max_tokens otherwise).
+        for timer in list(self._grace_timers):
+            timer.cancel()
         if self._pending_aborts:
             await asyncio.wait(set(self._pending_aborts), timeout=_ABORT_DRAIN_S)
         await self._mux.close()
 
-    async def outputs(self, request: PreparedRequest) -> AsyncGenerator[Output | None, None]:
+    async def outputs(
+        self, request: PreparedRequest, follow: Follow | None = None
+    ) -> AsyncGenerator[Output | None, None]:
         """Text deltas until the request finishes; None after a read that brought nothing to show.
 
         The Nones let callers check regularly that their client is still there. Raises RequestFailed
-        when the request fails and RequestTimedOut past the request timeout. Leaving early (client gone,
-        cancellation, timeout, Redis error) aborts the request in the batcher.
+        when the request fails and RequestTimedOut past the request timeout. Leaving early aborts the
+        request in the batcher: at once on a timeout or with no grace, else after `follow.grace_s`
+        unless a client resumed meanwhile. Replaying a stream from its start (a resume) goes through
+        exactly this code, so the text, its split into deltas and the stop-string cut are the same.
         """
+        follow = follow or Follow()
         bind_request_id(request.req_id)  # this task's log lines are about this request from now on
         processor = OutputProcessor(self._served.tokenizer.tokenizer, request.prompt_token_ids, request.stop)
-        tracker = self._metrics.track(request.arrival_time, len(request.prompt_token_ids))
-        deadline = time.monotonic() + self._request_timeout_s
-        done = False
+        tracker = None
+        if follow.track:
+            tracker = self._metrics.track(request.arrival_time, request.num_prompt_tokens)
+        # Counted from arrival, so a resumed follower gets what is left of the request's time.
+        left_s = self._request_timeout_s - max(0.0, time.time() - request.arrival_time)
+        deadline = time.monotonic() + (left_s if follow.wait_s is None else min(left_s, follow.wait_s))
+        done = timed_out = False
         token_ids: list[int] = []
         events: list[TokenEvent] = []
         try:
@@ -110,7 +177,7 @@ class RequestRunner:
                         token_ids.append(event.token_id)
                         events.append(event)
                         delta = processor.process(event.token_id, event.finish_reason)
-                        if delta.stop_string_hit:
+                        if delta.stop_string_hit and follow.may_abort:
                             self.abort_later(request.req_id, "stop")
                         if delta.text or delta.finish_reason is not None:
                             ready.append(
@@ -128,9 +195,10 @@ class RequestRunner:
                             done = True
                             break
                     # Metrics first: a caller may stop iterating right after the last output.
-                    tracker.on_tokens(num_read, read_at)
-                    if done:
-                        self._log_finished(tracker, ready[-1].finish_reason or "stop", read_at)
+                    if tracker is not None:
+                        tracker.on_tokens(num_read, read_at)
+                        if done:
+                            self._log_finished(tracker, ready[-1].finish_reason or "stop", read_at)
                     for out in ready:
                         yield out
                     if done:
@@ -139,16 +207,26 @@ class RequestRunner:
                         yield None
         except RequestFailed as exc:
             done = True  # the request is over on the server side already
-            tracker.finish("error")
+            if tracker is not None:
+                tracker.finish("error")
             logger.warning("request failed: %s", exc)
             raise
         except RequestTimedOut:
-            logger.warning("request %s timed out after %.0f s", request.req_id, self._request_timeout_s)
+            timed_out = True
+            if follow.may_abort:
+                logger.warning("request %s timed out after %.0f s", request.req_id, self._request_timeout_s)
             raise
         finally:
-            if not done:
+            if done:
+                self._in_background(self._expire_meta(request.req_id))
+            if not done and tracker is not None:
                 tracker.finish("abort")
-                self.abort_later(request.req_id, "abort")
+            if not done and follow.may_abort:
+                if timed_out or follow.grace_s <= 0:
+                    self.abort_later(request.req_id, "abort")
+                else:
+                    logger.info("client left: aborting in %.0f s unless it resumes", follow.grace_s)
+                    self.abort_unless_resumed(request.req_id, follow.grace_s, follow.attach)
 
     @staticmethod
     def _log_finished(tracker: RequestTracker, reason: str, now: float) -> None:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from collections.abc import Sequence
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends
 from starlette.requests import Request
@@ -18,13 +19,19 @@ from gateway.openai_schemas import (
     response_exclude,
 )
 from gateway.request_builder import PreparedRequest
-from gateway.request_runner import Output
+from gateway.request_meta import response_id as response_id_of
+from gateway.request_runner import Follow, Output
 from gateway.state import GatewayState, get_state
-from gateway.streaming import collect, stream_sse, usage
+from gateway.streaming import Completed, collect, stream_sse, usage
 
 router = APIRouter()
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def request_id_header(req_id: str) -> dict[str, str]:
+    """Every answer names its request, so a client can resume it (GET /v1/requests/{id}/stream)."""
+    return {"X-Request-Id": req_id}
 
 
 class CompletionChunks:
@@ -82,14 +89,32 @@ async def create_completion(
 ) -> JSONResponse | StreamingResponse:
     requests = await admit(body, http_request, state)
     request = requests[0]
-    response_id, created = f"cmpl-{request.req_id}", int(request.arrival_time)
+    response_id, created = response_id_of("completion", request.req_id), int(request.arrival_time)
     formatter = LogprobsFormatter(state.served.tokenizer.tokenizer)
+    headers = request_id_header(request.req_id)
     if request.stream:
         chunks = CompletionChunks(response_id, created, state.served.name, request, formatter)
+        follow = Follow(grace_s=state.settings.resume_grace_s if len(requests) == 1 else 0.0)
         return StreamingResponse(
-            stream_sse(state.runner, requests, chunks), media_type="text/event-stream", headers=SSE_HEADERS
+            stream_sse(state.runner, requests, chunks, follow),
+            media_type="text/event-stream",
+            headers={**SSE_HEADERS, **headers},
         )
     done = await collect(state.runner, requests, http_request)
+    response = completion_response(requests, done, response_id, created, state.served.name, formatter)
+    return JSONResponse(response, headers=headers)
+
+
+def completion_response(
+    requests: Sequence[PreparedRequest],
+    done: list[Completed],
+    response_id: str,
+    created: int,
+    model: str,
+    formatter: LogprobsFormatter,
+) -> dict[str, Any]:
+    """The non-streaming body (also what a fetch by id returns)."""
+    request = requests[0]
     echo = request.echo_text or ""
     choices = [
         CompletionChoice(
@@ -104,10 +129,8 @@ async def create_completion(
     response = CompletionResponse(
         id=response_id,
         created=created,
-        model=state.served.name,
+        model=model,
         choices=choices,
         usage=usage(requests, [c.num_output_tokens for c in done]),
     )
-    return JSONResponse(
-        response.model_dump(exclude=response_exclude(return_token_ids=request.return_token_ids))
-    )
+    return response.model_dump(exclude=response_exclude(return_token_ids=request.return_token_ids))

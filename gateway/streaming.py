@@ -21,9 +21,10 @@ from gateway.errors import OpenAIError, from_request_error
 from gateway.fanout import merged_outputs
 from gateway.openai_schemas import UsageInfo
 from gateway.request_builder import PreparedRequest
-from gateway.request_runner import Output, RequestRunner
+from gateway.request_runner import Follow, Output, RequestRunner
 from gateway.sse import DONE, sse_event
 from gateway.stream_reader import RequestFailed, RequestTimedOut
+from gateway.token_mux import entry_key
 
 # 499 (nginx's "client closed request"): nobody reads it, but logs show what happened.
 _CLIENT_GONE = 499
@@ -52,7 +53,7 @@ class Completed:
 
 def usage(requests: Sequence[PreparedRequest], num_output_tokens: Sequence[int]) -> UsageInfo:
     """The prompt is counted once, however many choices share it (as OpenAI counts n > 1)."""
-    num_prompt_tokens = len(requests[0].prompt_token_ids)
+    num_prompt_tokens = requests[0].num_prompt_tokens
     completion_tokens = sum(num_output_tokens)
     return UsageInfo(
         prompt_tokens=num_prompt_tokens,
@@ -70,28 +71,43 @@ def _unavailable() -> OpenAIError:
 
 
 async def stream_sse(
-    runner: RequestRunner, requests: Sequence[PreparedRequest], formatter: ChunkFormatter
+    runner: RequestRunner,
+    requests: Sequence[PreparedRequest],
+    formatter: ChunkFormatter,
+    follow: Follow | None = None,
+    resume_after: str | None = None,
 ) -> AsyncIterator[bytes]:
     """SSE body: opening chunks, one chunk per delta (id = its token event), usage, then [DONE].
 
     Failures become an `{"error": ...}` event, since the 200 status has already been sent. On client
-    disconnect Starlette cancels this generator; `outputs` then aborts the request without awaiting.
+    disconnect Starlette cancels this generator; `outputs` then aborts the request without awaiting
+    (or after the resume grace, per `follow`). With `resume_after` (a Last-Event-ID) the stream is
+    replayed from its start through the same formatter, and only the events after that id are sent.
     """
     num_output_tokens = [0] * len(requests)
     resumable = len(requests) == 1
+    after = None if resume_after is None else entry_key(resume_after)
+
+    def is_new(entry_id: str | None) -> bool:
+        return after is None or entry_id is None or entry_key(entry_id) > after
+
     try:
-        for data in formatter.opening():
-            yield sse_event(data)
-        async with aclosing(merged_outputs(runner, requests)) as outputs:
+        if after is None:
+            for data in formatter.opening():
+                yield sse_event(data)
+        async with aclosing(merged_outputs(runner, requests, follow)) as outputs:
             async for index, out in outputs:
                 if out is None:
                     continue
                 num_output_tokens[index] = out.num_output_tokens
-                yield sse_event(formatter.delta(index, out), out.entry_id if resumable else None)
+                chunk = formatter.delta(index, out)  # always: the formatter keeps state (logprob offsets)
+                if is_new(out.entry_id):
+                    yield sse_event(chunk, out.entry_id if resumable else None)
         if requests[0].include_usage:
             yield sse_event(formatter.usage(usage(requests, num_output_tokens)))
     except RequestFailed as exc:
-        yield sse_event(json.dumps(from_request_error(exc.error).body()), exc.entry_id)
+        if is_new(exc.entry_id):
+            yield sse_event(json.dumps(from_request_error(exc.error).body()), exc.entry_id)
     except RequestTimedOut:
         yield sse_event(json.dumps(_timed_out().body()))
     except redis.exceptions.RedisError:
@@ -100,12 +116,19 @@ async def stream_sse(
 
 
 async def collect(
-    runner: RequestRunner, requests: Sequence[PreparedRequest], http_request: Request
+    runner: RequestRunner,
+    requests: Sequence[PreparedRequest],
+    http_request: Request,
+    follow: Follow | None = None,
 ) -> list[Completed]:
-    """Every choice whole; checks between reads that the client is still waiting, and aborts if not."""
+    """Every choice whole; checks between reads that the client is still waiting, and aborts if not.
+
+    A non-streaming client learns the request id only with the answer, so it cannot resume: the
+    default `follow` aborts at once when it leaves.
+    """
     choices = [Completed() for _ in requests]
     try:
-        async with aclosing(merged_outputs(runner, requests)) as outputs:
+        async with aclosing(merged_outputs(runner, requests, follow)) as outputs:
             async for index, out in outputs:
                 if await http_request.is_disconnected():
                     # Leaving the loop closes `outputs`, which aborts the requests.

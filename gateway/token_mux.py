@@ -8,6 +8,10 @@ and hands each request its entries through an asyncio queue.
 A request that subscribes while the shared XREAD is blocked must not wait for that read's timeout:
 the mux also reads a small wake stream of its own, and `subscribe` appends to it, which ends the
 blocked read at once. The wake stream has a TTL, so a gateway that dies leaves nothing behind.
+
+Several followers of one stream (a resumed client and the original one, or a fetch by id) each get
+their own subscription; the read starts at the oldest of their positions and each gets only the
+entries past its own.
 """
 
 from __future__ import annotations
@@ -35,6 +39,12 @@ _WAKE_TTL_S = 3600  # refreshed on every wake; outlives any pause of a live gate
 _RETRY_S = (0.05, 0.1, 0.2, 0.5, 1.0)  # backoff after a failed read
 
 
+def entry_key(entry_id: str) -> tuple[int, int]:
+    """A stream entry id ("<ms>-<seq>") as a sortable pair; ValueError when it is not one."""
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)
+
+
 @dataclass(slots=True)
 class Subscription:
     req_id: str
@@ -45,7 +55,7 @@ class Subscription:
 class TokenStreamMux:
     def __init__(self, redis: aioredis.Redis) -> None:
         self._redis = redis
-        self._subs: dict[str, Subscription] = {}  # by token stream key
+        self._subs: dict[str, list[Subscription]] = {}  # by token stream key
         self._wake_key = f"llm:gateway:wake:{uuid.uuid4().hex}"
         self._wake_last = "0-0"
         self._has_subs = asyncio.Event()
@@ -54,7 +64,7 @@ class TokenStreamMux:
 
     async def subscribe(self, req_id: str, last_id: str = "0-0") -> Subscription:
         sub = Subscription(req_id, last_id)
-        self._subs[token_stream(req_id)] = sub
+        self._subs.setdefault(token_stream(req_id), []).append(sub)
         self._has_subs.set()
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self._run(), name="token-stream-mux")
@@ -64,8 +74,11 @@ class TokenStreamMux:
 
     def unsubscribe(self, sub: Subscription) -> None:
         key = token_stream(sub.req_id)
-        if self._subs.get(key) is sub:
-            del self._subs[key]
+        subs = self._subs.get(key, [])
+        if sub in subs:
+            subs.remove(sub)
+        if not subs:
+            self._subs.pop(key, None)
         if not self._subs:
             self._has_subs.clear()
 
@@ -99,15 +112,18 @@ class TokenStreamMux:
             await self._has_subs.wait()
             if self._closing:
                 return
-            streams: dict[Any, Any] = {key: sub.last_id for key, sub in self._subs.items()}
+            streams: dict[Any, Any] = {
+                key: min((sub.last_id for sub in subs), key=entry_key) for key, subs in self._subs.items()
+            }
             streams[self._wake_key] = self._wake_last
             try:
                 # Bounded BLOCK: redis-py retries a timed-out blocking read for a long time.
                 reply = await self._redis.xread(streams, count=_READ_COUNT, block=MAX_BLOCK_MS)
             except redis.exceptions.RedisError as exc:
                 # Every follower sees the failure (as a read of its own would have raised it).
-                for sub in list(self._subs.values()):
-                    sub.queue.put_nowait(exc)
+                for subs in list(self._subs.values()):
+                    for sub in subs:
+                        sub.queue.put_nowait(exc)
                 self._subs.clear()
                 self._has_subs.clear()
                 await asyncio.sleep(_RETRY_S[min(failures, len(_RETRY_S) - 1)])
@@ -131,8 +147,9 @@ class TokenStreamMux:
             if key == self._wake_key:
                 self._wake_last = entries[-1][0]
                 continue
-            sub = self._subs.get(key)
-            if sub is None:  # unsubscribed while the read was in flight
-                continue
-            sub.last_id = entries[-1][0]
-            sub.queue.put_nowait(entries)
+            for sub in self._subs.get(key, []):  # none: unsubscribed while the read was in flight
+                after = entry_key(sub.last_id)
+                new = [e for e in entries if entry_key(e[0]) > after]
+                if new:
+                    sub.last_id = new[-1][0]
+                    sub.queue.put_nowait(new)

@@ -24,7 +24,8 @@ def stack(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
         try:
             stack.start_batcher()
             stack.start_worker()
-            stack.start_gateway()
+            # No resume window: a client that leaves is aborted at once (tests/test_resume.py has one).
+            stack.start_gateway(GATEWAY_RESUME_GRACE_S="0")
             stack.wait_ready(num_workers=1)
             yield stack
         finally:
@@ -127,6 +128,7 @@ def test_stop_string_ends_the_request_in_the_batcher(
 
 
 def test_client_disconnect_frees_the_request(stack: Stack, client: httpx.Client) -> None:
+    """Without a resume window (GATEWAY_RESUME_GRACE_S=0) a client that leaves is aborted at once."""
     aborted_before = stack.stats()["num_aborted"]
     body = {"prompt": "Return", "max_tokens": 480, "temperature": 0, "ignore_eos": True, "stream": True}
     with client.stream("POST", "/v1/completions", json=body) as resp:

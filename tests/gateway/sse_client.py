@@ -42,3 +42,35 @@ def post_sse(client: httpx.Client, path: str, body: dict[str, Any]) -> tuple[htt
     with client.stream("POST", path, json=body) as response:
         raw = response.read().decode()
     return response, parse_sse(raw)
+
+
+def get_sse(
+    client: httpx.Client, path: str, headers: dict[str, str] | None = None
+) -> tuple[httpx.Response, list[SSEEvent]]:
+    with client.stream("GET", path, headers=headers) as response:
+        raw = response.read().decode()
+    return response, parse_sse(raw) if response.status_code == 200 else []
+
+
+def read_then_hang_up(
+    url: str, path: str, body: dict[str, Any], num_ids: int, headers: dict[str, str] | None = None
+) -> tuple[str, list[SSEEvent]]:
+    """Stream `body`, read until `num_ids` events with an id have arrived, then drop the connection.
+    Returns the request id (X-Request-Id) and the events read."""
+    events: list[SSEEvent] = []
+    event_id: str | None = None
+    with (
+        httpx.Client(base_url=url, timeout=60) as client,
+        client.stream("POST", path, json=body, headers=headers) as response,
+    ):
+        assert response.status_code == 200, response.read()
+        req_id = response.headers["x-request-id"]
+        for line in response.iter_lines():
+            if line.startswith("id: "):
+                event_id = line[len("id: ") :]
+            elif line.startswith("data: "):
+                events.append(SSEEvent(event_id, line[len("data: ") :]))
+                event_id = None
+                if sum(e.id is not None for e in events) >= num_ids:
+                    return req_id, events
+    raise AssertionError(f"the stream ended after {len(events)} events")

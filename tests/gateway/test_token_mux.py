@@ -89,3 +89,28 @@ def test_a_failed_read_reaches_every_follower() -> None:
         await client.aclose()
 
     asyncio.run(scenario())
+
+
+def test_two_followers_of_one_stream_each_get_their_entries(redis_url: str) -> None:
+    """A resumed client (or a fetch) follows a stream its first client still follows on this gateway."""
+
+    async def run() -> None:
+        redis = aioredis.Redis.from_url(redis_url)
+        mux = TokenStreamMux(redis)
+        try:
+            key = token_stream("shared")
+            first_id = (await redis.xadd(key, {b"m": b"0"})).decode()
+            early = await mux.subscribe("shared")
+            assert [e[0] for e in await _collect(early, 1)] == [first_id]
+            late = await mux.subscribe("shared")  # from the start, as a replay does
+            second_id = (await redis.xadd(key, {b"m": b"1"})).decode()
+            assert [e[0] for e in await _collect(late, 2)] == [first_id, second_id]
+            assert [e[0] for e in await _collect(early, 1)] == [second_id]
+            mux.unsubscribe(late)
+            third_id = (await redis.xadd(key, {b"m": b"2"})).decode()
+            assert [e[0] for e in await _collect(early, 1)] == [third_id]
+        finally:
+            await mux.close()
+            await redis.aclose()
+
+    asyncio.run(run())

@@ -1,0 +1,100 @@
+"""GET /v1/requests/{id}/stream (resume a stream) and GET /v1/requests/{id} (fetch a result).
+
+Both replay the request's token stream from its start through the same code as the first answer, so
+the text, its split into chunks and the final chunk are identical. Only the API key that created
+the request can read it; any other gets 404, as for an unknown id, so ids cannot be probed. With no
+keys configured, the unguessable id itself is the capability.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends
+from starlette.requests import Request
+from starlette.responses import JSONResponse, StreamingResponse
+
+from gateway.auth import request_owner
+from gateway.errors import OpenAIError
+from gateway.logprobs import LogprobsFormatter
+from gateway.request_meta import RequestMeta, attach, load_meta, prepared_from, req_id_from
+from gateway.request_runner import Follow
+from gateway.routes_chat import ChatChunks, chat_response
+from gateway.routes_completions import SSE_HEADERS, CompletionChunks, completion_response, request_id_header
+from gateway.state import GatewayState, get_state
+from gateway.streaming import ChunkFormatter, collect, stream_sse
+from gateway.token_mux import entry_key
+
+router = APIRouter()
+
+# A fetch replays what the token stream holds; a request not finished within this is answered 409.
+_FETCH_WAIT_S = 1.0
+
+
+def _not_found(request_id: str) -> OpenAIError:
+    return OpenAIError(404, f"no request {request_id!r} (unknown, expired, or not yours)", code="not_found")
+
+
+async def _owned_meta(request_id: str, http_request: Request, state: GatewayState) -> RequestMeta:
+    meta = await load_meta(state.redis, req_id_from(request_id))
+    if meta is None or meta.owner != request_owner(http_request):
+        raise _not_found(request_id)
+    return meta
+
+
+def _last_event_id(http_request: Request) -> str | None:
+    value = http_request.headers.get("last-event-id") or http_request.query_params.get("last_event_id")
+    if not value:
+        return None
+    try:
+        entry_key(value)
+    except ValueError:
+        raise OpenAIError(
+            400, f"Last-Event-ID {value!r} is not an event id of this stream", param="last_event_id"
+        ) from None
+    return value
+
+
+@router.get("/v1/requests/{request_id}/stream")
+async def resume_stream(
+    request_id: str, http_request: Request, state: Annotated[GatewayState, Depends(get_state)]
+) -> StreamingResponse:
+    """The events after Last-Event-ID (header, or `?last_event_id=`), or the whole stream without it."""
+    meta = await _owned_meta(request_id, http_request, state)
+    resume_after = _last_event_id(http_request)
+    request = prepared_from(meta)
+    logprobs = LogprobsFormatter(state.served.tokenizer.tokenizer)
+    chunks: ChunkFormatter
+    if meta.kind == "chat":
+        chunks = ChatChunks(meta.response_id, meta.created, meta.model, request, logprobs)
+    else:
+        chunks = CompletionChunks(meta.response_id, meta.created, meta.model, request, logprobs)
+    # This client now holds the request: the grace timer of a follower that left earlier stands down.
+    attached_at = await attach(state.redis, meta.req_id)
+    follow = Follow(grace_s=state.settings.resume_grace_s, attach=attached_at, track=False)
+    return StreamingResponse(
+        stream_sse(state.runner, [request], chunks, follow, resume_after),
+        media_type="text/event-stream",
+        headers={**SSE_HEADERS, **request_id_header(meta.req_id)},
+    )
+
+
+@router.get("/v1/requests/{request_id}")
+async def fetch_result(
+    request_id: str, http_request: Request, state: Annotated[GatewayState, Depends(get_state)]
+) -> JSONResponse:
+    """The finished request's non-streaming response object; 409 while it is still running."""
+    meta = await _owned_meta(request_id, http_request, state)
+    request = prepared_from(meta)
+    logprobs = LogprobsFormatter(state.served.tokenizer.tokenizer)
+    follow = Follow(may_abort=False, track=False, wait_s=_FETCH_WAIT_S)
+    try:
+        done = await collect(state.runner, [request], http_request, follow)
+    except OpenAIError as exc:
+        if exc.code != "timeout":
+            raise
+        message = "the request is still running; resume its stream or fetch it again later"
+        raise OpenAIError(409, message, code="request_running") from exc
+    build = chat_response if meta.kind == "chat" else completion_response
+    body = build([request], done, meta.response_id, meta.created, meta.model, logprobs)
+    return JSONResponse(body, headers=request_id_header(meta.req_id))

@@ -1,0 +1,188 @@
+"""Resume and fetch by id through the gateway's API, with the test harness playing the worker.
+
+A resumed stream must be the original's events after Last-Event-ID, byte for byte (same ids, chunks,
+usage and [DONE]); a fetch must be the original non-streaming body; another key's request is 404.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tokenizers import Tokenizer
+
+from common.streams import request_meta
+from gateway.api_keys import hash_key
+from tests.gateway.conftest import RunningGateway
+from tests.gateway.sse_client import get_sse, post_sse, read_then_hang_up
+from tests.services import wait_for
+
+STREAM_BODY = {"prompt": "hi", "max_tokens": 50, "stream": True}
+OUTPUT_TEXT = " Return the value of the object. It is used to return a new"
+
+
+@pytest.fixture(scope="module")
+def tok(tiny_model_dir: Path) -> Tokenizer:
+    return Tokenizer.from_file(str(tiny_model_dir / "tokenizer.json"))
+
+
+def _ids(tok: Tokenizer, text: str) -> list[int]:
+    return list(tok.encode(text, add_special_tokens=False).ids)
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        (
+            "/v1/chat/completions",
+            {
+                "messages": [{"role": "user", "content": "hi"}],
+                "stop": ["a new"],
+                "stream_options": {"include_usage": True},
+            },
+        ),
+        ("/v1/completions", {"prompt": "Return the", "echo": True, "return_token_ids": True}),
+    ],
+    ids=["chat", "completion"],
+)
+def test_resume_replays_exactly_the_events_after_last_event_id(
+    gateway: RunningGateway, tok: Tokenizer, path: str, body: dict[str, Any]
+) -> None:
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        future = pool.submit(post_sse, gateway.client, path, {**body, "max_tokens": 50, "stream": True})
+        request = gateway.harness.next_request()
+        gateway.harness.emit_tokens(request.req_id, _ids(tok, OUTPUT_TEXT), finish_reason="length")
+        response, events = future.result(timeout=30)
+    assert response.headers["x-request-id"] == request.req_id
+    assert events[-1].data == "[DONE]"
+    response_id = events[0].json()["id"]
+    assert response_id.endswith(request.req_id)
+
+    # From the start (no Last-Event-ID): the whole stream, opening chunks included.
+    _, whole = get_sse(gateway.client, f"/v1/requests/{request.req_id}/stream")
+    assert whole == events
+    with_ids = [i for i, e in enumerate(events) if e.id is not None]
+    assert len(with_ids) >= 3
+    for i in with_ids:
+        header = {"Last-Event-ID": events[i].id or ""}
+        resumed, rest = get_sse(gateway.client, f"/v1/requests/{response_id}/stream", header)
+        assert resumed.status_code == 200 and resumed.headers["x-request-id"] == request.req_id
+        assert rest == events[i + 1 :], f"resumed after event {i}"
+    # The query parameter works as the header does (for clients that cannot set headers).
+    i = with_ids[1]
+    _, rest = get_sse(gateway.client, f"/v1/requests/{request.req_id}/stream?last_event_id={events[i].id}")
+    assert rest == events[i + 1 :]
+
+
+def test_fetch_returns_the_non_streaming_body(gateway: RunningGateway, tok: Tokenizer) -> None:
+    body = {"prompt": "Return the", "max_tokens": 50, "echo": True, "stop": ["It is"]}
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        future = pool.submit(gateway.client.post, "/v1/completions", json=body)
+        request = gateway.harness.next_request()
+        fetched = gateway.client.get(f"/v1/requests/{request.req_id}")
+        assert fetched.status_code == 409, fetched.text  # still running
+        assert fetched.json()["error"]["code"] == "request_running"
+        gateway.harness.emit_tokens(request.req_id, _ids(tok, OUTPUT_TEXT), finish_reason=None)
+        original = future.result(timeout=30)
+    assert original.status_code == 200
+    assert original.headers["x-request-id"] == request.req_id
+    assert original.json()["choices"][0]["text"] == "Return the Return the value of the object. "
+    for any_id in (request.req_id, original.json()["id"]):
+        fetched = gateway.client.get(f"/v1/requests/{any_id}")
+        assert fetched.status_code == 200, fetched.text
+        assert fetched.json() == original.json()
+
+
+def test_unknown_or_malformed_ids(gateway: RunningGateway) -> None:
+    assert gateway.client.get("/v1/requests/0123abcd").status_code == 404
+    assert gateway.client.get("/v1/requests/0123abcd/stream").status_code == 404
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        future = pool.submit(gateway.client.post, "/v1/completions", json={"prompt": "hi", "max_tokens": 2})
+        request = gateway.harness.next_request()
+        gateway.harness.emit_tokens(request.req_id, [300, 301], finish_reason="length")
+        assert future.result(timeout=30).status_code == 200
+    bad = gateway.client.get(f"/v1/requests/{request.req_id}/stream", headers={"Last-Event-ID": "x"})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "last_event_id"
+
+
+def test_only_the_creating_key_can_read_a_request(
+    make_gateway: Callable[..., RunningGateway], tok: Tokenizer
+) -> None:
+    alice, bob = "sk-alice-secret", "sk-bob-secret"
+    gw = make_gateway(api_key_hashes=f"alice:{hash_key(alice)},bob:{hash_key(bob)}")
+    as_alice = {"Authorization": f"Bearer {alice}"}
+    as_bob = {"Authorization": f"Bearer {bob}"}
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        future = pool.submit(
+            gw.client.post, "/v1/completions", json={"prompt": "hi", "max_tokens": 5}, headers=as_alice
+        )
+        request = gw.harness.next_request()
+        assert request.owner == "alice"
+        gw.harness.emit_tokens(request.req_id, _ids(tok, " Return"), finish_reason="length")
+        assert future.result(timeout=30).status_code == 200
+    for path in (f"/v1/requests/{request.req_id}", f"/v1/requests/{request.req_id}/stream"):
+        assert gw.client.get(path, headers=as_alice).status_code == 200
+        refused = gw.client.get(path, headers=as_bob)
+        # The same answer as for an id that does not exist: nothing to learn by probing.
+        assert refused.status_code == 404 and refused.json()["error"]["code"] == "not_found"
+        assert gw.client.get(path).status_code == 401
+
+
+def test_stream_disconnect_without_grace_aborts_at_once(
+    make_gateway: Callable[..., RunningGateway], tok: Tokenizer
+) -> None:
+    gw = make_gateway(resume_grace_s=0)
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        future = pool.submit(read_then_hang_up, gw.url, "/v1/completions", STREAM_BODY, 1)
+        request = gw.harness.next_request()
+        gw.harness.emit_tokens(request.req_id, _ids(tok, " Return"), finish_reason=None)
+        assert future.result(timeout=30)[0] == request.req_id
+    assert gw.harness.wait_abort(request.req_id, timeout_s=15).reason == "abort"
+
+
+def test_stream_disconnect_aborts_after_the_grace_window(
+    make_gateway: Callable[..., RunningGateway], tok: Tokenizer
+) -> None:
+    grace_s = 2.0
+    gw = make_gateway(resume_grace_s=grace_s)
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        future = pool.submit(read_then_hang_up, gw.url, "/v1/completions", STREAM_BODY, 1)
+        request = gw.harness.next_request()
+        gw.harness.emit_tokens(request.req_id, _ids(tok, " Return"), finish_reason=None)
+        future.result(timeout=30)
+    left_at = time.monotonic()  # the client has hung up by now
+    assert gw.harness.wait_abort(request.req_id, timeout_s=15).reason == "abort"
+    # Not before the window: the disconnect was noticed after the hang-up, the timer started then.
+    assert time.monotonic() - left_at >= grace_s / 2
+
+
+def test_resume_within_the_grace_window_keeps_the_request(
+    make_gateway: Callable[..., RunningGateway], tok: Tokenizer, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="gateway.request_runner")
+    gw = make_gateway(resume_grace_s=1.0)
+    first, rest = _ids(tok, " Return"), _ids(tok, " the value")
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        future = pool.submit(read_then_hang_up, gw.url, "/v1/completions", STREAM_BODY, 1)
+        request = gw.harness.next_request()
+        gw.harness.emit_tokens(request.req_id, first, finish_reason=None)
+        _, seen = future.result(timeout=30)
+        resumed = pool.submit(
+            get_sse, gw.client, f"/v1/requests/{request.req_id}/stream", {"Last-Event-ID": seen[-1].id or ""}
+        )
+        # The resumed follower is attached once its read is in place; only then end the request.
+        meta_key = request_meta(request.req_id)
+        wait_for(lambda: int(gw.harness.redis.hget(meta_key, "attach")) == 1, 15, "the resume to attach")
+        gw.harness.emit_tokens(request.req_id, rest, start_index=len(first), finish_reason="length")
+        _, events = resumed.result(timeout=30)
+    text = "".join(e.json()["choices"][0]["text"] for e in events if e.data != "[DONE]")
+    assert seen[-1].json()["choices"][0]["text"] + text == " Return the value"
+    wait_for(
+        lambda: "client resumed the stream: not aborting" in caplog.text, 15, "the grace timer to stand down"
+    )
+    assert gw.harness.aborts() == []

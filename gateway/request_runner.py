@@ -13,9 +13,8 @@ import redis.asyncio as aioredis
 import redis.exceptions
 
 from common.logging_setup import bind_request_id
-from common.protocol import FIELD, AbortRequest, TokenEvent, encode
-from common.redis_conn import min_id
-from common.streams import BATCHER_INBOX, REQUESTS_STREAM
+from common.protocol import TokenEvent
+from common.stream_client import abort_async, submit_async
 from gateway.metrics import GatewayMetrics, RequestTracker
 from gateway.output_processor import OutputProcessor
 from gateway.request_builder import PreparedRequest
@@ -56,9 +55,7 @@ class RequestRunner:
         self._pending_aborts: set[asyncio.Task[None]] = set()
 
     async def submit(self, request: PreparedRequest) -> None:
-        await self._redis.xadd(
-            REQUESTS_STREAM, {FIELD: encode(request.to_message())}, minid=min_id(), approximate=True
-        )
+        await submit_async(self._redis, request.to_message())
         logger.info(
             "request queued: %d prompt tokens, max_tokens %d",
             len(request.prompt_token_ids),
@@ -73,9 +70,8 @@ class RequestRunner:
         task.add_done_callback(self._pending_aborts.discard)
 
     async def _send_abort(self, req_id: str, reason: str) -> None:
-        message = encode(AbortRequest(req_id=req_id, reason=reason))
         try:
-            await self._redis.xadd(BATCHER_INBOX, {FIELD: message}, minid=min_id(), approximate=True)
+            await abort_async(self._redis, req_id, reason)
         except redis.exceptions.RedisError as exc:
             logger.warning("could not abort %s (%s): %s", req_id, reason, exc, extra={"request_id": req_id})
 

@@ -58,8 +58,8 @@ async def submit_async(r: aioredis.Redis, request: GenerateRequest) -> str:
 
 def submit_once(r: redis.Redis, request: GenerateRequest) -> bool:
     """Submit unless this req_id was submitted before (a retry); True when it was submitted now."""
-    args = [min_id(), FIELD, encode(request), SUBMITTED_TTL_S]
-    return bool(r.eval(_SUBMIT_ONCE, 2, REQUESTS_STREAM, submitted_key(request.req_id), *args))
+    keys = (REQUESTS_STREAM, submitted_key(request.req_id))
+    return bool(r.eval(_SUBMIT_ONCE, 2, *keys, min_id(), FIELD, encode(request), SUBMITTED_TTL_S))
 
 
 def abort(r: redis.Redis, req_id: str, reason: str = "abort") -> None:

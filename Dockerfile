@@ -14,7 +14,8 @@ COPY gateway ./gateway
 COPY batcher ./batcher
 COPY gpu_worker ./gpu_worker
 COPY cbserve ./cbserve
-RUN pip install ".[worker,gateway]"
+COPY cbserve_celery ./cbserve_celery
+RUN pip install ".[worker,gateway,celery]"
 
 # Models are mounted at /models (see docker-compose.yml); nothing is fetched at run time.
 RUN useradd --create-home --uid 1000 app

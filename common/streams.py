@@ -51,3 +51,8 @@ def rate_limit_key(owner: str) -> str:
 BATCHER_LEASE: Final = "llm:batcher:lease"
 # Incremented on every takeover: the epoch stamped on steps (and echoed in results) of that leader.
 BATCHER_EPOCH: Final = "llm:batcher:epoch"
+
+
+def submitted_key(req_id: str) -> str:
+    """Set (with a TTL) by `submit_once`: a retried client finds it and follows instead of resubmitting."""
+    return f"llm:submitted:{req_id}"

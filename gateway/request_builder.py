@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
-import secrets
 from dataclasses import dataclass
 
 import msgspec
 
 from common.protocol import GenerateRequest, SamplingParams
+from common.stream_client import new_req_id
 from gateway.openai_schemas import ChatCompletionRequest, CompletionRequest
 from gateway.prompts import chat_prompt_ids, completion_prompt_ids
 from gateway.served_model import ServedModel
@@ -69,10 +69,6 @@ def fan_out(request: PreparedRequest) -> list[PreparedRequest]:
             params = msgspec.structs.replace(params, seed=params.seed + i)
         choices.append(dataclasses.replace(request, req_id=new_req_id(), sampling_params=params))
     return choices
-
-
-def new_req_id() -> str:
-    return secrets.token_hex(16)
 
 
 def prepare_request(

@@ -14,9 +14,10 @@ import redis.asyncio as aioredis
 import redis.exceptions
 
 from common.logging_setup import bind_request_id
-from common.protocol import FIELD, AbortRequest, TokenEvent, encode
+from common.protocol import TokenEvent
 from common.redis_conn import TOKEN_STREAM_TTL_S, min_id
-from common.streams import BATCHER_INBOX, REQUESTS_STREAM, request_meta, token_stream
+from common.stream_client import abort_async, request_entry
+from common.streams import REQUESTS_STREAM, request_meta, token_stream
 from gateway.metrics import GatewayMetrics, RequestTracker
 from gateway.output_processor import OutputProcessor
 from gateway.request_builder import PreparedRequest
@@ -76,8 +77,7 @@ class RequestRunner:
         async with self._redis.pipeline(transaction=False) as pipe:
             if meta is not None:
                 save_meta(pipe, meta, self._meta_ttl_s)
-            fields: dict[Any, Any] = {FIELD: encode(request.to_message())}
-            pipe.xadd(REQUESTS_STREAM, fields, minid=min_id(), approximate=True)
+            pipe.xadd(REQUESTS_STREAM, request_entry(request.to_message()), minid=min_id(), approximate=True)
             await pipe.execute()
         logger.info(
             "request queued: %d prompt tokens, max_tokens %d",
@@ -127,9 +127,8 @@ class RequestRunner:
         await self._send_abort(req_id, "abort")
 
     async def _send_abort(self, req_id: str, reason: str) -> None:
-        message = encode(AbortRequest(req_id=req_id, reason=reason))
         try:
-            await self._redis.xadd(BATCHER_INBOX, {FIELD: message}, minid=min_id(), approximate=True)
+            await abort_async(self._redis, req_id, reason)
         except redis.exceptions.RedisError as exc:
             logger.warning("could not abort %s (%s): %s", req_id, reason, exc, extra={"request_id": req_id})
 

@@ -5,41 +5,13 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncGenerator
-from dataclasses import dataclass
 
-import msgspec
-
-from common.protocol import FIELD, RequestError, TokenEvent, decode_event
+from common.protocol import TokenEvent
 from common.redis_conn import MAX_BLOCK_MS
+from common.token_reader import EventFilter, RequestFailed, RequestTimedOut, accept_entry
 from gateway.token_mux import TokenStreamMux
 
-
-class RequestFailed(Exception):
-    """The token stream ended with a RequestError (or held something unreadable)."""
-
-    def __init__(self, error: RequestError, entry_id: str | None = None) -> None:
-        super().__init__(error.message)
-        self.error = error
-        self.entry_id = entry_id
-
-
-class RequestTimedOut(Exception):
-    """The request did not finish before its deadline."""
-
-
-@dataclass(slots=True)
-class EventFilter:
-    """One writer per token stream is enforced by readers: stale attempts and repeated indexes drop out."""
-
-    next_index: int = 0  # output index the next new token must have at least
-    attempt: int = -1  # newest attempt seen
-
-    def accept(self, event: TokenEvent) -> bool:
-        if event.attempt < self.attempt or event.index < self.next_index:
-            return False
-        self.attempt = event.attempt
-        self.next_index = event.index + 1
-        return True
+__all__ = ["EventFilter", "RequestFailed", "RequestTimedOut", "follow_token_stream"]
 
 
 async def follow_token_stream(
@@ -67,19 +39,9 @@ async def follow_token_stream(
                 raise item
             batch: list[tuple[str, TokenEvent]] = []
             for entry_id, fields in item:
-                event = _decode(req_id, fields)
-                if isinstance(event, RequestError):
-                    raise RequestFailed(event, entry_id)
-                if not event_filter.accept(event):
+                event = accept_entry(event_filter, req_id, entry_id, fields)
+                if event is None:
                     continue
-                if event.finish_reason in ("abort", "error"):
-                    # Never a normal finish for a client: the batcher ended the request for its own reasons.
-                    raise RequestFailed(
-                        RequestError(
-                            req_id=req_id, message=f"request ended by the server ({event.finish_reason})"
-                        ),
-                        entry_id,
-                    )
                 batch.append((entry_id, event))
                 if event.finish_reason is not None:
                     yield batch
@@ -87,10 +49,3 @@ async def follow_token_stream(
             yield batch
     finally:
         mux.unsubscribe(sub)
-
-
-def _decode(req_id: str, fields: dict[bytes, bytes]) -> TokenEvent | RequestError:
-    try:
-        return decode_event(fields[FIELD])
-    except (KeyError, msgspec.DecodeError, msgspec.ValidationError) as exc:
-        return RequestError(req_id=req_id, message=f"unreadable token stream entry: {exc}")

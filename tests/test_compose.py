@@ -15,6 +15,7 @@ import yaml
 from pydantic_settings import BaseSettings
 
 from batcher.settings import BatcherSettings
+from cbserve_celery.settings import CelerySettings
 from gateway.settings import GatewaySettings
 from gpu_worker.settings import WorkerSettings
 
@@ -76,7 +77,7 @@ def test_default_model_is_the_shipped_demo(compose: dict[str, Any]) -> None:
 
 def test_services_and_redis(compose: dict[str, Any]) -> None:
     services = compose["services"]
-    assert set(services) == {"redis", "gateway", "batcher", "gpu_worker"}
+    assert set(services) == {"redis", "gateway", "batcher", "gpu_worker", "celery_worker"}
     redis = services["redis"]
     command = " ".join(redis["command"])
     assert "--appendonly yes" in command and "--requirepass" in command
@@ -132,9 +133,29 @@ def test_gateway_is_the_only_published_service(compose: dict[str, Any]) -> None:
     assert "http://127.0.0.1:8000/health" in " ".join(compose["services"]["gateway"]["healthcheck"]["test"])
 
 
+def test_celery_worker_runs_the_app_with_settings_it_reads(compose: dict[str, Any]) -> None:
+    spec = compose["services"]["celery_worker"]
+    assert spec["profiles"] == ["celery"], "opt-in: `docker compose up` starts the HTTP stack only"
+    command = [interpolate(str(part)) for part in spec["command"]]
+    assert command[:4] == ["celery", "-A", "cbserve_celery.worker", "worker"]
+    assert command[command.index("--pool") + 1] == "threads"
+    env = {k: interpolate(str(v)) for k, v in spec["environment"].items()}
+    unknown = set(env) - env_names(CelerySettings)
+    assert not unknown, f"celery_worker sets variables it never reads: {unknown}"
+    assert env["REDIS_URL"] == interpolate(compose["services"]["gateway"]["environment"]["REDIS_URL"])
+    fields = {
+        k.removeprefix("CBSERVE_CELERY_").lower(): v for k, v in env.items() if k.startswith("CBSERVE_")
+    }
+    settings = CelerySettings(redis_url=env["REDIS_URL"], **fields)  # type: ignore[arg-type]
+    assert settings.visibility_timeout_s > settings.request_timeout_s
+    assert spec["depends_on"]["redis"]["condition"] == "service_healthy"
+    assert "cbserve_celery.worker" in " ".join(spec["healthcheck"]["test"])
+    assert spec["build"] == "." and spec["image"] == compose["services"]["gateway"]["image"]
+
+
 def test_dockerfile_installs_every_service() -> None:
     dockerfile = (ROOT / "Dockerfile").read_text()
-    for package in ("common", "gateway", "batcher", "gpu_worker"):
+    for package in ("common", "gateway", "batcher", "gpu_worker", "cbserve_celery"):
         assert f"COPY {package} ./{package}" in dockerfile
-    assert 'pip install ".[worker,gateway]"' in dockerfile
+    assert 'pip install ".[worker,gateway,celery]"' in dockerfile
     assert "pip install torch==" in dockerfile

@@ -1,0 +1,106 @@
+"""The Celery app: cbserve's Redis as broker and result backend, JSON only, a `generate` task.
+
+Worker crashes: `task_acks_late` acknowledges a task only when it returns, and
+`task_reject_on_worker_lost` puts it back on the queue when the process running it dies (instead of
+failing it), so a crashed worker's tasks run again elsewhere; the broker's `visibility_timeout` hands
+on a task whose whole worker vanished. Running twice is safe (cbserve_celery/generation.py). A task
+that *fails* (the request failed or timed out) is acknowledged and not retried: the failure is final.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import redis
+from celery import Celery, Task
+
+from cbserve_celery.generation import parse_sampling_params, req_id_for_task, run_generation
+from cbserve_celery.settings import CelerySettings
+from common.redis_conn import connect
+
+GENERATE_TASK = "cbserve.generate"
+
+
+class _Resources:
+    """Per worker process, made on first use (after the prefork pool forked): Redis and the tokenizer."""
+
+    def __init__(self, settings: CelerySettings) -> None:
+        self._settings = settings
+        self._lock = threading.Lock()
+        self._redis: redis.Redis | None = None
+        self._tokenizer: Any = None
+
+    def redis(self) -> redis.Redis:
+        with self._lock:
+            if self._redis is None:
+                self._redis = connect(self._settings.redis_url)
+            return self._redis
+
+    def tokenizer(self) -> Any:
+        with self._lock:
+            if self._tokenizer is None and self._settings.model is not None:
+                # The gateway's loader: the `tokenizers` library alone, no transformers / torch.
+                from gateway.tokenizer import ModelTokenizer
+
+                self._tokenizer = ModelTokenizer(Path(self._settings.model))
+            return self._tokenizer
+
+
+def output_text(tokenizer: Any, prompt_token_ids: list[int], token_ids: list[int], finish_reason: str) -> str:
+    """The text the gateway would answer for these tokens (same detokenizer, EOS / stop token hidden)."""
+    from gateway.output_processor import OutputProcessor
+
+    processor = OutputProcessor(tokenizer.tokenizer, prompt_token_ids, [])
+    last = len(token_ids) - 1
+    return "".join(
+        processor.process(token_id, finish_reason if i == last else None).text
+        for i, token_id in enumerate(token_ids)
+    )
+
+
+def make_app(settings: CelerySettings) -> Celery:
+    app = Celery("cbserve", broker=settings.redis_url, backend=settings.redis_url)
+    app.conf.update(
+        task_serializer="json",
+        accept_content=["json"],
+        result_serializer="json",
+        result_accept_content=["json"],
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        broker_transport_options={"visibility_timeout": settings.visibility_timeout_s},
+        # With late acks a worker should not hold tasks it has not started: another worker may be idle.
+        worker_prefetch_multiplier=1,
+        result_expires=settings.result_expires_s,
+        broker_connection_retry_on_startup=True,
+    )
+    resources = _Resources(settings)
+
+    @app.task(name=GENERATE_TASK, bind=True)
+    def generate(
+        self: Task, prompt: list[int] | str, sampling_params: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """Generate for `prompt` (token ids, or text when the worker has the model's tokenizer).
+
+        Returns {"req_id", "token_ids", "text" (None without a tokenizer), "finish_reason"}.
+        """
+        tokenizer = resources.tokenizer()
+        if isinstance(prompt, str):
+            if tokenizer is None:
+                raise ValueError("text prompts need CBSERVE_CELERY_MODEL (or MODEL) on the worker")
+            prompt_token_ids = tokenizer.encode(prompt, add_special_tokens=True)
+        else:
+            prompt_token_ids = [int(t) for t in prompt]
+        req_id = req_id_for_task(str(self.request.id))
+        token_ids, finish_reason = run_generation(
+            resources.redis(),
+            req_id,
+            prompt_token_ids,
+            parse_sampling_params(sampling_params),
+            timeout_s=settings.request_timeout_s,
+        )
+        text = output_text(tokenizer, prompt_token_ids, token_ids, finish_reason) if tokenizer else None
+        return {"req_id": req_id, "token_ids": token_ids, "text": text, "finish_reason": finish_reason}
+
+    return app

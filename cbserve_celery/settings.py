@@ -1,0 +1,45 @@
+"""Celery worker settings from `CBSERVE_CELERY_*` env vars (plus `REDIS_URL`, `MODEL`, `LOG_FORMAT`).
+
+Not `CELERY_*`: the `celery` command reads that prefix for its own options.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import AliasChoices, Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from common.logging_setup import LogFormat
+from common.settings import log_format_field, redis_url_field
+
+
+class CelerySettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="CBSERVE_CELERY_", extra="ignore")
+
+    # cbserve's Redis, also the broker and the result backend.
+    redis_url: str = redis_url_field()
+    # Model directory with tokenizer.json, for text prompts and text results; without it, token ids only.
+    model: Path | None = Field(
+        default=None, validation_alias=AliasChoices("CBSERVE_CELERY_MODEL", "MODEL", "model")
+    )
+    # A task gives up on its request (and aborts it) after this long.
+    request_timeout_s: float = Field(default=1800.0, gt=0)
+    # The Redis broker hands an unacknowledged task to another worker after this long: it must outlast
+    # the longest task, or a task still running is delivered twice (harmless, it follows the same request).
+    visibility_timeout_s: float = Field(default=3600.0, gt=0)
+    # Task results stay in Redis this long.
+    result_expires_s: int = Field(default=24 * 3600, gt=0)
+    log_format: LogFormat = log_format_field()
+
+    @model_validator(mode="after")
+    def _visibility_outlasts_requests(self) -> CelerySettings:
+        if self.visibility_timeout_s <= self.request_timeout_s:
+            raise ValueError(
+                f"CBSERVE_CELERY_VISIBILITY_TIMEOUT_S ({self.visibility_timeout_s}) must exceed "
+                f"CBSERVE_CELERY_REQUEST_TIMEOUT_S ({self.request_timeout_s}), "
+                "or tasks still running are delivered again"
+            )
+        if self.model is not None and not (self.model / "tokenizer.json").is_file():
+            raise ValueError(f"CBSERVE_CELERY_MODEL (or MODEL) {self.model} holds no tokenizer.json")
+        return self

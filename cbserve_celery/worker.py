@@ -1,0 +1,14 @@
+"""The app built from the environment: `celery -A cbserve_celery.worker worker --pool threads`.
+
+Clients import it too, to call the task: `from cbserve_celery.worker import generate`.
+"""
+
+from __future__ import annotations
+
+from celery import Task
+
+from cbserve_celery.app import GENERATE_TASK, make_app
+from cbserve_celery.settings import CelerySettings
+
+app = make_app(CelerySettings())
+generate: Task = app.tasks[GENERATE_TASK]

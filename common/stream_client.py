@@ -1,0 +1,145 @@
+"""A client of the stream protocol (docs/protocol.md): submit a request, follow its tokens, abort it.
+
+Anything that can reach Redis can use the model this way, without the HTTP gateway: the gateway itself
+submits and filters with these functions. Sync functions take a `redis.Redis`, the `*_async` ones a
+`redis.asyncio.Redis`; both must return bytes (the default, `decode_responses=False`).
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import redis
+import redis.asyncio as aioredis
+
+from common.protocol import FIELD, AbortRequest, GenerateRequest, TokenEvent, encode
+from common.redis_conn import MAX_BLOCK_MS, min_id
+from common.streams import BATCHER_INBOX, REQUESTS_STREAM, submitted_key, token_stream
+from common.token_reader import EventFilter, RequestTimedOut, accept_entry
+
+# A request id submitted with submit_once is remembered this long: longer than any request runs
+# (retried clients follow it instead of submitting it again).
+SUBMITTED_TTL_S = 24 * 3600
+_READ_COUNT = 256  # entries fetched per XREAD
+
+# XADD only if the request id was never submitted: the marker and the entry are written together.
+# KEYS: requests stream, marker. ARGV: MINID, field, message, marker TTL.
+_SUBMIT_ONCE = """
+if redis.call('SET', KEYS[2], '1', 'NX', 'EX', ARGV[4]) then
+  redis.call('XADD', KEYS[1], 'MINID', '~', ARGV[1], '*', ARGV[2], ARGV[3])
+  return 1
+end
+return 0
+"""
+
+
+def new_req_id() -> str:
+    """An unguessable id: it names the token stream, which anyone holding the id can read."""
+    return secrets.token_hex(16)
+
+
+def request_entry(request: GenerateRequest) -> dict[Any, Any]:
+    return {FIELD: encode(request)}
+
+
+def submit(r: redis.Redis, request: GenerateRequest) -> str:
+    """Append `request` to the requests stream; returns its req_id."""
+    r.xadd(REQUESTS_STREAM, request_entry(request), minid=min_id(), approximate=True)
+    return request.req_id
+
+
+async def submit_async(r: aioredis.Redis, request: GenerateRequest) -> str:
+    await r.xadd(REQUESTS_STREAM, request_entry(request), minid=min_id(), approximate=True)
+    return request.req_id
+
+
+def submit_once(r: redis.Redis, request: GenerateRequest) -> bool:
+    """Submit unless this req_id was submitted before (a retry); True when it was submitted now."""
+    keys = (REQUESTS_STREAM, submitted_key(request.req_id))
+    return bool(r.eval(_SUBMIT_ONCE, 2, *keys, min_id(), FIELD, encode(request), SUBMITTED_TTL_S))
+
+
+def abort(r: redis.Redis, req_id: str, reason: str = "abort") -> None:
+    """Ask the batcher to stop `req_id`; its stream then ends without a normal finish."""
+    message = encode(AbortRequest(req_id=req_id, reason=reason))
+    r.xadd(BATCHER_INBOX, {FIELD: message}, minid=min_id(), approximate=True)
+
+
+async def abort_async(r: aioredis.Redis, req_id: str, reason: str = "abort") -> None:
+    message = encode(AbortRequest(req_id=req_id, reason=reason))
+    await r.xadd(BATCHER_INBOX, {FIELD: message}, minid=min_id(), approximate=True)
+
+
+def _entries(reply: Any) -> list[tuple[str, dict[bytes, bytes]]]:
+    # RESP2 answers [[stream, [(id, fields), ...]]], RESP3 {stream: [[(id, fields), ...]]}; [] on timeout.
+    streams = reply.values() if isinstance(reply, dict) else [raw for _, raw in reply or []]
+    out = []
+    for raw in streams:
+        entries = raw[0] if raw and isinstance(raw[0], list) else raw
+        for raw_id, fields in entries:
+            out.append((raw_id.decode() if isinstance(raw_id, bytes) else str(raw_id), fields))
+    return out
+
+
+def follow_entries(
+    r: redis.Redis, req_id: str, *, last_id: str = "0-0", timeout_s: float | None = None
+) -> Iterator[tuple[str, TokenEvent]]:
+    """(entry id, token) for each token the reader rules keep, after `last_id`, until the last one.
+
+    An entry id can be passed back as `last_id` to resume after it. Raises RequestFailed when the
+    request fails and RequestTimedOut when it has not finished after `timeout_s`.
+    """
+    key = token_stream(req_id)
+    event_filter = EventFilter()
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    while True:
+        block_ms = MAX_BLOCK_MS
+        if deadline is not None:
+            remaining_ms = int((deadline - time.monotonic()) * 1000)
+            if remaining_ms <= 0:
+                raise RequestTimedOut(req_id)
+            block_ms = max(1, min(block_ms, remaining_ms))
+        # Bounded BLOCK: redis-py retries a timed-out blocking read for a long time.
+        for entry_id, fields in _entries(r.xread({key: last_id}, count=_READ_COUNT, block=block_ms)):
+            last_id = entry_id
+            event = accept_entry(event_filter, req_id, entry_id, fields)
+            if event is None:
+                continue
+            yield entry_id, event
+            if event.finish_reason is not None:
+                return
+
+
+def follow(
+    r: redis.Redis, req_id: str, *, last_id: str = "0-0", timeout_s: float | None = None
+) -> Iterator[TokenEvent]:
+    """The request's tokens in order, each once, until the one with a finish_reason."""
+    for _, event in follow_entries(r, req_id, last_id=last_id, timeout_s=timeout_s):
+        yield event
+
+
+async def follow_async(
+    r: aioredis.Redis, req_id: str, *, last_id: str = "0-0", timeout_s: float | None = None
+) -> AsyncIterator[TokenEvent]:
+    """`follow` for asyncio; one blocking read per request (the gateway shares one read instead)."""
+    key = token_stream(req_id)
+    event_filter = EventFilter()
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    while True:
+        block_ms = MAX_BLOCK_MS
+        if deadline is not None:
+            remaining_ms = int((deadline - time.monotonic()) * 1000)
+            if remaining_ms <= 0:
+                raise RequestTimedOut(req_id)
+            block_ms = max(1, min(block_ms, remaining_ms))
+        for entry_id, fields in _entries(await r.xread({key: last_id}, count=_READ_COUNT, block=block_ms)):
+            last_id = entry_id
+            event = accept_entry(event_filter, req_id, entry_id, fields)
+            if event is None:
+                continue
+            yield event
+            if event.finish_reason is not None:
+                return

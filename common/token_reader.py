@@ -1,0 +1,69 @@
+"""The reader rules of a token stream, shared by every client (gateway, stream client, Celery).
+
+A token stream has one writer at a time, but a recomputed request (preemption, failover) starts a new
+`attempt` that streams again from where the last one stopped; readers keep each output index once,
+from the newest attempt, and stop at the first finish. See docs/protocol.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import msgspec
+
+from common.protocol import FIELD, RequestError, TokenEvent, decode_event
+
+
+class RequestFailed(Exception):
+    """The token stream ended with a RequestError (or held something unreadable)."""
+
+    def __init__(self, error: RequestError, entry_id: str | None = None) -> None:
+        super().__init__(error.message)
+        self.error = error
+        self.entry_id = entry_id
+
+
+class RequestTimedOut(Exception):
+    """The request did not finish before its deadline."""
+
+
+@dataclass(slots=True)
+class EventFilter:
+    """One writer per token stream is enforced by readers: stale attempts and repeated indexes drop out."""
+
+    next_index: int = 0  # output index the next new token must have at least
+    attempt: int = -1  # newest attempt seen
+
+    def accept(self, event: TokenEvent) -> bool:
+        if event.attempt < self.attempt or event.index < self.next_index:
+            return False
+        self.attempt = event.attempt
+        self.next_index = event.index + 1
+        return True
+
+
+def decode_entry(req_id: str, fields: dict[bytes, bytes]) -> TokenEvent | RequestError:
+    """One token stream entry; an unreadable one reads as the error it is."""
+    try:
+        return decode_event(fields[FIELD])
+    except (KeyError, msgspec.DecodeError, msgspec.ValidationError) as exc:
+        return RequestError(req_id=req_id, message=f"unreadable token stream entry: {exc}")
+
+
+def accept_entry(
+    event_filter: EventFilter, req_id: str, entry_id: str, fields: dict[bytes, bytes]
+) -> TokenEvent | None:
+    """The entry's token if the reader rules keep it, None if they drop it.
+
+    Raises RequestFailed on a RequestError, and on a finish the server chose ("abort", "error"), which a
+    client must never take for a normal end.
+    """
+    event = decode_entry(req_id, fields)
+    if isinstance(event, RequestError):
+        raise RequestFailed(event, entry_id)
+    if not event_filter.accept(event):
+        return None
+    if event.finish_reason in ("abort", "error"):
+        message = f"request ended by the server ({event.finish_reason})"
+        raise RequestFailed(RequestError(req_id=req_id, message=message), entry_id)
+    return event

@@ -85,7 +85,7 @@ class Lease:
         """
         started = time.monotonic()
         previous = self.value if reclaim else ""
-        args = [self.batcher_id, self.ttl_ms, previous]
+        args: list[str | int] = [self.batcher_id, self.ttl_ms, previous]
         epoch = int(self._acquire(keys=[BATCHER_LEASE, BATCHER_EPOCH], args=args))
         if not epoch:
             return False

@@ -3,10 +3,18 @@
 Any number of batcher processes may run; one holds the lease and serves, the others poll for it.
 Each time a process takes the lease it builds a fresh `Batcher`, which rebuilds its state from Redis
 (batcher/recovery.py); a process that loses the lease drops all its state and stands by again.
+
+A Redis outage (restart, crash, network) is handled like a takeover: the batcher drops its state,
+waits with backoff until Redis answers, takes the lease again (its own lease, if Redis kept it, with
+a new epoch) and rebuilds from Redis. Keeping the in-memory state instead would be wrong after a
+Redis killed with AOF everysec: up to a second of writes (token events, step results, acks, step
+messages) may be gone, so the scheduler's view and Redis no longer agree; rebuilding makes Redis,
+as it came back, the truth again, and fencing the workers drops whatever they held.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 
@@ -15,6 +23,7 @@ import redis
 from batcher.lease import Lease, LeaseLost, lease_holder
 from batcher.service import Batcher
 from batcher.settings import BatcherSettings
+from common.retry import REDIS_DOWN, wait_for_redis
 
 log = logging.getLogger("batcher")
 
@@ -22,19 +31,31 @@ log = logging.getLogger("batcher")
 def serve(settings: BatcherSettings, client: redis.Redis, stop: threading.Event) -> None:
     lease = Lease(client, settings.batcher_id, settings.lease_ttl_s)
     waiting_logged = False
+    after_outage = False  # the next leader term must fence and rebuild even at epoch 1
     try:
         while not stop.is_set():
-            if not lease.acquire():
-                if not waiting_logged:
-                    log.info("batcher %s on standby; active: %s", settings.batcher_id, lease_holder(client))
-                    waiting_logged = True
-                stop.wait(settings.standby_poll_s)
-                continue
-            waiting_logged = False
-            log.info("batcher %s took the lease (epoch %d)", settings.batcher_id, lease.epoch)
             try:
-                Batcher(settings, client, lease).run(stop)
+                if not lease.acquire(reclaim=after_outage):
+                    if not waiting_logged:
+                        log.info(
+                            "batcher %s on standby; active: %s", settings.batcher_id, lease_holder(client)
+                        )
+                        waiting_logged = True
+                    stop.wait(settings.standby_poll_s)
+                    continue
+                waiting_logged = False
+                log.info("batcher %s took the lease (epoch %d)", settings.batcher_id, lease.epoch)
+                batcher = Batcher(settings, client, lease, after_outage=after_outage)
+                after_outage = False
+                batcher.run(stop)
             except LeaseLost as e:
                 log.warning("%s: stepping down to standby", e)
+            except REDIS_DOWN as e:
+                log.warning("redis unreachable (%s): state dropped, waiting to rebuild it", e)
+                after_outage = True
+                if not wait_for_redis(client, stop):
+                    break
+                log.info("redis reachable again: recovering as on a takeover")
     finally:
-        lease.release()
+        with contextlib.suppress(redis.exceptions.RedisError):
+            lease.release()

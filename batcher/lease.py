@@ -21,9 +21,11 @@ from common.streams import BATCHER_EPOCH, BATCHER_LEASE
 
 log = logging.getLogger("batcher.lease")
 
-# KEYS: lease, epoch counter. ARGV: batcher id, TTL (ms). Returns the new epoch, or 0 when held.
+# KEYS: lease, epoch counter. ARGV: batcher id, TTL (ms), the value we held before a Redis outage
+# (or ""). Returns the new epoch, or 0 when another batcher holds it.
 _ACQUIRE = """
-if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+local held = redis.call('GET', KEYS[1])
+if held and held ~= ARGV[3] then return 0 end
 local epoch = redis.call('INCR', KEYS[2])
 redis.call('SET', KEYS[1], epoch .. ':' .. ARGV[1], 'PX', ARGV[2])
 return epoch
@@ -74,10 +76,17 @@ class Lease:
         self._release = client.register_script(_RELEASE)
         self._send_steps = client.register_script(_SEND_STEPS)
 
-    def acquire(self) -> bool:
-        """Take the lease if nobody holds it; a new epoch on success."""
+    def acquire(self, reclaim: bool = False) -> bool:
+        """Take the lease if nobody holds it; a new epoch on success.
+
+        With `reclaim` (after a Redis outage) the lease still held under our own value counts as
+        free: the restarted Redis kept it, but our state is gone and we start over as a new leader,
+        instead of standing by until our own lease expires.
+        """
         started = time.monotonic()
-        epoch = int(self._acquire(keys=[BATCHER_LEASE, BATCHER_EPOCH], args=[self.batcher_id, self.ttl_ms]))
+        previous = self.value if reclaim else ""
+        args: list[str | int] = [self.batcher_id, self.ttl_ms, previous]
+        epoch = int(self._acquire(keys=[BATCHER_LEASE, BATCHER_EPOCH], args=args))
         if not epoch:
             return False
         self.epoch = epoch

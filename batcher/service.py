@@ -40,8 +40,12 @@ _ABORTED = "the request was aborted by the gateway (its client left without resu
 
 
 class Batcher:
-    def __init__(self, settings: BatcherSettings, client: redis.Redis, lease: Lease) -> None:
+    def __init__(
+        self, settings: BatcherSettings, client: redis.Redis, lease: Lease, after_outage: bool = False
+    ) -> None:
         self.settings = settings
+        # Redis was unreachable since the last leader's state was built: rebuild as on a takeover.
+        self.after_outage = after_outage
         self.redis = client
         self.lease = lease  # held: this is the active batcher (batcher/leader.py); LeaseLost ends run()
         self.scheduler = Scheduler(
@@ -71,9 +75,11 @@ class Batcher:
         except redis.ResponseError as e:
             if "BUSYGROUP" not in str(e):
                 raise
-        if self.lease.epoch > 1:
-            # An earlier batcher ran: its steps may still be in the workers. Fenced first, so that
-            # the token streams read next are final and nothing of the old state can land later.
+        if self.lease.epoch > 1 or self.after_outage:
+            # An earlier batcher ran (or this one, before a Redis outage): its steps may still be in
+            # the workers. Fenced first, so that the token streams read next are final and nothing
+            # of the old state can land later. After an outage the epoch alone is no guide: a Redis
+            # killed with AOF everysec may have lost the last second's INCR of it.
             fenced = recovery.fence_workers(self.redis)
             log.info("fenced the workers of the previous batcher: %s", fenced)
         self._inbox_id = self._last_id(streams.BATCHER_INBOX)

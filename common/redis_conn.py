@@ -6,6 +6,9 @@ import time
 
 import redis
 import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry as AsyncRetry
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 # Blocking reads never ask Redis to block longer than this (ms); the socket timeout stays well above it.
 MAX_BLOCK_MS = 1000
@@ -16,9 +19,20 @@ STREAM_RETENTION_MS = 15 * 60 * 1000
 TOKEN_STREAM_TTL_S = 15 * 60
 
 
+# redis-py's own retries are off: by default it silently repeats any command (an XADD included)
+# for a few seconds after a connection error, which hides a Redis restart from the batcher (it must
+# rebuild its state after one) and can write a request twice. Services retry in their own code, with
+# common/retry.py, where they know what is safe to repeat. A pooled connection that died with the
+# old server is still replaced at checkout, so a restart costs no error once Redis is back.
+
+
 def connect(url: str) -> redis.Redis:
     return redis.Redis.from_url(
-        url, socket_timeout=SOCKET_TIMEOUT_S, socket_connect_timeout=5.0, health_check_interval=30
+        url,
+        socket_timeout=SOCKET_TIMEOUT_S,
+        socket_connect_timeout=5.0,
+        health_check_interval=30,
+        retry=Retry(NoBackoff(), 0),
     )
 
 
@@ -29,6 +43,7 @@ def connect_async(url: str) -> aioredis.Redis:
         socket_connect_timeout=5.0,
         health_check_interval=30,
         max_connections=4096,
+        retry=AsyncRetry(NoBackoff(), 0),
     )
 
 

@@ -63,6 +63,9 @@ def from_request_error(error: RequestError) -> OpenAIError:
     return OpenAIError(status, error.message, type=kind, code=error.code)
 
 
+# Seconds a client should wait while Redis is unreachable: a restart with a small AOF takes about this.
+REDIS_RETRY_AFTER_S = "2"
+
 # Pydantic names the member of a union that failed inside `loc` (e.g. ("prompt", "list[int]")): not a param.
 _UNION_TAGS = {"str", "int", "float", "bool", "list", "dict", "none", "function-after", "function-before"}
 
@@ -112,8 +115,14 @@ async def _http_error(_: Request, exc: Exception) -> JSONResponse:
 
 async def _redis_error(_: Request, exc: Exception) -> JSONResponse:
     logger.warning("redis unavailable: %s", exc)
-    error = OpenAIError(503, "the request queue is unavailable, retry later", type="server_error")
-    return JSONResponse(error.body(), status_code=503)
+    error = OpenAIError(
+        503,
+        "the request queue is unavailable (redis unreachable), retry later",
+        type="server_error",
+        code="redis_unavailable",
+        headers={"Retry-After": REDIS_RETRY_AFTER_S},
+    )
+    return error.response()
 
 
 def install_error_handlers(app: FastAPI) -> None:

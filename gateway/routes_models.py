@@ -11,6 +11,7 @@ from fastapi import APIRouter, Depends
 from fastapi.responses import JSONResponse
 
 from common.streams import WORKERS_HEARTBEAT
+from gateway.errors import REDIS_RETRY_AFTER_S
 from gateway.openai_schemas import ModelCard, ModelList
 from gateway.state import GatewayState, get_state
 
@@ -31,15 +32,17 @@ async def list_models(state: Annotated[GatewayState, Depends(get_state)]) -> Mod
 
 @router.get("/health")
 async def health(state: Annotated[GatewayState, Depends(get_state)]) -> JSONResponse:
-    """200 while at least one worker's heartbeat is fresh; 503 otherwise, or when Redis is unreachable."""
+    """200 while at least one worker's heartbeat is fresh; 503 otherwise. While Redis is unreachable
+    the body says "degraded": requests in flight wait for it (and go on once it is back)."""
     timeout_s = state.settings.heartbeat_timeout_s
     cutoff_ms = int((time.time() - timeout_s) * 1000)
     try:
         async with asyncio.timeout(_HEALTH_REDIS_TIMEOUT_S):
             num_alive = int(await state.redis.zcount(WORKERS_HEARTBEAT, f"({cutoff_ms}", "+inf"))
     except (redis.exceptions.RedisError, TimeoutError) as exc:
-        message = f"redis unreachable: {exc or type(exc).__name__}"
-        return JSONResponse({"status": "unavailable", "message": message}, status_code=503)
+        message = f"degraded: redis unreachable ({exc or type(exc).__name__})"
+        headers = {"Retry-After": REDIS_RETRY_AFTER_S}
+        return JSONResponse({"status": "degraded", "message": message}, status_code=503, headers=headers)
     if num_alive == 0:
         message = f"no worker heartbeat in the last {timeout_s:g} s"
         return JSONResponse({"status": "unavailable", "message": message}, status_code=503)

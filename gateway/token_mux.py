@@ -12,6 +12,12 @@ blocked read at once. The wake stream has a TTL, so a gateway that dies leaves n
 Several followers of one stream (a resumed client and the original one, or a fetch by id) each get
 their own subscription; the read starts at the oldest of their positions and each gets only the
 entries past its own.
+
+A failed read (Redis restarting, unreachable) is retried with backoff (common/retry.py) and fails no
+follower: each keeps its place (the last entry id it was given) and resumes from there once Redis is
+back, so an SSE stream survives a Redis restart. A follower gives up only at its own deadline
+(gateway/stream_reader.py). Entry ids grow with the clock, so even a stream that lost its last
+entries in the restart (AOF everysec) gets new entries after a follower's last id.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import redis.asyncio as aioredis
 import redis.exceptions
 
 from common.redis_conn import MAX_BLOCK_MS
+from common.retry import Backoff
 from common.streams import token_stream
 
 logger = logging.getLogger(__name__)
@@ -36,7 +43,6 @@ Entry = tuple[str, dict[bytes, bytes]]  # (entry id, fields)
 # Entries fetched per stream per XREAD; a burst larger than this is read over several calls.
 _READ_COUNT = 256
 _WAKE_TTL_S = 3600  # refreshed on every wake; outlives any pause of a live gateway
-_RETRY_S = (0.05, 0.1, 0.2, 0.5, 1.0)  # backoff after a failed read
 
 
 def entry_key(entry_id: str) -> tuple[int, int]:
@@ -49,7 +55,7 @@ def entry_key(entry_id: str) -> tuple[int, int]:
 class Subscription:
     req_id: str
     last_id: str  # the newest entry already delivered (or the resume point)
-    queue: asyncio.Queue[list[Entry] | BaseException] = field(default_factory=asyncio.Queue)
+    queue: asyncio.Queue[list[Entry]] = field(default_factory=asyncio.Queue)
 
 
 class TokenStreamMux:
@@ -61,6 +67,8 @@ class TokenStreamMux:
         self._has_subs = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._closing = False
+        self._closed = asyncio.Event()  # set by `close`: wakes a backoff wait
+        self.redis_down = False  # the last read failed: Redis is unreachable (followers wait)
 
     async def subscribe(self, req_id: str, last_id: str = "0-0") -> Subscription:
         sub = Subscription(req_id, last_id)
@@ -86,6 +94,7 @@ class TokenStreamMux:
         # Ask the loop to stop and wake its read: redis-py does not give up a blocked XREAD promptly
         # when its task is cancelled, so cancelling is only the fallback.
         self._closing = True
+        self._closed.set()
         self._has_subs.set()
         if self._task is not None and not self._task.done():
             await self._wake()
@@ -107,7 +116,7 @@ class TokenStreamMux:
             logger.warning("could not wake the token stream reader: %s", exc)
 
     async def _run(self) -> None:
-        failures = 0
+        backoff = Backoff()
         while True:
             await self._has_subs.wait()
             if self._closing:
@@ -117,19 +126,20 @@ class TokenStreamMux:
             }
             streams[self._wake_key] = self._wake_last
             try:
-                # Bounded BLOCK: redis-py retries a timed-out blocking read for a long time.
+                # Bounded BLOCK (MAX_BLOCK_MS): closing and failures are noticed within a second.
                 reply = await self._redis.xread(streams, count=_READ_COUNT, block=MAX_BLOCK_MS)
             except redis.exceptions.RedisError as exc:
-                # Every follower sees the failure (as a read of its own would have raised it).
-                for subs in list(self._subs.values()):
-                    for sub in subs:
-                        sub.queue.put_nowait(exc)
-                self._subs.clear()
-                self._has_subs.clear()
-                await asyncio.sleep(_RETRY_S[min(failures, len(_RETRY_S) - 1)])
-                failures += 1
+                # Followers keep their place and wait (each up to its own deadline); no busy loop.
+                if not backoff.failing:
+                    logger.warning("token stream read failed, retrying with backoff: %s", exc)
+                self.redis_down = True
+                with contextlib.suppress(TimeoutError):  # `close` ends the wait early
+                    await asyncio.wait_for(self._closed.wait(), backoff.next_delay())
                 continue
-            failures = 0
+            if backoff.failing:
+                logger.info("token stream reads resumed after %d failed reads", backoff.num_failures)
+                backoff.reset()
+                self.redis_down = False
             if self._closing:
                 return
             self._dispatch(reply)

@@ -24,6 +24,7 @@ from common.protocol import (
     encode,
 )
 from common.redis_conn import MAX_BLOCK_MS, TOKEN_STREAM_TTL_S, connect, min_id
+from common.retry import REDIS_DOWN, Backoff
 from common.streams import BATCHER_INBOX, WORKERS_HASH, WORKERS_HEARTBEAT, token_stream, worker_steps
 from gpu_worker.fence import Fence, TokenWrite
 from gpu_worker.heartbeat import Heartbeat
@@ -31,8 +32,6 @@ from gpu_worker.model_runner import ModelRunner
 from gpu_worker.settings import WorkerSettings
 
 logger = logging.getLogger(__name__)
-
-RETRY_WAIT_S = 0.5
 
 T = TypeVar("T")
 
@@ -183,19 +182,23 @@ class Worker:
             logger.warning("could not deregister %s: %s", self.worker_id, exc)
 
     def _retry(self, call: Callable[[], T]) -> T | None:
-        """Run `call` until Redis answers or the worker stops; a Redis outage is a pause, not a crash."""
-        failing = False
+        """Run `call` until Redis answers or the worker stops; a Redis outage is a pause, not a crash.
+
+        Repeating a publish whose reply was lost may write its tokens twice (same index and attempt:
+        readers and recovery drop the copy), but never out of order. After an outage the batcher
+        fences every worker anyway, and this one rejoins under a new id.
+        """
+        backoff = Backoff()
         while True:
             try:
                 result = call()
-            except (redis.ConnectionError, redis.TimeoutError) as exc:
+            except REDIS_DOWN as exc:
                 if self._stopping.is_set():
                     return None
-                if not failing:
-                    logger.warning("redis unavailable, retrying: %s", exc)
-                failing = True
-                self._stopping.wait(RETRY_WAIT_S)
+                if not backoff.failing:
+                    logger.warning("redis unavailable, retrying with backoff: %s", exc)
+                self._stopping.wait(backoff.next_delay())
                 continue
-            if failing:
-                logger.info("redis reachable again")
+            if backoff.failing:
+                logger.info("redis reachable again after %d retries", backoff.num_failures)
             return result

@@ -20,6 +20,7 @@ class ClientStream:
     arrivals: list[float] = field(default_factory=list)  # time.monotonic() per token
     finish_reason: str | None = None
     errors: list[Any] = field(default_factory=list)
+    entry_ids: list[str] = field(default_factory=list)  # SSE `id:` of each event (token stream entry)
 
 
 async def stream_completion(
@@ -36,6 +37,8 @@ async def stream_completion(
     async with client.stream("POST", "/v1/completions", json=body) as resp:
         assert resp.status_code == 200, await resp.aread()
         async for line in resp.aiter_lines():
+            if line.startswith("id: "):
+                seen.entry_ids.append(line[len("id: ") :])
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
             chunk = json.loads(line[len("data: ") :])

@@ -70,11 +70,14 @@ def test_health_503_when_redis_unreachable(tiny_model_dir: Path) -> None:
     try:
         response = httpx.get(f"{url}/health", timeout=30)
         assert response.status_code == 503
-        assert "redis unreachable" in response.json()["message"]
-        # Generation needs the queue: 503 with an OpenAI error object, not a crash.
+        assert response.json()["status"] == "degraded"
+        assert response.json()["message"].startswith("degraded: redis unreachable")
+        # Generation needs the queue: 503 with an OpenAI error object and Retry-After, not a crash.
         response = httpx.post(f"{url}/v1/completions", json={"prompt": "hi"}, timeout=30)
         assert response.status_code == 503
         assert response.json()["error"]["type"] == "server_error"
+        assert response.json()["error"]["code"] == "redis_unavailable"
+        assert int(response.headers["Retry-After"]) > 0
     finally:
         server.should_exit = True
         thread.join(timeout=15)

@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import signal
+import time
+from pathlib import Path
 
+import pytest
 import redis.asyncio as aioredis
-import redis.exceptions
 
+from common.redis_conn import connect_async
 from common.streams import token_stream
+from gateway.stream_reader import RequestTimedOut, follow_token_stream
 from gateway.token_mux import Entry, Subscription, TokenStreamMux
 from tests.conftest import free_port
+from tests.redis_process import RedisProcess
 
 NUM_REQUESTS = 40
 NUM_STEPS = 5
@@ -19,9 +25,7 @@ async def _collect(sub: Subscription, count: int, timeout_s: float = 10.0) -> li
     got: list[Entry] = []
     async with asyncio.timeout(timeout_s):
         while len(got) < count:
-            item = await sub.queue.get()
-            assert not isinstance(item, BaseException), item
-            got.extend(item)
+            got.extend(await sub.queue.get())
     return got
 
 
@@ -76,15 +80,26 @@ def test_a_late_subscriber_reads_from_its_resume_point(redis_url: str) -> None:
     asyncio.run(scenario())
 
 
-def test_a_failed_read_reaches_every_follower() -> None:
+def test_followers_outlive_failed_reads_until_their_own_deadline() -> None:
+    """Redis unreachable: the shared read retries with backoff and fails nobody; each follower gives
+    up only when its own deadline passes."""
+
     async def scenario() -> None:
-        client = aioredis.Redis.from_url(f"redis://127.0.0.1:{free_port()}/0")  # nothing listens there
+        client = connect_async(f"redis://127.0.0.1:{free_port()}/0")  # nothing listens there
         mux = TokenStreamMux(client)
-        subs = [await mux.subscribe(f"req{i}") for i in range(3)]
-        for sub in subs:
-            async with asyncio.timeout(10):
-                item = await sub.queue.get()
-            assert isinstance(item, redis.exceptions.ConnectionError)
+        started = time.monotonic()
+        deadlines = [started + 0.6, started + 1.5]
+
+        async def follow(req_id: str, deadline: float) -> float:
+            with pytest.raises(RequestTimedOut):
+                async for _ in follow_token_stream(mux, req_id, deadline=deadline):
+                    pass
+            return time.monotonic()
+
+        ended = await asyncio.gather(*(follow(f"req{i}", d) for i, d in enumerate(deadlines)))
+        assert mux.redis_down
+        for end, deadline in zip(ended, deadlines, strict=True):
+            assert deadline - 0.01 <= end < deadline + 0.5  # not before its deadline, and not long after
         await mux.close()
         await client.aclose()
 
@@ -114,3 +129,33 @@ def test_two_followers_of_one_stream_each_get_their_entries(redis_url: str) -> N
             await redis.aclose()
 
     asyncio.run(run())
+
+
+def test_a_follower_resumes_after_redis_restarts(tmp_path: Path) -> None:
+    """Redis stops and starts again on the same port: the follower keeps its place and gets exactly
+    the entries written after the restart, on the same subscription."""
+    server = RedisProcess(tmp_path / "redis")
+    server.start()
+
+    async def scenario() -> None:
+        client = connect_async(server.url)
+        mux = TokenStreamMux(client)
+        sub = await mux.subscribe("req")
+        await client.xadd(token_stream("req"), {b"m": b"0"})
+        assert [f[b"m"] for _, f in await _collect(sub, 1)] == [b"0"]
+        server.stop(signal.SIGTERM)
+        async with asyncio.timeout(10):
+            while not mux.redis_down:
+                await asyncio.sleep(0.01)
+        await asyncio.to_thread(server.start)
+        for i in (1, 2):
+            await client.xadd(token_stream("req"), {b"m": str(i).encode()})
+        assert [f[b"m"] for _, f in await _collect(sub, 2)] == [b"1", b"2"]
+        assert not mux.redis_down
+        await mux.close()
+        await client.aclose()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        server.stop(signal.SIGKILL)

@@ -22,11 +22,10 @@ from gateway.openai_schemas import (
     response_exclude,
 )
 from gateway.request_builder import PreparedRequest
-from gateway.request_meta import response_id as response_id_of
-from gateway.request_runner import Follow, Output
-from gateway.routes_completions import SSE_HEADERS, request_id_header
+from gateway.request_runner import Output
+from gateway.respond import respond
 from gateway.state import GatewayState, get_state
-from gateway.streaming import Completed, collect, stream_sse, usage
+from gateway.streaming import Completed, usage
 
 router = APIRouter()
 
@@ -82,21 +81,7 @@ async def create_chat_completion(
     body: ChatCompletionRequest, http_request: Request, state: Annotated[GatewayState, Depends(get_state)]
 ) -> JSONResponse | StreamingResponse:
     requests = await admit(body, http_request, state)
-    request = requests[0]
-    response_id, created = response_id_of("chat", request.req_id), int(request.arrival_time)
-    formatter = LogprobsFormatter(state.served.tokenizer.tokenizer)
-    headers = request_id_header(request.req_id)
-    if request.stream:
-        chunks = ChatChunks(response_id, created, state.served.name, request, formatter)
-        follow = Follow(grace_s=state.settings.resume_grace_s if len(requests) == 1 else 0.0)
-        return StreamingResponse(
-            stream_sse(state.runner, requests, chunks, follow),
-            media_type="text/event-stream",
-            headers={**SSE_HEADERS, **headers},
-        )
-    done = await collect(state.runner, requests, http_request)
-    response = chat_response(requests, done, response_id, created, state.served.name, formatter)
-    return JSONResponse(response, headers=headers)
+    return await respond("chat", requests, http_request, state, ChatChunks, chat_response)
 
 
 def chat_response(

@@ -19,19 +19,12 @@ from gateway.openai_schemas import (
     response_exclude,
 )
 from gateway.request_builder import PreparedRequest
-from gateway.request_meta import response_id as response_id_of
-from gateway.request_runner import Follow, Output
+from gateway.request_runner import Output
+from gateway.respond import respond
 from gateway.state import GatewayState, get_state
-from gateway.streaming import Completed, collect, stream_sse, usage
+from gateway.streaming import Completed, usage
 
 router = APIRouter()
-
-SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-
-
-def request_id_header(req_id: str) -> dict[str, str]:
-    """Every answer names its request, so a client can resume it (GET /v1/requests/{id}/stream)."""
-    return {"X-Request-Id": req_id}
 
 
 class CompletionChunks:
@@ -88,21 +81,7 @@ async def create_completion(
     body: CompletionRequest, http_request: Request, state: Annotated[GatewayState, Depends(get_state)]
 ) -> JSONResponse | StreamingResponse:
     requests = await admit(body, http_request, state)
-    request = requests[0]
-    response_id, created = response_id_of("completion", request.req_id), int(request.arrival_time)
-    formatter = LogprobsFormatter(state.served.tokenizer.tokenizer)
-    headers = request_id_header(request.req_id)
-    if request.stream:
-        chunks = CompletionChunks(response_id, created, state.served.name, request, formatter)
-        follow = Follow(grace_s=state.settings.resume_grace_s if len(requests) == 1 else 0.0)
-        return StreamingResponse(
-            stream_sse(state.runner, requests, chunks, follow),
-            media_type="text/event-stream",
-            headers={**SSE_HEADERS, **headers},
-        )
-    done = await collect(state.runner, requests, http_request)
-    response = completion_response(requests, done, response_id, created, state.served.name, formatter)
-    return JSONResponse(response, headers=headers)
+    return await respond("completion", requests, http_request, state, CompletionChunks, completion_response)
 
 
 def completion_response(

@@ -19,8 +19,9 @@ from gateway.errors import OpenAIError
 from gateway.logprobs import LogprobsFormatter
 from gateway.request_meta import RequestMeta, attach, load_meta, prepared_from, req_id_from
 from gateway.request_runner import Follow
+from gateway.respond import SSE_HEADERS, request_id_header
 from gateway.routes_chat import ChatChunks, chat_response
-from gateway.routes_completions import SSE_HEADERS, CompletionChunks, completion_response, request_id_header
+from gateway.routes_completions import CompletionChunks, completion_response
 from gateway.state import GatewayState, get_state
 from gateway.streaming import ChunkFormatter, collect, stream_sse
 from gateway.token_mux import entry_key

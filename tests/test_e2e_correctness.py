@@ -18,6 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.greedy_reference import greedy_generate
 from tests.services import Stack
 
 NUM_REQUESTS = 16
@@ -38,25 +39,10 @@ def make_cases(vocab_size: int) -> list[tuple[list[int], int]]:
 @pytest.fixture(scope="module")
 def reference(tiny_model_dir: Path) -> tuple[list[tuple[list[int], int]], list[list[int]]]:
     """Each request alone through transformers' own generate (greedy, EOS ignored)."""
-    import torch
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoConfig
 
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
-    cases = make_cases(model.config.vocab_size)
-    outputs = []
-    for prompt, max_tokens in cases:
-        ids = torch.tensor([prompt])
-        # eos_token_id=None as a keyword (inside a GenerationConfig the model's own generation
-        # config fills it back in) is what turns EOS off, as ignore_eos does.
-        out = model.generate(
-            ids,
-            attention_mask=torch.ones_like(ids),
-            do_sample=False,
-            max_new_tokens=max_tokens,
-            eos_token_id=None,
-            pad_token_id=0,
-        )
-        outputs.append(out[0, len(prompt) :].tolist())
+    cases = make_cases(AutoConfig.from_pretrained(tiny_model_dir).vocab_size)
+    outputs = greedy_generate(tiny_model_dir, [p for p, _ in cases], [m for _, m in cases])
     return cases, outputs
 
 

@@ -57,10 +57,13 @@ class KVCache:
     def gather(self, layer: int, block_tables: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """K and V of the blocks in `block_tables` ([B, nb]), as [B, nb * block_size, kv_heads, head_dim]."""
         batch, num_table_blocks = block_tables.shape
-        k = self.k_pools[layer][block_tables]
-        v = self.v_pools[layer][block_tables]
+        flat = block_tables.reshape(-1)
+        # index_select on dim 0 copies whole blocks (memcpy per block on CPU); advanced indexing
+        # (`pool[block_tables]`) goes element by element and was 5x slower, half of a CPU decode step.
+        k = self.k_pools[layer].index_select(0, flat)
+        v = self.v_pools[layer].index_select(0, flat)
         length = num_table_blocks * self.block_size
         return (
-            k.view(batch, length, *k.shape[3:]),
-            v.view(batch, length, *v.shape[3:]),
+            k.view(batch, length, *k.shape[2:]),
+            v.view(batch, length, *v.shape[2:]),
         )

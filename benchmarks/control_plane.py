@@ -6,7 +6,8 @@ With `--real-model` the forward runs too, which shows how much of that cost asyn
 
 For each batch size B it starts the pipeline (redis-server, batcher, one worker with
 WORKER_NULL_MODEL=true, gateway), sends B concurrent requests of `--output-len` tokens (ignore_eos),
-and reads the batcher's counters before and after: wall time per iteration, the worker's time per
+and reads the batcher's counters before and after: wall time per iteration (the client's, and the
+steady state's: the step counter's rate in the middle of the run), the worker's time per
 step (input building and bookkeeping, no model), and how long the worker waited between steps, once
 with synchronous scheduling and once with async scheduling (step N+1 sent while step N runs).
 """
@@ -19,6 +20,7 @@ import json
 import signal
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -29,6 +31,36 @@ import redis
 from benchmarks.specs import LaunchSpec
 from benchmarks.systems import ProcessGroup, free_port, http_ok, wait_until
 from common import streams
+
+
+class _StepSampler(threading.Thread):
+    """Polls the batcher's step counter during the load, for the steady-state iteration period.
+
+    The client's wall time per step also counts submitting B requests and collecting B responses,
+    which happen once, not per iteration; the middle of the run has only iterations in it.
+    """
+
+    def __init__(self, redis_url: str, interval_s: float = 0.02) -> None:
+        super().__init__(daemon=True)
+        self._redis = redis.Redis.from_url(redis_url)
+        self._interval_s = interval_s
+        self._done = threading.Event()
+        self.samples: list[tuple[float, float]] = []  # (perf_counter, num_steps)
+
+    def run(self) -> None:
+        while not self._done.wait(self._interval_s):
+            steps = self._redis.hget(streams.BATCHER_STATS, "num_steps")
+            self.samples.append((time.perf_counter(), float(steps or 0)))
+
+    def finish(self) -> float:
+        """Stops polling; ms per iteration between 20% and 80% of the steps taken."""
+        self._done.set()
+        self.join()
+        first, last = self.samples[0][1], self.samples[-1][1]
+        low, high = first + 0.2 * (last - first), first + 0.8 * (last - first)
+        window = [(t, s) for t, s in self.samples if low <= s <= high]
+        (t0, s0), (t1, s1) = window[0], window[-1]
+        return 1000 * (t1 - t0) / (s1 - s0) if s1 > s0 else float("nan")
 
 
 def _stats(redis_url: str) -> dict[str, float]:
@@ -80,7 +112,10 @@ def measure(
         assert group.redis_url is not None
         asyncio.run(_load(base_url, batch_size, 4))  # warm-up: connections, first allocations
         before = _stats(group.redis_url)
+        sampler = _StepSampler(group.redis_url)
+        sampler.start()
         elapsed = asyncio.run(_load(base_url, batch_size, output_len))
+        steady_ms = sampler.finish()
         after = _stats(group.redis_url)
     finally:
         group.stop()
@@ -93,6 +128,7 @@ def measure(
         "steps": int(steps),
         "tokens": batch_size * output_len,
         "ms_per_iteration": 1000 * elapsed / steps,
+        "steady_ms_per_iteration": steady_ms,
         "worker_step_ms": 1000 * (after["worker_busy_s"] - before["worker_busy_s"]) / steps,
         "worker_idle_ms_per_step": 1000 * (after["worker_idle_s"] - before["worker_idle_s"]) / steps,
         "tokens_per_s": batch_size * output_len / elapsed,
@@ -132,12 +168,14 @@ def main(argv: list[str] | None = None) -> None:
                         args.device,
                     )
                 )
-    columns = [("batch", 5), ("scheduling", 10), ("steps", 6), ("ms/iter", 8), ("worker ms", 9)]
-    print(" ".join(f"{name:>{width}}" for name, width in [*columns, ("idle ms", 8), ("tok/s", 8)]))
+    columns = [("batch", 5), ("scheduling", 10), ("steps", 6), ("ms/iter", 8), ("steady", 7)]
+    columns += [("worker ms", 9), ("idle ms", 8), ("tok/s", 8)]
+    print(" ".join(f"{name:>{width}}" for name, width in columns))
     for r in rows:
         mode = "async" if r["async_scheduling"] else "sync"
         print(
             f"{r['batch_size']:>5} {mode:>10} {r['steps']:>6} {r['ms_per_iteration']:>8.3f} "
+            f"{r['steady_ms_per_iteration']:>7.3f} "
             f"{r['worker_step_ms']:>9.3f} {r['worker_idle_ms_per_step']:>8.3f} {r['tokens_per_s']:>8.0f}"
         )
     if args.result_file:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import re
 import subprocess
 import sys
 import time
@@ -30,6 +29,8 @@ from common.protocol import FIELD, GenerateRequest, SamplingParams, decode_reque
 from common.stream_client import follow, follow_async, new_req_id, submit, submit_async
 from common.streams import REQUESTS_STREAM
 from tests.conftest import redis_server
+from tests.readme_examples import example
+from tests.readme_examples import run_example as run_readme_example
 from tests.services import ROOT, Stack
 
 PROMPTS = [[1, 17, 42, 99], [5, 6, 7, 8, 9, 10, 11, 200, 300, 400], [3]]
@@ -105,20 +106,8 @@ def test_async_stream_client_gets_the_tokens_http_gets(stack: Stack) -> None:
     assert asyncio.run(run_all()) == expected
 
 
-def example(path: Path, name: str) -> str:
-    """The fenced Python block right after `<!-- example: name -->` in a Markdown file."""
-    match = re.search(rf"<!-- example: {name} -->\n```python\n(.*?)\n```", path.read_text(), re.S)
-    assert match, f"no example {name!r} in {path}"
-    return match.group(1)
-
-
 def run_example(code: str, redis_url: str) -> str:
-    env = {**os.environ, "REDIS_URL": redis_url}
-    done = subprocess.run(
-        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
-    )
-    assert done.returncode == 0, done.stderr
-    return done.stdout
+    return run_readme_example(code, {"REDIS_URL": redis_url})
 
 
 def test_protocol_doc_example_runs_verbatim(stack: Stack) -> None:

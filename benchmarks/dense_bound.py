@@ -5,6 +5,12 @@
 transformers' own forward with a DynamicCache over one equal-length batch: prefill once (not timed),
 then `--steps` single-token decode steps, timed. The output token throughput of any server running
 the same model at the same batch size and context lengths can at best approach this.
+
+A server also computes every prompt, which the decode-only bound leaves out. With
+`--workload-prompt-tokens P --workload-output-tokens O` (a workload's totals) it also times bare
+single-prompt prefills of `--prompt-len` tokens and reports the workload bound: the output token
+throughput of a machine that spends exactly the bare forward's time on the P prompt tokens and on
+O decodes at this batch size, O / (P / prefill rate + O / decode rate).
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from typing import Any
 
 
 def measure(
@@ -22,7 +29,8 @@ def measure(
     num_threads: int,
     device: str = "cpu",
     dtype: str = "float32",
-) -> dict[str, float | str]:
+    prompt_len_for_prefill: int = 144,
+) -> dict[str, Any]:
     import inspect
 
     import torch
@@ -51,6 +59,8 @@ def measure(
             tokens = out.logits[:, -1].argmax(-1, keepdim=True)
         sync()
         elapsed = time.perf_counter() - start
+        prefill_tokens_per_s = _prefill_rate(model, vocab, prompt_len_for_prefill, device, sync, generator)
+    decode_tokens_per_s = batch_size * steps / elapsed
     return {
         "device": device,
         "dtype": dtype,
@@ -58,8 +68,30 @@ def measure(
         "mean_context_len": prompt_len + steps / 2,
         "steps": steps,
         "ms_per_step": 1000 * elapsed / steps,
-        "output_tokens_per_s": batch_size * steps / elapsed,
+        "output_tokens_per_s": decode_tokens_per_s,
+        "prefill_tokens_per_s": prefill_tokens_per_s,
     }
+
+
+def _prefill_rate(model: Any, vocab: int, prompt_len: int, device: str, sync: Any, generator: Any) -> float:
+    """Prompt tokens per second of bare single-prompt forwards (no padding, no cache reuse)."""
+    import torch
+
+    prompts = [torch.randint(3, vocab, (1, prompt_len), generator=generator).to(device) for _ in range(6)]
+    with torch.inference_mode():
+        model(input_ids=prompts[0], logits_to_keep=1)  # warm-up; a server needs only the last logits
+        sync()
+        start = time.perf_counter()
+        for ids in prompts[1:]:
+            model(input_ids=ids, logits_to_keep=1)
+        sync()
+    return (len(prompts) - 1) * prompt_len / (time.perf_counter() - start)
+
+
+def workload_bound(result: dict[str, Any], prompt_tokens: int, output_tokens: int) -> float:
+    """Output tokens per second if the workload's prompts and decodes ran at the bare forward's rates."""
+    seconds = prompt_tokens / result["prefill_tokens_per_s"] + output_tokens / result["output_tokens_per_s"]
+    return output_tokens / seconds
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -71,10 +103,24 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--num-threads", type=int, default=0, help="torch threads (0: torch default)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
+    parser.add_argument("--prompt-len", type=int, default=144, help="prompt length of the timed prefills")
+    parser.add_argument("--workload-prompt-tokens", type=int, default=0, help="a workload's prompt tokens")
+    parser.add_argument("--workload-output-tokens", type=int, default=0, help="its output tokens")
     args = parser.parse_args(argv)
     result = measure(
-        args.model, args.batch_size, args.context_len, args.steps, args.num_threads, args.device, args.dtype
+        args.model,
+        args.batch_size,
+        args.context_len,
+        args.steps,
+        args.num_threads,
+        args.device,
+        args.dtype,
+        args.prompt_len,
     )
+    if args.workload_output_tokens:
+        result["workload_bound_output_tokens_per_s"] = workload_bound(
+            result, args.workload_prompt_tokens, args.workload_output_tokens
+        )
     print(json.dumps(result))
 
 

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -98,3 +99,20 @@ class Stack:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+
+
+@contextlib.contextmanager
+def running_stack(log_dir: Path, model_dir: Path, **gateway_env: str) -> Iterator[Stack]:
+    """Its own redis-server, a batcher, one worker and a gateway (with `gateway_env`), all ready."""
+    from tests.conftest import redis_server
+
+    with redis_server(log_dir) as url:
+        stack = Stack(redis_url=url, model_dir=model_dir, log_dir=log_dir)
+        try:
+            stack.start_batcher()
+            stack.start_worker()
+            stack.start_gateway(**gateway_env)
+            stack.wait_ready(num_workers=1)
+            yield stack
+        finally:
+            stack.stop()

@@ -12,24 +12,16 @@ import pytest
 import redis
 
 from common import streams
-from tests.conftest import redis_server
-from tests.services import Stack, wait_for
+from tests.services import Stack, running_stack, wait_for
 
 
 @pytest.fixture(scope="module")
 def stack(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    log_dir = tmp_path_factory.mktemp("streaming-stack")
-    with redis_server(log_dir) as url:
-        stack = Stack(redis_url=url, model_dir=tiny_model_dir, log_dir=log_dir)
-        try:
-            stack.start_batcher()
-            stack.start_worker()
-            # No resume window: a client that leaves is aborted at once (tests/test_resume.py has one).
-            stack.start_gateway(GATEWAY_RESUME_GRACE_S="0")
-            stack.wait_ready(num_workers=1)
-            yield stack
-        finally:
-            stack.stop()
+    # No resume window: a client that leaves is aborted at once (tests/test_resume.py has one).
+    with running_stack(
+        tmp_path_factory.mktemp("streaming-stack"), tiny_model_dir, GATEWAY_RESUME_GRACE_S="0"
+    ) as stack:
+        yield stack
 
 
 @pytest.fixture()

@@ -21,8 +21,7 @@ from transformers import AutoModelForCausalLM
 
 from common.protocol import FIELD, decode_request
 from common.streams import REQUESTS_STREAM
-from tests.conftest import redis_server
-from tests.services import Stack
+from tests.services import Stack, running_stack
 from tests.test_model_runner import EOS_PROMPT
 
 PROMPT = [random.Random(7).randrange(3, 500) for _ in range(12)]
@@ -31,17 +30,8 @@ USER = [{"role": "user", "content": "Return the value of the object."}]
 
 @pytest.fixture(scope="module")
 def stack(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    log_dir = tmp_path_factory.mktemp("sdk-stack")
-    with redis_server(log_dir) as url:
-        services = Stack(redis_url=url, model_dir=tiny_model_dir, log_dir=log_dir)
-        try:
-            services.start_batcher()
-            services.start_worker()
-            services.start_gateway()
-            services.wait_ready(num_workers=1)
-            yield services
-        finally:
-            services.stop()
+    with running_stack(tmp_path_factory.mktemp("sdk-stack"), tiny_model_dir) as stack:
+        yield stack
 
 
 @pytest.fixture(scope="module")

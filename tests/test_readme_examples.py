@@ -13,9 +13,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import redis_server
 from tests.readme_examples import example, run_example
-from tests.services import ROOT, Stack
+from tests.services import ROOT, Stack, running_stack
 
 README = ROOT / "README.md"
 QUESTION = [{"role": "user", "content": "What is the assert statement?"}]
@@ -23,17 +22,10 @@ QUESTION = [{"role": "user", "content": "What is the assert statement?"}]
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Iterator[Stack]:
-    tmp = tmp_path_factory.mktemp("readme-examples")
-    with redis_server(tmp) as url:
-        services = Stack(redis_url=url, model_dir=tiny_model_dir, log_dir=tmp)
-        try:
-            services.start_batcher()
-            services.start_worker()
-            services.start_gateway(GATEWAY_SERVED_MODEL_NAME="demo")
-            services.wait_ready(num_workers=1)
-            yield services
-        finally:
-            services.stop()
+    with running_stack(
+        tmp_path_factory.mktemp("readme-examples"), tiny_model_dir, GATEWAY_SERVED_MODEL_NAME="demo"
+    ) as stack:
+        yield stack
 
 
 def run(stack: Stack, name: str, lang: str) -> str:

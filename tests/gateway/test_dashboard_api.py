@@ -1,21 +1,26 @@
 """The dashboard over HTTP: its files need no key, its data does; the events endpoint replays the
-trace, follows it live, sends the batcher's stats, and stops reading Redis when its client leaves."""
+trace, follows it live, sends the batcher's stats, stops reading Redis when its client leaves, and
+rides out a Redis restart."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 import msgspec
 import pytest
+import redis
 
 from common import streams
 from common.protocol import FIELD
 from common.trace_schema import StepTrace, TracedRequest, encode_trace
 from gateway.api_keys import hash_key
-from tests.gateway.conftest import RunningGateway
+from gateway.settings import GatewaySettings
+from tests.gateway.conftest import RunningGateway, start_server
+from tests.redis_process import RedisProcess
 from tests.services import wait_for
 
 KEY = "sk-dashboard-viewer"
@@ -123,3 +128,30 @@ def test_events_replay_follow_and_stop_with_the_client(secured: RunningGateway) 
     # The client left: its blocked read is cancelled, which closes that connection (a read that went
     # on would keep it open, blocked or between reads).
     wait_for(lambda: reader not in _connections(secured), 5, "the dashboard's reading connection to close")
+
+
+def test_events_ride_out_a_redis_restart(tiny_model_dir: Path, tmp_path: Path) -> None:
+    redis_proc = RedisProcess(tmp_path / "redis")
+    redis_proc.start()
+    settings = GatewaySettings(model=tiny_model_dir, redis_url=redis_proc.url)
+    server, thread, url = start_server(settings)
+    client = redis.Redis.from_url(redis_proc.url)
+    try:
+        with (
+            httpx.Client(base_url=url, timeout=30) as http,
+            http.stream("GET", "/v1/dashboard/events") as response,
+        ):
+            events = _events(response)
+            _next(events, "stats")
+            redis_proc.stop()  # SIGTERM: the AOF keeps what was written
+            assert "redis unreachable" in msgspec.json.decode(_next(events, "unavailable"))["message"]
+            redis_proc.start()
+            # Back on the same connection: a step traced after the restart arrives.
+            live = encode_trace(_trace(1))
+            client.xadd(streams.BATCHER_TRACE, {FIELD: live})
+            assert _next(events, "step") == live.decode()
+    finally:
+        client.close()
+        server.should_exit = True
+        thread.join(timeout=15)
+        redis_proc.stop()

@@ -223,7 +223,7 @@ function workerPanel(w) {
     <div class="worker-head">
       <span class="wid"></span>
       <span>step <b data-role="step">-</b></span>
-      <span>batch <b data-role="batch">0</b> requests</span>
+      <span>in batch <b data-role="batch">0</b></span>
       <span class="kv">KV cache <span class="kv-bar" data-testid="kv-bar"><span class="kv-fill"></span></span>
         <b data-role="kv">0 / 0</b> blocks</span>
       <span><b data-role="rate">0</b> tok/s generated</span>

@@ -36,6 +36,8 @@ class Request:
     # Tokens the steps already sent will sample but whose results have not arrived (async scheduling).
     num_output_placeholders: int = 0
     num_inflight_steps: int = 0  # steps sent with this request whose results have not arrived
+    # Known tokens when it was last admitted: computing any of them is prefill (a recompute included).
+    num_prefill_tokens: int = 0
     block_ids: list[int] = field(default_factory=list)
     worker_id: str | None = None  # the worker holding its KV while RUNNING
     attempt: int = 0  # bumped on every (re)schedule; the worker stamps it on token events

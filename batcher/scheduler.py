@@ -360,6 +360,7 @@ class Scheduler:
         req.status = RequestStatus.RUNNING
         req.worker_id = ws.info.worker_id
         req.attempt += 1
+        req.num_prefill_tokens = req.num_tokens
         ws.running.append(req)
         new.append(req.to_new_request_data())
         self._count_chunk(req, num_new)

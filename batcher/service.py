@@ -15,14 +15,16 @@ from batcher import recovery
 from batcher.lease import Lease, LeaseLost
 from batcher.metrics import BatcherMetrics
 from batcher.request import Request
-from batcher.scheduler import Scheduler, SchedulerConfig
+from batcher.scheduler import Scheduler, SchedulerConfig, WorkerState
 from batcher.settings import BatcherSettings
+from batcher.step_trace import step_trace
 from common import streams
 from common.protocol import (
     FIELD,
     AbortRequest,
     ModelRunnerOutput,
     RequestError,
+    SchedulerOutput,
     WorkerInfo,
     WorkerLost,
     decode_inbox,
@@ -31,6 +33,7 @@ from common.protocol import (
     encode,
 )
 from common.redis_conn import MAX_BLOCK_MS, TOKEN_STREAM_TTL_S, min_id
+from common.trace_schema import encode_trace
 
 log = logging.getLogger("batcher")
 
@@ -280,8 +283,17 @@ class Batcher:
                     break
                 out.epoch = self.lease.epoch
                 self._steps.append((streams.worker_steps(worker_id), encode(out)))
-                self.metrics.on_step_sent(worker_id, out, time.time())
+                now = time.time()
+                self.metrics.on_step_sent(worker_id, out, now)
+                self._trace(ws, out, now)
                 self._stats_dirty = True
+
+    def _trace(self, ws: WorkerState, out: SchedulerOutput, now: float) -> None:
+        """One XADD per step on the pipeline `send` executes anyway: no extra round trip."""
+        if self.settings.trace_maxlen:
+            trace = encode_trace(step_trace(ws, out, len(self.scheduler.waiting), now))
+            maxlen = self.settings.trace_maxlen
+            self._pipe.xadd(streams.BATCHER_TRACE, {FIELD: trace}, maxlen=maxlen, approximate=True)
 
     def send(self) -> None:
         """Everything queued this iteration in one round trip; the steps only while we hold the lease."""

@@ -61,6 +61,11 @@ class BatcherSettings(BaseSettings):
     standby_poll_s: float = Field(
         0.5, gt=0, description="How often a standby batcher tries to take the lease."
     )
+    trace_maxlen: int = Field(
+        2000,
+        ge=0,
+        description="Steps kept in llm:batcher:trace for the dashboard (approximate MAXLEN); 0: no trace.",
+    )
     batcher_id: str = Field(default_factory=_default_batcher_id, description="Consumer name in the group.")
 
     @model_validator(mode="after")

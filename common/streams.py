@@ -23,6 +23,9 @@ WORKERS_HEARTBEAT: Final = "llm:workers:heartbeat"
 BATCHER_STATS: Final = "llm:batcher:stats"
 # Histograms and per-worker gauges for /metrics, a JSON MetricsSnapshot (common/metrics_schema.py).
 BATCHER_METRICS: Final = "llm:batcher:metrics"
+# One JSON StepTrace per scheduled step (common/trace_schema.py), for the gateway's dashboard; capped
+# by an approximate MAXLEN (BATCHER_TRACE_MAXLEN): nothing reads it through a group, so no entry is pending.
+BATCHER_TRACE: Final = "llm:batcher:trace"
 
 
 def token_stream(req_id: str) -> str:

@@ -8,7 +8,14 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from common.redis_conn import connect_async
-from gateway import routes_chat, routes_completions, routes_metrics, routes_models, routes_requests
+from gateway import (
+    routes_chat,
+    routes_completions,
+    routes_dashboard,
+    routes_metrics,
+    routes_models,
+    routes_requests,
+)
 from gateway.api_keys import ApiKeys
 from gateway.auth import AuthMiddleware
 from gateway.body_limit import BodySizeLimitMiddleware
@@ -54,6 +61,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     app.include_router(routes_requests.router)
     app.include_router(routes_models.router)
     app.include_router(routes_metrics.router)
+    app.include_router(routes_dashboard.router)
     # Added last runs first: keys are checked before a byte of the body is read.
     app.add_middleware(BodySizeLimitMiddleware, max_body_bytes=settings.max_body_bytes)
     app.add_middleware(AuthMiddleware, keys=api_keys)

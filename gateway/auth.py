@@ -1,4 +1,5 @@
-"""Bearer API keys on every path but /health, as a pure ASGI middleware (it never buffers a stream).
+"""Bearer API keys on every path but /health and the dashboard's static files, as a pure ASGI
+middleware (it never buffers a stream).
 
 The owner (the key's name) is put in the ASGI scope; routes read it with `request_owner`, so a request
 carries who made it into Redis without the key itself ever leaving this module.
@@ -11,9 +12,10 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.api_keys import ApiKeys
 from gateway.errors import OpenAIError
+from gateway.routes_dashboard import OPEN_PATHS as DASHBOARD_FILES
 
-# Probes (load balancers, compose healthchecks) carry no key.
-OPEN_PATHS = frozenset({"/health"})
+# Probes (load balancers, compose healthchecks) carry no key; the dashboard's page asks for one itself.
+OPEN_PATHS = frozenset({"/health"}) | DASHBOARD_FILES
 _OWNER_KEY = "cbserve.owner"
 
 

@@ -5,17 +5,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Annotated, Any
+from typing import Annotated
 
-import msgspec
 import redis.exceptions
 from fastapi import APIRouter, Depends
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from common.metrics_schema import MetricsSnapshot, decode_snapshot
-from common.streams import BATCHER_METRICS, BATCHER_STATS
+from common.metrics_schema import MetricsSnapshot
 from gateway.batcher_collector import BatcherCollector
+from gateway.batcher_state import read_batcher_state
 from gateway.state import GatewayState, get_state
 
 logger = logging.getLogger(__name__)
@@ -41,31 +40,7 @@ async def _read_batcher(state: GatewayState) -> tuple[dict[str, float] | None, M
             start = time.perf_counter()
             await state.redis.ping()
             state.metrics.redis_rtt.observe(time.perf_counter() - start)
-            pipe = state.redis.pipeline(transaction=False)
-            pipe.hgetall(BATCHER_STATS)
-            pipe.get(BATCHER_METRICS)
-            raw_stats, raw_snapshot = await pipe.execute()
+            return await read_batcher_state(state.redis)
     except (redis.exceptions.RedisError, TimeoutError) as exc:
         logger.warning("metrics: cannot read the batcher's stats from redis: %s", exc or type(exc).__name__)
         return None, None
-    return _numbers(raw_stats), _snapshot(raw_snapshot)
-
-
-def _numbers(raw: dict[Any, Any]) -> dict[str, float]:
-    stats: dict[str, float] = {}
-    for key, value in raw.items():
-        try:
-            stats[key.decode() if isinstance(key, bytes) else str(key)] = float(value)
-        except ValueError:
-            continue  # not a number: nothing /metrics could show
-    return stats
-
-
-def _snapshot(raw: bytes | None) -> MetricsSnapshot | None:
-    if raw is None:
-        return None  # no batcher has published yet
-    try:
-        return decode_snapshot(raw)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-        logger.warning("metrics: unreadable batcher snapshot: %s", exc)
-        return None

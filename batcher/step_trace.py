@@ -1,0 +1,41 @@
+"""One worker's batch after a step was scheduled, as the dashboard draws it (common/trace_schema.py).
+
+Built from the scheduler's state right after `Scheduler.schedule(worker_id)`, when each scheduled
+request's `num_computed_tokens` already counts the step: the kind and the sample follow from there.
+"""
+
+from __future__ import annotations
+
+from batcher.request import Request
+from batcher.scheduler import WorkerState
+from common.protocol import SchedulerOutput
+from common.trace_schema import StepTrace, TracedRequest, TraceKind, short_id
+
+
+def _kind(req: Request, num_tokens: int) -> TraceKind:
+    if num_tokens == 0:
+        return "w"
+    computed_before = req.num_computed_tokens - num_tokens
+    return "p" if computed_before < req.num_prefill_tokens else "d"
+
+
+def step_trace(ws: WorkerState, out: SchedulerOutput, num_waiting: int, now: float) -> StepTrace:
+    reqs: list[TracedRequest] = []
+    num_sampled = 0
+    for req in ws.running:
+        n = out.num_scheduled_tokens.get(req.req_id, 0)
+        reqs.append(TracedRequest(short_id(req.req_id), _kind(req, n), n))
+        # A step samples once every known token is computed (placeholders of async steps included).
+        if n and req.num_computed_tokens >= req.num_tokens:
+            num_sampled += 1
+    bm = ws.block_manager
+    return StepTrace(
+        worker_id=ws.info.worker_id,
+        step_id=out.step_id,
+        time=now,
+        reqs=reqs,
+        num_sampled=num_sampled,
+        num_blocks_used=bm.num_blocks - bm.num_free_blocks,
+        num_blocks=bm.num_blocks,
+        num_waiting=num_waiting,
+    )

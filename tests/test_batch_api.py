@@ -8,7 +8,12 @@ same body (greedy), and each failing line the endpoint's own error answer.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,13 +22,17 @@ import httpx
 import openai
 import pytest
 import redis
+import redis.asyncio as aioredis
 from openai.types import Batch, FileObject
 
-from common.protocol import FIELD, decode_request
+from common.protocol import FIELD, GenerateRequest, SamplingParams, decode_request
+from common.request_state import result_lost
+from common.stream_client import follow, submit_once
 from common.streams import REQUESTS_STREAM, token_stream
 from gateway.api_keys import hash_key
 from tests.conftest import redis_server
-from tests.services import Stack, wait_for
+from tests.services import ROOT, Stack, wait_for
+from tests.test_queue_clients import example
 
 KEY_A, KEY_B = "sk-batch-a", "sk-batch-b"
 MAX_FILE_BYTES = 256 * 1024
@@ -361,3 +370,41 @@ def test_interactive_request_is_admitted_ahead_of_waiting_batch_lines(
     lines_before = [i for i in arrival[: arrival.index(interactive_id)] if i.startswith(batch.id)]
     overtaken = [i for i in lines_before if first_token_ms(i) > first_token_ms(interactive_id)]
     assert len(lines_before) == 8 and len(overtaken) >= 3, (lines_before, overtaken)
+
+
+def test_readme_batch_example_runs_verbatim(stack: Stack) -> None:
+    env = {**os.environ, "OPENAI_BASE_URL": f"{stack.base_url}/v1", "OPENAI_API_KEY": KEY_A}
+    code = example(ROOT / "README.md", "batch-api")
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    expected = "completed BatchRequestCounts(completed=2, failed=0, total=2)\n"
+    for i, question in enumerate(["What is the assert statement?", "Explain the for statement."]):
+        body = {"messages": [{"role": "user", "content": question}], "max_tokens": 32, "temperature": 0}
+        content = interactive(stack, "/v1/chat/completions", body)[1]["choices"][0]["message"]["content"]
+        expected += f"question-{i} {content}\n"
+    assert done.stdout == expected
+
+
+def test_a_finished_request_whose_stream_expired_counts_as_lost(stack: Stack) -> None:
+    """What a batch task that comes back hours after a crash relies on to run a line again."""
+    r = redis.Redis.from_url(stack.redis_url)
+    request = GenerateRequest(
+        req_id=f"lost-{time.time()}",
+        prompt_token_ids=[1, 2, 3],
+        sampling_params=SamplingParams(max_tokens=3, temperature=0.0),
+        arrival_time=time.time(),
+    )
+    assert submit_once(r, request) and not submit_once(r, request)
+    assert len(list(follow(r, request.req_id, timeout_s=60))) == 3
+
+    async def lost() -> bool:
+        client = aioredis.Redis.from_url(stack.redis_url)
+        try:
+            return await result_lost(client, request.req_id)
+        finally:
+            await client.aclose()
+
+    assert not asyncio.run(lost())  # finished, its stream still readable
+    wait_for(lambda: stack.stats().get("num_running") == 0, 30, "the batcher to acknowledge it")
+    r.delete(token_stream(request.req_id))  # as its TTL would, 15 minutes after the end
+    assert asyncio.run(lost())

@@ -64,6 +64,10 @@ class WaitingQueue:
         for priority in self._order:
             yield from self._levels[priority]
 
+    def count(self, priority: int) -> int:
+        """Requests waiting at this priority."""
+        return len(self._levels.get(priority, ()))
+
     def __len__(self) -> int:
         return sum(len(level) for level in self._levels.values())
 

@@ -48,7 +48,13 @@ def stack(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Ite
             stack.start_batcher(BATCHER_MAX_NUM_SEQS="2")
             stack.start_worker()
             keys = f"alice:{hash_key(KEY_A)},bob:{hash_key(KEY_B)}"
-            stack.start_gateway(GATEWAY_API_KEY_HASHES=keys, GATEWAY_MAX_FILE_BYTES=str(MAX_FILE_BYTES))
+            # A queue bound below the number of batch lines that wait: they must not make it refuse
+            # interactive requests.
+            stack.start_gateway(
+                GATEWAY_API_KEY_HASHES=keys,
+                GATEWAY_MAX_FILE_BYTES=str(MAX_FILE_BYTES),
+                GATEWAY_MAX_QUEUED_REQUESTS="4",
+            )
             stack.start_celery_worker(CBSERVE_CELERY_BATCH_MAX_LINES_IN_FLIGHT="8")
             stack.wait_ready(num_workers=1)
             yield stack
@@ -339,7 +345,8 @@ def test_interactive_request_is_admitted_ahead_of_waiting_batch_lines(
     stack: Stack, alice: openai.OpenAI
 ) -> None:
     """The batcher has two slots; eight batch lines are submitted at once, so six wait. An interactive
-    request that arrives then must be scheduled before those waiting lines (FIFO would put it last)."""
+    request that arrives then is not refused by the queue bound (4) and is scheduled before those
+    waiting lines (FIFO would put it last)."""
     r = redis.Redis.from_url(stack.redis_url)
     body = {"prompt": [3, 4, 5], "max_tokens": 48, "temperature": 0, "ignore_eos": True}
     lines = [request_line(f"bulk-{i}", body, "/v1/completions") for i in range(8)]

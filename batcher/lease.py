@@ -16,6 +16,8 @@ from typing import Any
 
 import redis
 
+from common.lease_scripts import RELEASE as _RELEASE
+from common.lease_scripts import RENEW as _RENEW
 from common.protocol import FIELD
 from common.streams import BATCHER_EPOCH, BATCHER_LEASE
 
@@ -29,20 +31,6 @@ if held and held ~= ARGV[3] then return 0 end
 local epoch = redis.call('INCR', KEYS[2])
 redis.call('SET', KEYS[1], epoch .. ':' .. ARGV[1], 'PX', ARGV[2])
 return epoch
-"""
-
-# KEYS: lease. ARGV: our lease value, TTL (ms).
-_RENEW = """
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
-return 1
-"""
-
-# KEYS: lease. ARGV: our lease value.
-_RELEASE = """
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
-redis.call('DEL', KEYS[1])
-return 1
 """
 
 # KEYS: lease, then one steps stream per step. ARGV: our lease value, field, MINID, then one step each.

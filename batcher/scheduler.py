@@ -4,7 +4,8 @@ Every call to `schedule(worker_id)` rebuilds that worker's next batch: its runni
 (decodes and unfinished prefill chunks), then waiting requests from the shared queue, all under
 `max_num_seqs` and a token budget of `max_num_batched_tokens`; a prompt longer than the budget left is
 computed in chunks over several steps while decodes keep going. When a worker's KV blocks run out, the
-most recently admitted request is preempted and later recomputed from prompt + tokens so far.
+least urgent running request (highest `priority` number, then most recently admitted) is preempted and
+later recomputed from prompt + tokens so far. Waiting requests are admitted in (priority, arrival) order.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Literal
 
 from batcher.block_manager import BlockManager
 from batcher.request import Request, RequestStatus
+from batcher.waiting_queue import WaitingQueue
 from common.protocol import (
     CachedRequestData,
     FinishReason,
@@ -91,13 +93,23 @@ class WorkerState:
         return self.block_manager.blocks_for(longest) <= self.block_manager.num_blocks
 
 
+def _priority(req: Request) -> int:
+    return req.priority
+
+
+def _preemption_victim(running: list[Request]) -> Request:
+    """The least urgent running request (highest priority number), the most recently admitted on a tie."""
+    return max(reversed(running), key=_priority)  # max keeps the first maximum: the newest
+
+
 class Scheduler:
     def __init__(self, config: SchedulerConfig) -> None:
         self.config = config
         self.stats = SchedulerStats()
         self.workers: dict[str, WorkerState] = {}
         self.requests: dict[str, Request] = {}  # every unfinished request
-        self.waiting: deque[Request] = deque()  # shared by all workers; preempted ones go to the front
+        # Shared by all workers, in (priority, arrival) order; preempted ones go first in their priority.
+        self.waiting = WaitingQueue()
         self._early_aborts: dict[str, tuple[float, str]] = {}  # req_id -> (when, reason)
 
     # ----- workers -------------------------------------------------------------------------------
@@ -227,16 +239,17 @@ class Scheduler:
     ) -> tuple[int, bool]:
         bm = ws.block_manager
         preempted = False
-        i = 0
-        while i < len(ws.running) and budget > 0:
-            req = ws.running[i]
+        # Most urgent first (admission order within a priority): budget goes to interactive requests
+        # before batch lines, and a preemption victim is always one not yet scheduled in this step.
+        for req in sorted(ws.running, key=_priority):
+            if budget <= 0 or req.status is not RequestStatus.RUNNING:
+                break  # no budget left, or it was preempted (then so was everything after it)
             num_new = min(req.num_tokens_with_placeholders - req.num_computed_tokens, budget)
             if num_new <= 0 or req.is_finishing:
-                i += 1
                 continue
             need = bm.num_new_blocks(len(req.block_ids), req.num_computed_tokens + num_new)
             while need > bm.num_free_blocks:
-                victim = ws.running[-1]  # the most recently admitted request gives way
+                victim = _preemption_victim(ws.running)
                 self._preempt(ws, victim)
                 preempted = True
                 if victim is req:
@@ -255,7 +268,6 @@ class Scheduler:
             self._count_chunk(req, num_new)
             num_scheduled[req.req_id] = num_new
             budget -= num_new
-            i += 1
         return budget, preempted
 
     def _schedule_waiting(

@@ -351,6 +351,8 @@ class Batcher:
         stats: dict[str, Any] = dataclasses.asdict(s.stats)
         stats.update(
             num_waiting=len(s.waiting),
+            # What delays a new interactive request: batch lines (priority 1) wait behind it.
+            num_waiting_interactive=s.waiting.count(0),
             num_running=s.num_running,
             num_workers=len(s.workers),
             epoch=self.lease.epoch,

@@ -16,9 +16,11 @@ from typing import Any
 import redis
 from celery import Celery, Task
 
+from cbserve_celery.batch_task import add_batch_task
 from cbserve_celery.generation import parse_sampling_params, req_id_for_task, run_generation
 from cbserve_celery.settings import CelerySettings
 from common.redis_conn import connect
+from gateway.tokenizer import ModelTokenizer  # the `tokenizers` library alone, no transformers / torch
 
 GENERATE_TASK = "cbserve.generate"
 
@@ -30,7 +32,7 @@ class _Resources:
         self._settings = settings
         self._lock = threading.Lock()
         self._redis: redis.Redis | None = None
-        self._tokenizer: Any = None
+        self._tokenizer: ModelTokenizer | None = None
 
     def redis(self) -> redis.Redis:
         with self._lock:
@@ -38,12 +40,9 @@ class _Resources:
                 self._redis = connect(self._settings.redis_url)
             return self._redis
 
-    def tokenizer(self) -> Any:
+    def tokenizer(self) -> ModelTokenizer | None:
         with self._lock:
             if self._tokenizer is None and self._settings.model is not None:
-                # The gateway's loader: the `tokenizers` library alone, no transformers / torch.
-                from gateway.tokenizer import ModelTokenizer
-
                 self._tokenizer = ModelTokenizer(Path(self._settings.model))
             return self._tokenizer
 
@@ -69,7 +68,13 @@ def make_app(settings: CelerySettings) -> Celery:
         result_accept_content=["json"],
         task_acks_late=True,
         task_reject_on_worker_lost=True,
-        broker_transport_options={"visibility_timeout": settings.visibility_timeout_s},
+        broker_transport_options={
+            "visibility_timeout": settings.visibility_timeout_s,
+            # Look for the tasks of vanished workers a few times per visibility timeout (kombu's
+            # default sweep is every 100 s), so they come back soon after it runs out.
+            "unacked_restore_interval": max(1.0, min(10.0, settings.visibility_timeout_s / 4)),
+            "unacked_restore_throttle": 1,
+        },
         # With late acks a worker should not hold tasks it has not started: another worker may be idle.
         worker_prefetch_multiplier=1,
         result_expires=settings.result_expires_s,
@@ -103,4 +108,5 @@ def make_app(settings: CelerySettings) -> Celery:
         text = output_text(tokenizer, prompt_token_ids, token_ids, finish_reason) if tokenizer else None
         return {"req_id": req_id, "token_ids": token_ids, "text": text, "finish_reason": finish_reason}
 
+    add_batch_task(app, settings, resources.tokenizer)
     return app

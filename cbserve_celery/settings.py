@@ -32,6 +32,16 @@ class CelerySettings(BaseSettings):
     result_expires_s: int = Field(default=24 * 3600, gt=0)
     log_format: LogFormat = log_format_field()
 
+    # --- batches (cbserve.run_batch, see cbserve_celery/batch_runner.py) ---------------------------
+    # Lines of one batch generating at once; the others wait in the task, not in the batcher's queue.
+    batch_max_lines_in_flight: int = Field(default=64, gt=0)
+    # A task runs a batch for at most this long, then hands it to a fresh task: no task lives long
+    # enough for the visibility timeout to deliver it again while it runs.
+    batch_slice_s: float = Field(default=300.0, gt=0)
+    # The running task's lease on its batch (renewed twice a second): after a crash, the task
+    # delivered again takes the batch over once this has run out.
+    batch_lease_ttl_s: float = Field(default=30.0, ge=2.0)
+
     @model_validator(mode="after")
     def _visibility_outlasts_requests(self) -> CelerySettings:
         if self.visibility_timeout_s <= self.request_timeout_s:
@@ -39,6 +49,12 @@ class CelerySettings(BaseSettings):
                 f"CBSERVE_CELERY_VISIBILITY_TIMEOUT_S ({self.visibility_timeout_s}) must exceed "
                 f"CBSERVE_CELERY_REQUEST_TIMEOUT_S ({self.request_timeout_s}), "
                 "or tasks still running are delivered again"
+            )
+        if self.batch_slice_s + self.batch_lease_ttl_s >= self.visibility_timeout_s:
+            raise ValueError(
+                f"CBSERVE_CELERY_BATCH_SLICE_S + CBSERVE_CELERY_BATCH_LEASE_TTL_S ({self.batch_slice_s} + "
+                f"{self.batch_lease_ttl_s}) must stay under CBSERVE_CELERY_VISIBILITY_TIMEOUT_S "
+                f"({self.visibility_timeout_s}), or a batch task still running is delivered again"
             )
         if self.model is not None and not (self.model / "tokenizer.json").is_file():
             raise ValueError(f"CBSERVE_CELERY_MODEL (or MODEL) {self.model} holds no tokenizer.json")

@@ -49,7 +49,7 @@ class GenerateRequest(msgspec.Struct, tag="request", kw_only=True):
     prompt_token_ids: list[int]  # already tokenized (chat template applied)
     sampling_params: SamplingParams
     arrival_time: float  # unix seconds when the client's request arrived
-    priority: int = 0  # lower runs first (reserved for priority scheduling)
+    priority: int = 0  # lower runs first: admitted earlier, preempted later (interactive 0, batch lines 1)
     owner: str = ""  # API key id that created it
     user: str = ""  # the client's end-user id (OpenAI `user`), recorded for abuse tracing
     # Unix seconds; still waiting for its first step after this, the batcher fails it (`queue_timeout`).

@@ -51,3 +51,12 @@ def min_id(now: float | None = None) -> str:
     """The MINID below which a stream's entries are older than the retention window."""
     now_ms = int((time.time() if now is None else now) * 1000)
     return f"{max(now_ms - STREAM_RETENTION_MS, 0)}-0"
+
+
+def as_str(value: bytes | str) -> str:
+    """A reply of a client that leaves replies undecoded (as these do), as text."""
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def as_bytes(value: bytes | str) -> bytes:
+    return value if isinstance(value, bytes) else value.encode()

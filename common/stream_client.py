@@ -26,10 +26,12 @@ SUBMITTED_TTL_S = 24 * 3600
 _READ_COUNT = 256  # entries fetched per XREAD
 
 # XADD only if the request id was never submitted: the marker and the entry are written together.
-# KEYS: requests stream, marker. ARGV: MINID, field, message, marker TTL.
+# The marker keeps the entry id, so a retried client can ask the batcher's group about the request
+# (common/request_state.py). KEYS: requests stream, marker. ARGV: MINID, field, message, marker TTL.
 _SUBMIT_ONCE = """
 if redis.call('SET', KEYS[2], '1', 'NX', 'EX', ARGV[4]) then
-  redis.call('XADD', KEYS[1], 'MINID', '~', ARGV[1], '*', ARGV[2], ARGV[3])
+  local id = redis.call('XADD', KEYS[1], 'MINID', '~', ARGV[1], '*', ARGV[2], ARGV[3])
+  redis.call('SET', KEYS[2], id, 'KEEPTTL')
   return 1
 end
 return 0
@@ -56,10 +58,18 @@ async def submit_async(r: aioredis.Redis, request: GenerateRequest) -> str:
     return request.req_id
 
 
+def _submit_once_args(request: GenerateRequest) -> tuple[Any, ...]:
+    keys = (REQUESTS_STREAM, submitted_key(request.req_id))
+    return (_SUBMIT_ONCE, 2, *keys, min_id(), FIELD, encode(request), SUBMITTED_TTL_S)
+
+
 def submit_once(r: redis.Redis, request: GenerateRequest) -> bool:
     """Submit unless this req_id was submitted before (a retry); True when it was submitted now."""
-    keys = (REQUESTS_STREAM, submitted_key(request.req_id))
-    return bool(r.eval(_SUBMIT_ONCE, 2, *keys, min_id(), FIELD, encode(request), SUBMITTED_TTL_S))
+    return bool(r.eval(*_submit_once_args(request)))
+
+
+async def submit_once_async(r: aioredis.Redis, request: GenerateRequest) -> bool:
+    return bool(await r.eval(*_submit_once_args(request)))
 
 
 def abort(r: redis.Redis, req_id: str, reason: str = "abort") -> None:

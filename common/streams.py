@@ -59,3 +59,49 @@ BATCHER_EPOCH: Final = "llm:batcher:epoch"
 def submitted_key(req_id: str) -> str:
     """Set (with a TTL) by `submit_once`: a retried client finds it and follows instead of resubmitting."""
     return f"llm:submitted:{req_id}"
+
+
+# ----- OpenAI Files and Batch API (gateway/files_store.py, gateway/batch_store.py) ----------------
+def file_key(file_id: str) -> str:
+    """Hash of one uploaded or generated file: `meta` (JSON) and `content` (bytes); TTL = its expiry."""
+    return f"llm:file:{file_id}"
+
+
+def owner_files(owner: str) -> str:
+    """Sorted set of an API key's file ids, scored by creation time (for listing)."""
+    return f"llm:files:{owner or '-'}"
+
+
+def batch_key(batch_id: str) -> str:
+    """Hash of one batch: `object` (its fixed fields, JSON), `status`, timestamps, file ids, `errors`."""
+    return f"llm:batch:{batch_id}"
+
+
+def owner_batches(owner: str) -> str:
+    """Sorted set of an API key's batch ids, scored by creation time (for listing)."""
+    return f"llm:batches:{owner or '-'}"
+
+
+def batch_input(batch_id: str) -> str:
+    """The batch's copy of its input file's content, taken at creation (the file may be deleted)."""
+    return f"{batch_key(batch_id)}:input"
+
+
+def batch_outputs(batch_id: str) -> str:
+    """Hash: line index -> the output line of a request that succeeded (the output file, unassembled)."""
+    return f"{batch_key(batch_id)}:out"
+
+
+def batch_errors(batch_id: str) -> str:
+    """Hash: line index -> the error line of a request that failed (the error file, unassembled)."""
+    return f"{batch_key(batch_id)}:err"
+
+
+def batch_attempts(batch_id: str) -> str:
+    """Hash: line index -> how many times its result was lost and it was submitted again (usually absent)."""
+    return f"{batch_key(batch_id)}:attempts"
+
+
+def batch_lease(batch_id: str) -> str:
+    """The lease of the one Celery task running the batch now (a token with a PX TTL, renewed)."""
+    return f"{batch_key(batch_id)}:runner"

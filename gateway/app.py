@@ -9,23 +9,30 @@ from fastapi import FastAPI
 
 from common.redis_conn import connect_async
 from gateway import (
+    routes_batches,
     routes_chat,
     routes_completions,
     routes_dashboard,
+    routes_files,
     routes_metrics,
     routes_models,
     routes_requests,
 )
 from gateway.api_keys import ApiKeys
 from gateway.auth import AuthMiddleware
+from gateway.batch_queue import BatchQueue
+from gateway.batch_store import BatchStore
 from gateway.body_limit import BodySizeLimitMiddleware
 from gateway.errors import install_error_handlers
+from gateway.files_store import FileStore
 from gateway.metrics import GatewayMetrics
 from gateway.rate_limit import RateLimiter, RateLimits
 from gateway.request_runner import RequestRunner
 from gateway.served_model import load_served_model
 from gateway.settings import GatewaySettings
 from gateway.state import GatewayState
+
+_MULTIPART_OVERHEAD = 64 * 1024  # boundaries, part headers and the `purpose` field of an upload
 
 
 def create_app(settings: GatewaySettings) -> FastAPI:
@@ -40,6 +47,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         redis = connect_async(settings.redis_url)
         metrics = GatewayMetrics(served.name)
         runner = RequestRunner(redis, served, settings.request_timeout_s, metrics)
+        batch_queue = BatchQueue(settings.redis_url)
         app.state.gateway = GatewayState(
             settings=settings,
             served=served,
@@ -47,11 +55,15 @@ def create_app(settings: GatewaySettings) -> FastAPI:
             runner=runner,
             metrics=metrics,
             rate_limiter=RateLimiter(redis, limits),
+            files=FileStore(redis),
+            batches=BatchStore(redis),
+            batch_queue=batch_queue,
         )
         try:
             yield
         finally:
             await runner.drain()
+            batch_queue.close()
             await redis.aclose()
 
     app = FastAPI(title="cbserve gateway", lifespan=lifespan)
@@ -62,7 +74,15 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     app.include_router(routes_models.router)
     app.include_router(routes_metrics.router)
     app.include_router(routes_dashboard.router)
-    # Added last runs first: keys are checked before a byte of the body is read.
-    app.add_middleware(BodySizeLimitMiddleware, max_body_bytes=settings.max_body_bytes)
+    app.include_router(routes_files.router)
+    app.include_router(routes_batches.router)
+    # Added last runs first: keys are checked before a byte of the body is read. An upload may be
+    # as large as a file may be, plus its multipart framing.
+    upload_limit = settings.max_file_bytes + _MULTIPART_OVERHEAD
+    app.add_middleware(
+        BodySizeLimitMiddleware,
+        max_body_bytes=settings.max_body_bytes,
+        path_limits={"/v1/files": upload_limit},
+    )
     app.add_middleware(AuthMiddleware, keys=api_keys)
     return app

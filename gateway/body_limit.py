@@ -20,17 +20,19 @@ def _too_large(limit: int) -> OpenAIError:
 
 
 class BodySizeLimitMiddleware:
-    def __init__(self, app: ASGIApp, max_body_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, max_body_bytes: int, path_limits: dict[str, int] | None = None) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
+        self.path_limits = path_limits or {}  # paths with a limit of their own (file uploads)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        limit = self.path_limits.get(scope["path"], self.max_body_bytes)
         declared = _content_length(scope)
-        if declared is not None and declared > self.max_body_bytes:
-            await _too_large(self.max_body_bytes).response()(scope, receive, send)
+        if declared is not None and declared > limit:
+            await _too_large(limit).response()(scope, receive, send)
             return
         chunks: list[bytes] = []
         size = 0
@@ -42,8 +44,8 @@ class BodySizeLimitMiddleware:
                 break
             body = message.get("body", b"")
             size += len(body)
-            if size > self.max_body_bytes:
-                await _too_large(self.max_body_bytes).response()(scope, receive, send)
+            if size > limit:
+                await _too_large(limit).response()(scope, receive, send)
                 return
             chunks.append(body)
             if not message.get("more_body", False):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 import redis.exceptions
@@ -83,8 +84,14 @@ def _param_name(loc: tuple[int | str, ...]) -> str | None:
     return param or None
 
 
-def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
-    errors = exc.errors()
+def validation_error(errors: Sequence[Any]) -> OpenAIError:
+    """A body that failed its schema (pydantic's `errors()`): 422 naming the first bad parameter. The
+    HTTP handler and batch lines answer with it, so a line fails exactly as the same body sent alone."""
+    message, param = _validation_message(errors)
+    return OpenAIError(422, message, param=param)
+
+
+def _validation_message(errors: Sequence[Any]) -> tuple[str, str | None]:
     if not errors:
         return "invalid request body", None
     first = errors[0]
@@ -102,8 +109,7 @@ async def _openai_error(_: Request, exc: Exception) -> JSONResponse:
 
 async def _validation_error(_: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
-    message, param = _validation_message(exc)
-    return JSONResponse(OpenAIError(422, message, param=param).body(), status_code=422)
+    return validation_error(exc.errors()).response()
 
 
 async def _http_error(_: Request, exc: Exception) -> JSONResponse:

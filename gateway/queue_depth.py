@@ -1,9 +1,11 @@
 """Overload protection: refuse new requests (429 + Retry-After) while too many already wait.
 
 Waiting = requests on the requests stream that no batcher has claimed yet (the consumer group's
-`lag`) plus those the batcher holds in its waiting queue (`num_waiting` in its stats hash). Both are
-read in one round trip. Several gateways read the same numbers, so the bound is shared, though
-soft: gateways admitting at the same instant can overshoot it by a few requests.
+`lag`) plus the interactive ones the batcher holds in its waiting queue (`num_waiting_interactive` in
+its stats hash): waiting Batch API lines do not count, since they are admitted only after every
+waiting interactive request. Both are read in one round trip. Several gateways read the same
+numbers, so the bound is shared, though soft: gateways admitting at the same instant can overshoot it
+by a few requests.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ async def num_queued(redis: aioredis.Redis) -> int:
     pipe = redis.pipeline(transaction=False)
     pipe.xinfo_groups(REQUESTS_STREAM)
     pipe.xlen(REQUESTS_STREAM)
-    pipe.hget(BATCHER_STATS, "num_waiting")
+    pipe.hget(BATCHER_STATS, "num_waiting_interactive")
     groups, length, waiting = await pipe.execute(raise_on_error=False)
     if isinstance(length, Exception) or isinstance(waiting, Exception):
         raise length if isinstance(length, Exception) else waiting

@@ -40,6 +40,7 @@ class PreparedRequest:
     user: str = ""  # the client's end-user id, recorded with the request
     owner: str = ""  # name of the API key that made it; never the key
     queue_deadline: float | None = None  # unix seconds; the batcher fails it if still unscheduled then
+    priority: int = 0  # lower runs first: interactive requests 0, batch lines BATCH_PRIORITY
     # Set when prompt_token_ids holds only the prompt's tail (a request rebuilt to resume its stream).
     full_prompt_len: int | None = None
 
@@ -56,18 +57,20 @@ class PreparedRequest:
             user=self.user,
             owner=self.owner,
             queue_deadline=self.queue_deadline,
+            priority=self.priority,
         )
 
 
 def fan_out(request: PreparedRequest) -> list[PreparedRequest]:
-    """One request per choice, each with its own id; with a seed, choice i uses seed + i (as vLLM's
-    ParentRequest does), so every choice is reproducible on its own and they differ from each other."""
+    """One request per choice, each with its own id (`<req_id>-<i>`, as unguessable as the first one's,
+    and the same again when a batch line is prepared again); with a seed, choice i uses seed + i (as
+    vLLM's ParentRequest does), so every choice is reproducible on its own and they differ."""
     choices = [request]
     for i in range(1, request.n):
         params = request.sampling_params
         if params.seed is not None:
             params = msgspec.structs.replace(params, seed=params.seed + i)
-        choices.append(dataclasses.replace(request, req_id=new_req_id(), sampling_params=params))
+        choices.append(dataclasses.replace(request, req_id=f"{request.req_id}-{i}", sampling_params=params))
     return choices
 
 
@@ -78,8 +81,13 @@ def prepare_request(
     *,
     owner: str = "",
     queue_deadline: float | None = None,
+    req_id: str | None = None,
+    priority: int = 0,
 ) -> PreparedRequest:
-    """Check and tokenize `body`; raises OpenAIError (400/404) on anything it cannot serve."""
+    """Check and tokenize `body`; raises OpenAIError (400/404) on anything it cannot serve.
+
+    `req_id` defaults to a new random id; a batch line passes one derived from its batch and index.
+    """
     check_model(body.model, served)
     check_unsupported(body)
     stop = stop_strings(body.stop)
@@ -97,7 +105,7 @@ def prepare_request(
     check_prompt_length(len(prompt_token_ids), served, prompt_param)
     max_tokens = resolve_max_tokens(body, len(prompt_token_ids), served)
     return PreparedRequest(
-        req_id=new_req_id(),
+        req_id=req_id or new_req_id(),
         prompt_token_ids=prompt_token_ids,
         sampling_params=sampling_params(body, max_tokens, served),
         stop=stop,
@@ -111,6 +119,7 @@ def prepare_request(
         user=user,
         owner=owner,
         queue_deadline=queue_deadline,
+        priority=priority,
     )
 
 

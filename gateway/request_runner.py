@@ -41,6 +41,9 @@ class Follow:
     attach: int = 0  # the request's attach count when this follower started (request_meta.attach)
     track: bool = True  # count the request in this gateway's metrics (its first follower only)
     wait_s: float | None = None  # give up after this long (RequestTimedOut) instead of the request timeout
+    # Stopping early never aborts (stop strings still do): a batch task handing its lines over to its
+    # next run leaves them generating, and aborts them itself when the batch is cancelled.
+    leave_running: bool = False
 
 
 @dataclass(slots=True, frozen=True)
@@ -220,7 +223,7 @@ class RequestRunner:
                 self._in_background(self._expire_meta(request.req_id))
             if not done and tracker is not None:
                 tracker.finish("abort")
-            if not done and follow.may_abort:
+            if not done and follow.may_abort and not follow.leave_running:
                 if timed_out or follow.grace_s <= 0:
                     self.abort_later(request.req_id, "abort")
                 else:

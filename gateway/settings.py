@@ -55,6 +55,15 @@ class GatewaySettings(BaseSettings):
     # A request still waiting for its first step after this long fails with a `queue_timeout` error.
     max_queue_wait_s: float = Field(default=600.0, gt=0)
 
+    # --- files and batches (OpenAI Files and Batch API) ------------------------------------------
+    # Largest file POST /v1/files accepts (413 past it); files are kept in Redis.
+    max_file_bytes: int = Field(default=64 * 1024 * 1024, gt=0)
+    # Most requests (non-blank lines) in one batch input file.
+    batch_max_requests: int = Field(default=50_000, gt=0)
+    # Files, batches and batch results are kept this long after creation (OpenAI keeps batch files
+    # 30 days); it must outlast the 24 h completion window.
+    file_expires_s: int = Field(default=30 * 24 * 3600, gt=24 * 3600)
+
     @field_validator("model")
     @classmethod
     def _model_has_tokenizer(cls, value: Path) -> Path:

@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 import redis.exceptions
-from starlette.requests import Request
 
 from common.protocol import TokenEvent
 from gateway.errors import OpenAIError, from_request_error
@@ -28,6 +27,12 @@ from gateway.token_mux import entry_key
 
 # 499 (nginx's "client closed request"): nobody reads it, but logs show what happened.
 _CLIENT_GONE = 499
+
+
+class ClientConnection(Protocol):
+    """Who waits for a collected answer: an HTTP request, or a batch line, whose client never leaves."""
+
+    async def is_disconnected(self) -> bool: ...
 
 
 class ChunkFormatter(Protocol):
@@ -118,7 +123,7 @@ async def stream_sse(
 async def collect(
     runner: RequestRunner,
     requests: Sequence[PreparedRequest],
-    http_request: Request,
+    client: ClientConnection,
     follow: Follow | None = None,
 ) -> list[Completed]:
     """Every choice whole; checks between reads that the client is still waiting, and aborts if not.
@@ -130,7 +135,7 @@ async def collect(
     try:
         async with aclosing(merged_outputs(runner, requests, follow)) as outputs:
             async for index, out in outputs:
-                if await http_request.is_disconnected():
+                if await client.is_disconnected():
                     # Leaving the loop closes `outputs`, which aborts the requests.
                     raise OpenAIError(_CLIENT_GONE, "client disconnected", code="client_disconnected")
                 if out is None:

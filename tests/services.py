@@ -62,6 +62,12 @@ class Stack:
         )
         self.base_url = f"http://127.0.0.1:{port}"
 
+    def start_celery_worker(self, name: str = "celery", **env: str) -> subprocess.Popen[bytes]:
+        """A real `celery worker` (threads pool) of cbserve_celery, with the model for batch lines."""
+        env = {"MODEL": str(self.model_dir), **env}
+        args = ["celery", "-A", "cbserve_celery.worker", "worker", "--pool", "threads", "--concurrency", "8"]
+        return self._spawn(name, [*args, "--loglevel", "INFO", "--without-gossip", "--without-mingle"], env)
+
     def num_workers_joined(self) -> int:
         raw = redis.Redis.from_url(self.redis_url).hget(streams.BATCHER_STATS, "num_workers")
         return int(raw) if raw is not None else 0  # type: ignore[arg-type]

@@ -1,0 +1,281 @@
+"""One run of a batch by a Celery task: validate it once, run its lines, keep results, finalize.
+
+A run holds the batch's lease and lasts at most `slice_s`; then it leaves its lines generating,
+releases the batch and asks for a continuation, which follows them again (their request ids are
+derived from the batch and line, and submitted once, so nothing is generated twice). Every result is
+written the moment it arrives, so whatever ends a run (its slice, a crash, a lost lease, Redis going
+away) costs no finished line. Lines run with bounded concurrency at batch priority; a cancel aborts
+the lines in flight. See docs/architecture.md, *The Batch API*.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import hashlib
+import json
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass
+
+import redis.asyncio as aioredis
+import redis.exceptions
+
+from cbserve_celery.batch_lease import BatchLease
+from common.redis_conn import connect_async
+from common.stream_client import abort_async
+from common.streams import batch_lease
+from gateway.batch_input import InputLine, parse_input
+from gateway.batch_lines import (
+    LineContext,
+    LineResult,
+    ResultLost,
+    Submitted,
+    line_req_id,
+    result_line,
+    run_line,
+    unrun_line,
+)
+from gateway.batch_objects import ACTIVE, BatchSpec, BatchState, Status
+from gateway.batch_store import BatchStore
+from gateway.errors import OpenAIError
+from gateway.files_store import FileStore
+from gateway.metrics import GatewayMetrics
+from gateway.request_runner import RequestRunner
+from gateway.served_model import ServedModel
+from gateway.tokenizer import ModelTokenizer
+
+logger = logging.getLogger(__name__)
+
+# How often a run looks at the batch's status (cancel) and renews its lease, at most.
+_CHECK_S = 0.5
+_FINAL_FROM: dict[Status, list[Status]] = {
+    "completed": ["finalizing"],
+    "cancelled": ["cancelling"],
+    "expired": list(ACTIVE),
+}
+
+
+# Each line being run now: its task, the line, and the request ids it submitted (what a cancel aborts).
+InFlight = dict[asyncio.Task[LineResult], tuple[InputLine, Submitted]]
+
+
+class Outcome(enum.Enum):
+    DONE = "done"  # nothing left for this task: the batch ended, or another task runs it
+    CONTINUE = "continue"  # the slice ended: a new task should go on at once
+    BUSY = "busy"  # another task holds the batch (or held it and died): try again after the lease TTL
+
+
+@dataclass(slots=True, frozen=True)
+class RunConfig:
+    max_lines_in_flight: int  # lines of this batch generating at once
+    slice_s: float  # a run ends after this long and hands the batch to a new task
+    lease_ttl_s: float
+
+
+def output_file_id(batch_id: str, kind: str) -> str:
+    """Derived, so that finalizing again (after a crash) rewrites the same file."""
+    return "file-" + hashlib.sha256(f"{batch_id}:{kind}".encode()).hexdigest()[:24]
+
+
+async def run_batch(
+    redis_url: str, batch_id: str, tokenizer: ModelTokenizer | None, model_root: str, config: RunConfig
+) -> Outcome:
+    redis = connect_async(redis_url)
+    try:
+        store = BatchStore(redis)
+        lease = BatchLease(redis, batch_lease(batch_id), config.lease_ttl_s)
+        if not await lease.acquire():
+            state = await store.get(batch_id)
+            return Outcome.BUSY if state is not None and state.is_active else Outcome.DONE
+        try:
+            return await _BatchRun(redis, store, lease, tokenizer, model_root, config).run(batch_id)
+        finally:
+            await lease.release()
+    finally:
+        await redis.aclose()
+
+
+class _BatchRun:
+    def __init__(
+        self,
+        redis: aioredis.Redis,
+        store: BatchStore,
+        lease: BatchLease,
+        tokenizer: ModelTokenizer | None,
+        model_root: str,
+        config: RunConfig,
+    ) -> None:
+        self._redis, self._store, self._lease = redis, store, lease
+        self._tokenizer, self._model_root, self._config = tokenizer, model_root, config
+
+    async def run(self, batch_id: str) -> Outcome:
+        state = await self._store.get(batch_id)
+        if state is None or not state.is_active:
+            return Outcome.DONE
+        lines = await self._validated(state)
+        if lines is None:
+            return Outcome.DONE
+        spec = state.spec
+        assert self._tokenizer is not None  # _validated failed the batch otherwise
+        served = ServedModel(
+            name=spec.model,
+            root=self._model_root,
+            tokenizer=self._tokenizer,
+            max_model_len=spec.max_model_len,
+            max_prompt_tokens=spec.max_prompt_tokens,
+            max_tokens=spec.max_tokens,
+        )
+        # A line may wait and run until the batch expires: the request timeout counts from creation.
+        window_s = float(spec.expires_at - spec.created_at)
+        runner = RequestRunner(self._redis, served, window_s, GatewayMetrics(spec.model))
+        try:
+            return await self._run_lines(LineContext(spec, served, self._redis, runner), lines)
+        finally:
+            await runner.drain()
+
+    async def _validated(self, state: BatchState) -> list[InputLine] | None:
+        """The batch's lines; moves `validating` on to `in_progress`, or to `failed` for a bad file."""
+        spec, now = state.spec, int(time.time())
+        if self._tokenizer is None:
+            await self._fail(
+                spec,
+                "this Celery worker has no tokenizer: start it with CBSERVE_CELERY_MODEL (or MODEL) set "
+                "to the model directory the gateway serves",
+            )
+            return None
+        content = await self._store.input(spec.id)
+        if content is None:
+            await self._fail(spec, "the batch's copy of its input file has expired")
+            return None
+        lines, errors = parse_input(content, spec.endpoint)
+        if state.status != "validating":
+            return lines
+        if errors:
+            await self._store.transition(
+                spec.id, ["validating"], "failed", failed_at=now, errors=json.dumps(errors)
+            )
+            logger.info("batch %s failed validation: %s", spec.id, errors[0]["message"])
+            return None
+        if not await self._store.transition(
+            spec.id, ["validating"], "in_progress", in_progress_at=now, total=len(lines)
+        ):
+            return None  # cancelled meanwhile
+        logger.info("batch %s: %d requests, in progress", spec.id, len(lines))
+        return lines
+
+    async def _fail(self, spec: BatchSpec, message: str) -> None:
+        errors = json.dumps([{"code": "server_error", "message": message}])
+        await self._store.transition(spec.id, ACTIVE, "failed", failed_at=int(time.time()), errors=errors)
+        logger.error("batch %s failed: %s", spec.id, message)
+
+    async def _run_lines(self, ctx: LineContext, lines: list[InputLine]) -> Outcome:
+        spec, store, config = ctx.spec, self._store, self._config
+        done = await store.done(spec.id)
+        attempts = await store.attempts(spec.id)
+        todo = deque(line for line in lines if line.index not in done)
+        in_flight: InFlight = {}
+        slice_end = time.monotonic() + config.slice_s
+        try:
+            while True:
+                status = await store.status(spec.id)
+                if status == "cancelling":
+                    await self._stop(in_flight, abort=True)
+                    await self._finalize(spec, "cancelled")
+                    return Outcome.DONE
+                if status not in ("in_progress", "finalizing"):
+                    await self._stop(in_flight, abort=True)  # ended elsewhere
+                    return Outcome.DONE
+                if time.time() >= spec.expires_at:
+                    await self._expire(spec, [line for line, _ in in_flight.values()] + list(todo), in_flight)
+                    return Outcome.DONE
+                if not todo and not in_flight:
+                    await self._finalize(spec, "completed")
+                    return Outcome.DONE
+                if time.monotonic() >= slice_end:
+                    return Outcome.CONTINUE  # the lines in flight keep generating for the next run
+                if not await self._lease.renew():
+                    logger.warning("batch %s: lease lost; another task runs it now", spec.id)
+                    return Outcome.DONE
+                while todo and len(in_flight) < config.max_lines_in_flight:
+                    line, submitted = todo.popleft(), Submitted()
+                    req_id = line_req_id(spec.id, line.index, attempts.get(line.index, 0))
+                    in_flight[asyncio.create_task(run_line(ctx, line, req_id, submitted))] = (line, submitted)
+                finished, _ = await asyncio.wait(
+                    in_flight, timeout=_CHECK_S, return_when=asyncio.FIRST_COMPLETED
+                )
+                for task in finished:
+                    line, _ = in_flight.pop(task)
+                    result = await self._result(spec, line, task, attempts)
+                    if result is None:
+                        todo.appendleft(line)  # its result was lost: it runs again under a new id
+                    else:
+                        await store.record(spec, line.index, result.ok, result.line)
+        finally:
+            await self._stop(in_flight, abort=False)
+
+    async def _result(
+        self, spec: BatchSpec, line: InputLine, task: asyncio.Task[LineResult], attempts: dict[int, int]
+    ) -> LineResult | None:
+        try:
+            return task.result()
+        except ResultLost:
+            attempts[line.index] = await self._store.next_attempt(spec, line.index)
+            logger.warning("batch %s line %d: result lost, submitting it again", spec.id, line.index)
+            return None
+        except redis.exceptions.RedisError:
+            raise  # the run ends; the task runs the batch again once Redis answers
+        except Exception:  # a bug fails its line, not the batch
+            logger.exception("batch %s line %d failed", spec.id, line.index)
+            req_id = line_req_id(spec.id, line.index, attempts.get(line.index, 0))
+            error = OpenAIError(500, "internal error while running this request", type="server_error")
+            return result_line(line, req_id, 500, error.body())
+
+    async def _stop(self, in_flight: InFlight, abort: bool) -> None:
+        """Stop following the lines in flight; with `abort`, stop their requests in the batcher too."""
+        for task in in_flight:
+            task.cancel()
+        await asyncio.gather(*in_flight, return_exceptions=True)
+        if abort:
+            for _, submitted in in_flight.values():
+                for req_id in submitted.req_ids:
+                    await abort_async(self._redis, req_id)
+        in_flight.clear()
+
+    async def _expire(
+        self,
+        spec: BatchSpec,
+        unfinished: list[InputLine],
+        in_flight: InFlight,
+    ) -> None:
+        await self._stop(in_flight, abort=True)
+        message = "This request could not be executed before the completion window expired."
+        for line in unfinished:
+            req_id = line_req_id(spec.id, line.index)
+            result = unrun_line(line, req_id, "batch_expired", message)
+            await self._store.record(spec, line.index, result.ok, result.line)
+        await self._finalize(spec, "expired")
+
+    async def _finalize(self, spec: BatchSpec, final: Status) -> None:
+        """Write the output and error files (each only if it has lines), then the final status."""
+        now = int(time.time())
+        if final == "completed":
+            await self._store.transition(spec.id, ["in_progress"], "finalizing", finalizing_at=now)
+        files = FileStore(self._redis)
+        fields: dict[str, str | int] = {}
+        for ok, kind in ((True, "output"), (False, "error")):
+            lines = await self._store.results(spec.id, ok)
+            if lines:
+                meta = await files.put(
+                    spec.owner,
+                    f"{spec.id}_{kind}.jsonl",
+                    "batch_output",
+                    b"".join(line + b"\n" for line in lines),
+                    expires_at=spec.retain_until,
+                    file_id=output_file_id(spec.id, kind),
+                )
+                fields[f"{kind}_file_id"] = meta.id
+        fields[f"{final}_at"] = now
+        await self._store.transition(spec.id, _FINAL_FROM[final], final, **fields)
+        logger.info("batch %s %s", spec.id, final)

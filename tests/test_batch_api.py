@@ -10,9 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,8 +28,8 @@ from common.stream_client import follow, submit_once
 from common.streams import REQUESTS_STREAM, token_stream
 from gateway.api_keys import hash_key
 from tests.conftest import redis_server
+from tests.readme_examples import example, run_example
 from tests.services import ROOT, Stack, wait_for
-from tests.test_queue_clients import example
 
 KEY_A, KEY_B = "sk-batch-a", "sk-batch-b"
 MAX_FILE_BYTES = 256 * 1024
@@ -380,16 +377,14 @@ def test_interactive_request_is_admitted_ahead_of_waiting_batch_lines(
 
 
 def test_readme_batch_example_runs_verbatim(stack: Stack) -> None:
-    env = {**os.environ, "OPENAI_BASE_URL": f"{stack.base_url}/v1", "OPENAI_API_KEY": KEY_A}
     code = example(ROOT / "README.md", "batch-api")
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
+    out = run_example(code, {"CBSERVE_URL": stack.base_url, "CBSERVE_API_KEY": KEY_A})
     expected = "completed BatchRequestCounts(completed=2, failed=0, total=2)\n"
     for i, question in enumerate(["What is the assert statement?", "Explain the for statement."]):
         body = {"messages": [{"role": "user", "content": question}], "max_tokens": 32, "temperature": 0}
         content = interactive(stack, "/v1/chat/completions", body)[1]["choices"][0]["message"]["content"]
         expected += f"question-{i} {content}\n"
-    assert done.stdout == expected
+    assert out == expected
 
 
 def test_a_finished_request_whose_stream_expired_counts_as_lost(stack: Stack) -> None:

@@ -5,7 +5,9 @@ Every call to `schedule(worker_id)` rebuilds that worker's next batch: its runni
 `max_num_seqs` and a token budget of `max_num_batched_tokens`; a prompt longer than the budget left is
 computed in chunks over several steps while decodes keep going. When a worker's KV blocks run out, the
 least urgent running request (highest `priority` number, then most recently admitted) is preempted and
-later recomputed from prompt + tokens so far. Waiting requests are admitted in (priority, arrival) order.
+later recomputed from prompt + tokens so far. Waiting requests are admitted in (priority, arrival) order,
+and a waiting request that no worker has room for preempts less urgent running ones (batch lines give
+way to an interactive request instead of making it wait for one of them to finish).
 """
 
 from __future__ import annotations
@@ -205,6 +207,7 @@ class Scheduler:
         new: list[NewRequestData] = []
         failed: list[Request] = []
 
+        self._preempt_for_waiting(ws)
         if self.config.policy == "tgi":
             self._schedule_tgi(ws, num_scheduled, cached, new, failed)
         else:
@@ -229,6 +232,36 @@ class Scheduler:
         )
         ws.to_free = []
         return out, failed
+
+    def _preempt_for_waiting(self, ws: WorkerState) -> None:
+        """A waiting request that no worker has room for takes the place of less urgent running ones.
+
+        vLLM's priority policy: an interactive request must not wait for a batch line to finish. The
+        victims (least urgent, newest first) go back to the front of their own level, to be
+        recomputed; requests of equal priority never preempt each other here.
+        """
+        if not self.waiting:
+            return
+        head = self.waiting[0]
+        if (
+            head.num_inflight_steps
+            or not ws.can_host(head)
+            or any(self._has_room(w, head) for w in self.workers.values())
+        ):
+            return
+        while not self._has_room(ws, head):
+            victim = _preemption_victim(ws.running) if ws.running else None
+            if victim is None or victim.priority <= head.priority:
+                return
+            self._preempt(ws, victim)
+
+    def _has_room(self, ws: WorkerState, req: Request) -> bool:
+        """`ws` could admit `req` now: a free slot and blocks for its first chunk."""
+        if not self._eligible(ws) or not ws.can_host(req):
+            return False
+        num_new = min(req.num_tokens - req.num_computed_tokens, self.config.max_num_batched_tokens)
+        need = ws.block_manager.num_new_blocks(len(req.block_ids), req.num_computed_tokens + num_new)
+        return need <= ws.block_manager.num_free_blocks
 
     def _schedule_running(
         self,

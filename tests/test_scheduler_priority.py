@@ -60,8 +60,8 @@ def test_a_waiting_interactive_request_is_admitted_before_older_batch_lines(poli
     add(s, "i1", INTERACTIVE, max_tokens=20)  # arrives while b1..b3 wait for a slot
     while s.waiting:
         order += admitted(s)
-    # The slot b0 frees goes to i1, ahead of the batch lines that were waiting before it came.
-    assert order == ["i0", "b0", "i1", "b1", "b2", "b3"]
+    # i1 takes b0's slot at once (b0 is preempted), and b0 comes back first of the batch lines.
+    assert order == ["i0", "b0", "i1", "b0", "b1", "b2", "b3"]
 
 
 def test_equal_priorities_keep_arrival_order_and_preempted_ones_go_first() -> None:
@@ -111,3 +111,42 @@ def test_interactive_decodes_get_the_token_budget_before_batch_prefill_chunks() 
     # The interactive decode is scheduled first; the batch prompt's next chunk takes what is left.
     assert list(out.num_scheduled_tokens) == ["interactive", "batch"]
     assert out.num_scheduled_tokens == {"interactive": 1, "batch": 15}
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_an_interactive_request_preempts_a_batch_line_when_the_batch_is_full(policy: Policy) -> None:
+    s = make(policy, max_num_seqs=2)
+    old, new = add(s, "b0", BATCH, max_tokens=50), add(s, "b1", BATCH, max_tokens=50)
+    step(s)
+    assert old.status is new.status is RequestStatus.RUNNING
+    add(s, "i0", INTERACTIVE, max_tokens=5)
+    # No slot is free: the newest batch line gives way at once instead of i0 waiting ~50 steps.
+    assert admitted(s) == ["i0"]
+    assert new.status is RequestStatus.WAITING and old.status is RequestStatus.RUNNING
+    assert [r.req_id for r in s.waiting] == ["b1"]
+    while s.waiting:
+        step(s)
+    assert new.status is RequestStatus.RUNNING  # back once i0 (5 tokens) has finished
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_equal_priorities_never_preempt_for_a_slot(policy: Policy) -> None:
+    s = make(policy, max_num_seqs=2)
+    running = [add(s, "a0", INTERACTIVE, max_tokens=50), add(s, "a1", INTERACTIVE, max_tokens=50)]
+    step(s)
+    add(s, "a2", INTERACTIVE)
+    assert admitted(s) == []
+    assert all(r.status is RequestStatus.RUNNING for r in running) and s.stats.num_preemptions == 0
+
+
+def test_no_preemption_while_another_worker_has_room() -> None:
+    s = make("fused", max_num_seqs=1)
+    s.add_worker(worker("w1", num_blocks=64, block_size=4))
+    line = add(s, "b0", BATCH, max_tokens=50)
+    step(s)  # b0 goes to w0
+    add(s, "i0", INTERACTIVE)
+    out, _ = s.schedule("w0")
+    assert out is not None and [r.req_id for r in out.scheduled_new_reqs] == []
+    assert line.status is RequestStatus.RUNNING and s.stats.num_preemptions == 0
+    out, _ = s.schedule("w1")
+    assert out is not None and [r.req_id for r in out.scheduled_new_reqs] == ["i0"]

@@ -69,6 +69,19 @@ def claim_pending(client: redis.Redis, consumer: str) -> list[Entry]:
             return entries
 
 
+def drop_idle_consumers(client: redis.Redis, keep: str) -> list[str]:
+    """Delete the group's consumers other than `keep` that hold nothing: the names of batchers that
+    ran before (one per process, `host-pid`), which would otherwise pile up with every restart."""
+    rows: Any = client.xinfo_consumers(streams.REQUESTS_STREAM, streams.BATCHER_GROUP)
+    idle = [_s(row["name"]) for row in rows if _s(row["name"]) != keep and not row["pending"]]
+    if idle:
+        pipe = client.pipeline(transaction=False)
+        for name in idle:
+            pipe.xgroup_delconsumer(streams.REQUESTS_STREAM, streams.BATCHER_GROUP, name)
+        pipe.execute()
+    return idle
+
+
 def claim_from_others(client: redis.Redis, consumer: str) -> list[Entry]:
     """Claim entries that other consumers hold. Only the leader reads the group, but an old leader
     waking from a pause can read a few entries before it finds out it lost the lease."""

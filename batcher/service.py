@@ -15,6 +15,7 @@ from batcher import recovery
 from batcher.lease import Lease, LeaseLost
 from batcher.metrics import BatcherMetrics
 from batcher.request import Request
+from batcher.retention import StreamTrimmer
 from batcher.scheduler import Scheduler, SchedulerConfig, WorkerState
 from batcher.settings import BatcherSettings
 from batcher.step_trace import step_trace
@@ -32,7 +33,7 @@ from common.protocol import (
     decode_worker,
     encode,
 )
-from common.redis_conn import MAX_BLOCK_MS, TOKEN_STREAM_TTL_S, min_id
+from common.redis_conn import MAX_BLOCK_MS, min_id
 from common.trace_schema import encode_trace
 
 log = logging.getLogger("batcher")
@@ -70,6 +71,7 @@ class Batcher:
         self._stats_dirty = True
         self._steps: list[tuple[str, bytes]] = []  # (steps stream, encoded step) to send, fenced
         self.num_recovered = 0  # requests rebuilt from Redis when this batcher took over
+        self._trimmer = StreamTrimmer(settings.retention_s)
 
     # ----- lifecycle -----------------------------------------------------------------------------
     def setup(self) -> None:
@@ -88,6 +90,8 @@ class Batcher:
         self._inbox_id = self._last_id(streams.BATCHER_INBOX)
         self._requests_seen_id = self._last_id(streams.REQUESTS_STREAM)
         self._recover(recovery.claim_pending(self.redis, self.settings.batcher_id), replay_aborts=True)
+        # Every pending entry is ours now: the names of earlier batchers would only accumulate.
+        recovery.drop_idle_consumers(self.redis, self.settings.batcher_id)
         self._claim_requests()  # whatever arrived before we started
         self.check_workers(time.time())
 
@@ -124,6 +128,8 @@ class Batcher:
             # A safety net under the XREAD wake-up: whatever is still unclaimed is taken now.
             self._claim_requests()
             self._recover(recovery.claim_from_others(self.redis, self.settings.batcher_id))
+        if self._trimmer.due(now):
+            self._trimmer.trim(self.redis, self._inbox_id, now)  # after the claims: they are pending now
         self._on_finished(self.scheduler.expire_waiting(now))
         self.schedule()
         self.send()
@@ -185,6 +191,7 @@ class Batcher:
         req = Request.from_message(msg, entry_id)
         if history is not None:
             if history.finished:  # it ended before the old batcher could acknowledge it
+                self._expire_request_keys(req.req_id)
                 self._pipe.xack(streams.REQUESTS_STREAM, streams.BATCHER_GROUP, entry_id)
                 return
             # Recomputed from prompt + what its client has; readers need a newer attempt than theirs.
@@ -256,7 +263,9 @@ class Batcher:
         self._pipe.zrem(streams.WORKERS_HEARTBEAT, worker_id)
         self._pipe.delete(streams.worker_steps(worker_id))
         marker = WorkerLost(worker_id=worker_id, reason="no heartbeat or deregistered")
-        self._pipe.xadd(streams.BATCHER_INBOX, {FIELD: encode(marker)}, minid=min_id(), approximate=True)
+        self._pipe.xadd(
+            streams.BATCHER_INBOX, {FIELD: encode(marker)}, minid=self._min_id(), approximate=True
+        )
         self._stats_dirty = True
         log.warning("worker %s missed its heartbeat: fenced", worker_id)
 
@@ -304,7 +313,7 @@ class Batcher:
         self.metrics.publish(self._pipe, time.time())
         steps_sent = None
         if self._steps:
-            steps_sent = self.lease.queue_steps(self._pipe, self._steps, min_id())
+            steps_sent = self.lease.queue_steps(self._pipe, self._steps, self._min_id())
             self._steps = []
         if not len(self._pipe):
             return
@@ -328,13 +337,26 @@ class Batcher:
                 # Its client left and nobody resumed it: a late reader (resume, fetch) learns so at once.
                 event = RequestError(req_id=req.req_id, message=_ABORTED, code="request_aborted")
                 self._pipe.xadd(key, {FIELD: encode(event)})
-            # The worker sets it with a last token; an aborted or failed stream has none.
-            self._pipe.expire(key, TOKEN_STREAM_TTL_S)
+            self._expire_request_keys(req.req_id)
             if req.dead_letter:
                 fields = {FIELD: encode(req.to_message())}
                 self._dead_letter(fields, req.entry_id, req.error or "", req.num_failed_deliveries)
             self._pipe.xack(streams.REQUESTS_STREAM, streams.BATCHER_GROUP, req.entry_id)
             self._stats_dirty = True
+
+    def _min_id(self) -> str:
+        return min_id(self.settings.retention_s)
+
+    def _expire_request_keys(self, req_id: str) -> None:
+        """The request is over: its token stream (the worker sets its TTL with a last token; an aborted
+        or failed one has none), the gateway's metadata (whose TTL covered the request timeout) and a
+        submit_once marker (24 h) all stay only for the resume window, whoever followed the request."""
+        for key in (
+            streams.token_stream(req_id),
+            streams.request_meta(req_id),
+            streams.submitted_key(req_id),
+        ):
+            self._pipe.expire(key, self.settings.retention_s)
 
     def _dead_letter(self, fields: dict[bytes, bytes], entry_id: str, error: str, deliveries: int) -> None:
         """Keep a given-up request for operators: its original fields plus why and how often it failed."""
@@ -344,7 +366,7 @@ class Batcher:
             b"error": error,
             b"deliveries": deliveries,
         }
-        self._pipe.xadd(streams.DEAD_LETTER_STREAM, entry, minid=min_id(), approximate=True)  # type: ignore[arg-type]
+        self._pipe.xadd(streams.DEAD_LETTER_STREAM, entry, minid=self._min_id(), approximate=True)  # type: ignore[arg-type]
 
     def _stats(self) -> dict[str, Any]:
         s = self.scheduler

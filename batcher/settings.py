@@ -10,7 +10,7 @@ from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from common.logging_setup import LogFormat
-from common.settings import log_format_field, redis_url_field
+from common.settings import log_format_field, redis_url_field, retention_field
 
 
 def _default_batcher_id() -> str:
@@ -22,6 +22,7 @@ class BatcherSettings(BaseSettings):
 
     redis_url: str = redis_url_field()
     log_format: LogFormat = log_format_field()
+    retention_s: int = retention_field()
     max_num_seqs: int = Field(64, ge=1, description="Most requests in one worker's batch.")
     max_num_batched_tokens: int = Field(
         512, ge=1, description="Token budget of one step: prefill chunks plus decodes."

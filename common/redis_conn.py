@@ -13,10 +13,10 @@ from redis.retry import Retry
 # Blocking reads never ask Redis to block longer than this (ms); the socket timeout stays well above it.
 MAX_BLOCK_MS = 1000
 SOCKET_TIMEOUT_S = 10.0
-# Streams other than token streams are trimmed by age (MINID), never by a small MAXLEN.
-STREAM_RETENTION_MS = 15 * 60 * 1000
-# A finished request's token stream stays readable this long, for resuming clients.
-TOKEN_STREAM_TTL_S = 15 * 60
+# The default retention window (CBSERVE_RETENTION_S): a finished request's token stream and keys stay
+# this long (the resume window), and stream entries are trimmed by this age (MINID), never by a
+# small MAXLEN. docs/reliability.md (*Retention*) lists every key and how it goes.
+RETENTION_S = 15 * 60
 
 
 # redis-py's own retries are off: by default it silently repeats any command (an XADD included)
@@ -47,10 +47,16 @@ def connect_async(url: str) -> aioredis.Redis:
     )
 
 
-def min_id(now: float | None = None) -> str:
+def entry_key(entry_id: str) -> tuple[int, int]:
+    """A stream entry id ("<ms>-<seq>") as a sortable pair; ValueError when it is not one."""
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)
+
+
+def min_id(retention_s: float = RETENTION_S, now: float | None = None) -> str:
     """The MINID below which a stream's entries are older than the retention window."""
     now_ms = int((time.time() if now is None else now) * 1000)
-    return f"{max(now_ms - STREAM_RETENTION_MS, 0)}-0"
+    return f"{max(now_ms - int(retention_s * 1000), 0)}-0"
 
 
 def as_str(value: bytes | str) -> str:

@@ -21,16 +21,17 @@ from common.streams import BATCHER_INBOX, REQUESTS_STREAM, submitted_key, token_
 from common.token_reader import EventFilter, RequestTimedOut, accept_entry
 
 # A request id submitted with submit_once is remembered this long: longer than any request runs
-# (retried clients follow it instead of submitting it again).
+# (retried clients follow it instead of submitting it again). When the request ends, the batcher cuts
+# it to the retention window, with the token stream a retried client would follow.
 SUBMITTED_TTL_S = 24 * 3600
 _READ_COUNT = 256  # entries fetched per XREAD
 
 # XADD only if the request id was never submitted: the marker and the entry are written together.
 # The marker keeps the entry id, so a retried client can ask the batcher's group about the request
-# (common/request_state.py). KEYS: requests stream, marker. ARGV: MINID, field, message, marker TTL.
+# (common/request_state.py). KEYS: requests stream, marker. ARGV: field, message, marker TTL.
 _SUBMIT_ONCE = """
-if redis.call('SET', KEYS[2], '1', 'NX', 'EX', ARGV[4]) then
-  local id = redis.call('XADD', KEYS[1], 'MINID', '~', ARGV[1], '*', ARGV[2], ARGV[3])
+if redis.call('SET', KEYS[2], '1', 'NX', 'EX', ARGV[3]) then
+  local id = redis.call('XADD', KEYS[1], '*', ARGV[1], ARGV[2])
   redis.call('SET', KEYS[2], id, 'KEEPTTL')
   return 1
 end
@@ -48,19 +49,20 @@ def request_entry(request: GenerateRequest) -> dict[Any, Any]:
 
 
 def submit(r: redis.Redis, request: GenerateRequest) -> str:
-    """Append `request` to the requests stream; returns its req_id."""
-    r.xadd(REQUESTS_STREAM, request_entry(request), minid=min_id(), approximate=True)
+    """Append `request` to the requests stream; returns its req_id. No trim: the active batcher trims
+    the stream by age, sparing entries still pending (docs/protocol.md)."""
+    r.xadd(REQUESTS_STREAM, request_entry(request))
     return request.req_id
 
 
 async def submit_async(r: aioredis.Redis, request: GenerateRequest) -> str:
-    await r.xadd(REQUESTS_STREAM, request_entry(request), minid=min_id(), approximate=True)
+    await r.xadd(REQUESTS_STREAM, request_entry(request))
     return request.req_id
 
 
 def _submit_once_args(request: GenerateRequest) -> tuple[Any, ...]:
     keys = (REQUESTS_STREAM, submitted_key(request.req_id))
-    return (_SUBMIT_ONCE, 2, *keys, min_id(), FIELD, encode(request), SUBMITTED_TTL_S)
+    return (_SUBMIT_ONCE, 2, *keys, FIELD, encode(request), SUBMITTED_TTL_S)
 
 
 def submit_once(r: redis.Redis, request: GenerateRequest) -> bool:

@@ -61,6 +61,15 @@ def submitted_key(req_id: str) -> str:
     return f"llm:submitted:{req_id}"
 
 
+def request_keys(req_id: str) -> tuple[str, ...]:
+    """Every key named after one request; the batcher gives each the retention TTL when it ends."""
+    return token_stream(req_id), request_meta(req_id), submitted_key(req_id)
+
+
+# SCAN patterns matching the keys of `request_keys`, for operators and leftover checks.
+REQUEST_KEY_PATTERNS: Final = ("llm:tokens:*", "llm:request:*", "llm:submitted:*")
+
+
 # ----- OpenAI Files and Batch API (gateway/files_store.py, gateway/batch_store.py) ----------------
 def file_key(file_id: str) -> str:
     """Hash of one uploaded or generated file: `meta` (JSON) and `content` (bytes); TTL = its expiry."""

@@ -15,9 +15,8 @@ import redis.exceptions
 
 from common.logging_setup import bind_request_id
 from common.protocol import TokenEvent
-from common.redis_conn import TOKEN_STREAM_TTL_S, min_id
 from common.stream_client import abort_async, request_entry
-from common.streams import REQUESTS_STREAM, request_meta, token_stream
+from common.streams import REQUESTS_STREAM, token_stream
 from gateway.metrics import GatewayMetrics, RequestTracker
 from gateway.output_processor import OutputProcessor
 from gateway.request_builder import PreparedRequest
@@ -63,6 +62,7 @@ class RequestRunner:
         served: ServedModel,
         request_timeout_s: float,
         metrics: GatewayMetrics,
+        retention_s: int,
     ) -> None:
         self._redis = redis
         self._mux = TokenStreamMux(redis)  # one shared read for every token stream followed here
@@ -73,14 +73,16 @@ class RequestRunner:
         self._pending_aborts: set[asyncio.Task[None]] = set()
         self._grace_timers: set[asyncio.Task[None]] = set()  # aborts waiting for a resume
         # The request cannot run past its timeout (while a gateway follows it); then the resume window.
-        self._meta_ttl_s = int(request_timeout_s) + TOKEN_STREAM_TTL_S
+        # When it ends, the batcher cuts the TTL to the resume window (retention_s).
+        self._meta_ttl_s = int(request_timeout_s) + retention_s
 
     async def submit(self, request: PreparedRequest, meta: RequestMeta | None = None) -> None:
         """Append the request (and, for a resumable one, its metadata first) in one round trip."""
         async with self._redis.pipeline(transaction=False) as pipe:
             if meta is not None:
                 save_meta(pipe, meta, self._meta_ttl_s)
-            pipe.xadd(REQUESTS_STREAM, request_entry(request.to_message()), minid=min_id(), approximate=True)
+            # Not trimmed here: the batcher trims the stream by age, sparing pending entries.
+            pipe.xadd(REQUESTS_STREAM, request_entry(request.to_message()))
             await pipe.execute()
         logger.info(
             "request queued: %d prompt tokens, max_tokens %d",
@@ -97,13 +99,6 @@ class RequestRunner:
         task = asyncio.get_running_loop().create_task(coro)
         self._pending_aborts.add(task)
         task.add_done_callback(self._pending_aborts.discard)
-
-    async def _expire_meta(self, req_id: str) -> None:
-        # The request is over: its metadata need not outlive its token stream's resume window.
-        try:
-            await self._redis.expire(request_meta(req_id), TOKEN_STREAM_TTL_S)
-        except redis.exceptions.RedisError as exc:
-            logger.warning("could not expire the metadata of %s: %s", req_id, exc)
 
     def abort_unless_resumed(self, req_id: str, grace_s: float, attach: int) -> None:
         """After `grace_s`, abort `req_id` unless a client attached to it since this follower did."""
@@ -219,8 +214,6 @@ class RequestRunner:
                 logger.warning("request %s timed out after %.0f s", request.req_id, self._request_timeout_s)
             raise
         finally:
-            if done:
-                self._in_background(self._expire_meta(request.req_id))
             if not done and tracker is not None:
                 tracker.finish("abort")
             if not done and follow.may_abort and not follow.leave_running:

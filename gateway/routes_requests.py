@@ -14,6 +14,7 @@ from fastapi import APIRouter, Depends
 from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 
+from common.redis_conn import entry_key
 from gateway.auth import request_owner
 from gateway.errors import OpenAIError
 from gateway.logprobs import LogprobsFormatter
@@ -24,7 +25,6 @@ from gateway.routes_chat import ChatChunks, chat_response
 from gateway.routes_completions import CompletionChunks, completion_response
 from gateway.state import GatewayState, get_state
 from gateway.streaming import ChunkFormatter, collect, stream_sse
-from gateway.token_mux import entry_key
 
 router = APIRouter()
 

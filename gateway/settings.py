@@ -8,7 +8,7 @@ from pydantic import AliasChoices, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from common.logging_setup import LogFormat
-from common.settings import log_format_field, redis_url_field
+from common.settings import log_format_field, redis_url_field, retention_field
 from gateway.api_keys import parse_key_hashes
 
 
@@ -30,6 +30,7 @@ class GatewaySettings(BaseSettings):
     resume_grace_s: float = Field(default=30.0, ge=0)
     redis_url: str = redis_url_field()
     log_format: LogFormat = log_format_field()
+    retention_s: int = retention_field()
 
     # --- security -------------------------------------------------------------------------------
     # API keys as SHA-256 hex digests, `[name:]digest` each: comma-separated here, one per line in the

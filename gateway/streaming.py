@@ -16,6 +16,7 @@ from typing import Protocol
 import redis.exceptions
 
 from common.protocol import TokenEvent
+from common.redis_conn import entry_key
 from gateway.errors import OpenAIError, from_request_error
 from gateway.fanout import merged_outputs
 from gateway.openai_schemas import UsageInfo
@@ -23,7 +24,6 @@ from gateway.request_builder import PreparedRequest
 from gateway.request_runner import Follow, Output, RequestRunner
 from gateway.sse import DONE, sse_event
 from gateway.stream_reader import RequestFailed, RequestTimedOut
-from gateway.token_mux import entry_key
 
 # 499 (nginx's "client closed request"): nobody reads it, but logs show what happened.
 _CLIENT_GONE = 499

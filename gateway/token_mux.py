@@ -32,7 +32,7 @@ from typing import Any
 import redis.asyncio as aioredis
 import redis.exceptions
 
-from common.redis_conn import MAX_BLOCK_MS
+from common.redis_conn import MAX_BLOCK_MS, entry_key
 from common.retry import Backoff
 from common.streams import token_stream
 
@@ -43,12 +43,6 @@ Entry = tuple[str, dict[bytes, bytes]]  # (entry id, fields)
 # Entries fetched per stream per XREAD; a burst larger than this is read over several calls.
 _READ_COUNT = 256
 _WAKE_TTL_S = 3600  # refreshed on every wake; outlives any pause of a live gateway
-
-
-def entry_key(entry_id: str) -> tuple[int, int]:
-    """A stream entry id ("<ms>-<seq>") as a sortable pair; ValueError when it is not one."""
-    ms, _, seq = entry_id.partition("-")
-    return int(ms), int(seq or 0)
 
 
 @dataclass(slots=True)

@@ -11,7 +11,7 @@ from pydantic import AliasChoices, Field, ValidationError, field_validator, mode
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from common.logging_setup import LogFormat
-from common.settings import log_format_field, redis_url_field
+from common.settings import log_format_field, redis_url_field, retention_field
 
 Device = Literal["cpu", "cuda"]
 DType = Literal["auto", "float32", "bfloat16", "float16"]
@@ -78,6 +78,7 @@ class WorkerSettings(BaseSettings):
     )
     redis_url: str = redis_url_field()
     log_format: LogFormat = log_format_field()
+    retention_s: int = retention_field()
 
     @field_validator("model", mode="after")
     @classmethod
@@ -114,6 +115,7 @@ _SOURCES = {
     "device": "--device or WORKER_DEVICE",
     "redis_url": "REDIS_URL",
     "log_format": "LOG_FORMAT",
+    "cbserve_retention_s": "CBSERVE_RETENTION_S",
 }
 
 

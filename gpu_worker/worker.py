@@ -23,7 +23,7 @@ from common.protocol import (
     decode_step,
     encode,
 )
-from common.redis_conn import MAX_BLOCK_MS, TOKEN_STREAM_TTL_S, connect, min_id
+from common.redis_conn import MAX_BLOCK_MS, connect, min_id
 from common.retry import REDIS_DOWN, Backoff
 from common.streams import BATCHER_INBOX, WORKERS_HASH, WORKERS_HEARTBEAT, token_stream, worker_steps
 from gpu_worker.fence import Fence, TokenWrite
@@ -139,9 +139,9 @@ class Worker:
             self.steps_stream,
             tokens,
             encode(output),
-            inbox_min_id=min_id(),
+            inbox_min_id=min_id(self.settings.retention_s),
             steps_min_id=self._last_id,
-            token_ttl_s=TOKEN_STREAM_TTL_S,
+            token_ttl_s=self.settings.retention_s,
         )
 
     def _rejoin(self) -> None:
@@ -168,7 +168,7 @@ class Worker:
         pipe.hset(WORKERS_HASH, self.worker_id, info)
         # Alive from the first moment, before the batcher can read the hello and look for a heartbeat.
         pipe.zadd(WORKERS_HEARTBEAT, {self.worker_id: int(time.time() * 1000)})
-        pipe.xadd(BATCHER_INBOX, {FIELD: info}, minid=min_id(), approximate=True)
+        pipe.xadd(BATCHER_INBOX, {FIELD: info}, minid=min_id(self.settings.retention_s), approximate=True)
         pipe.execute()
 
     def deregister(self) -> None:

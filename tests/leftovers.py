@@ -1,0 +1,51 @@
+"""What requests leave behind in Redis and the services: for the retention, load and soak checks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from common import streams
+
+
+def leftovers(r: redis.Redis) -> dict[str, int]:
+    """Everything that must reach 0 once no request runs and a retention window has passed."""
+    counts = {
+        pattern: sum(1 for _ in r.scan_iter(match=pattern, count=1000))
+        for pattern in streams.REQUEST_KEY_PATTERNS
+    }
+    for stream in (streams.REQUESTS_STREAM, streams.BATCHER_INBOX, streams.DEAD_LETTER_STREAM):
+        counts[stream] = int(r.xlen(stream))
+    groups: Any = r.xinfo_groups(streams.REQUESTS_STREAM) if r.exists(streams.REQUESTS_STREAM) else []
+    counts["pending"] = sum(int(g["pending"]) for g in groups)
+    stats: Any = r.hgetall(streams.BATCHER_STATS)
+    for name in ("num_running", "num_waiting"):
+        counts[name] = int(float(stats.get(name.encode(), 0)))
+    return counts
+
+
+def redis_memory(r: redis.Redis) -> dict[str, int]:
+    """Redis's own accounting: all it allocated, the data alone, and its clients' share."""
+    info: Any = r.info("memory")
+    clients: Any = r.info("clients")
+    return {
+        "used_memory": int(info["used_memory"]),
+        "used_memory_dataset": int(info["used_memory_dataset"]),
+        "mem_clients_normal": int(info["mem_clients_normal"]),
+        "connected_clients": int(clients["connected_clients"]),
+    }
+
+
+def keys_bytes(r: redis.Redis) -> int:
+    """What every key holds (MEMORY USAGE, summed): Redis's data without its clients' connections."""
+    return sum(int(r.memory_usage(key) or 0) for key in r.scan_iter(count=1000))
+
+
+def rss_kib(pid: int) -> int:
+    """Resident memory of a process (VmRSS), in KiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise RuntimeError(f"no VmRSS for pid {pid}")

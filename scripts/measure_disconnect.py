@@ -1,0 +1,127 @@
+"""How many steps a request still takes after its client hangs up, with no resume window.
+
+    python scripts/measure_disconnect.py                        # 50 disconnects, 16 background streams
+    python scripts/measure_disconnect.py --async-scheduling --disconnects 100
+
+Starts a private redis-server, the batcher, one worker and the gateway (`GATEWAY_RESUME_GRACE_S=0`,
+vLLM's immediate abort) on the tests' tiny model. `--background` greedy streams keep the batch busy
+throughout. Then, one at a time, a streaming client reads a random number of tokens and closes its
+connection; the batcher's inbox, where the gateway's abort lands among the workers' step results
+(tests/disconnect_probe.py), says how many steps still computed the request after the hang-up and
+after the abort reached the batcher, and how many ms those took. Prints a JSON summary (p50, p90,
+max); exits 1 if a request took a step scheduled after its abort was read (more steps after the abort
+than can be in flight: 1, or 2 with async scheduling).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import httpx
+import redis
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.conftest import redis_server  # noqa: E402
+from tests.disconnect_probe import Departure, aborted, inbox_tail_id, settle, trace  # noqa: E402
+from tests.load_clients import completion_body, stream  # noqa: E402
+from tests.services import Stack, wait_for  # noqa: E402
+from tests.tiny_model import build_tiny_model  # noqa: E402
+
+MAX_TOKENS = 400
+
+
+async def keep_busy(base_url: str, prompt: list[int], stop: asyncio.Event) -> int:
+    """One background client: stream request after request until told to stop; returns how many."""
+    num = 0
+    async with httpx.AsyncClient(base_url=base_url, timeout=120) as client:
+        while not stop.is_set():
+            await stream(client, completion_body(prompt, 200, stream=True))
+            num += 1
+    return num
+
+
+async def depart(args: argparse.Namespace, base_url: str, r: redis.Redis, rng: random.Random) -> Departure:
+    since = inbox_tail_id(r)
+    prompt = [rng.randrange(3, 500) for _ in range(rng.randrange(4, 24))]
+    async with httpx.AsyncClient(base_url=base_url, timeout=120) as client:
+        body = completion_body(prompt, MAX_TOKENS, stream=True)
+        out = await stream(client, body, hang_up_after=rng.randrange(1, args.max_tokens_before))
+    assert out.left_at is not None, f"the stream ended before the hang-up: {out}"
+    await asyncio.to_thread(wait_for, lambda: aborted(r, out.req_id), 60, "the abort", 0.005)
+    await asyncio.to_thread(settle, r)
+    return trace(r, out.req_id, out.left_at, since)
+
+
+def _percentiles(values: list[int]) -> dict[str, float]:
+    ordered = sorted(values)
+    return {
+        "p50": statistics.median(ordered),
+        "p90": ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))],
+        "max": ordered[-1],
+    }
+
+
+async def measure(args: argparse.Namespace, base_url: str, redis_url: str) -> dict[str, Any]:
+    r = redis.Redis.from_url(redis_url)
+    rng = random.Random(0)
+    stop = asyncio.Event()
+    background = [
+        asyncio.create_task(keep_busy(base_url, [rng.randrange(3, 500) for _ in range(8)], stop))
+        for _ in range(args.background)
+    ]
+    departures = [await depart(args, base_url, r, rng) for _ in range(args.disconnects)]
+    stop.set()
+    await asyncio.gather(*background)
+    in_flight = 2 if args.async_scheduling else 1
+    abort_ms = [d.abort_after_ms for d in departures if d.abort_after_ms is not None]
+    last_ms = [d.last_step_after_ms for d in departures if d.last_step_after_ms is not None]
+    return {
+        "disconnects": len(departures),
+        "background_streams": args.background,
+        "async_scheduling": args.async_scheduling,
+        "steps_after_hang_up": _percentiles([d.steps_after_leaving for d in departures]),
+        "steps_after_abort_read": _percentiles([d.steps_after_abort for d in departures]),
+        "ms_hang_up_to_abort_in_inbox": _percentiles(abort_ms),
+        "ms_hang_up_to_last_step": _percentiles(last_ms),
+        "steps_in_flight_bound": in_flight,
+        "ok": len(abort_ms) == len(departures) and all(d.steps_after_abort <= in_flight for d in departures),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--disconnects", type=int, default=50)
+    parser.add_argument("--background", type=int, default=16, help="streams keeping the batch busy")
+    parser.add_argument("--max-tokens-before", type=int, default=40, help="hang up after 1..this tokens")
+    parser.add_argument("--async-scheduling", action="store_true", help="BATCHER_ASYNC_SCHEDULING=true")
+    parser.add_argument("--model", type=Path, help="model directory (default: build the tests' tiny model)")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp, redis_server(Path(tmp)) as url:
+        model = args.model or build_tiny_model(Path(tmp) / "tiny-llama")
+        stack = Stack(redis_url=url, model_dir=model, log_dir=Path(tmp))
+        try:
+            stack.start_batcher(BATCHER_ASYNC_SCHEDULING=str(args.async_scheduling).lower())
+            stack.start_worker()
+            stack.start_gateway(GATEWAY_RESUME_GRACE_S="0")
+            stack.wait_ready(num_workers=1)
+            summary = asyncio.run(measure(args, stack.base_url, url))
+        finally:
+            stack.stop()
+    print(json.dumps(summary, indent=2))
+    sys.exit(0 if summary["ok"] else 1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,69 @@
+"""A client that hangs up mid-stream (no resume window) takes its request out of the batch at once.
+
+Real batcher, worker and gateway processes with `GATEWAY_RESUME_GRACE_S=0`, as vLLM aborts. The
+batcher's inbox orders the gateway's abort among the workers' step results, so the test counts the
+steps that still computed the request after the abort reached the batcher: only those already sent
+(one per worker, two with async scheduling). The abort after a resume window, and a request that runs
+on while nobody follows it, are `tests/test_resume.py`'s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import redis
+
+from common import streams
+from tests.conftest import redis_server
+from tests.disconnect_probe import aborted, inbox_tail_id, settle, trace
+from tests.load_clients import completion_body, stream
+from tests.services import Stack, wait_for
+
+MAX_TOKENS = 400
+PROMPT = [72, 101, 108, 108, 111, 44, 32, 119, 111, 114, 108, 100]
+
+
+@pytest.fixture(params=[False, True], ids=["sync", "async"])
+def stack(
+    request: pytest.FixtureRequest, tiny_model_dir: Path, tmp_path: Path
+) -> Iterator[tuple[Stack, int]]:
+    """The stack, and how many steps per worker can be in flight (already sent) at any moment."""
+    async_scheduling: bool = request.param
+    with redis_server(tmp_path) as url:
+        stack = Stack(redis_url=url, model_dir=tiny_model_dir, log_dir=tmp_path)
+        try:
+            stack.start_batcher(BATCHER_ASYNC_SCHEDULING=str(async_scheduling).lower())
+            stack.start_worker()
+            stack.start_gateway(GATEWAY_RESUME_GRACE_S="0")
+            stack.wait_ready(num_workers=1)
+            yield stack, 2 if async_scheduling else 1
+        finally:
+            stack.stop()
+
+
+async def _hang_up_after(base_url: str, num_tokens: int) -> tuple[str, float]:
+    async with httpx.AsyncClient(base_url=base_url, timeout=60) as client:
+        out = await stream(client, completion_body(PROMPT, MAX_TOKENS, stream=True), hang_up_after=num_tokens)
+    assert out.left_at is not None and not out.errors, out
+    return out.req_id, out.left_at
+
+
+def test_disconnected_request_leaves_the_batch_within_one_step(stack: tuple[Stack, int]) -> None:
+    services, in_flight = stack
+    r = redis.Redis.from_url(services.redis_url)
+    for num_tokens in (2, 9, 30):
+        since = inbox_tail_id(r)
+        req_id, left_at = asyncio.run(_hang_up_after(services.base_url, num_tokens))
+        # The batcher ends an aborted request's token stream with request_aborted.
+        wait_for(lambda: aborted(r, req_id), 30, "the batcher to abort the request")  # noqa: B023
+        settle(r)
+        departure = trace(r, req_id, left_at, since)
+        assert departure.abort_after_ms is not None
+        assert departure.steps_after_abort <= in_flight, departure
+        assert r.xlen(streams.token_stream(req_id)) < MAX_TOKENS
+    wait_for(lambda: services.stats()["num_running"] == 0, 30, "the batch to empty")
+    assert services.stats()["num_aborted"] == 3

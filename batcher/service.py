@@ -351,11 +351,7 @@ class Batcher:
         """The request is over: its token stream (the worker sets its TTL with a last token; an aborted
         or failed one has none), the gateway's metadata (whose TTL covered the request timeout) and a
         submit_once marker (24 h) all stay only for the resume window, whoever followed the request."""
-        for key in (
-            streams.token_stream(req_id),
-            streams.request_meta(req_id),
-            streams.submitted_key(req_id),
-        ):
+        for key in streams.request_keys(req_id):
             self._pipe.expire(key, self.settings.retention_s)
 
     def _dead_letter(self, fields: dict[bytes, bytes], entry_id: str, error: str, deliveries: int) -> None:

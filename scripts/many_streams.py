@@ -25,10 +25,9 @@ import json
 import random
 import resource
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,11 +37,10 @@ import redis
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.conftest import redis_server  # noqa: E402
-from tests.leftovers import keys_bytes, leftovers, redis_memory, rss_kib  # noqa: E402
+from tests.leftovers import Snapshot, rss_kib, wait_cleared  # noqa: E402
 from tests.load_clients import Outcome, completion_body, stream  # noqa: E402
-from tests.services import Stack, wait_for  # noqa: E402
-from tests.tiny_model import build_tiny_model  # noqa: E402
+from tests.memory_sampler import MemorySampler  # noqa: E402
+from tests.private_stack import private_stack  # noqa: E402
 
 MIB = 1024 * 1024
 
@@ -52,27 +50,6 @@ class Target:
     base_url: str
     redis_url: str
     gateway_pid: int | None
-
-
-@dataclass
-class Sampler:
-    """Peak gateway RSS and Redis memory while the load runs."""
-
-    redis_url: str
-    gateway_pid: int | None
-    peak_rss_kib: int = 0
-    peak_redis: dict[str, int] = field(default_factory=dict)
-
-    async def run(self, stop: asyncio.Event) -> None:
-        r = redis.Redis.from_url(self.redis_url)
-        while not stop.is_set():
-            mem = await asyncio.to_thread(redis_memory, r)
-            for key, value in mem.items():
-                self.peak_redis[key] = max(self.peak_redis.get(key, 0), value)
-            if self.gateway_pid is not None:
-                self.peak_rss_kib = max(self.peak_rss_kib, rss_kib(self.gateway_pid))
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), 0.25)
 
 
 def raise_fd_limit() -> int:
@@ -85,23 +62,15 @@ def raise_fd_limit() -> int:
 
 @contextlib.contextmanager
 def own_stack(args: argparse.Namespace) -> Iterator[Target]:
-    with tempfile.TemporaryDirectory() as tmp, redis_server(Path(tmp)) as url:
-        model = args.model or build_tiny_model(Path(tmp) / "tiny-llama")
-        stack = Stack(redis_url=url, model_dir=model, log_dir=Path(tmp))
-        retention = {"CBSERVE_RETENTION_S": str(args.retention)}
-        try:
-            stack.start_batcher(
-                BATCHER_MAX_NUM_SEQS=str(args.max_num_seqs),
-                BATCHER_MAX_NUM_BATCHED_TOKENS=str(max(2048, args.max_num_seqs)),
-                **retention,
-            )
-            stack.start_worker(**retention)
-            # The queue bound would refuse part of a burst this size: the point here is to hold it.
-            stack.start_gateway(GATEWAY_MAX_QUEUED_REQUESTS="0", **retention)
-            stack.wait_ready(num_workers=1)
-            yield Target(stack.base_url, url, stack.procs["gateway"].pid)
-        finally:
-            stack.stop()
+    batcher_env = {
+        "BATCHER_MAX_NUM_SEQS": str(args.max_num_seqs),
+        "BATCHER_MAX_NUM_BATCHED_TOKENS": str(max(2048, args.max_num_seqs)),
+    }
+    # The queue bound would refuse part of a burst this size: the point here is to hold it.
+    gateway_env = {"GATEWAY_MAX_QUEUED_REQUESTS": "0"}
+    env = {"CBSERVE_RETENTION_S": str(args.retention)}
+    with private_stack(args.model, env=env, batcher_env=batcher_env, gateway_env=gateway_env) as stack:
+        yield Target(stack.base_url, stack.redis_url, stack.procs["gateway"].pid)
 
 
 async def wave(base_url: str, prompts: list[list[int]], max_tokens: int) -> tuple[list[Outcome], int]:
@@ -126,20 +95,6 @@ async def wave(base_url: str, prompts: list[list[int]], max_tokens: int) -> tupl
     return list(outcomes), peak
 
 
-@dataclass
-class Snapshot:
-    """Memory and leftovers at one moment."""
-
-    memory: dict[str, int]  # redis_memory()
-    keys_bytes: int
-    leftovers: dict[str, int]
-    rss_kib: int | None
-
-    @classmethod
-    def take(cls, r: redis.Redis, pid: int | None) -> Snapshot:
-        return cls(redis_memory(r), keys_bytes(r), leftovers(r), rss_kib(pid) if pid else None)
-
-
 def _mib(kib: int | None) -> float | None:
     return None if kib is None else round(kib / 1024, 1)
 
@@ -150,7 +105,7 @@ async def run(args: argparse.Namespace, target: Target) -> dict[str, Any]:
     prompts = [[rng.randrange(3, 500) for _ in range(rng.randrange(4, 24))] for _ in range(args.streams)]
     pid = target.gateway_pid
     baseline = Snapshot.take(r, pid)
-    sampler = Sampler(target.redis_url, pid)
+    sampler = MemorySampler(target.redis_url, pid)
     stop = asyncio.Event()
     sampling = asyncio.create_task(sampler.run(stop))
     waves: list[dict[str, Any]] = []
@@ -168,13 +123,7 @@ async def run(args: argparse.Namespace, target: Target) -> dict[str, Any]:
     await sampling
     after_load = Snapshot.take(r, pid)
     # Everything a request leaves expires or is trimmed one retention window after it ended.
-    cleared_from = time.monotonic()
-    cleared_after_s: float | None = None
-    with contextlib.suppress(TimeoutError):
-        await asyncio.to_thread(
-            wait_for, lambda: not any(leftovers(r).values()), args.retention + 30, "the leftovers to go", 0.5
-        )
-        cleared_after_s = round(time.monotonic() - cleared_from, 1)
+    cleared_after_s = await asyncio.to_thread(wait_cleared, r, args.retention + 30)
     after = Snapshot.take(r, pid)
     keys_growth = after.keys_bytes - baseline.keys_bytes
     return {

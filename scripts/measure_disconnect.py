@@ -21,7 +21,6 @@ import json
 import random
 import statistics
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -31,11 +30,10 @@ import redis
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.conftest import redis_server  # noqa: E402
 from tests.disconnect_probe import Departure, aborted, inbox_tail_id, settle, trace  # noqa: E402
 from tests.load_clients import completion_body, stream  # noqa: E402
-from tests.services import Stack, wait_for  # noqa: E402
-from tests.tiny_model import build_tiny_model  # noqa: E402
+from tests.private_stack import private_stack  # noqa: E402
+from tests.services import wait_for  # noqa: E402
 
 MAX_TOKENS = 400
 
@@ -108,17 +106,10 @@ def main() -> None:
     parser.add_argument("--async-scheduling", action="store_true", help="BATCHER_ASYNC_SCHEDULING=true")
     parser.add_argument("--model", type=Path, help="model directory (default: build the tests' tiny model)")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp, redis_server(Path(tmp)) as url:
-        model = args.model or build_tiny_model(Path(tmp) / "tiny-llama")
-        stack = Stack(redis_url=url, model_dir=model, log_dir=Path(tmp))
-        try:
-            stack.start_batcher(BATCHER_ASYNC_SCHEDULING=str(args.async_scheduling).lower())
-            stack.start_worker()
-            stack.start_gateway(GATEWAY_RESUME_GRACE_S="0")
-            stack.wait_ready(num_workers=1)
-            summary = asyncio.run(measure(args, stack.base_url, url))
-        finally:
-            stack.stop()
+    batcher_env = {"BATCHER_ASYNC_SCHEDULING": str(args.async_scheduling).lower()}
+    gateway_env = {"GATEWAY_RESUME_GRACE_S": "0"}
+    with private_stack(args.model, batcher_env=batcher_env, gateway_env=gateway_env) as stack:
+        summary = asyncio.run(measure(args, stack.base_url, stack.redis_url))
     print(json.dumps(summary, indent=2))
     sys.exit(0 if summary["ok"] else 1)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,10 +22,15 @@ def leftovers(r: redis.Redis) -> dict[str, int]:
         counts[stream] = int(r.xlen(stream))
     groups: Any = r.xinfo_groups(streams.REQUESTS_STREAM) if r.exists(streams.REQUESTS_STREAM) else []
     counts["pending"] = sum(int(g["pending"]) for g in groups)
-    stats: Any = r.hgetall(streams.BATCHER_STATS)
+    stats = batcher_stats(r)
     for name in ("num_running", "num_waiting"):
-        counts[name] = int(float(stats.get(name.encode(), 0)))
+        counts[name] = int(stats.get(name, 0))
     return counts
+
+
+def batcher_stats(r: redis.Redis) -> dict[str, float]:
+    raw: Any = r.hgetall(streams.BATCHER_STATS)
+    return {k.decode(): float(v) for k, v in raw.items()}
 
 
 def redis_memory(r: redis.Redis) -> dict[str, int]:
@@ -49,3 +56,28 @@ def rss_kib(pid: int) -> int:
         if line.startswith("VmRSS:"):
             return int(line.split()[1])
     raise RuntimeError(f"no VmRSS for pid {pid}")
+
+
+@dataclass
+class Snapshot:
+    """Memory and leftovers at one moment."""
+
+    memory: dict[str, int]  # redis_memory()
+    keys_bytes: int
+    leftovers: dict[str, int]
+    rss_kib: int | None  # the gateway's, when its pid is known
+
+    @classmethod
+    def take(cls, r: redis.Redis, gateway_pid: int | None) -> Snapshot:
+        rss = rss_kib(gateway_pid) if gateway_pid else None
+        return cls(redis_memory(r), keys_bytes(r), leftovers(r), rss)
+
+
+def wait_cleared(r: redis.Redis, timeout_s: float) -> float | None:
+    """Seconds until every leftover was gone (polled twice a second); None if some outlived `timeout_s`."""
+    start = time.monotonic()
+    while any(leftovers(r).values()):
+        if time.monotonic() - start > timeout_s:
+            return None
+        time.sleep(0.5)
+    return round(time.monotonic() - start, 1)

@@ -60,7 +60,7 @@ async def depart(args: argparse.Namespace, base_url: str, r: redis.Redis, rng: r
     return trace(r, out.req_id, out.left_at, since)
 
 
-def _percentiles(values: list[int]) -> dict[str, float]:
+def _percentiles(values: list[float]) -> dict[str, float]:
     ordered = sorted(values)
     return {
         "p50": statistics.median(ordered),
@@ -81,16 +81,17 @@ async def measure(args: argparse.Namespace, base_url: str, redis_url: str) -> di
     stop.set()
     await asyncio.gather(*background)
     in_flight = 2 if args.async_scheduling else 1
-    abort_ms = [d.abort_after_ms for d in departures if d.abort_after_ms is not None]
-    last_ms = [d.last_step_after_ms for d in departures if d.last_step_after_ms is not None]
+    abort_ms = [float(d.abort_after_ms) for d in departures if d.abort_after_ms is not None]
+    last_ms = [float(d.last_step_after_ms) for d in departures if d.last_step_after_ms is not None]
     return {
         "disconnects": len(departures),
         "background_streams": args.background,
         "async_scheduling": args.async_scheduling,
-        "steps_after_hang_up": _percentiles([d.steps_after_leaving for d in departures]),
-        "steps_after_abort_read": _percentiles([d.steps_after_abort for d in departures]),
+        "steps_after_hang_up": _percentiles([float(d.steps_after_leaving) for d in departures]),
+        "steps_after_abort_read": _percentiles([float(d.steps_after_abort) for d in departures]),
         "ms_hang_up_to_abort_in_inbox": _percentiles(abort_ms),
         "ms_hang_up_to_last_step": _percentiles(last_ms),
+        "ms_per_step": _percentiles([d.step_ms for d in departures if d.step_ms is not None]),
         "steps_in_flight_bound": in_flight,
         "ok": len(abort_ms) == len(departures) and all(d.steps_after_abort <= in_flight for d in departures),
     }

@@ -8,8 +8,10 @@ Entry ids carry Redis's clock in ms, comparable with the client's `time.time()` 
 
 from __future__ import annotations
 
+import statistics
 import time
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import Any
 
 import redis
@@ -36,6 +38,7 @@ class Departure:
     steps_after_abort: int  # ...from the moment its abort reached the batcher's inbox
     abort_after_ms: int | None  # hang-up -> abort in the inbox (the gateway's reaction); None: no abort
     last_step_after_ms: int | None  # hang-up -> the request's last step result
+    step_ms: float | None  # median time between the request's steps: what one iteration took
 
 
 def aborted(r: redis.Redis, req_id: str) -> bool:
@@ -75,6 +78,7 @@ def trace(r: redis.Redis, req_id: str, left_at: float, since_id: str) -> Departu
         steps_after_abort=sum(1 for s in steps if abort is not None and s > abort),
         abort_after_ms=None if abort is None else abort[0] - left_ms,
         last_step_after_ms=steps[-1][0] - left_ms if steps else None,
+        step_ms=statistics.median(b[0] - a[0] for a, b in pairwise(steps)) if len(steps) > 1 else None,
     )
 
 

@@ -39,6 +39,8 @@ class MemorySampler:
             row.setdefault("t_s", round(elapsed))
             row["gateway_rss_mib"] = max(row.get("gateway_rss_mib", 0.0), round(rss / 1024, 1))
             row["redis_used_mib"] = max(row.get("redis_used_mib", 0.0), round(mem["used_memory"] / 2**20, 2))
+            # The gateway's pool keeps a connection per peak concurrent command: its RSS follows them.
+            row["redis_clients"] = max(row.get("redis_clients", 0), mem["connected_clients"])
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), self.period_s)
         if row:

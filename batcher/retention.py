@@ -22,7 +22,7 @@ from typing import Any
 import redis
 
 from common import streams
-from common.redis_conn import entry_key
+from common.redis_conn import as_str, entry_key
 
 # How often the active batcher trims.
 TRIM_INTERVAL_S = 1.0
@@ -44,7 +44,7 @@ class StreamTrimmer:
         summary: Any = client.xpending(streams.REQUESTS_STREAM, streams.BATCHER_GROUP)
         requests_floor = cutoff
         if summary["pending"]:
-            requests_floor = min(cutoff, entry_key(_s(summary["min"])))
+            requests_floor = min(cutoff, entry_key(as_str(summary["min"])))
         read_ms, read_seq = entry_key(inbox_read_id)
         inbox_floor = min(cutoff, (read_ms, read_seq + 1))  # everything read may go
         pipe = client.pipeline(transaction=False)
@@ -56,7 +56,3 @@ class StreamTrimmer:
 
 def _id(key: tuple[int, int]) -> str:
     return f"{key[0]}-{key[1]}"
-
-
-def _s(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value

@@ -12,13 +12,8 @@ from __future__ import annotations
 import redis.asyncio as aioredis
 import redis.exceptions
 
-from common.redis_conn import as_str
+from common.redis_conn import as_str, entry_key
 from common.streams import BATCHER_GROUP, REQUESTS_STREAM, submitted_key, token_stream
-
-
-def _entry_key(entry_id: str) -> tuple[int, int]:
-    ms, _, seq = entry_id.partition("-")
-    return int(ms), int(seq or 0)
 
 
 async def _claimed(r: aioredis.Redis, entry_id: str) -> bool:
@@ -29,7 +24,7 @@ async def _claimed(r: aioredis.Redis, entry_id: str) -> bool:
         return False  # no stream yet
     for group in groups:
         if as_str(group.get("name", b"")) == BATCHER_GROUP:
-            return _entry_key(entry_id) <= _entry_key(as_str(group.get("last-delivered-id", b"0-0")))
+            return entry_key(entry_id) <= entry_key(as_str(group.get("last-delivered-id", b"0-0")))
     return False
 
 

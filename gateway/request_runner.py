@@ -15,6 +15,7 @@ import redis.exceptions
 
 from common.logging_setup import bind_request_id
 from common.protocol import TokenEvent
+from common.redis_conn import RETENTION_S
 from common.stream_client import abort_async, request_entry
 from common.streams import REQUESTS_STREAM, token_stream
 from gateway.metrics import GatewayMetrics, RequestTracker
@@ -62,7 +63,7 @@ class RequestRunner:
         served: ServedModel,
         request_timeout_s: float,
         metrics: GatewayMetrics,
-        retention_s: int,
+        retention_s: int = RETENTION_S,
     ) -> None:
         self._redis = redis
         self._mux = TokenStreamMux(redis)  # one shared read for every token stream followed here

@@ -46,8 +46,10 @@ def redis_memory(r: redis.Redis) -> dict[str, int]:
 
 
 def keys_bytes(r: redis.Redis) -> int:
-    """What every key holds (MEMORY USAGE, summed): Redis's data without its clients' connections."""
-    return sum(int(r.memory_usage(key) or 0) for key in r.scan_iter(count=1000))
+    """What the keys hold (MEMORY USAGE, summed): Redis's data without its clients' connections, and
+    without the dashboard's step trace, which is capped by its length (BATCHER_TRACE_MAXLEN), not age."""
+    keys = (k for k in r.scan_iter(count=1000) if k != streams.BATCHER_TRACE.encode())
+    return sum(int(r.memory_usage(key) or 0) for key in keys)
 
 
 def rss_kib(pid: int) -> int:

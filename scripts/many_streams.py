@@ -151,6 +151,7 @@ async def run(args: argparse.Namespace, target: Target) -> dict[str, Any]:
             "baseline": baseline.keys_bytes // 1024,
             "after_retention": after.keys_bytes // 1024,
         },
+        "redis_step_trace_kib": after.trace_bytes // 1024,
         "redis_clients": {
             "peak": sampler.peak_redis.get("connected_clients", 0),
             "after_retention": after.memory["connected_clients"],

@@ -72,6 +72,7 @@ async def run(args: argparse.Namespace, base_url: str, redis_url: str, gateway_p
             "after": round(after.memory["used_memory"] / 2**20, 2),
         },
         "redis_keys_kib": {"baseline": baseline.keys_bytes // 1024, "after": after.keys_bytes // 1024},
+        "redis_step_trace_kib": after.trace_bytes // 1024,
         "leftovers_after_load": {k: v for k, v in after_load.leftovers.items() if v},
         "leftovers_after_retention": {k: v for k, v in after.leftovers.items() if v},
         "cleared_after_s": cleared_after_s,

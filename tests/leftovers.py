@@ -68,11 +68,13 @@ class Snapshot:
     keys_bytes: int
     leftovers: dict[str, int]
     rss_kib: int | None  # the gateway's, when its pid is known
+    trace_bytes: int  # the dashboard's step trace, capped by length
 
     @classmethod
     def take(cls, r: redis.Redis, gateway_pid: int | None) -> Snapshot:
         rss = rss_kib(gateway_pid) if gateway_pid else None
-        return cls(redis_memory(r), keys_bytes(r), leftovers(r), rss)
+        trace = int(r.memory_usage(streams.BATCHER_TRACE) or 0)
+        return cls(redis_memory(r), keys_bytes(r), leftovers(r), rss, trace)
 
 
 def wait_cleared(r: redis.Redis, timeout_s: float) -> float | None:

@@ -12,6 +12,7 @@ import msgspec
 import redis
 
 from batcher import recovery
+from batcher.follow_leases import LeaseReaper
 from batcher.lease import Lease, LeaseLost
 from batcher.metrics import BatcherMetrics
 from batcher.request import Request
@@ -72,6 +73,7 @@ class Batcher:
         self._steps: list[tuple[str, bytes]] = []  # (steps stream, encoded step) to send, fenced
         self.num_recovered = 0  # requests rebuilt from Redis when this batcher took over
         self._trimmer = StreamTrimmer(settings.retention_s)
+        self._reaper = LeaseReaper()
 
     # ----- lifecycle -----------------------------------------------------------------------------
     def setup(self) -> None:
@@ -94,6 +96,7 @@ class Batcher:
         recovery.drop_idle_consumers(self.redis, self.settings.batcher_id)
         self._claim_requests()  # whatever arrived before we started
         self.check_workers(time.time())
+        self._reaper.settle(time.time())
 
     def run(self, stop: threading.Event) -> None:
         """Serve until `stop` is set; raises LeaseLost when another batcher took over."""
@@ -130,6 +133,8 @@ class Batcher:
             self._recover(recovery.claim_from_others(self.redis, self.settings.batcher_id))
         if self._trimmer.due(now):
             self._trimmer.trim(self.redis, self._inbox_id, now)  # after the claims: they are pending now
+        if self._reaper.due(now):
+            self._abort_unfollowed(now)
         self._on_finished(self.scheduler.expire_waiting(now))
         self.schedule()
         self.send()
@@ -198,6 +203,14 @@ class Batcher:
             req.output_token_ids = history.output_token_ids
             req.attempt = history.attempt
         self._on_finished(self.scheduler.add_request(req, now))
+
+    def _abort_unfollowed(self, now: float) -> None:
+        """Abort the requests whose follow lease ran out: their clients left and nobody resumed."""
+        self.lease.check()  # popping leases is a write: only the leader's
+        for req_id in self._reaper.pop_expired(self.redis, now):
+            if req_id in self.scheduler.requests:
+                log.info("no client follows it (lease expired): aborting", extra={"request_id": req_id})
+                self._abort(req_id, "abort")
 
     def _abort(self, req_id: str, reason: str) -> None:
         req = self.scheduler.abort_request(req_id, reason, time.time())

@@ -28,6 +28,12 @@ BATCHER_METRICS: Final = "llm:batcher:metrics"
 BATCHER_TRACE: Final = "llm:batcher:trace"
 
 
+# Sorted set req_id -> unix deadline: gateways keep the requests their clients follow alive here
+# (refreshed every second); a client that leaves gets the resume window, a gateway that dies stops
+# refreshing. The active batcher aborts requests whose deadline has passed (batcher/follow_leases.py).
+FOLLOW_LEASES: Final = "llm:follow:leases"
+
+
 def token_stream(req_id: str) -> str:
     """Per-request stream of TokenEvent / RequestError; entry ids double as SSE ids."""
     return f"llm:tokens:{req_id}"

@@ -46,7 +46,9 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         redis = connect_async(settings.redis_url)
         metrics = GatewayMetrics(served.name)
-        runner = RequestRunner(redis, served, settings.request_timeout_s, metrics, settings.retention_s)
+        runner = RequestRunner(
+            redis, served, settings.request_timeout_s, metrics, settings.retention_s, settings.resume_grace_s
+        )
         batch_queue = BatchQueue(settings.redis_url)
         app.state.gateway = GatewayState(
             settings=settings,

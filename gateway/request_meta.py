@@ -113,8 +113,3 @@ async def load_meta(redis: aioredis.Redis, req_id: str) -> RequestMeta | None:
 async def attach(redis: aioredis.Redis, req_id: str) -> int:
     """Count a resuming client in; returns the count this follower attached at."""
     return int(await redis.hincrby(request_meta(req_id), _ATTACH, 1))
-
-
-async def attach_count(redis: aioredis.Redis, req_id: str) -> int:
-    raw = await redis.hget(request_meta(req_id), _ATTACH)
-    return int(raw or 0)

@@ -17,11 +17,12 @@ from common.logging_setup import bind_request_id
 from common.protocol import TokenEvent
 from common.redis_conn import RETENTION_S
 from common.stream_client import abort_async, request_entry
-from common.streams import REQUESTS_STREAM, token_stream
+from common.streams import REQUESTS_STREAM
+from gateway.follow_leases import FollowLeases
 from gateway.metrics import GatewayMetrics, RequestTracker
 from gateway.output_processor import OutputProcessor
 from gateway.request_builder import PreparedRequest
-from gateway.request_meta import RequestMeta, attach_count, save_meta
+from gateway.request_meta import RequestMeta, save_meta
 from gateway.served_model import ServedModel
 from gateway.stream_reader import RequestFailed, RequestTimedOut, follow_token_stream
 from gateway.token_mux import TokenStreamMux
@@ -38,7 +39,6 @@ class Follow:
 
     may_abort: bool = True  # leaving early aborts the request; a fetch by id only looks
     grace_s: float = 0.0  # client gone: wait this long for a resume before aborting (0: at once)
-    attach: int = 0  # the request's attach count when this follower started (request_meta.attach)
     track: bool = True  # count the request in this gateway's metrics (its first follower only)
     wait_s: float | None = None  # give up after this long (RequestTimedOut) instead of the request timeout
     # Stopping early never aborts (stop strings still do): a batch task handing its lines over to its
@@ -64,6 +64,7 @@ class RequestRunner:
         request_timeout_s: float,
         metrics: GatewayMetrics,
         retention_s: int = RETENTION_S,
+        lease_s: float = 0.0,
     ) -> None:
         self._redis = redis
         self._mux = TokenStreamMux(redis)  # one shared read for every token stream followed here
@@ -72,7 +73,8 @@ class RequestRunner:
         self._request_timeout_s = request_timeout_s
         # Aborts (and other writes) run as their own tasks: a cancelled stream cannot await in its finally.
         self._pending_aborts: set[asyncio.Task[None]] = set()
-        self._grace_timers: set[asyncio.Task[None]] = set()  # aborts waiting for a resume
+        # Followed requests stay alive through leases in Redis; the batcher aborts expired ones.
+        self.leases = FollowLeases(redis, lease_s)
         # The request cannot run past its timeout (while a gateway follows it); then the resume window.
         # When it ends, the batcher cuts the TTL to the resume window (retention_s).
         self._meta_ttl_s = int(request_timeout_s) + retention_s
@@ -101,30 +103,6 @@ class RequestRunner:
         self._pending_aborts.add(task)
         task.add_done_callback(self._pending_aborts.discard)
 
-    def abort_unless_resumed(self, req_id: str, grace_s: float, attach: int) -> None:
-        """After `grace_s`, abort `req_id` unless a client attached to it since this follower did."""
-        task = asyncio.get_running_loop().create_task(self._abort_after_grace(req_id, grace_s, attach))
-        self._grace_timers.add(task)
-        task.add_done_callback(self._grace_timers.discard)
-
-    async def _abort_after_grace(self, req_id: str, grace_s: float, attach: int) -> None:
-        await asyncio.sleep(grace_s)
-        try:
-            resumed = await attach_count(self._redis, req_id) != attach
-            # A token stream gets its TTL when the request ends: then there is nothing to abort.
-            ended = await self._redis.ttl(token_stream(req_id)) >= 0
-        except redis.exceptions.RedisError as exc:
-            logger.warning("could not check %s for a resume: %s", req_id, exc, extra={"request_id": req_id})
-            return
-        if resumed:
-            logger.info("client resumed the stream: not aborting", extra={"request_id": req_id})
-            return
-        if ended:
-            logger.info("no client resumed, but the request is over already", extra={"request_id": req_id})
-            return
-        logger.info("no client resumed within %.0f s: aborting", grace_s, extra={"request_id": req_id})
-        await self._send_abort(req_id, "abort")
-
     async def _send_abort(self, req_id: str, reason: str) -> None:
         try:
             await abort_async(self._redis, req_id, reason)
@@ -132,10 +110,9 @@ class RequestRunner:
             logger.warning("could not abort %s (%s): %s", req_id, reason, exc, extra={"request_id": req_id})
 
     async def drain(self) -> None:
-        # A gateway going away leaves its disconnected requests running: their clients may resume
-        # through another gateway (and the request ends by itself at max_tokens otherwise).
-        for timer in list(self._grace_timers):
-            timer.cancel()
+        # A gateway going away leaves its requests running: their clients may resume through
+        # another gateway until their leases run out, and then the batcher aborts them.
+        await self.leases.close()
         if self._pending_aborts:
             await asyncio.wait(set(self._pending_aborts), timeout=_ABORT_DRAIN_S)
         await self._mux.close()
@@ -147,9 +124,10 @@ class RequestRunner:
 
         The Nones let callers check regularly that their client is still there. Raises RequestFailed
         when the request fails and RequestTimedOut past the request timeout. Leaving early aborts the
-        request in the batcher: at once on a timeout or with no grace, else after `follow.grace_s`
-        unless a client resumed meanwhile. Replaying a stream from its start (a resume) goes through
-        exactly this code, so the text, its split into deltas and the stop-string cut are the same.
+        request in the batcher: at once on a timeout or with no grace, else when its follow lease
+        runs out `follow.grace_s` later unless a client resumed meanwhile (gateway/follow_leases.py).
+        Replaying a stream from its start (a resume) goes through exactly this code, so the text,
+        its split into deltas and the stop-string cut are the same.
         """
         follow = follow or Follow()
         bind_request_id(request.req_id)  # this task's log lines are about this request from now on
@@ -161,6 +139,9 @@ class RequestRunner:
         left_s = self._request_timeout_s - max(0.0, time.time() - request.arrival_time)
         deadline = time.monotonic() + (left_s if follow.wait_s is None else min(left_s, follow.wait_s))
         done = timed_out = False
+        leased = follow.may_abort and not follow.leave_running
+        if leased:
+            self.leases.hold(request.req_id)
         token_ids: list[int] = []
         events: list[TokenEvent] = []
         try:
@@ -217,12 +198,14 @@ class RequestRunner:
         finally:
             if not done and tracker is not None:
                 tracker.finish("abort")
-            if not done and follow.may_abort and not follow.leave_running:
-                if timed_out or follow.grace_s <= 0:
-                    self.abort_later(request.req_id, "abort")
+            if leased:
+                if done or timed_out or follow.grace_s <= 0:
+                    self.leases.release(request.req_id, ended=True)
                 else:
                     logger.info("client left: aborting in %.0f s unless it resumes", follow.grace_s)
-                    self.abort_unless_resumed(request.req_id, follow.grace_s, follow.attach)
+                    self.leases.release(request.req_id, ended=False, grace_s=follow.grace_s)
+                if not done and (timed_out or follow.grace_s <= 0):
+                    self.abort_later(request.req_id, "abort")
 
     @staticmethod
     def _log_finished(tracker: RequestTracker, reason: str, now: float) -> None:

@@ -70,9 +70,9 @@ async def resume_stream(
         chunks = ChatChunks(meta.response_id, meta.created, meta.model, request, logprobs)
     else:
         chunks = CompletionChunks(meta.response_id, meta.created, meta.model, request, logprobs)
-    # This client now holds the request: the grace timer of a follower that left earlier stands down.
-    attached_at = await attach(state.redis, meta.req_id)
-    follow = Follow(grace_s=state.settings.resume_grace_s, attach=attached_at, track=False)
+    # Counted for operators and tests; following renews the request's lease, which keeps it alive.
+    await attach(state.redis, meta.req_id)
+    follow = Follow(grace_s=state.settings.resume_grace_s, track=False)
     return StreamingResponse(
         stream_sse(state.runner, [request], chunks, follow, resume_after),
         media_type="text/event-stream",

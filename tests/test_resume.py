@@ -134,8 +134,9 @@ def test_dropped_client_resumes_and_gets_exactly_the_rest(
     assert _token_ids(seen) + _token_ids(rest) == token_ids
     assert _text(seen) + _text(rest) == text
     assert _chunks(rest)[-1]["choices"][0]["finish_reason"] == "length"
-    # The gateway's grace timer for the dropped connection stood down instead of aborting.
-    wait_for(lambda: "client resumed the stream: not aborting" in stack.log("gateway"), 30, "the timer")
+    # The resumed follower renewed the request's lease, then dropped it when the request ended.
+    leases = redis.Redis.from_url(stack.redis_url)
+    wait_for(lambda: leases.zscore(streams.FOLLOW_LEASES, req_id) is None, 30, "the lease to be dropped")
     assert stack.stats()["num_aborted"] == aborted_before
 
 
@@ -168,7 +169,8 @@ def test_request_nobody_resumes_is_aborted_after_the_grace_window(stack: Stack) 
         wait_for(lambda: stack.stats()["num_aborted"] > aborted_before, 30, "the batcher to abort it")
     finally:
         os.kill(worker.pid, signal.SIGCONT)
-    assert f"no client resumed within {GRACE_S:.0f} s: aborting" in stack.log("gateway")
+    assert "client left: aborting in 3 s unless it resumes" in stack.log("gateway")
+    assert "no client follows it (lease expired): aborting" in stack.log("batcher")
     # The token stream says how it ended, so a late resume or fetch answers at once.
     client = redis.Redis.from_url(stack.redis_url)
     entries: Any = client.xrange(streams.token_stream(req_id))
@@ -218,3 +220,36 @@ def test_killed_gateway_is_replaced_and_the_client_resumes_through_the_new_one(
     assert _text(seen) + _text(rest) == _text(whole)
     assert stack.stats()["num_aborted"] == 0
     assert json.loads(rest[-2].data)["choices"][0]["finish_reason"] == "length"
+
+
+def test_request_of_a_killed_gateway_nobody_resumes_is_aborted_when_its_lease_runs_out(
+    make_stack: Callable[[], Stack],
+) -> None:
+    """The gateway that would have timed the resume window is gone: the lease in Redis times it."""
+    stack = make_stack()
+    stack.start_batcher()
+    worker = stack.start_worker()
+    stack.start_gateway(GATEWAY_RESUME_GRACE_S=str(GRACE_S))
+    stack.wait_ready(num_workers=1)
+    gateway = stack.procs["gateway"]
+
+    def pause_worker_and_kill_gateway(num_ids: int) -> bool:
+        if num_ids == 2:
+            os.kill(worker.pid, signal.SIGSTOP)  # so the request cannot end by itself
+            gateway.send_signal(signal.SIGKILL)
+            gateway.wait(timeout=10)
+        return False  # read on until the connection breaks
+
+    try:
+        req_id, seen = _stream(stack.base_url, _body(), pause_worker_and_kill_gateway)
+        assert gateway.returncode is not None and len(_token_ids(seen)) < MAX_TOKENS
+        client = redis.Redis.from_url(stack.redis_url)
+        assert client.zscore(streams.FOLLOW_LEASES, req_id) is not None
+        wait_for(lambda: stack.stats()["num_aborted"] == 1, 60, "the batcher to abort it")
+    finally:
+        os.kill(worker.pid, signal.SIGCONT)
+    assert "no client follows it (lease expired): aborting" in stack.log("batcher")
+    assert client.zscore(streams.FOLLOW_LEASES, req_id) is None
+    wait_for(lambda: client.ttl(streams.token_stream(req_id)) > 0, 30, "the request to end")
+    ends = [decode_event(f[FIELD]) for _, f in client.xrange(streams.token_stream(req_id))]
+    assert [e.code for e in ends if isinstance(e, RequestError)] == ["request_aborted"]

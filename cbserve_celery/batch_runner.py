@@ -50,6 +50,8 @@ logger = logging.getLogger(__name__)
 
 # How often a run looks at the batch's status (cancel) and renews its lease, at most.
 _CHECK_S = 0.5
+# How long a cancel waits for the lines it aborted to end, to keep those that finished first.
+_CANCEL_DRAIN_S = 10.0
 _FINAL_FROM: dict[Status, list[Status]] = {
     "completed": ["finalizing"],
     "cancelled": ["cancelling"],
@@ -181,7 +183,7 @@ class _BatchRun:
             while True:
                 status = await store.status(spec.id)
                 if status == "cancelling":
-                    await self._stop(in_flight, abort=True)
+                    await self._cancel(spec, in_flight)
                     await self._finalize(spec, "cancelled")
                     return Outcome.DONE
                 if status not in ("in_progress", "finalizing"):
@@ -231,6 +233,27 @@ class _BatchRun:
             req_id = line_req_id(spec.id, line.index, attempts.get(line.index, 0))
             error = OpenAIError(500, "internal error while running this request", type="server_error")
             return result_line(line, req_id, 500, error.body())
+
+    async def _cancel(self, spec: BatchSpec, in_flight: InFlight) -> None:
+        """Abort the lines in flight, then keep those that finished before their abort landed.
+
+        A line can reach its last token while the cancel is on its way (the batcher ignores an
+        abort of a finished request): as in OpenAI's API, its result counts as completed.
+        """
+        for _, submitted in in_flight.values():
+            for req_id in submitted.req_ids:
+                await abort_async(self._redis, req_id)
+        if in_flight:
+            # Aborted requests end with request_aborted at the batcher's next iteration.
+            await asyncio.wait(in_flight, timeout=_CANCEL_DRAIN_S)
+        for task, (line, _) in list(in_flight.items()):
+            if not task.done() or task.cancelled() or task.exception() is not None:
+                continue
+            result = task.result()
+            if result.ok:
+                await self._store.record(spec, line.index, True, result.line)
+            del in_flight[task]
+        await self._stop(in_flight, abort=False)
 
     async def _stop(self, in_flight: InFlight, abort: bool) -> None:
         """Stop following the lines in flight; with `abort`, stop their requests in the batcher too."""

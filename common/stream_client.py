@@ -108,12 +108,7 @@ def follow_entries(
     event_filter = EventFilter()
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     while True:
-        block_ms = MAX_BLOCK_MS
-        if deadline is not None:
-            remaining_ms = int((deadline - time.monotonic()) * 1000)
-            if remaining_ms <= 0:
-                raise RequestTimedOut(req_id)
-            block_ms = max(1, min(block_ms, remaining_ms))
+        block_ms = _block_ms(req_id, deadline)
         # Bounded BLOCK: redis-py retries a timed-out blocking read for a long time.
         for entry_id, fields in _entries(r.xread({key: last_id}, count=_READ_COUNT, block=block_ms)):
             last_id = entry_id
@@ -123,6 +118,16 @@ def follow_entries(
             yield entry_id, event
             if event.finish_reason is not None:
                 return
+
+
+def _block_ms(req_id: str, deadline: float | None) -> int:
+    """How long the next read may block: MAX_BLOCK_MS, or what is left before `deadline`."""
+    if deadline is None:
+        return MAX_BLOCK_MS
+    remaining_ms = int((deadline - time.monotonic()) * 1000)
+    if remaining_ms <= 0:
+        raise RequestTimedOut(req_id)
+    return max(1, min(MAX_BLOCK_MS, remaining_ms))
 
 
 def follow(
@@ -141,12 +146,7 @@ async def follow_async(
     event_filter = EventFilter()
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     while True:
-        block_ms = MAX_BLOCK_MS
-        if deadline is not None:
-            remaining_ms = int((deadline - time.monotonic()) * 1000)
-            if remaining_ms <= 0:
-                raise RequestTimedOut(req_id)
-            block_ms = max(1, min(block_ms, remaining_ms))
+        block_ms = _block_ms(req_id, deadline)
         for entry_id, fields in _entries(await r.xread({key: last_id}, count=_READ_COUNT, block=block_ms)):
             last_id = entry_id
             event = accept_entry(event_filter, req_id, entry_id, fields)

@@ -3,8 +3,8 @@
 Any gateway can then resume the stream (`GET /v1/requests/{id}/stream`) or answer a fetch by id with
 chunks identical to the first gateway's: same kind, id, `created`, model name, stop strings, and the
 prompt's last tokens (all the incremental detokenizer looks at). The hash also holds `attach`, a
-counter bumped by every resuming client: a follower whose client left aborts the request after the
-grace window only if nobody attached since it did (see `RequestRunner.abort_unless_resumed`).
+counter bumped by every resuming client, for operators and tests; what keeps a resumed request alive
+is its follow lease (gateway/follow_leases.py).
 """
 
 from __future__ import annotations
@@ -111,5 +111,5 @@ async def load_meta(redis: aioredis.Redis, req_id: str) -> RequestMeta | None:
 
 
 async def attach(redis: aioredis.Redis, req_id: str) -> int:
-    """Count a resuming client in; returns the count this follower attached at."""
+    """Count a resuming client in; returns the count so far."""
     return int(await redis.hincrby(request_meta(req_id), _ATTACH, 1))

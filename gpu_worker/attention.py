@@ -34,14 +34,23 @@ class PrefillChunk:
 
 
 @dataclass(slots=True)
+class DecodeGroup:
+    """Single-token queries of similar context length, attended with one gather and one SDPA."""
+
+    start: int  # index of its first query in the flattened batch (decodes come first)
+    end: int  # one past its last
+    block_tables: torch.Tensor  # [b, nb] padded with block 0 (masked out)
+    # [b, 1, 1, nb * block_size] bool, True below each context length; None when every table is full
+    mask: torch.Tensor | None
+
+
+@dataclass(slots=True)
 class AttentionMetadata:
     """Everything the attention layers need for one step; built once, shared by all layers."""
 
     kv_cache: KVCache
     slot_mapping: torch.Tensor  # [T] flat pool slot of every token of the step
-    num_decode_tokens: int  # the batch starts with this many single-token decodes
-    decode_block_tables: torch.Tensor | None  # [Bd, nb] padded with block 0 (masked out)
-    decode_mask: torch.Tensor | None  # [Bd, 1, 1, nb * block_size] bool, True below each context length
+    decodes: list[DecodeGroup]  # the batch starts with its single-token decodes, longest context first
     prefills: list[PrefillChunk]
 
 
@@ -66,26 +75,28 @@ def paged_attention_forward(
     meta.kv_cache.write(layer, meta.slot_mapping, k, v)
 
     out = torch.empty_like(q)
-    num_decode = meta.num_decode_tokens
-    if num_decode:
-        assert meta.decode_block_tables is not None and meta.decode_mask is not None
-        _decode(meta, layer, q[:num_decode], scaling, out[:num_decode])
+    for group in meta.decodes:
+        _decode(meta, layer, group, q[group.start : group.end], scaling, out[group.start : group.end])
     for chunk in meta.prefills:
         _prefill(meta, layer, chunk, query, key, value, scaling, out[chunk.start : chunk.end])
     return out.unsqueeze(0), None
 
 
 def _decode(
-    meta: AttentionMetadata, layer: int, q: torch.Tensor, scaling: float | None, out: torch.Tensor
+    meta: AttentionMetadata,
+    layer: int,
+    group: DecodeGroup,
+    q: torch.Tensor,
+    scaling: float | None,
+    out: torch.Tensor,
 ) -> None:
-    # All single-token queries of the step in one gather and one SDPA: [Bd, H, 1, D] over [Bd, KVH, L, D].
-    assert meta.decode_block_tables is not None
-    k_cache, v_cache = meta.kv_cache.gather(layer, meta.decode_block_tables)
+    # A group's single-token queries in one gather and one SDPA: [b, H, 1, D] over [b, KVH, L, D].
+    k_cache, v_cache = meta.kv_cache.gather(layer, group.block_tables)
     attn = F.scaled_dot_product_attention(
         q.unsqueeze(2),
         k_cache.transpose(1, 2),
         v_cache.transpose(1, 2),
-        attn_mask=meta.decode_mask,
+        attn_mask=group.mask,
         scale=scaling,
         enable_gqa=True,
     )

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from gpu_worker.attention import AttentionMetadata, PrefillChunk
+from gpu_worker.attention import AttentionMetadata, DecodeGroup, PrefillChunk
 from gpu_worker.kv_cache import KVCache
 from gpu_worker.request_state import RequestState
 
@@ -28,16 +28,28 @@ class InputBatch:
     attn_metadata: AttentionMetadata
 
 
+# A decode joins the current group while its table has at least this share of the group's longest
+# table: each group's gather reads its longest table for every member, so at most about half of
+# what a group reads is padding.
+GROUP_SHARE = 0.8
+
+
 def _ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
 def build_input_batch(
-    requests: Sequence[ScheduledRequest], kv_cache: KVCache, device: torch.device
+    requests: Sequence[ScheduledRequest],
+    kv_cache: KVCache,
+    device: torch.device,
+    group_decodes: bool = False,
 ) -> InputBatch:
-    """Decodes (query length 1) go first so attention serves them with one batched gather."""
+    """Decodes (query length 1) go first, longest context first, so that attention serves them with
+    one gather per group of similar lengths (one group for all when `group_decodes` is off)."""
     block_size = kv_cache.block_size
-    decodes = [r for r in requests if r.num_tokens == 1]
+    decodes = sorted(
+        (r for r in requests if r.num_tokens == 1), key=lambda r: r.state.num_computed_tokens, reverse=True
+    )
     prefills = [r for r in requests if r.num_tokens > 1]
     ordered = decodes + prefills
 
@@ -58,21 +70,11 @@ def build_input_batch(
             logits_indices.append(len(input_ids) - 1)
             sampling.append(req)
 
-    decode_tables: torch.Tensor | None = None
-    decode_mask: torch.Tensor | None = None
-    if decodes:
-        context_lens = [r.state.num_computed_tokens + 1 for r in decodes]
-        num_table_blocks = _ceil_div(max(context_lens), block_size)
-        # Padding with block 0 is harmless: the mask hides every position past the context length.
-        tables = [
-            r.state.block_ids[: _ceil_div(n, block_size)]
-            + [0] * (num_table_blocks - _ceil_div(n, block_size))
-            for r, n in zip(decodes, context_lens, strict=True)
-        ]
-        decode_tables = torch.tensor(tables, dtype=torch.long).to(device)
-        lens = torch.tensor(context_lens).unsqueeze(1)
-        mask = torch.arange(num_table_blocks * block_size).unsqueeze(0) < lens
-        decode_mask = mask.view(len(decodes), 1, 1, -1).to(device)
+    context_lens = [r.state.num_computed_tokens + 1 for r in decodes]
+    groups = [
+        _decode_group(decodes[start:end], context_lens[start:end], start, block_size, device)
+        for start, end in _group_bounds(context_lens, block_size, group_decodes)
+    ]
 
     chunks: list[PrefillChunk] = []
     offset = len(decodes)
@@ -100,9 +102,7 @@ def build_input_batch(
     metadata = AttentionMetadata(
         kv_cache=kv_cache,
         slot_mapping=torch.tensor(slots, dtype=torch.long).to(device),
-        num_decode_tokens=len(decodes),
-        decode_block_tables=decode_tables,
-        decode_mask=decode_mask,
+        decodes=groups,
         prefills=chunks,
     )
     return InputBatch(
@@ -112,4 +112,46 @@ def build_input_batch(
         sampling_reqs=sampling,
         scheduled=ordered,
         attn_metadata=metadata,
+    )
+
+
+def _group_bounds(context_lens: list[int], block_size: int, split: bool) -> list[tuple[int, int]]:
+    """[start, end) of each decode group over lengths sorted longest first."""
+    if not context_lens:
+        return []
+    if not split:
+        return [(0, len(context_lens))]
+    bounds = []
+    start = 0
+    for i, n in enumerate(context_lens[1:], start=1):
+        if _ceil_div(n, block_size) < GROUP_SHARE * _ceil_div(context_lens[start], block_size):
+            bounds.append((start, i))
+            start = i
+    bounds.append((start, len(context_lens)))
+    return bounds
+
+
+def _decode_group(
+    decodes: Sequence[ScheduledRequest],
+    context_lens: list[int],
+    start: int,
+    block_size: int,
+    device: torch.device,
+) -> DecodeGroup:
+    num_table_blocks = _ceil_div(context_lens[0], block_size)  # the longest comes first
+    # Padding with block 0 is harmless: the mask hides every position past the context length.
+    tables = [
+        r.state.block_ids[: _ceil_div(n, block_size)] + [0] * (num_table_blocks - _ceil_div(n, block_size))
+        for r, n in zip(decodes, context_lens, strict=True)
+    ]
+    mask: torch.Tensor | None = None
+    if context_lens[-1] < num_table_blocks * block_size:  # someone's table ends before it is full
+        lens = torch.tensor(context_lens).unsqueeze(1)
+        full = torch.arange(num_table_blocks * block_size).unsqueeze(0) < lens
+        mask = full.view(len(decodes), 1, 1, -1).to(device)
+    return DecodeGroup(
+        start=start,
+        end=start + len(decodes),
+        block_tables=torch.tensor(tables, dtype=torch.long).to(device),
+        mask=mask,
     )

@@ -57,6 +57,12 @@ class WorkerSettings(BaseSettings):
         gt=0,
         description="Longest sequence; default min(model context, num_blocks * block_size).",
     )
+    group_decodes: bool | None = Field(
+        default=None,
+        description="Attend decodes in groups of similar context length, so that short ones do not "
+        "read the longest one's padding; each group adds a gather and an SDPA per layer. Default: on "
+        "for cpu (memory-bound there), off for cuda (where the extra kernel launches cost more).",
+    )
     worker_id: str = Field(default_factory=default_worker_id, min_length=1, description="Unique per process.")
     num_threads: int | None = Field(default=None, gt=0, description="torch intra-op threads (cpu).")
     seed: int | None = Field(
@@ -100,6 +106,10 @@ class WorkerSettings(BaseSettings):
         if self.device == "cpu" and self.dtype == "float16":
             raise ValueError("float16 is slow or unsupported on cpu: set WORKER_DTYPE=float32 or bfloat16")
         return self
+
+    @property
+    def resolved_group_decodes(self) -> bool:
+        return self.device == "cpu" if self.group_decodes is None else self.group_decodes
 
     @property
     def resolved_dtype(self) -> Literal["float32", "bfloat16", "float16"]:

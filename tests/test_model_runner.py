@@ -31,10 +31,16 @@ def _few_threads() -> None:
     torch.set_num_threads(1)
 
 
-@pytest.fixture()
-def runner(tiny_model_dir: Path) -> ModelRunner:
+@pytest.fixture(params=[True, False], ids=["grouped-decodes", "one-decode-group"])
+def runner(tiny_model_dir: Path, request: pytest.FixtureRequest) -> ModelRunner:
+    # Both attention layouts: decodes in groups of similar length (the cpu default) and all in one.
     settings = WorkerSettings(
-        model=str(tiny_model_dir), num_blocks=NUM_BLOCKS, block_size=BLOCK_SIZE, worker_id="test", seed=0
+        model=str(tiny_model_dir),
+        num_blocks=NUM_BLOCKS,
+        block_size=BLOCK_SIZE,
+        worker_id="test",
+        seed=0,
+        group_decodes=request.param,
     )
     return ModelRunner(settings)
 

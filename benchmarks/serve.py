@@ -108,6 +108,12 @@ def build_parser(compare: bool) -> argparse.ArgumentParser:
         target.add_argument("--only", help="comma-separated names: run just these of the spec's systems")
         target.add_argument("--plot", type=Path, help="PNG path (default: next to the result file)")
         target.add_argument("--log-dir", type=Path, help="launched servers' logs (default: result dir)")
+        target.add_argument(
+            "--repeat",
+            type=int,
+            default=1,
+            help="rounds of every system (order reversed every other round); medians, paired-ratio ranges",
+        )
     else:
         target.add_argument("--base-url", required=True, help="e.g. http://127.0.0.1:8000")
         target.add_argument("--served-model-name", help="`model` to send (default: first of /v1/models)")
@@ -283,29 +289,45 @@ def resolve_systems(args: argparse.Namespace) -> tuple[list[SystemSpec], str]:
 
 def main_compare(args: argparse.Namespace) -> int:
     from benchmarks.plot import plot_comparison
+    from benchmarks.repeats import format_repeated, ratio_spread, round_order, summary_spread
     from benchmarks.systems import launched
 
     parse_goodput(args.goodput)
+    if args.repeat < 1:
+        raise ValueError("--repeat must be at least 1")
     systems, baseline = resolve_systems(args)
+    by_name = {s.name: s for s in systems}
     workload = make_workload(args)
     print(_describe(workload))
     path = _result_path(args, "compare")
     log_dir = Path(args.log_dir) if args.log_dir else path.with_suffix("").with_name(path.stem + "-logs")
-    records: dict[str, dict[str, Any]] = {}
-    summaries: dict[str, Summary] = {}
+    records: dict[str, dict[str, Any]] = {}  # each system's first measured run, with per-request figures
+    rounds: list[dict[str, Summary]] = []
     errors: dict[str, str] = {}
-    for system in systems:
-        print(f"--- {system.name} ---", flush=True)
-        # `transformers serve` must be sent the model exactly as it was started with.
-        hf_launch = system.launch is not None and system.launch.kind == "transformers"
-        model_name = system.model or (str(args.model) if hf_launch else None)
-        try:
-            with launched(system, str(args.model), log_dir) as base_url:
-                target = Target(system.name, base_url, system.backend, system.prompt_format, model_name)
-                records[system.name], summaries[system.name] = benchmark_one(target, workload, args)
-        except Exception as exc:
-            errors[system.name] = f"{type(exc).__name__}: {exc}"
-            print(f"[{system.name}] not measured: {errors[system.name]}", file=sys.stderr)
+    for round_index in range(args.repeat):
+        if args.repeat > 1:
+            print(f"=== round {round_index + 1} of {args.repeat} ===", flush=True)
+        summaries: dict[str, Summary] = {}
+        for name in round_order(list(by_name), round_index):
+            system = by_name[name]
+            print(f"--- {system.name} ---", flush=True)
+            # `transformers serve` must be sent the model exactly as it was started with.
+            hf_launch = system.launch is not None and system.launch.kind == "transformers"
+            model_name = system.model or (str(args.model) if hf_launch else None)
+            run_log_dir = log_dir / f"round-{round_index + 1}" if args.repeat > 1 else log_dir
+            try:
+                with launched(system, str(args.model), run_log_dir) as base_url:
+                    target = Target(system.name, base_url, system.backend, system.prompt_format, model_name)
+                    record, summaries[name] = benchmark_one(target, workload, args)
+                    records.setdefault(name, record)
+            except Exception as exc:
+                errors[name] = f"{type(exc).__name__}: {exc}"
+                print(f"[{system.name}] not measured: {errors[name]}", file=sys.stderr)
+        # Spec order in the tables and the JSON, whatever order the round ran in.
+        rounds.append({n: summaries[n] for n in by_name if n in summaries})
+        if baseline in summaries:
+            print()
+            print(format_comparison(rounds[-1], baseline, percentiles(args)))
     result: dict[str, Any] = {
         "config": config_record(args, workload),
         "system_specs": [asdict(s) for s in systems],
@@ -314,17 +336,25 @@ def main_compare(args: argparse.Namespace) -> int:
     }
     if errors:
         result["errors"] = errors
-    if baseline in summaries:
-        result["ratios"] = ratios(summaries, baseline)
-        print()
-        print(format_comparison(summaries, baseline, percentiles(args)))
+    if baseline in rounds[0]:
+        result["ratios"] = ratios(rounds[0], baseline)
+    if args.repeat > 1:
+        measured = [n for n in by_name if all(n in r for r in rounds)]
+        spreads = {n: summary_spread([r[n] for r in rounds]) for n in measured}
+        paired = ratio_spread([{n: r[n] for n in measured} for r in rounds], baseline)
+        result["rounds"] = rounds
+        result["summary_spread"] = spreads
+        result["ratio_spread"] = paired
+        if baseline in measured:
+            print()
+            print(format_repeated(spreads, paired, baseline, percentiles(args), args.repeat))
     write_json(path, result)
     print(f"result: {path}")
     if records:
         plot_path = Path(args.plot) if args.plot else path.with_suffix(".png")
         title = f"{args.dataset}, {len(workload.requests)} requests, rate {args.request_rate}"
         print(f"plot: {plot_comparison(records, plot_path, title)}")
-    failed = any(s["failed"] for s in summaries.values())
+    failed = any(s["failed"] for r in rounds for s in r.values())
     return 1 if errors or failed else 0
 
 

@@ -195,10 +195,10 @@ def test_load_generator_against_static_baseline(
 
 
 def test_compare_runs_every_system_on_the_same_requests(
-    static_server: str, tiny_model_dir: Path, tmp_path: Path
+    static_server: str, tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     result_file = tmp_path / "compare.json"
-    argv = ["compare", "--system", f"a={static_server}", "--system", f"b={static_server}"]
+    argv = ["compare", "--system", f"a={static_server}", "--system", f"b={static_server}", "--repeat", "2"]
     assert serve_main([*argv, *_load_args(tiny_model_dir), "--result-file", str(result_file)]) == 0
     result = json.loads(result_file.read_text())
     a, b = result["systems"]["a"], result["systems"]["b"]
@@ -206,6 +206,15 @@ def test_compare_runs_every_system_on_the_same_requests(
     assert shape == [(r["input_len"], r["output_len"]) for r in b["requests"]]
     assert result["baseline"] == "a" and result["ratios"]["b"]["total_output_tokens"] == 1.0
     assert result_file.with_suffix(".png").stat().st_size > 0
+    # Two rounds, the second in reverse order; ratios are paired within a round.
+    printed = [line for line in capsys.readouterr().out.splitlines() if line.startswith("--- ")]
+    assert printed == ["--- a ---", "--- b ---", "--- b ---", "--- a ---"]
+    assert [sorted(r) for r in result["rounds"]] == [["a", "b"], ["a", "b"]]
+    tokens = result["ratio_spread"]["b"]["total_output_tokens"]
+    assert tokens == {"median": 1.0, "min": 1.0, "max": 1.0}
+    throughput = result["summary_spread"]["a"]["output_throughput"]
+    measured = [r["a"]["output_throughput"] for r in result["rounds"]]
+    assert throughput["min"] == min(measured) and throughput["max"] == max(measured)
 
 
 def test_spec_file_settings_are_defaults_that_flags_override(tmp_path: Path) -> None:

@@ -7,6 +7,15 @@ and runs steps until every request has finished its prompt (the prefill phase), 
 `--decode-steps` pure decode steps. For each phase it prints the wall time per step, how many torch
 operators one step dispatches (each one a kernel launch on a GPU, where launch latency rather than
 arithmetic bounds a small model), and the operators and Python functions that take the time.
+
+`--ab-group-decodes ROUNDS` times instead of profiling: decode rounds alternating the worker's two
+decode-attention layouts (WORKER_GROUP_DECODES on and off) on the same requests, so that a change
+is measured in one process, free of the machine's drift between runs (`--output-len` must cover
+ROUNDS x `--decode-steps`):
+
+    python -m benchmarks.profile_step --model models/gpt2-small-llama --num-requests 16 --prompt-len 32 \
+        --prompt-len-max 600 --output-len 200 --decode-steps 8 --num-threads 2 --kv-cache-mb 1024 \
+        --ab-group-decodes 10
 """
 
 from __future__ import annotations
@@ -15,6 +24,7 @@ import argparse
 import cProfile
 import io
 import pstats
+import statistics
 import time
 from collections.abc import Callable
 
@@ -42,8 +52,10 @@ def _engine(args: argparse.Namespace) -> tuple[Scheduler, ModelRunner]:
     scheduler.add_worker(runner.worker_info())
     generator = torch.Generator().manual_seed(0)
     now = time.time()
+    longest = max(args.prompt_len, args.prompt_len_max)
     for i in range(args.num_requests):
-        prompt = torch.randint(3, 1000, (args.prompt_len,), generator=generator).tolist()
+        length = int(torch.randint(args.prompt_len, longest + 1, (1,), generator=generator))
+        prompt = torch.randint(3, 1000, (length,), generator=generator).tolist()
         params = SamplingParams(max_tokens=args.output_len, temperature=0.0, ignore_eos=True)
         scheduler.add_request(Request(f"r{i}", prompt, params, now, entry_id=""), now)
     return scheduler, runner
@@ -86,7 +98,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--num-threads", type=int, default=0)
     parser.add_argument("--kv-cache-mb", type=int, default=512)
+    parser.add_argument(
+        "--prompt-len-max", type=int, default=0, help="prompts uniform in [--prompt-len, this] (seeded)"
+    )
     parser.add_argument("--top", type=int, default=15, help="rows of each table")
+    parser.add_argument(
+        "--ab-group-decodes",
+        type=int,
+        default=0,
+        metavar="ROUNDS",
+        help="instead of profiling: after the prefill, alternate ROUNDS rounds of --decode-steps steps "
+        "with decodes attended in length groups and in one group, and print ms per step of each",
+    )
     args = parser.parse_args(argv)
     scheduler, runner = _engine(args)
 
@@ -104,6 +127,10 @@ def main(argv: list[str] | None = None) -> None:
             _step(scheduler, runner)
         return args.decode_steps
 
+    if args.ab_group_decodes:
+        prefill()
+        _ab_group_decodes(runner, decode, args.ab_group_decodes)
+        return
     _report("prefill phase (prompt chunks, decodes of the requests already admitted)", prefill, args.top)
     _report("decode steps", decode, args.top)
     profiler = cProfile.Profile()
@@ -114,6 +141,20 @@ def main(argv: list[str] | None = None) -> None:
     pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(args.top)
     print("\n=== Python functions by own time (decode steps, cProfile)")
     print("\n".join(line for line in text.getvalue().splitlines() if line.strip())[:6000])
+
+
+def _ab_group_decodes(runner: ModelRunner, decode: Callable[[], int], rounds: int) -> None:
+    """Same process, same requests, alternating rounds: the contexts grow evenly under both."""
+    times: dict[bool, list[float]] = {True: [], False: []}
+    for i in range(rounds):
+        runner.group_decodes = i % 2 == 0
+        start = time.perf_counter()
+        steps = decode()
+        times[runner.group_decodes].append(1000 * (time.perf_counter() - start) / steps)
+    for grouped, ms in times.items():
+        label = "decodes in length groups" if grouped else "decodes in one group    "
+        rows = " ".join(f"{t:.1f}" for t in ms)
+        print(f"{label}: ms/step by round {rows}; median {statistics.median(ms):.1f}")
 
 
 def _running(scheduler: Scheduler) -> list[Request]:

@@ -48,7 +48,8 @@ def ratio_spread(rounds: Sequence[dict[str, Summary]], baseline: str) -> dict[st
 
 def _fmt(s: Spread, suffix: str = "") -> str:
     def num(v: float) -> str:
-        return f"{v:.2f}" if abs(v) < 1000 else f"{v:.0f}"
+        whole = not suffix and float(v).is_integer()  # counts; a ratio keeps its decimals
+        return f"{v:.0f}" if whole or abs(v) >= 1000 else f"{v:.2f}"
 
     return f"{num(s['median'])}{suffix} [{num(s['min'])}-{num(s['max'])}]"
 

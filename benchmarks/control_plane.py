@@ -8,8 +8,9 @@ For each batch size B it starts the pipeline (redis-server, batcher, one worker 
 WORKER_NULL_MODEL=true, gateway), sends B concurrent requests of `--output-len` tokens (ignore_eos),
 and reads the batcher's counters before and after: wall time per iteration (the client's, and the
 steady state's: the step counter's rate in the middle of the run), the worker's time per
-step (input building and bookkeeping, no model), and how long the worker waited between steps, once
-with synchronous scheduling and once with async scheduling (step N+1 sent while step N runs).
+step (input building and bookkeeping, no model), how long the worker waited between steps, and the
+CPU time each process (gateway, batcher, worker, redis) spent per iteration, once with synchronous
+scheduling and once with async scheduling (step N+1 sent while step N runs).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import signal
 import sys
 import tempfile
@@ -56,11 +58,30 @@ class _StepSampler(threading.Thread):
         """Stops polling; ms per iteration between 20% and 80% of the steps taken."""
         self._done.set()
         self.join()
+        if len(self.samples) < 2:
+            return float("nan")  # a load shorter than two polls
         first, last = self.samples[0][1], self.samples[-1][1]
         low, high = first + 0.2 * (last - first), first + 0.8 * (last - first)
-        window = [(t, s) for t, s in self.samples if low <= s <= high]
+        window = [(t, s) for t, s in self.samples if low <= s <= high] or self.samples
         (t0, s0), (t1, s1) = window[0], window[-1]
         return 1000 * (t1 - t0) / (s1 - s0) if s1 > s0 else float("nan")
+
+
+def _cpu_seconds(group: ProcessGroup) -> dict[str, float]:
+    """User + system CPU seconds of each process of the group so far (Linux /proc; {} elsewhere).
+
+    On a machine with fewer cores than busy processes the iteration period is bound by their sum,
+    not by any one of them: this shows which service's share to cut.
+    """
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    seconds = {}
+    for name, proc in group.procs.items():
+        try:
+            fields = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        seconds[name] = (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+    return seconds
 
 
 def _stats(redis_url: str) -> dict[str, float]:
@@ -112,10 +133,12 @@ def measure(
         assert group.redis_url is not None
         asyncio.run(_load(base_url, batch_size, 4))  # warm-up: connections, first allocations
         before = _stats(group.redis_url)
+        cpu_before = _cpu_seconds(group)
         sampler = _StepSampler(group.redis_url)
         sampler.start()
         elapsed = asyncio.run(_load(base_url, batch_size, output_len))
         steady_ms = sampler.finish()
+        cpu_after = _cpu_seconds(group)
         after = _stats(group.redis_url)
     finally:
         group.stop()
@@ -132,6 +155,12 @@ def measure(
         "worker_step_ms": 1000 * (after["worker_busy_s"] - before["worker_busy_s"]) / steps,
         "worker_idle_ms_per_step": 1000 * (after["worker_idle_s"] - before["worker_idle_s"]) / steps,
         "tokens_per_s": batch_size * output_len / elapsed,
+        # Over the whole load (submission and collection included), per iteration.
+        "cpu_ms_per_iteration": {
+            name: 1000 * (cpu_after[name] - seconds) / steps
+            for name, seconds in cpu_before.items()
+            if name in cpu_after
+        },
     }
 
 
@@ -148,6 +177,9 @@ def main(argv: list[str] | None = None) -> None:
         help="run the model's forward too: shows how much of that cost async scheduling hides",
     )
     parser.add_argument("--device", default="cpu", help="the worker's device with --real-model (cpu, cuda)")
+    parser.add_argument(
+        "--scheduling", choices=["both", "sync", "async"], default="both", help="which modes to measure"
+    )
     parser.add_argument("--result-file", default=None)
     args = parser.parse_args(argv)
     # A SIGTERM must still stop the pipeline each measurement started (their `finally`).
@@ -155,7 +187,8 @@ def main(argv: list[str] | None = None) -> None:
     rows = []
     with tempfile.TemporaryDirectory(prefix="control-plane-") as tmp:
         for batch_size in (int(b) for b in args.batch_sizes.split(",")):
-            for async_scheduling in (False, True):
+            modes = {"both": (False, True), "sync": (False,), "async": (True,)}[args.scheduling]
+            for async_scheduling in modes:
                 null = not args.real_model
                 rows.append(
                     measure(
@@ -178,6 +211,11 @@ def main(argv: list[str] | None = None) -> None:
             f"{r['steady_ms_per_iteration']:>7.3f} "
             f"{r['worker_step_ms']:>9.3f} {r['worker_idle_ms_per_step']:>8.3f} {r['tokens_per_s']:>8.0f}"
         )
+    print("CPU ms per iteration, by process (the whole load's CPU time / its steps):")
+    for r in rows:
+        mode = "async" if r["async_scheduling"] else "sync"
+        shares = "  ".join(f"{name} {ms:.2f}" for name, ms in r["cpu_ms_per_iteration"].items())
+        print(f"{r['batch_size']:>5} {mode:>10}  {shares}")
     if args.result_file:
         Path(args.result_file).write_text(json.dumps(rows, indent=2))
 

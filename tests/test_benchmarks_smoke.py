@@ -255,3 +255,22 @@ def test_inprocess_engine_serves_the_same_load(tiny_model_dir: Path, tmp_path: P
     summary = json.loads(result_file.read_text())["summary"]
     assert summary["completed"] == NUM_REQUESTS and summary["failed"] == 0
     assert summary["num_output_len_mismatch"] == 0
+
+
+def test_control_plane_reports_iterations_and_cpu_by_process(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """The null-model pipeline (async scheduling only, to keep CI short): its row, with every
+    process's CPU share."""
+    from benchmarks import control_plane
+
+    result_file = tmp_path / "control-plane.json"
+    argv = ["--model", str(tiny_model_dir), "--batch-sizes", "2", "--output-len", "200"]
+    argv += ["--scheduling", "async"]
+    control_plane.main([*argv, "--result-file", str(result_file)])
+    rows = json.loads(result_file.read_text())
+    assert [(r["batch_size"], r["async_scheduling"]) for r in rows] == [(2, True)]
+    for row in rows:
+        assert row["null_model"] and row["tokens"] == 400
+        assert row["steps"] >= 200 and row["worker_step_ms"] > 0 and row["steady_ms_per_iteration"] > 0
+        cpu = row["cpu_ms_per_iteration"]
+        assert set(cpu) == {"redis", "batcher", "worker0", "gateway"}
+        assert all(ms >= 0 for ms in cpu.values()) and cpu["gateway"] > 0

@@ -13,7 +13,7 @@ import statistics
 from collections.abc import Sequence
 
 from benchmarks.metrics import Summary
-from benchmarks.report import metric_rows, ratios
+from benchmarks.report import metric_rows, ratios, render_table
 
 Spread = dict[str, float]  # median, min, max
 
@@ -71,11 +71,5 @@ def format_repeated(
         values = [_fmt(spreads[n][key]) for n in names]
         shown = [_fmt(rel[n][key], "x") if key in rel[n] else "-" for n in rel]
         table.append([label, *values, *shown, better])
-    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
-    lines = [f"median [min-max] over {num_rounds} rounds; ratios paired within each round"]
-    for i, row in enumerate(table):
-        cells = [row[0].ljust(widths[0]), *(c.rjust(w) for c, w in zip(row[1:], widths[1:], strict=True))]
-        lines.append("  ".join(cells))
-        if i == 0:
-            lines.append("  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+    title = f"median [min-max] over {num_rounds} rounds; ratios paired within each round"
+    return f"{title}\n{render_table(table)}"

@@ -75,7 +75,12 @@ def format_comparison(summaries: dict[str, Summary], baseline: str, percentiles:
         values = [_fmt(summaries[n][key]) for n in names]
         shown = [by_ratio[n].get(key) for n in by_ratio]
         table.append([label, *values, *(f"{r:.2f}x" if r is not None else "-" for r in shown), better])
-    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
+    return render_table(table)
+
+
+def render_table(table: list[list[str]]) -> str:
+    """Rows of cells as aligned text: the first column left, the rest right, a rule under the header."""
+    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
     lines = []
     for i, row in enumerate(table):
         cells = [row[0].ljust(widths[0]), *(c.rjust(w) for c, w in zip(row[1:], widths[1:], strict=True))]

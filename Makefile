@@ -13,10 +13,12 @@ TORCH_PIP_ARGS := $(if $(TORCH_INDEX_URL),$(if $(shell command -v nvidia-smi),,-
 
 .PHONY: install test lint run train-demo-model
 
+# --no-compile: Python compiles only what is imported, when first imported, instead of pip
+# byte-compiling every file of torch and transformers up front (a minute of a clean CI run).
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install -q torch==2.13.0 $(TORCH_PIP_ARGS)
-	$(PY) -m pip install -q -e ".[dev]"
+	$(PY) -m pip install -q --no-compile torch==2.13.0 $(TORCH_PIP_ARGS)
+	$(PY) -m pip install -q --no-compile -e ".[dev]"
 	touch $@
 
 install: $(VENV)/.installed

@@ -29,8 +29,8 @@ class InputBatch:
 
 
 # A decode joins the current group while its table has at least this share of the group's longest
-# table: each group's gather reads its longest table for every member, so at most about half of
-# what a group reads is padding.
+# table: each group's gather reads its longest table for every member, so under a fifth of what a
+# member reads is padding.
 GROUP_SHARE = 0.8
 
 

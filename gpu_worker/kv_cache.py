@@ -17,8 +17,8 @@ class KVCache:
     v_pools: list[torch.Tensor]  # same shape as k_pools
     block_size: int
     # Reused gather outputs (K, V), grown on demand. A fresh output per gather is tens of MB on the
-    # CPU: malloc maps it from the OS and every page faults on first write, which made the copy 6x
-    # slower than the copy itself.
+    # CPU: malloc maps it from the OS and every page faults on first write, which made a gather 6x
+    # slower than its copy alone.
     _workspace: tuple[torch.Tensor, torch.Tensor] | None = field(default=None, repr=False)
 
     @classmethod

@@ -12,6 +12,7 @@ import logging
 import time
 
 import torch
+from transformers import PreTrainedModel
 
 from common.finish import check_finish
 from common.protocol import (
@@ -45,11 +46,12 @@ class _StepFailed(Exception):
 
 
 class ModelRunner:
-    def __init__(self, settings: WorkerSettings) -> None:
+    def __init__(self, settings: WorkerSettings, model: PreTrainedModel | None = None) -> None:
+        """`model`: one already built on the device (benchmarks); by default loaded from settings.model."""
         self.worker_id = settings.worker_id
         self.model_name = settings.model
         self.device = torch.device(settings.device)
-        self.model = load_model(settings)
+        self.model = load_model(settings) if model is None else model
         config = self.model.config
         shape = kv_shape(config)
         dtype = self.model.dtype

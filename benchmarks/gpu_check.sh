@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# Issue 12's GPU figures in one prepared run of under 8 minutes (so a rerun fits in a 15-minute lease):
+#   bash benchmarks/gpu_wheels.sh               # on a machine with a registry: fills .whl/ (carry it)
+#   bash benchmarks/gpu_check.sh [RESULT_DIR]   # on the GPU host; default docs/results
+# Writes RESULT_DIR/gpu-check.json (the summary, also printed) and RESULT_DIR/gpu-check-logs.tar.gz.
+# Steps, each under its own time limit inside a 450 s budget, so that whatever finished is reported:
+# 1. kernels: every Triton kernel against the torch reference on CUDA (the CPU suite runs them under
+#    Triton's interpreter), 2. greedy parity with transformers' generate, fp32 and bf16 (demo model),
+# 3. decode steps of a Llama-3-8B-shaped model at batch 1/16/64/128, 1,024-token contexts, against
+#    the copy bandwidth, 4. end to end: the TinyLlama-shaped spec at 16 and at 64 in flight,
+# 5. the worker's idle time between steps at batch 64 with async scheduling.
+# PROFILE=smoke runs the same steps at toy sizes on the CPU (a dry run of this script).
+set -u -o pipefail
+cd "$(dirname "$0")/.."
+RESULT_DIR=$(realpath -m "${1:-docs/results}")
+WORK=$(mktemp -d /tmp/gpu-check-XXXX)
+mkdir -p "$RESULT_DIR"
+PY=${PYTHON:-python3}
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+START=$(date +%s)
+BUDGET_S=${BUDGET_S:-450}
+PROFILE=${PROFILE:-gpu}
+
+if [ "$PROFILE" = gpu ] && ls .whl/*.whl >/dev/null 2>&1; then
+    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+        .whl/*.whl || exit 1
+    export PYTHONPATH=/tmp/site:$PWD
+fi
+[ -d .whl/bin ] && chmod +x .whl/bin/* && export PATH=$PWD/.whl/bin:$PATH
+
+log() { echo "[$(date +%T) +$(($(date +%s) - START))s] $*" | tee -a "$WORK/progress.log"; }
+# step NAME LIMIT_S CMD...: CMD under a time limit that also respects the run's budget.
+step() {
+    local name=$1 limit=$2; shift 2
+    local left=$((BUDGET_S - ($(date +%s) - START)))
+    if [ "$left" -lt 15 ]; then log "skip $name (budget spent)"; return 1; fi
+    [ "$limit" -gt "$left" ] && limit=$left
+    log "start $name (limit ${limit}s)"
+    timeout -k 5 "$limit" "$@" >"$WORK/$name.log" 2>&1
+    local rc=$?
+    log "end $name rc=$rc"
+    grep -v -E "it/s\]|s/it\]|Loading weights" "$WORK/$name.log" | tail -n 15
+    return $rc
+}
+
+if [ "$PROFILE" = smoke ]; then
+    DEVICE=cpu DTYPE=bfloat16 SHAPE=tiny BATCHES=1,4 CONTEXT=64 PRESET=tiny MODEL=$WORK/model
+    SPEC_ARGS=(--spec benchmarks/specs/cpu-tiny.toml --only cbserve --model "$MODEL" --num-prompts 8)
+    SPEC64_ARGS=("${SPEC_ARGS[@]}") CP_BATCH=4 NUM_PROMPTS=4 KERNEL_ENV=(TRITON_INTERPRET=1)
+else
+    DEVICE=cuda DTYPE=bfloat16 SHAPE=llama3-8b BATCHES=1,16,64,128 CONTEXT=1024 PRESET=llama-1b
+    MODEL=models/llama-1b SPEC_ARGS=(--spec benchmarks/specs/gpu-llama-1b.toml --only cbserve)
+    SPEC64_ARGS=(--spec benchmarks/specs/gpu-llama-1b-64.toml) CP_BATCH=64 NUM_PROMPTS=24 KERNEL_ENV=()
+fi
+
+{
+    date -u; git rev-parse HEAD 2>/dev/null; nvidia-smi 2>&1 | head -15; nproc
+    $PY -c "import torch, transformers, triton; print('torch', torch.__version__, 'cuda', \
+torch.cuda.is_available(), 'transformers', transformers.__version__, 'triton', triton.__version__)"
+} >"$WORK/env.txt" 2>&1
+cat "$WORK/env.txt"
+
+step kernels 90 env CBSERVE_TEST_DEVICE="$DEVICE" "${KERNEL_ENV[@]}" $PY -m pytest -q -p no:cacheprovider \
+    tests/test_attention_kernels.py --junitxml="$WORK/kernels.xml"
+for dtype in float32 bfloat16; do
+    step "parity_$dtype" 60 $PY -m benchmarks.gpu_parity --model models/demo --device "$DEVICE" \
+        --dtype "$dtype" --num-prompts "$NUM_PROMPTS" --result-file "$WORK/parity_$dtype.json"
+done
+step decode 90 $PY -m benchmarks.decode_roofline --shape "$SHAPE" --batches "$BATCHES" --context "$CONTEXT" \
+    --device "$DEVICE" --dtype "$DTYPE" --result-file "$WORK/decode.json"
+if [ ! -f "$MODEL/config.json" ]; then
+    step make_model 60 $PY -m benchmarks.make_model "$MODEL" --preset "$PRESET" --device "$DEVICE"
+fi
+step e2e_16 90 $PY -m benchmarks.serve compare "${SPEC_ARGS[@]}" --disable-tqdm \
+    --result-file "$WORK/e2e_16.json"
+step e2e_64 75 $PY -m benchmarks.serve compare "${SPEC64_ARGS[@]}" --disable-tqdm \
+    --result-file "$WORK/e2e_64.json"
+step control 60 $PY -m benchmarks.control_plane --model "$MODEL" --batch-sizes "$CP_BATCH" --output-len 64 \
+    --real-model --device "$DEVICE" --scheduling async --result-file "$WORK/control.json"
+log "done"
+$PY -m benchmarks.gpu_summary "$WORK" --out "$RESULT_DIR/gpu-check.json"
+tar czf "$RESULT_DIR/gpu-check-logs.tar.gz" -C "$WORK" . 2>/dev/null

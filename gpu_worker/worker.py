@@ -1,5 +1,7 @@
 """The worker service: receive a step from Redis, execute it, publish tokens and the result.
 
+Publishing runs on a thread of its own (publisher.py), so the next step starts at once.
+
 Startup announces the worker (hash entry + hello on the batcher inbox) and starts the heartbeat;
 stopping removes both, so the batcher sees a clean exit rather than a missed heartbeat.
 """
@@ -29,6 +31,7 @@ from common.streams import BATCHER_INBOX, WORKERS_HASH, WORKERS_HEARTBEAT, token
 from gpu_worker.fence import Fence, TokenWrite
 from gpu_worker.heartbeat import Heartbeat
 from gpu_worker.model_runner import ModelRunner
+from gpu_worker.publisher import Publisher, PublishJob
 from gpu_worker.settings import WorkerSettings
 
 logger = logging.getLogger(__name__)
@@ -76,12 +79,15 @@ class Worker:
             self.runner.block_size,
             self.runner.max_model_len,
         )
+        publisher = Publisher(lambda job: self._retry(partial(self.publish_job, job)))
         try:
-            published_at: float | None = None
+            executed_at: float | None = None
             while not self._stopping.is_set():
-                if self._heartbeat.fenced.is_set():
+                if self._heartbeat.fenced.is_set() or publisher.fenced.is_set():
+                    publisher.drain()  # what was queued for the old id is refused by the fence
+                    publisher.fenced.clear()
                     self._rejoin()
-                    published_at = None
+                    executed_at = None
                     continue
                 scheduler_output = self._retry(self.receive)
                 if scheduler_output is None:
@@ -91,12 +97,12 @@ class Worker:
                 for req_id, message in output.req_errors.items():
                     logger.warning("request failed: %s", message, extra={"request_id": req_id})
                 # How long this worker waited on the batcher: the cost async scheduling hides.
-                output.worker_idle_s = received_at - published_at if published_at is not None else 0.0
-                if self._retry(partial(self.publish, output)) is False:
-                    logger.warning("step %d not published: this worker was fenced", output.step_id)
-                    self._heartbeat.fenced.set()  # rejoin at the top of the loop
-                published_at = time.perf_counter()
+                output.worker_idle_s = received_at - executed_at if executed_at is not None else 0.0
+                publisher.submit(self.publish_job_for(output))
+                executed_at = time.perf_counter()
+            publisher.drain()
         finally:
+            publisher.stop()
             self._heartbeat.stop()
             self.deregister()
             logger.info("worker %s stopped", self.worker_id)
@@ -122,25 +128,29 @@ class Worker:
         output.epoch = scheduler_output.epoch
         return output
 
-    def publish(self, output: ModelRunnerOutput) -> bool:
+    def publish_job_for(self, output: ModelRunnerOutput) -> PublishJob:
+        """The writes of a step result, taken now: token events read request state the next step frees."""
+        tokens = [
+            TokenWrite(token_stream(e.req_id), encode(e), e.finish_reason is not None)
+            for e in self.runner.token_events(output)
+        ]
+        return PublishJob(self.worker_id, output.step_id, tokens, encode(output), self._last_id)
+
+    def publish_job(self, job: PublishJob) -> bool:
         """Token events and the step result in one atomic, fenced script call.
 
         Returns False, having written nothing, when the batcher has declared this worker dead.
         Per-request errors are not written here: the batcher decides whether to retry or give up.
         """
-        tokens = [
-            TokenWrite(token_stream(e.req_id), encode(e), e.finish_reason is not None)
-            for e in self.runner.token_events(output)
-        ]
         # Only this worker reads its steps stream: whatever it has consumed can go.
         return self._fence.publish(
             self.redis,
-            self.worker_id,
-            self.steps_stream,
-            tokens,
-            encode(output),
+            job.worker_id,
+            worker_steps(job.worker_id),
+            job.tokens,
+            job.result,
             inbox_min_id=min_id(self.settings.retention_s),
-            steps_min_id=self._last_id,
+            steps_min_id=job.steps_min_id,
             token_ttl_s=self.settings.retention_s,
         )
 

@@ -9,8 +9,6 @@ vocabulary or the rows.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
 
 
@@ -29,17 +27,6 @@ def apply_min_tokens(
     values = logits.gather(1, stop_ids)
     active = (output_indices < min_tokens).unsqueeze(1)
     logits.scatter_(1, stop_ids, values.masked_fill(active, float("-inf")))
-
-
-def token_counts(token_ids: Sequence[Sequence[int]], vocab_size: int, device: torch.device) -> torch.Tensor:
-    """[R, vocab_size] occurrences of each token per row, built with one scatter_add."""
-    width = max((len(ids) for ids in token_ids), default=0)
-    # Padding uses an extra column (vocab_size) that is cut off afterwards.
-    padded = [list(ids) + [vocab_size] * (width - len(ids)) for ids in token_ids]
-    index = torch.tensor(padded, dtype=torch.long, device=device).view(len(token_ids), width)
-    counts = torch.zeros(len(token_ids), vocab_size + 1, device=device)
-    counts.scatter_add_(1, index, torch.ones(index.shape, device=device))
-    return counts[:, :vocab_size]
 
 
 def apply_penalties(

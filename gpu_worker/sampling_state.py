@@ -15,7 +15,6 @@ from dataclasses import dataclass
 import torch
 
 from common.protocol import SamplingParams
-from gpu_worker.logits_processors import token_counts
 from gpu_worker.seeded_uniform import mix64
 
 # Columns of the per-slot parameter tables.
@@ -133,7 +132,7 @@ class SamplingState:
             path = TOP_P_PATH
         else:
             path = TOP_K_PATH if top_k else PLAIN
-        self.floats[slot] = torch.tensor(
+        self.floats[slot] = self._upload(
             [
                 0.0 if greedy else params.temperature,
                 params.top_p,
@@ -141,19 +140,21 @@ class SamplingState:
                 params.repetition_penalty,
                 params.frequency_penalty,
                 params.presence_penalty,
-            ]
+            ],
+            torch.float32,
         )
         seed = 0 if params.seed is None else _signed64(mix64(params.seed & _MASK64))
         stops = self._min_tokens_stops(params)
         self._num_outputs[slot] = len(output_token_ids)
-        self.ints[slot] = torch.tensor(
+        self.ints[slot] = self._upload(
             [
                 top_k or self.vocab_size,
                 seed,
                 params.seed is not None,
                 len(output_token_ids),
                 params.min_tokens if stops else 0,
-            ]
+            ],
+            torch.long,
         )
         if params.logit_bias:
             ids, values = zip(*params.logit_bias.items(), strict=True)
@@ -181,6 +182,8 @@ class SamplingState:
         info = self._info[slot]
         if info is not None and info.penalty_row >= 0:
             self._free_penalty_rows.append(info.penalty_row)
+        if info is not None and info.bias:
+            self.bias_values[slot].zero_()  # the bias of a step gathers every row, this one included
         self._info[slot] = None
         self._free.append(slot)
 
@@ -212,8 +215,8 @@ class SamplingState:
         # Padding adds 0.0 to token 0: harmless.
         self.bias_ids[slot].zero_()
         self.bias_values[slot].zero_()
-        self.bias_ids[slot, :width] = torch.tensor(ids)
-        self.bias_values[slot, :width] = torch.tensor(values)
+        self.bias_ids[slot, :width] = self._upload(ids, torch.long)
+        self.bias_values[slot, :width] = self._upload(values, torch.float32)
 
     def _write_stops(self, slot: int, stops: list[int]) -> None:
         width = len(stops)
@@ -226,7 +229,7 @@ class SamplingState:
             )
             self.stop_ids = torch.cat([self.stop_ids, first.expand(-1, width - old)], dim=1)
         row = stops + [stops[0]] * (self.stop_ids.shape[1] - width)
-        self.stop_ids[slot] = torch.tensor(row)
+        self.stop_ids[slot] = self._upload(row, torch.long)
 
     def _add_penalties(self, prompt_token_ids: Sequence[int], output_token_ids: Sequence[int]) -> int:
         if not self._free_penalty_rows:
@@ -236,9 +239,9 @@ class SamplingState:
             self.output_counts = _grow_rows(self.output_counts, grown)
             self._free_penalty_rows = list(range(grown - 1, rows - 1, -1))
         row = self._free_penalty_rows.pop()
-        counts = token_counts([prompt_token_ids, output_token_ids], self.vocab_size, self.device)
-        self.prompt_mask[row] = counts[0] > 0
-        self.output_counts[row] = counts[1]
+        outputs = self._upload(list(output_token_ids), torch.long)
+        self.prompt_mask[row].zero_().index_fill_(0, self._upload(list(prompt_token_ids), torch.long), True)
+        self.output_counts[row].zero_().index_add_(0, outputs, torch.ones(outputs.shape, device=self.device))
         return row
 
     def _grow(self) -> None:
@@ -325,6 +328,13 @@ class SamplingState:
                 torch.ones(counted.shape, device=self.device),
                 accumulate=True,
             )
+
+    def _upload(self, values: Sequence[float], dtype: torch.dtype) -> torch.Tensor:
+        """A small host list on the device; on CUDA through pinned memory, so the copy is queued on
+        the stream instead of waiting for it to drain (the caching host allocator keeps the block
+        until the copy is done)."""
+        host = torch.tensor(values, dtype=dtype)
+        return host if self.device.type == "cpu" else host.pin_memory().to(self.device, non_blocking=True)
 
     def _to_device(self, values: list[int]) -> torch.Tensor:
         if self.device.type == "cpu":

@@ -1,4 +1,4 @@
-"""Runs the device sampler on hand-made logits, one fresh `SamplingState` per call."""
+"""Runs the device sampler on hand-made logits, one fresh `SamplingState` per call; token counts."""
 
 from __future__ import annotations
 
@@ -29,3 +29,14 @@ def sample_rows(
         assert outputs or not p.has_penalties, "penalty rows need their real outputs"
         state.add(f"row{row}", p, prompts[row] if prompts else [], done)
     return sampler.sample(logits, state, [f"row{row}" for row in range(len(params))])
+
+
+def token_counts(token_ids: Sequence[Sequence[int]], vocab_size: int, device: torch.device) -> torch.Tensor:
+    """[R, vocab_size] occurrences of each token per row, counted from scratch (the reference)."""
+    width = max((len(ids) for ids in token_ids), default=0)
+    # Padding uses an extra column (vocab_size) that is cut off afterwards.
+    padded = [list(ids) + [vocab_size] * (width - len(ids)) for ids in token_ids]
+    index = torch.tensor(padded, dtype=torch.long, device=device).view(len(token_ids), width)
+    counts = torch.zeros(len(token_ids), vocab_size + 1, device=device)
+    counts.scatter_add_(1, index, torch.ones(index.shape, device=device))
+    return counts[:, :vocab_size]

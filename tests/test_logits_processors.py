@@ -7,9 +7,9 @@ import math
 import torch
 
 from common.protocol import SamplingParams
-from gpu_worker.logits_processors import apply_penalties, token_counts
+from gpu_worker.logits_processors import apply_penalties
 from gpu_worker.sampler import Sampler
-from tests.sampling_rows import sample_rows
+from tests.sampling_rows import sample_rows, token_counts
 
 VOCAB = 32
 GREEDY = SamplingParams(temperature=0.0)

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import json
+
+import pytest
 import torch
 
+from benchmarks import sampler_step
 from common.protocol import SamplingParams
 from gpu_worker.sampler import Sampler, sample_plain, sample_top_k, sample_top_p
 from gpu_worker.seeded_uniform import mix64, mix64_tensor, seeded_uniform, seeded_uniforms
 from tests.sampling_rows import sample_rows
 
 VOCAB = 64
+# The device kernels' tests also run on CUDA where there is one (int64 wrap-around, searchsorted).
+DEVICES = ["cpu", *(["cuda"] if torch.cuda.is_available() else [])]
 
 
 def random_logits(rows: int, seed: int = 0) -> torch.Tensor:
@@ -86,23 +92,25 @@ def test_unseeded_requests_follow_the_runner_generator() -> None:
     assert len(set(first)) > 1
 
 
-def test_device_hash_equals_the_python_splitmix64() -> None:
+@pytest.mark.parametrize("device", DEVICES)
+def test_device_hash_equals_the_python_splitmix64(device: str) -> None:
     values = [0, 1, 2**31, 2**63 - 1, 2**63, 2**64 - 1, 0x9E3779B97F4A7C15, 12345678901234567]
     signed = [v - 2**64 if v >= 2**63 else v for v in values]
-    mixed = mix64_tensor(torch.tensor(signed))
+    mixed = mix64_tensor(torch.tensor(signed, device=device))
     assert [m % 2**64 for m in mixed.tolist()] == [mix64(v) for v in values]
     seeds, indices = [0, 7, -1, 2**63 - 1, -(2**63)], [0, 1, 5, 1000, 2**40]
     mixed_seeds = torch.tensor([m - 2**64 if m >= 2**63 else m for m in (mix64(s % 2**64) for s in seeds)])
-    drawn = seeded_uniforms(mixed_seeds, torch.tensor(indices))
+    drawn = seeded_uniforms(mixed_seeds.to(device), torch.tensor(indices, device=device))
     assert drawn.dtype == torch.float32
     assert drawn.tolist() == [seeded_uniform(s, i) for s, i in zip(seeds, indices, strict=True)]
     assert all(0.0 <= u < 1.0 for u in drawn.tolist())
 
 
-def test_inverse_cdf_draws_the_token_whose_interval_holds_the_uniform() -> None:
+@pytest.mark.parametrize("device", DEVICES)
+def test_inverse_cdf_draws_the_token_whose_interval_holds_the_uniform(device: str) -> None:
     # Tokens 1, 3, 5, 7 carry 0.1, 0.2, 0.3, 0.4; the even ones are impossible (-inf).
-    logits = torch.full((1, 8), float("-inf"))
-    logits[0, 1::2] = torch.tensor([0.1, 0.2, 0.3, 0.4]).log()
+    logits = torch.full((1, 8), float("-inf"), device=device)
+    logits[0, 1::2] = torch.tensor([0.1, 0.2, 0.3, 0.4], device=device).log()
     uniforms = [
         0.0,
         0.0999,
@@ -120,13 +128,17 @@ def test_inverse_cdf_draws_the_token_whose_interval_holds_the_uniform() -> None:
     # Without a sort the CDF runs over token ids: 1 up to 0.1, 3 up to 0.3, 5 up to 0.6, then 7.
     expected = [1, 1, 3, 3, 5, 5, 7, 7, 7, 7, 7, 7]
     rows = logits.expand(len(uniforms), -1)
-    u = torch.tensor(uniforms)
+    u = torch.tensor(uniforms, device=device)
     assert sample_plain(rows, u).tolist() == expected
     # Sorted paths walk the most likely first: 7 up to 0.4, 5 up to 0.7, 3 up to 0.9, then 1.
     sorted_expected = [7, 7, 7, 7, 7, 5, 5, 5, 3, 3, 1, 1]
     n = len(uniforms)
-    assert sample_top_k(rows, u, torch.full((n,), 8), 8).tolist() == sorted_expected
-    everything = torch.ones(n), torch.full((n,), 8), torch.zeros(n)
+    assert sample_top_k(rows, u, torch.full((n,), 8, device=device), 8).tolist() == sorted_expected
+    everything = (
+        torch.ones(n, device=device),
+        torch.full((n,), 8, device=device),
+        torch.zeros(n, device=device),
+    )
     assert sample_top_p(rows, u, *everything).tolist() == sorted_expected
 
 
@@ -155,7 +167,8 @@ def reference_pick(logits: torch.Tensor, params: SamplingParams, uniform: float)
     return final[-1]
 
 
-def test_filtered_rows_match_a_reference_on_known_uniforms() -> None:
+@pytest.mark.parametrize("device", DEVICES)
+def test_filtered_rows_match_a_reference_on_known_uniforms(device: str) -> None:
     filters = [
         {},
         {"min_p": 0.2},
@@ -172,7 +185,16 @@ def test_filtered_rows_match_a_reference_on_known_uniforms() -> None:
     ]
     logits = random_logits(len(params), seed=8)
     index = 3  # output index: each row's uniform is seeded_uniform(seed, 3)
-    out = sample_rows(Sampler(seed=0), logits, params, [index] * len(params)).token_ids
+    out = sample_rows(
+        Sampler(seed=0, device=device), logits.to(device), params, [index] * len(params)
+    ).token_ids
     for row, p in enumerate(params):
         assert p.seed is not None
         assert out[row] == reference_pick(logits[row], p, seeded_uniform(p.seed, index)), p
+
+
+def test_sampler_step_benchmark_prints_one_timing_per_batch_kind(capsys: pytest.CaptureFixture[str]) -> None:
+    sampler_step.main(["--rows", "9", "--vocab", "200", "--repeats", "1"])
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [line["batch"] for line in lines] == ["mixed", "temperature", "greedy"]
+    assert all(line["ms"] > 0 and line["rows"] == 9 for line in lines)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 
 from common.protocol import SamplingParams
-from gpu_worker.logits_processors import token_counts
 from gpu_worker.sampler import Sampler
 from gpu_worker.sampling_state import SamplingState
+from tests.sampling_rows import token_counts
 
 VOCAB = 48
 CPU = torch.device("cpu")
@@ -78,12 +78,14 @@ def test_slots_grow_and_are_reused_without_mixing_parameters() -> None:
     for i in range(0, 40, 4):
         state.remove(f"r{i}")
         state.add(f"n{i}", biased, [1], [])  # a freed slot, now biased
-    req_ids = [f"n{i}" if i % 4 == 0 else f"r{i}" for i in range(40)]
+        state.remove(f"r{i + 1}")
+        state.add(f"n{i + 1}", greedy, [1], [])  # a freed biased slot, now without bias
+    req_ids = [f"n{i}" if i % 4 < 2 else f"r{i}" for i in range(40)]
     assert len(state) == 40
     tokens = sampler.sample(logits, state, req_ids).token_ids
     argmax = logits.argmax(-1).tolist()
     for i, token in enumerate(tokens):
-        assert token == (17 if i % 2 or i % 4 == 0 else argmax[i]), i
+        assert token == (17 if i % 4 in (0, 3) else argmax[i]), i
 
 
 def test_min_tokens_mask_lifts_as_outputs_accumulate_across_steps() -> None:

@@ -2,17 +2,15 @@
 
 They come from the model's raw distribution (`log_softmax` of the logits before logit_bias,
 penalties, temperature or filtering), vLLM v1's default `logprobs_mode="raw_logprobs"`: what the
-model believes, independent of how the token was then picked.
+model believes, independent of how the token was then picked. They are computed on the device and
+come back with the sampled tokens in the step's one transfer (`sampler.py`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-
-from common.protocol import SamplingParams
 
 
 @dataclass(slots=True, frozen=True)
@@ -23,22 +21,23 @@ class SampleLogprobs:
 
 
 def compute_logprobs(
-    raw_logits: torch.Tensor, params: Sequence[SamplingParams], sampled: torch.Tensor
-) -> list[SampleLogprobs | None]:
-    """Per row, None unless its params ask for logprobs; `sampled` [N] holds the chosen token ids."""
-    rows = [i for i, p in enumerate(params) if p.logprobs is not None]
-    result: list[SampleLogprobs | None] = [None] * len(params)
-    if not rows:
-        return result
-    index = torch.tensor(rows, device=raw_logits.device)
-    logprobs = raw_logits[index].float().log_softmax(dim=-1)
-    chosen = logprobs.gather(1, sampled[index].unsqueeze(1)).squeeze(1).tolist()
-    max_k = max(params[i].logprobs or 0 for i in rows)
-    top_values, top_ids = logprobs.topk(max_k, dim=-1) if max_k else (logprobs[:, :0], logprobs[:, :0])
-    top_values_list, top_ids_list = top_values.tolist(), top_ids.long().tolist()
-    for j, row in enumerate(rows):
-        k = params[row].logprobs or 0
-        result[row] = SampleLogprobs(
-            logprob=float(chosen[j]), top_token_ids=top_ids_list[j][:k], top_logprobs=top_values_list[j][:k]
-        )
-    return result
+    raw_logits: torch.Tensor, rows: torch.Tensor, sampled: torch.Tensor, max_k: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """For `rows` [R] of `raw_logits`: the logprob of the token in `sampled` [N], and the `max_k`
+    largest logprobs with their token ids ([R], [R, max_k], [R, max_k])."""
+    logprobs = raw_logits.index_select(0, rows).float().log_softmax(dim=-1)
+    chosen = logprobs.gather(1, sampled.index_select(0, rows).unsqueeze(1)).squeeze(1)
+    if max_k == 0:
+        return chosen, logprobs[:, :0], torch.zeros(rows.shape[0], 0, dtype=torch.long, device=rows.device)
+    top_values, top_ids = logprobs.topk(max_k, dim=-1)
+    return chosen, top_values, top_ids
+
+
+def to_sample_logprobs(
+    chosen: list[float], top_values: list[list[float]], top_ids: list[list[int]], ks: list[int]
+) -> list[SampleLogprobs]:
+    """Host-side records, each row cut to the k it asked for."""
+    return [
+        SampleLogprobs(logprob=float(c), top_token_ids=ids[:k], top_logprobs=values[:k])
+        for c, values, ids, k in zip(chosen, top_values, top_ids, ks, strict=True)
+    ]

@@ -36,6 +36,7 @@ from gpu_worker.model_loader import (
 )
 from gpu_worker.request_state import RequestState
 from gpu_worker.sampler import Sampler
+from gpu_worker.sampling_state import SamplingState
 from gpu_worker.settings import WorkerSettings
 
 logger = logging.getLogger(__name__)
@@ -69,7 +70,9 @@ class ModelRunner:
         )
         self.vocab_size = int(config.get_text_config().vocab_size)
         self.eos_token_ids = eos_token_ids(self.model)
-        self.sampler = Sampler(settings.seed, self.eos_token_ids)
+        self.sampler = Sampler(settings.seed, self.device)
+        # Sampling parameters and penalty counts of every held request, kept on the device.
+        self.sampling_state = SamplingState(self.vocab_size, self.device, self.eos_token_ids)
         # Null-model mode times everything but the model: the step still builds its inputs.
         self.null_model = settings.null_model
         self.group_decodes = settings.resolved_group_decodes
@@ -105,6 +108,7 @@ class ModelRunner:
     def reset(self) -> None:
         """Forget every request (the batcher has moved them elsewhere); the pool is simply reused."""
         self.requests.clear()
+        self.sampling_state.clear()
 
     def _execute(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         """One step, all or nothing: on an exception its diff is rolled back and _StepFailed raised."""
@@ -156,7 +160,7 @@ class ModelRunner:
             try:
                 out = self._execute(alone)
             except _StepFailed as failed:
-                self.requests.pop(req_id, None)  # the batcher recomputes it from scratch if it retries
+                self._drop(req_id)  # the batcher recomputes it from scratch if it retries
                 merged.req_errors[req_id] = str(failed)
                 continue
             logprobs.update(self._step_logprobs)
@@ -205,17 +209,20 @@ class ModelRunner:
         for req_id, num_blocks in undo.items():
             state = self.requests.get(req_id)
             if num_blocks is None:
-                self.requests.pop(req_id, None)
+                self._drop(req_id)
             elif state is not None:
                 del state.block_ids[num_blocks:]
 
     def _apply(self, so: SchedulerOutput, req_errors: dict[str, str]) -> None:
         for req_id in so.finished_req_ids:
-            self.requests.pop(req_id, None)  # already gone after a per-request error: nothing to do
+            self._drop(req_id)  # already gone after a per-request error: nothing to do
         for new in so.scheduled_new_reqs:
             self._fail_or(req_errors, new.req_id, self._check_new(new))
             if new.req_id not in req_errors:
                 self.requests[new.req_id] = RequestState.from_new(new)
+                self.sampling_state.add(
+                    new.req_id, new.sampling_params, new.prompt_token_ids, new.output_token_ids
+                )
         for cached in so.scheduled_cached_reqs:
             self._fail_or(req_errors, cached.req_id, self._check_cached(cached))
             if cached.req_id not in req_errors:
@@ -225,7 +232,11 @@ class ModelRunner:
         # A request that cannot run is dropped here alone; the batcher frees it on the reported error.
         if error is not None:
             req_errors[req_id] = error
-            self.requests.pop(req_id, None)
+            self._drop(req_id)
+
+    def _drop(self, req_id: str) -> None:
+        self.requests.pop(req_id, None)
+        self.sampling_state.remove(req_id)
 
     def _check_new(self, new: NewRequestData) -> str | None:
         num_tokens = len(new.prompt_token_ids) + len(new.output_token_ids)
@@ -311,14 +322,7 @@ class ModelRunner:
         )
         logits = outputs.logits[0]
         states = [r.state for r in batch.sampling_reqs]
-        params = [s.sampling_params for s in states]
-        indices = [s.num_output_tokens for s in states]
-        # Token histories are copied only for the requests whose penalties read them.
-        prompts = [
-            s.token_ids[: s.num_prompt_tokens] if s.sampling_params.has_penalties else [] for s in states
-        ]
-        outputs_so_far = [s.output_token_ids if s.sampling_params.has_penalties else [] for s in states]
-        result = self.sampler.sample(logits, params, indices, prompts, outputs_so_far)
+        result = self.sampler.sample(logits, self.sampling_state, [s.req_id for s in states])
         for state, logprobs in zip(states, result.logprobs, strict=True):
             if logprobs is not None:
                 self._step_logprobs[state.req_id] = logprobs

@@ -1,42 +1,47 @@
-"""Next-token sampling: greedy, temperature, min-p, top-k and top-p, one row of logits per request.
+"""Next-token sampling on the device: greedy, temperature, min-p, top-k and top-p, one row per request.
 
-Before sampling, rows that ask for them get logit_bias, the min_tokens mask and penalties
-(`logits_processors.py`); rows that ask for logprobs get them from the raw logits (`logprobs.py`).
-A batch where nobody asks for any of that takes the plain path: greedy is a bare argmax.
+Rows come from `SamplingState` (parameters kept on the device between steps). Before sampling,
+rows that ask for them get logit_bias, the min_tokens mask and penalties (`logits_processors.py`);
+rows that ask for logprobs get them from the raw logits (`logprobs.py`). Greedy is a bare argmax.
 
-Randomness is drawn as one uniform number per row, then turned into a token by inverse CDF over the
-row's filtered distribution. A seeded request draws its number from a generator seeded by
-(seed, output index), so its token depends only on its own logits and that pair: never on the
-other requests in the batch, nor on preemption and resume (which recompute the same logits).
+A random row draws one uniform number and picks its token by inverse CDF, in float32. Filters work
+only on the rows that set them, in vLLM v1's order: min-p (tokens at least min_p x the top
+probability), then top-k, then top-p over what remains. Rows with temperature alone (or min-p) need
+no sort, top-k rows use topk, and only top-p rows sort the vocabulary.
+
+A seeded request's uniform is a hash of (seed, output index) (`seeded_uniform.py`), so its token
+depends only on its own logits and that pair: never on the other requests in the batch, nor on
+preemption and resume (which recompute the same logits). Others share one device generator.
+The sampled tokens, and logprobs when a row asked, come back to the host in one transfer.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
-from common.protocol import SamplingParams
 from gpu_worker.logits_processors import apply_logit_bias, apply_min_tokens, apply_penalties
-from gpu_worker.logprobs import SampleLogprobs, compute_logprobs
-
-_MASK64 = (1 << 64) - 1
-
-
-def _mix64(x: int) -> int:
-    # splitmix64 finaliser: spreads (seed, index) over all bits; the CPU generator keeps only 32 of them.
-    x = (x + 0x9E3779B97F4A7C15) & _MASK64
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return x ^ (x >> 31)
-
-
-def seeded_uniform(seed: int, index: int) -> float:
-    """The uniform number in [0, 1) that a request with `seed` uses for output token `index`."""
-    generator = torch.Generator(device="cpu")
-    generator.manual_seed(_mix64(_mix64(seed & _MASK64) ^ (index & _MASK64)))
-    return float(torch.rand((), generator=generator, dtype=torch.float64))
+from gpu_worker.logprobs import SampleLogprobs, compute_logprobs, to_sample_logprobs
+from gpu_worker.sampling_state import (
+    GREEDY,
+    MIN_P,
+    MIN_TOKENS,
+    OUTPUT_INDEX,
+    PLAIN,
+    PRESENCE,
+    REPETITION,
+    SEED,
+    SEEDED,
+    TEMPERATURE,
+    TOP_K,
+    TOP_K_PATH,
+    TOP_P,
+    SamplingBatch,
+    SamplingState,
+)
+from gpu_worker.seeded_uniform import seeded_uniforms
 
 
 @dataclass(slots=True, frozen=True)
@@ -48,81 +53,171 @@ class SamplerOutput:
 class Sampler:
     """Turns logits into token ids; owns the generator used by requests without a seed."""
 
-    def __init__(self, seed: int | None = None, eos_token_ids: Collection[int] = ()) -> None:
-        self._generator = torch.Generator(device="cpu")
+    def __init__(self, seed: int | None = None, device: torch.device | str = "cpu") -> None:
+        self.device = torch.device(device)
+        self._generator = torch.Generator(device=self.device)
         if seed is None:
             self._generator.seed()
         else:
             self._generator.manual_seed(seed)
-        self._eos_token_ids = frozenset(eos_token_ids)  # masked by min_tokens
 
-    def sample(
-        self,
-        logits: torch.Tensor,
-        params: Sequence[SamplingParams],
-        output_indices: Sequence[int],
-        prompt_token_ids: Sequence[Sequence[int]] = (),
-        output_token_ids: Sequence[Sequence[int]] = (),
-    ) -> SamplerOutput:
-        """logits [N, V]; per row: params, output index of the token being sampled and, for rows with
-        penalties, the prompt and output token ids (other rows may pass empty lists)."""
-        num_rows = logits.shape[0]
-        if num_rows == 0:
+    def sample(self, logits: torch.Tensor, state: SamplingState, req_ids: Sequence[str]) -> SamplerOutput:
+        """logits [N, V], row i for `req_ids[i]` (each added to `state`). Records the sampled tokens
+        in `state` (output index, penalty counts)."""
+        if not req_ids:
             return SamplerOutput([], [])
+        batch = state.prepare(req_ids)
         raw_logits = logits
-        if any(p.logit_bias or p.min_tokens or p.has_penalties for p in params):
-            logits = logits.float().clone()  # the raw logits stay intact for logprobs
-            apply_logit_bias(logits, params)
-            apply_min_tokens(logits, params, output_indices, self._eos_token_ids)
-            apply_penalties(logits, params, prompt_token_ids, output_token_ids)
+        if batch.any_bias or batch.any_min_tokens or batch.penalty_rows is not None:
+            logits = logits.to(torch.float32, copy=True)  # the raw logits stay intact for logprobs
+            self._process(logits, batch)
+        tokens = self._pick(logits, batch)
+        state.record(batch, tokens)
+        return self._to_host(raw_logits, tokens, batch)
+
+    def _process(self, logits: torch.Tensor, batch: SamplingBatch) -> None:
+        if batch.bias_ids is not None and batch.bias_values is not None:
+            apply_logit_bias(logits, batch.bias_ids, batch.bias_values)
+        if batch.stop_ids is not None:
+            apply_min_tokens(logits, batch.stop_ids, batch.ints[:, OUTPUT_INDEX], batch.ints[:, MIN_TOKENS])
+        if batch.penalty_rows is not None:
+            assert batch.prompt_mask is not None and batch.output_counts is not None
+            penalties = batch.floats.index_select(0, batch.penalty_rows)[:, REPETITION : PRESENCE + 1]
+            apply_penalties(logits, batch.penalty_rows, batch.prompt_mask, batch.output_counts, penalties)
+
+    def _pick(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+        num_rows = batch.num_rows
+        uniforms: torch.Tensor | None = None
+        if batch.path_sizes[GREEDY] < num_rows:
+            uniforms = self._uniforms(batch)
         tokens = torch.empty(num_rows, dtype=torch.long, device=logits.device)
-        greedy_rows = [i for i, p in enumerate(params) if p.greedy]
-        random_rows = [i for i, p in enumerate(params) if not p.greedy]
-        if greedy_rows:
-            rows = torch.tensor(greedy_rows, device=logits.device)
-            tokens[rows] = logits[rows].argmax(dim=-1)
-        if random_rows:
-            rows = torch.tensor(random_rows, device=logits.device)
-            chosen = [params[i] for i in random_rows]
-            uniforms = self._uniforms(chosen, [output_indices[i] for i in random_rows])
-            tokens[rows] = sample_filtered(logits[rows], chosen, uniforms.to(logits.device))
-        return SamplerOutput([int(t) for t in tokens.tolist()], compute_logprobs(raw_logits, params, tokens))
+        for path, size in enumerate(batch.path_sizes):
+            if size == 0:
+                continue
+            rows = batch.path_rows[path]
+            sub, floats, ints = logits, batch.floats, batch.ints
+            if rows is not None:
+                sub, floats, ints = (
+                    sub.index_select(0, rows),
+                    floats.index_select(0, rows),
+                    ints.index_select(0, rows),
+                )
+            if path == GREEDY:
+                picked = sub.argmax(dim=-1)
+            else:
+                assert uniforms is not None
+                u = uniforms if rows is None else uniforms.index_select(0, rows)
+                scaled = sub.float() / floats[:, TEMPERATURE : TEMPERATURE + 1]
+                if path == PLAIN:
+                    picked = sample_plain(scaled, u, floats[:, MIN_P] if batch.plain_min_p else None)
+                elif path == TOP_K_PATH:
+                    picked = sample_top_k(scaled, u, ints[:, TOP_K], batch.max_top_k, floats[:, MIN_P])
+                else:
+                    picked = sample_top_p(scaled, u, floats[:, TOP_P], ints[:, TOP_K], floats[:, MIN_P])
+            if rows is None:
+                tokens = picked
+            else:
+                tokens.index_copy_(0, rows, picked)
+        return tokens
 
-    def _uniforms(self, params: Sequence[SamplingParams], output_indices: Sequence[int]) -> torch.Tensor:
-        unseeded = sum(1 for p in params if p.seed is None)
-        shared = torch.rand(unseeded, generator=self._generator, dtype=torch.float64).tolist()
-        values: list[float] = []
-        for p, index in zip(params, output_indices, strict=True):
-            values.append(shared.pop() if p.seed is None else seeded_uniform(p.seed, index))
-        return torch.tensor(values, dtype=torch.float64)
+    def _uniforms(self, batch: SamplingBatch) -> torch.Tensor:
+        ints = batch.ints
+        drawn = torch.rand(batch.num_rows, generator=self._generator, device=self.device)
+        seeded = seeded_uniforms(ints[:, SEED], ints[:, OUTPUT_INDEX])
+        return torch.where(ints[:, SEEDED].bool(), seeded, drawn)
+
+    def _to_host(self, raw_logits: torch.Tensor, tokens: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
+        num_rows = batch.num_rows
+        rows, ks = batch.logprob_rows, batch.logprob_ks
+        if rows is None:
+            return SamplerOutput(tokens.tolist(), [None] * num_rows)
+        max_k = max(ks)
+        chosen, top_values, top_ids = compute_logprobs(raw_logits, rows, tokens, max_k)
+        # float32 bits travel as int64 so that everything comes back in one copy.
+        packed = torch.cat([tokens, _bits(chosen), top_ids.flatten(), _bits(top_values.flatten())]).cpu()
+        num_logprobs = len(ks)
+        sizes = [num_rows, num_logprobs, num_logprobs * max_k, num_logprobs * max_k]
+        token_part, chosen_part, ids_part, values_part = packed.split(sizes)
+        records = to_sample_logprobs(
+            _floats(chosen_part).tolist(),
+            _floats(values_part).view(num_logprobs, max_k).tolist(),
+            ids_part.view(num_logprobs, max_k).tolist(),
+            ks,
+        )
+        logprobs: list[SampleLogprobs | None] = [None] * num_rows
+        for row, record in zip(batch.logprob_row_list, records, strict=True):
+            logprobs[row] = record
+        return SamplerOutput(token_part.tolist(), logprobs)
 
 
-def sample_filtered(
-    logits: torch.Tensor, params: Sequence[SamplingParams], uniforms: torch.Tensor
-) -> torch.Tensor:
-    """Apply temperature, then min-p, top-k and top-p per row, and pick by inverse CDF at `uniforms`
-    ([N] in [0, 1))."""
-    device = logits.device
-    temperature = torch.tensor([max(p.temperature, 1e-5) for p in params], device=device)
-    top_k = torch.tensor([p.top_k if p.top_k > 0 else logits.shape[-1] for p in params], device=device)
-    top_p = torch.tensor([p.top_p for p in params], device=device, dtype=torch.float64)
-    min_p = torch.tensor([p.min_p for p in params], device=device, dtype=torch.float64)
+def _bits(values: torch.Tensor) -> torch.Tensor:
+    return values.float().view(torch.int32).long()
 
-    scaled = logits.float() / temperature.unsqueeze(1)
-    sorted_logits, sorted_ids = scaled.sort(dim=-1, descending=True, stable=True)
-    probs = sorted_logits.softmax(dim=-1).double()
-    ranks = torch.arange(probs.shape[-1], device=device).unsqueeze(0)
-    # Keep a token if it is within top-k, the mass before it is still under top-p, and it is at least
-    # min_p times as likely as the most likely token (rank 0); rank 0 always stays.
-    mass_before = probs.cumsum(dim=-1) - probs
-    within_p = (mass_before < top_p.unsqueeze(1)) | (top_p.unsqueeze(1) >= 1.0)
-    within_min_p = probs >= min_p.unsqueeze(1) * probs[:, :1]
-    keep = (ranks < top_k.unsqueeze(1)) & within_p & within_min_p
-    keep[:, 0] = True
-    probs = probs * keep
+
+def _floats(bits: torch.Tensor) -> torch.Tensor:
+    return bits.to(torch.int32).view(torch.float32)
+
+
+def inverse_cdf(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """Per row of unnormalised `probs` [R, K], the index where the CDF passes `uniforms` [R] x total.
+
+    A token with zero probability is never picked: rounding that puts the target at the very top of
+    the CDF falls back to the last token that carries mass."""
     cdf = probs.cumsum(dim=-1)
-    targets = uniforms.to(torch.float64).unsqueeze(1) * cdf[:, -1:]
-    picked = torch.searchsorted(cdf, targets, right=True).squeeze(1)
-    # Rounding can put the target at the very top of the CDF; the last kept rank is the right answer then.
-    picked = torch.minimum(picked, keep.sum(dim=-1) - 1)
+    total = cdf[:, -1:].contiguous()
+    picked = torch.searchsorted(cdf, uniforms.unsqueeze(1) * total, right=True)
+    last = torch.searchsorted(cdf, total, right=False)
+    return torch.minimum(picked, last).squeeze(1)
+
+
+def _drop_below_min_p(probs: torch.Tensor, top: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    """In place: `probs` is always a fresh softmax here."""
+    return probs.masked_fill_(probs < min_p.unsqueeze(1) * top, 0.0)
+
+
+def sample_plain(
+    scaled: torch.Tensor, uniforms: torch.Tensor, min_p: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Token ids for temperature-scaled logits [R, V], without any sort; min_p [R] when set."""
+    probs = scaled.softmax(dim=-1)
+    if min_p is not None:
+        probs = _drop_below_min_p(probs, probs.amax(dim=-1, keepdim=True), min_p)
+    return inverse_cdf(probs, uniforms)
+
+
+def sample_top_k(
+    scaled: torch.Tensor,
+    uniforms: torch.Tensor,
+    top_k: torch.Tensor,
+    max_top_k: int,
+    min_p: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Token ids among each row's `top_k` [R] most likely, through one topk of `max_top_k` (the
+    largest of `top_k`, known on the host)."""
+    values, ids = scaled.topk(max_top_k, dim=-1)
+    ranks = torch.arange(max_top_k, device=scaled.device)
+    probs = values.masked_fill_(ranks >= top_k.unsqueeze(1), float("-inf")).softmax(dim=-1)
+    if min_p is not None:
+        probs = _drop_below_min_p(probs, probs[:, :1], min_p)
+    return ids.gather(1, inverse_cdf(probs, uniforms).unsqueeze(1)).squeeze(1)
+
+
+def sample_top_p(
+    scaled: torch.Tensor,
+    uniforms: torch.Tensor,
+    top_p: torch.Tensor,
+    top_k: torch.Tensor,
+    min_p: torch.Tensor,
+) -> torch.Tensor:
+    """Token ids after min-p and top-k ([R] each; top_k = V keeps all), then top-p [R] over the mass
+    that remains: one full sort per row."""
+    sorted_logits, sorted_ids = scaled.sort(dim=-1, descending=True, stable=True)
+    probs = sorted_logits.softmax(dim=-1)
+    ranks = torch.arange(probs.shape[-1], device=scaled.device).unsqueeze(0)
+    probs = _drop_below_min_p(probs, probs[:, :1], min_p).masked_fill_(ranks >= top_k.unsqueeze(1), 0.0)
+    cdf = probs.cumsum(dim=-1)
+    mass_before = cdf - probs
+    # Keep a token while the mass before it is under top_p; the most likely one always stays.
+    outside = (mass_before >= top_p.unsqueeze(1) * cdf[:, -1:]) & (ranks > 0)
+    picked = inverse_cdf(probs.masked_fill_(outside, 0.0), uniforms)
     return sorted_ids.gather(1, picked.unsqueeze(1)).squeeze(1)

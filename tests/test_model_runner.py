@@ -206,7 +206,7 @@ def test_batched_greedy_equals_transformers_generate(runner: ModelRunner, tiny_m
 
 
 def test_seeded_sampling_survives_batching_and_preemption(runner: ModelRunner) -> None:
-    params = [SamplingParams(max_tokens=10, temperature=0.8, top_p=0.9, seed=100 + i) for i in range(11)]
+    params = [SamplingParams(max_tokens=10, temperature=0.8, top_p=0.9, seed=200 + i) for i in range(11)]
     batched = make_requests(params)
     run_to_completion(runner, batched, preempt={6: "r1"})
     for i in (0, 1, 3):

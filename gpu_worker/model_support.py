@@ -1,7 +1,8 @@
 """Attention features the paged backends do not implement: refused at load, never served as wrong text.
 
 transformers hands such features to the attention function as kwargs (`sliding_window`, `softcap`,
-`s_aux` for sinks, `indices` for sparse attention, ...) that paged attention would ignore, or encodes
+`s_aux` / `sinks`, `indices` for sparse attention, `position_bias`) that paged attention would ignore
+(the model lists below come from a scan of transformers' `attention_interface(...)` calls), or encodes
 them in a layout the KV pool does not have (K and V of different head sizes). Read from the config,
 before any weight is loaded.
 """
@@ -14,8 +15,21 @@ from transformers import PretrainedConfig
 
 # Models whose attention adds learned sink logits (transformers passes `s_aux` / `sinks`).
 _SINK_MODELS = frozenset(
-    {"gpt_oss", "deepseek_v4", "flint", "granite_swa", "granitemoe_swa", "hy_v4", "hy_v4_vl", "mimo_v2_flash"}
+    {
+        "gpt_oss",
+        "deepseek_v4",
+        "flint",
+        "granite_swa",
+        "granitemoe_swa",
+        "hy_v4",
+        "hy_v4_vl",
+        "mimo_v2_flash",
+        "inkling2",
+        "inkling2_loop",
+    }
 )
+# Models that add a learned relative-position bias to the scores (transformers passes `position_bias`).
+_POSITION_BIAS_MODELS = frozenset({"cpmant", "inkling", "inkling2", "inkling2_loop"})
 # Models whose attention reads only the KV positions an indexer picks (transformers passes `indices`).
 _SPARSE_MODELS = frozenset(
     {
@@ -63,9 +77,11 @@ def unsupported_attention_features(config: PretrainedConfig, max_model_len: int 
         problems.append("attention sinks")
     if model_type in _SPARSE_MODELS:
         problems.append("sparse attention over indexer-selected positions")
+    if model_type in _POSITION_BIAS_MODELS:
+        problems.append("relative position biases")
     if _uses_alibi(text, model_type):
         problems.append("ALiBi position biases")
-    if getattr(text, "attention_chunk_size", None):
+    if getattr(text, "attention_chunk_size", None) and "chunked_attention" not in layer_types:
         problems.append(f"chunked local attention (attention_chunk_size={text.attention_chunk_size})")
     v_head_dim = getattr(text, "v_head_dim", None)
     if v_head_dim is not None and v_head_dim != head_dim(text):

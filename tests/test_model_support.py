@@ -13,16 +13,23 @@ import pytest
 import torch
 from transformers import (
     AutoModelForCausalLM,
+    BloomConfig,
+    CpmAntConfig,
+    DeepseekV3Config,
     FalconConfig,
     Gemma2Config,
     GptOssConfig,
+    Llama4TextConfig,
+    LlamaConfig,
     MistralConfig,
+    MptConfig,
     PretrainedConfig,
     Qwen2Config,
+    Qwen3NextConfig,
 )
 
 from gpu_worker.model_runner import ModelRunner
-from gpu_worker.model_support import UnsupportedModelError
+from gpu_worker.model_support import UnsupportedModelError, unsupported_attention_features
 from gpu_worker.settings import WorkerSettings
 
 SMALL = {
@@ -111,3 +118,22 @@ def test_models_with_plain_attention_load(tmp_path: Path, config: Callable[[], P
 
 def test_the_tiny_llama_loads(tiny_model_dir: Path) -> None:
     assert load(tiny_model_dir).num_blocks == 64
+
+
+@pytest.mark.parametrize(
+    ("config", "feature"),
+    [
+        (DeepseekV3Config, "different head sizes"),
+        (MptConfig, "ALiBi"),
+        (BloomConfig, "ALiBi"),
+        (Llama4TextConfig, "chunked_attention layers"),
+        (Qwen3NextConfig, "linear_attention layers"),
+        (CpmAntConfig, "relative position biases"),
+    ],
+)
+def test_default_configs_of_other_unsupported_model_types_name_their_feature(
+    config: Callable[[], PretrainedConfig], feature: str
+) -> None:
+    [problem] = unsupported_attention_features(config(), max_model_len=None)
+    assert feature in problem
+    assert unsupported_attention_features(LlamaConfig(), max_model_len=None) == []

@@ -159,31 +159,57 @@ def kv_cache_budget(
         budget = settings.kv_cache_memory_mb * MIB
         logger.info("%s; KV cache %d MiB (WORKER_KV_CACHE_MEMORY_MB)", head, settings.kv_cache_memory_mb)
         return budget
-    requested = int(start.total * settings.gpu_memory_utilization)
-    if requested > start.free:
-        raise ValueError(
-            f"WORKER_GPU_MEMORY_UTILIZATION={settings.gpu_memory_utilization} asks for "
-            f"{requested / GIB:.1f} GiB of the GPU's {start.total / GIB:.1f} GiB, but only "
-            f"{start.free / GIB:.1f} GiB were free at startup (other processes hold the rest): lower it"
-        )
     torch.cuda.empty_cache()
     free, total = torch.cuda.mem_get_info(device)
-    weights = torch.cuda.memory_allocated(device)  # the model and the runner's persistent buffers
-    # Memory this process took outside torch's allocator since startup (CUDA context, libraries).
-    non_torch = max(0, (total - free) - (start.total - start.free) - torch.cuda.memory_reserved(device))
-    reserve = settings.gpu_reserve_memory_mb * MIB
-    budget = requested - weights - profile.peak_activation_bytes - non_torch - reserve
-    logger.info(
-        "%s; GPU memory: %.2f GiB x %.2f = %.2f GiB for this worker: weights %.2f, activations %.2f, "
-        "non-torch %.2f, reserve %.2f, KV cache %.2f GiB",
-        head,
-        total / GIB,
-        settings.gpu_memory_utilization,
-        requested / GIB,
-        weights / GIB,
-        profile.peak_activation_bytes / GIB,
-        non_torch / GIB,
-        reserve / GIB,
-        budget / GIB,
+    memory = GpuMemoryBudget(
+        total=total,
+        free_at_start=start.free,
+        utilization=settings.gpu_memory_utilization,
+        weights=torch.cuda.memory_allocated(device),  # the model and the runner's persistent buffers
+        activations=profile.peak_activation_bytes,
+        # Taken outside torch's allocator since startup (CUDA context growth, libraries).
+        non_torch=max(0, (total - free) - (start.total - start.free) - torch.cuda.memory_reserved(device)),
+        reserve=settings.gpu_reserve_memory_mb * MIB,
     )
-    return max(budget, 0)
+    logger.info("%s; %s", head, memory.describe())
+    return memory.kv_cache()
+
+
+@dataclass(frozen=True, slots=True)
+class GpuMemoryBudget:
+    """vLLM's split of the worker's share of the GPU; bytes."""
+
+    total: int
+    free_at_start: int  # before loading: what other processes left
+    utilization: float
+    weights: int
+    activations: int  # the profiling step's peak
+    non_torch: int
+    reserve: int
+
+    @property
+    def requested(self) -> int:
+        return int(self.total * self.utilization)
+
+    @property
+    def left(self) -> int:
+        """The worker's share minus everything but the KV cache; negative when it does not fit."""
+        return self.requested - self.weights - self.activations - self.non_torch - self.reserve
+
+    def kv_cache(self) -> int:
+        """What is left for the KV cache (0 when nothing is); refuses a share others already hold."""
+        if self.requested > self.free_at_start:
+            raise ValueError(
+                f"WORKER_GPU_MEMORY_UTILIZATION={self.utilization} asks for {self.requested / GIB:.1f} GiB "
+                f"of the GPU's {self.total / GIB:.1f} GiB, but only {self.free_at_start / GIB:.1f} GiB were "
+                "free at startup (other processes hold the rest): lower it"
+            )
+        return max(0, self.left)
+
+    def describe(self) -> str:
+        return (
+            f"GPU memory {self.total / GIB:.2f} GiB x {self.utilization:.2f} = "
+            f"{self.requested / GIB:.2f} GiB for this worker: weights {self.weights / GIB:.2f}, "
+            f"activations {self.activations / GIB:.2f}, non-torch {self.non_torch / GIB:.2f}, "
+            f"reserve {self.reserve / GIB:.2f}, KV cache {max(0, self.left) / GIB:.2f} GiB"
+        )

@@ -9,7 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from gpu_worker.model_runner import ModelRunner
-from gpu_worker.profile import build_profile_step
+from gpu_worker.profile import GIB, GpuMemoryBudget, build_profile_step
 from gpu_worker.settings import WorkerSettings
 
 
@@ -64,3 +64,22 @@ def test_worker_whose_largest_step_fails_refuses_to_start(tiny_model_dir: Path) 
         ModelRunner(
             settings(str(tiny_model_dir), max_num_seqs=4, max_num_batched_tokens=16, fail_on_token_id=0)
         )
+
+
+def test_gpu_kv_cache_gets_the_workers_share_of_total_memory_less_everything_else() -> None:
+    budget = GpuMemoryBudget(
+        total=100 * GIB,
+        free_at_start=99 * GIB,
+        utilization=0.9,
+        weights=16 * GIB,
+        activations=3 * GIB,
+        non_torch=GIB,
+        reserve=GIB,
+    )
+    assert budget.kv_cache() == 90 * GIB - 21 * GIB
+    assert "weights 16.00, activations 3.00" in budget.describe()
+    # Nothing left is 0 blocks (the loader then says which knob to turn), never a negative size.
+    assert GpuMemoryBudget(100 * GIB, 99 * GIB, 0.2, 16 * GIB, 3 * GIB, GIB, GIB).kv_cache() == 0
+    # A share that other processes already hold is refused up front, as vLLM does.
+    with pytest.raises(ValueError, match=r"only 50\.0 GiB were free at startup"):
+        GpuMemoryBudget(100 * GIB, 50 * GIB, 0.9, GIB, GIB, 0, 0).kv_cache()

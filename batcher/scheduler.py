@@ -2,7 +2,8 @@
 
 Every call to `schedule(worker_id)` rebuilds that worker's next batch: its running requests first
 (decodes and unfinished prefill chunks), then waiting requests from the shared queue, all under
-`max_num_seqs` and a token budget of `max_num_batched_tokens`; a prompt longer than the budget left is
+its own `max_num_seqs` and token budget of `max_num_batched_tokens` (registered by the worker, so
+CPU and GPU workers of any size coexist); a prompt longer than the budget left is
 computed in chunks over several steps while decodes keep going. When a worker's KV blocks run out, the
 least urgent running request (highest `priority` number, then most recently admitted) is preempted and
 later recomputed from prompt + tokens so far. Waiting requests are admitted in (priority, arrival) order,
@@ -38,8 +39,9 @@ Policy = Literal["fused", "tgi"]
 
 @dataclass(slots=True)
 class SchedulerConfig:
-    max_num_seqs: int = 64  # requests in one worker's batch
-    max_num_batched_tokens: int = 512  # tokens computed in one step (prefill chunks + decodes)
+    # Caps on every worker's own limits (WorkerInfo.max_num_seqs, ...); None leaves them as registered.
+    max_num_seqs: int | None = None  # requests in one worker's batch
+    max_num_batched_tokens: int | None = None  # tokens computed in one step (prefill chunks + decodes)
     # "fused": vLLM-style steps mixing decodes and chunked prefills under the token budget.
     # "tgi": text-generation-inference's admission, whole prompts in prefill-only steps (see _schedule_tgi).
     policy: Policy = "fused"
@@ -77,6 +79,8 @@ class SchedulerStats:
 class WorkerState:
     info: WorkerInfo
     block_manager: BlockManager
+    max_num_seqs: int  # the worker's registered limit, under the batcher's cap
+    max_num_batched_tokens: int
     running: list[Request] = field(default_factory=list)  # in admission order: newest last
     to_free: list[str] = field(default_factory=list)  # req ids the worker must drop in its next step
     # (step_id, req_id -> tokens) of each step sent whose result has not arrived, oldest first
@@ -93,6 +97,10 @@ class WorkerState:
             return False
         longest = min(req.max_num_tokens, self.info.max_model_len)
         return self.block_manager.blocks_for(longest) <= self.block_manager.num_blocks
+
+
+def _capped(limit: int, cap: int | None) -> int:
+    return limit if cap is None else min(limit, cap)
 
 
 def _priority(req: Request) -> int:
@@ -117,8 +125,13 @@ class Scheduler:
     # ----- workers -------------------------------------------------------------------------------
     def add_worker(self, info: WorkerInfo) -> None:
         if info.worker_id not in self.workers:
-            bm = BlockManager(info.num_blocks, info.block_size)
-            self.workers[info.worker_id] = WorkerState(info=info, block_manager=bm)
+            cfg = self.config
+            self.workers[info.worker_id] = WorkerState(
+                info=info,
+                block_manager=BlockManager(info.num_blocks, info.block_size),
+                max_num_seqs=_capped(info.max_num_seqs, cfg.max_num_seqs),
+                max_num_batched_tokens=_capped(info.max_num_batched_tokens, cfg.max_num_batched_tokens),
+            )
 
     def fence_worker(self, worker_id: str) -> None:
         """Stop scheduling a worker declared dead; `remove_worker` follows once its last results are in."""
@@ -201,7 +214,7 @@ class Scheduler:
         if ws.fenced:
             return None, []
         assert len(ws.in_flight) < self.config.max_steps_in_flight, "too many steps in flight"
-        budget = self.config.max_num_batched_tokens
+        budget = ws.max_num_batched_tokens
         num_scheduled: dict[str, int] = {}
         cached: list[CachedRequestData] = []
         new: list[NewRequestData] = []
@@ -259,7 +272,7 @@ class Scheduler:
         """`ws` could admit `req` now: a free slot and blocks for its first chunk."""
         if not self._eligible(ws) or not ws.can_host(req):
             return False
-        num_new = min(req.num_tokens - req.num_computed_tokens, self.config.max_num_batched_tokens)
+        num_new = min(req.num_tokens - req.num_computed_tokens, ws.max_num_batched_tokens)
         need = ws.block_manager.num_new_blocks(len(req.block_ids), req.num_computed_tokens + num_new)
         return need <= ws.block_manager.num_free_blocks
 
@@ -314,7 +327,7 @@ class Scheduler:
         bm = ws.block_manager
         share = self._fair_share(ws)
         admitted = 0
-        while self.waiting and budget > 0 and len(ws.running) < self.config.max_num_seqs:
+        while self.waiting and budget > 0 and len(ws.running) < ws.max_num_seqs:
             req = self.waiting[0]
             if req.num_inflight_steps:
                 break  # preempted while a step ran: its last token is still on the way
@@ -362,7 +375,7 @@ class Scheduler:
             ws.steps_since_admission = 1
             return
         if ws.running:
-            self._schedule_running(ws, cfg.max_num_batched_tokens, num_scheduled, cached)
+            self._schedule_running(ws, ws.max_num_batched_tokens, num_scheduled, cached)
             ws.steps_since_admission += 1
 
     def _tgi_candidates(self, ws: WorkerState, failed: list[Request]) -> list[Request]:
@@ -372,7 +385,7 @@ class Scheduler:
         free, tokens = bm.num_free_blocks, 0
         picked: list[Request] = []
         for req in list(self.waiting):
-            if len(ws.running) + len(picked) >= self.config.max_num_seqs or req.num_inflight_steps:
+            if len(ws.running) + len(picked) >= ws.max_num_seqs or req.num_inflight_steps:
                 break
             if not ws.can_host(req):
                 if any(w.can_host(req) for w in self.workers.values()):
@@ -385,7 +398,7 @@ class Scheduler:
                 break
             num_new = req.num_tokens - req.num_computed_tokens
             # No chunking: a prompt over the budget still goes, alone (TGI sizes its budget to fit one).
-            if picked and tokens + num_new > self.config.max_num_batched_tokens:
+            if picked and tokens + num_new > ws.max_num_batched_tokens:
                 break
             need = bm.num_new_blocks(len(req.block_ids), req.num_computed_tokens + num_new)
             if need > free:
@@ -412,7 +425,7 @@ class Scheduler:
         num_scheduled[req.req_id] = num_new
 
     def _eligible(self, ws: WorkerState) -> bool:
-        return not ws.fenced and len(ws.running) < self.config.max_num_seqs
+        return not ws.fenced and len(ws.running) < ws.max_num_seqs
 
     def _best_worker(self, req: Request, prefer: WorkerState) -> WorkerState | None:
         best: WorkerState | None = None

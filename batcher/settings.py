@@ -23,9 +23,15 @@ class BatcherSettings(BaseSettings):
     redis_url: str = redis_url_field()
     log_format: LogFormat = log_format_field()
     retention_s: int = retention_field()
-    max_num_seqs: int = Field(64, ge=1, description="Most requests in one worker's batch.")
-    max_num_batched_tokens: int = Field(
-        512, ge=1, description="Token budget of one step: prefill chunks plus decodes."
+    # Each worker registers its own limits (WORKER_MAX_NUM_SEQS, ...); these only cap them.
+    max_num_seqs: int | None = Field(
+        None, ge=1, description="Cap on the requests in one worker's batch; default: the worker's own."
+    )
+    max_num_batched_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="Cap on the token budget of one step (prefill chunks plus decodes); default: the "
+        "worker's own.",
     )
     policy: Literal["fused", "tgi"] = Field(
         "fused",
@@ -71,7 +77,8 @@ class BatcherSettings(BaseSettings):
 
     @model_validator(mode="after")
     def _check(self) -> BatcherSettings:
-        if self.max_num_batched_tokens < self.max_num_seqs:
+        tokens, seqs = self.max_num_batched_tokens, self.max_num_seqs
+        if tokens is not None and seqs is not None and tokens < seqs:
             raise ValueError(
                 "BATCHER_MAX_NUM_BATCHED_TOKENS must be at least BATCHER_MAX_NUM_SEQS, "
                 "or a full batch of decodes could not fit in one step"

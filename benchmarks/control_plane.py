@@ -116,8 +116,8 @@ def measure(
     env = {
         "WORKER_NULL_MODEL": "true" if null_model else "false",
         "WORKER_NUM_THREADS": "1",
-        "BATCHER_MAX_NUM_SEQS": str(max(batch_size, 1)),
-        "BATCHER_MAX_NUM_BATCHED_TOKENS": str(max(batch_size * 4, 64)),
+        "WORKER_MAX_NUM_SEQS": str(max(batch_size, 1)),
+        "WORKER_MAX_NUM_BATCHED_TOKENS": str(max(batch_size * 4, 64)),
         "BATCHER_ASYNC_SCHEDULING": "true" if async_scheduling else "false",
     }
     if device != "cpu":

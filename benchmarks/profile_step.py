@@ -44,11 +44,11 @@ def _engine(args: argparse.Namespace) -> tuple[Scheduler, ModelRunner]:
         device=args.device,
         num_threads=args.num_threads or None,
         kv_cache_memory_mb=args.kv_cache_mb,
+        max_num_seqs=args.num_requests,
+        max_num_batched_tokens=args.max_num_batched_tokens,
     )
     runner = ModelRunner(settings)
-    scheduler = Scheduler(
-        SchedulerConfig(max_num_seqs=args.num_requests, max_num_batched_tokens=args.max_num_batched_tokens)
-    )
+    scheduler = Scheduler(SchedulerConfig())
     scheduler.add_worker(runner.worker_info())
     generator = torch.Generator().manual_seed(0)
     now = time.time()

@@ -281,10 +281,16 @@ def load_inprocess_state(args: argparse.Namespace) -> ServerState:
     from gpu_worker.model_runner import ModelRunner
     from gpu_worker.settings import WorkerSettings
 
-    runner = ModelRunner(WorkerSettings(model=args.model, device=args.device, dtype=args.dtype))
+    runner = ModelRunner(
+        WorkerSettings(
+            model=args.model,
+            device=args.device,
+            dtype=args.dtype,
+            max_num_seqs=args.max_num_seqs,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+        )
+    )
     config = SchedulerConfig(
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
         policy=args.policy,
         async_scheduling=False,  # nothing to overlap: schedule and forward share one thread
     )
@@ -309,9 +315,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="static: the static-batching baseline; inprocess: our scheduler + model runner without Redis",
     )
     parser.add_argument("--batch-size", type=int, default=8, help="requests per static batch")
-    parser.add_argument("--max-num-seqs", type=int, default=64, help="inprocess: as BATCHER_MAX_NUM_SEQS")
+    parser.add_argument("--max-num-seqs", type=int, default=64, help="inprocess: as WORKER_MAX_NUM_SEQS")
     parser.add_argument(
-        "--max-num-batched-tokens", type=int, default=512, help="inprocess: as BATCHER_MAX_NUM_BATCHED_TOKENS"
+        "--max-num-batched-tokens", type=int, default=512, help="inprocess: as WORKER_MAX_NUM_BATCHED_TOKENS"
     )
     parser.add_argument(
         "--policy", choices=["fused", "tgi"], default="fused", help="inprocess: BATCHER_POLICY"

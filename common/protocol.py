@@ -72,6 +72,9 @@ class WorkerInfo(msgspec.Struct, tag="hello", kw_only=True):
     block_size: int  # tokens per block
     max_model_len: int  # longest sequence (prompt + output) it can hold
     started_at: float  # unix seconds
+    # Its step limits (sized for its device); the defaults are what a worker without them was given.
+    max_num_seqs: int = 64  # requests in one step
+    max_num_batched_tokens: int = 512  # tokens computed in one step (prefill chunks + decodes)
 
 
 class WorkerLost(msgspec.Struct, tag="worker_lost", kw_only=True):

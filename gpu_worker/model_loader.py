@@ -6,10 +6,11 @@ import logging
 from dataclasses import dataclass
 
 import torch
-from transformers import AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
+from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
 
 from gpu_worker.attention import register_paged_attention
 from gpu_worker.kv_cache import KVCache
+from gpu_worker.model_support import check_attention_supported, head_dim
 from gpu_worker.settings import WorkerSettings
 
 logger = logging.getLogger(__name__)
@@ -25,9 +26,12 @@ class KVShape:
 def load_model(settings: WorkerSettings) -> PreTrainedModel:
     if settings.device == "cuda" and not torch.cuda.is_available():
         raise ValueError("WORKER_DEVICE=cuda but torch sees no CUDA device: use --device cpu or a CUDA build")
+    config = AutoConfig.from_pretrained(settings.model)
+    check_attention_supported(config, settings.max_model_len)  # before loading any weight
     attn_implementation = register_paged_attention()
     model = AutoModelForCausalLM.from_pretrained(
         settings.model,
+        config=config,
         attn_implementation=attn_implementation,
         dtype=getattr(torch, settings.resolved_dtype),
     )
@@ -39,15 +43,14 @@ def load_model(settings: WorkerSettings) -> PreTrainedModel:
 
 def kv_shape(config: PretrainedConfig) -> KVShape:
     text = config.get_text_config()
-    num_heads = int(text.num_attention_heads)
-    head_dim = getattr(text, "head_dim", None) or text.hidden_size // num_heads
-    num_kv_heads = getattr(text, "num_key_value_heads", None) or num_heads
+    num_kv_heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
     return KVShape(
-        num_layers=int(text.num_hidden_layers), num_kv_heads=int(num_kv_heads), head_dim=int(head_dim)
+        num_layers=int(text.num_hidden_layers), num_kv_heads=int(num_kv_heads), head_dim=head_dim(text)
     )
 
 
-def resolve_num_blocks(settings: WorkerSettings, shape: KVShape, dtype: torch.dtype) -> int:
+def resolve_num_blocks(settings: WorkerSettings, shape: KVShape, dtype: torch.dtype, budget: int) -> int:
+    """WORKER_NUM_BLOCKS, or as many blocks as `budget` bytes hold (see gpu_worker/profile.py)."""
     if settings.num_blocks is not None:
         return settings.num_blocks
     per_block = KVCache.bytes_per_block(
@@ -57,24 +60,27 @@ def resolve_num_blocks(settings: WorkerSettings, shape: KVShape, dtype: torch.dt
         head_dim=shape.head_dim,
         dtype=dtype,
     )
-    if settings.device == "cuda":
-        # Measured after the weights are loaded, so the weights are already out of the free memory.
-        free, _total = torch.cuda.mem_get_info()
-        budget = int(free * settings.gpu_memory_utilization)
-    else:
-        budget = settings.kv_cache_memory_mb * 1024 * 1024
     num_blocks = budget // per_block
     if num_blocks < 1:
-        raise ValueError(
-            f"no room for one KV block ({per_block} bytes): raise WORKER_KV_CACHE_MEMORY_MB "
-            "or WORKER_GPU_MEMORY_UTILIZATION, or set WORKER_NUM_BLOCKS"
+        knobs = (
+            "raise WORKER_GPU_MEMORY_UTILIZATION, lower WORKER_MAX_NUM_BATCHED_TOKENS or "
+            "WORKER_GPU_RESERVE_MEMORY_MB"
+            if settings.device == "cuda"
+            else "raise WORKER_KV_CACHE_MEMORY_MB"
         )
+        raise ValueError(f"no room for one KV block ({per_block} bytes): {knobs}, or set WORKER_NUM_BLOCKS")
     return int(num_blocks)
+
+
+def model_max_len(config: PretrainedConfig) -> int | None:
+    """The model's own context length, when its config says."""
+    limit = getattr(config.get_text_config(), "max_position_embeddings", None)
+    return int(limit) if limit else None
 
 
 def resolve_max_model_len(settings: WorkerSettings, config: PretrainedConfig, num_blocks: int) -> int:
     capacity = num_blocks * settings.block_size
-    model_limit = getattr(config.get_text_config(), "max_position_embeddings", None) or capacity
+    model_limit = model_max_len(config) or capacity
     if settings.max_model_len is None:
         return int(min(model_limit, capacity))
     if settings.max_model_len > capacity:

@@ -31,8 +31,16 @@ from gpu_worker.model_loader import (
     eos_token_ids,
     kv_shape,
     load_model,
+    model_max_len,
     resolve_max_model_len,
     resolve_num_blocks,
+)
+from gpu_worker.profile import (
+    MemorySnapshot,
+    ProfileStep,
+    build_profile_step,
+    kv_cache_budget,
+    run_profile_step,
 )
 from gpu_worker.request_state import RequestState
 from gpu_worker.sampler import Sampler
@@ -52,22 +60,17 @@ class ModelRunner:
         self.worker_id = settings.worker_id
         self.model_name = settings.model
         self.device = torch.device(settings.device)
+        memory_at_start = MemorySnapshot.take(self.device)
         self.model = load_model(settings) if model is None else model
         config = self.model.config
-        shape = kv_shape(config)
-        dtype = self.model.dtype
         self.block_size = settings.block_size
-        self.num_blocks = resolve_num_blocks(settings, shape, dtype)
-        self.max_model_len = resolve_max_model_len(settings, config, self.num_blocks)
-        self.kv_cache = KVCache.allocate(
-            num_layers=shape.num_layers,
-            num_blocks=self.num_blocks,
-            block_size=self.block_size,
-            num_kv_heads=shape.num_kv_heads,
-            head_dim=shape.head_dim,
-            dtype=dtype,
-            device=self.device,
-        )
+        self.max_num_seqs = settings.resolved_max_num_seqs
+        self.max_num_batched_tokens = settings.resolved_max_num_batched_tokens
+        # A temporary pool just large enough for the profiling step, run at the end of __init__.
+        profile = build_profile_step(settings, model_max_len(config) or self.max_num_batched_tokens)
+        self.num_blocks = profile.num_blocks
+        self.max_model_len = profile.max_len
+        self.kv_cache = self._allocate_kv_cache(self.num_blocks)
         self.vocab_size = int(config.get_text_config().vocab_size)
         self.eos_token_ids = eos_token_ids(self.model)
         self.sampler = Sampler(settings.seed, self.device)
@@ -80,6 +83,32 @@ class ModelRunner:
         self.requests: dict[str, RequestState] = {}
         # Logprobs of the last step's samples, by req_id, for its token events (only requests that asked).
         self._step_logprobs: dict[str, SampleLogprobs] = {}
+        self.num_isolated_steps = 0  # steps that raised and were rerun request by request
+        self._size_kv_cache(settings, profile, memory_at_start)
+
+    def _allocate_kv_cache(self, num_blocks: int) -> KVCache:
+        shape = kv_shape(self.model.config)
+        return KVCache.allocate(
+            num_layers=shape.num_layers,
+            num_blocks=num_blocks,
+            block_size=self.block_size,
+            num_kv_heads=shape.num_kv_heads,
+            head_dim=shape.head_dim,
+            dtype=self.model.dtype,
+            device=self.device,
+        )
+
+    def _size_kv_cache(
+        self, settings: WorkerSettings, step: ProfileStep, start: MemorySnapshot | None
+    ) -> None:
+        """Run the profiling step in the temporary pool, then give the real pool what it leaves."""
+        result = run_profile_step(self, step)
+        del self.kv_cache  # freed before measuring what is left
+        budget = kv_cache_budget(settings, self.device, start, result)
+        shape = kv_shape(self.model.config)
+        self.num_blocks = resolve_num_blocks(settings, shape, self.model.dtype, budget)
+        self.max_model_len = resolve_max_model_len(settings, self.model.config, self.num_blocks)
+        self.kv_cache = self._allocate_kv_cache(self.num_blocks)
 
     def worker_info(self) -> WorkerInfo:
         """What the batcher needs to schedule onto this runner (sent when a worker registers)."""
@@ -90,6 +119,8 @@ class ModelRunner:
             block_size=self.block_size,
             max_model_len=self.max_model_len,
             started_at=time.time(),
+            max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=self.max_num_batched_tokens,
         )
 
     # ---- one step -------------------------------------------------------------------------------
@@ -101,6 +132,7 @@ class ModelRunner:
         except _StepFailed as failed:
             # Rare path: find the culprit instead of failing the whole batch (see _isolate).
             logger.warning("step %d: rerunning it request by request (%s)", scheduler_output.step_id, failed)
+            self.num_isolated_steps += 1
             output = self._isolate(scheduler_output)
         output.step_time = time.perf_counter() - started
         return output

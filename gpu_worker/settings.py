@@ -49,7 +49,26 @@ class WorkerSettings(BaseSettings):
         default=0.9,
         gt=0.0,
         le=1.0,
-        description="Share of free GPU memory (after loading) given to the KV cache.",
+        description="Share of the GPU's total memory this worker may use: weights, peak activations "
+        "of a profiled step at max_num_batched_tokens, gpu_reserve_memory_mb, and the KV cache in what "
+        "is left (as vLLM defines it).",
+    )
+    gpu_reserve_memory_mb: int = Field(
+        default=1024,
+        ge=0,
+        description="Memory on cuda kept out of the KV cache for what the profiling step does not "
+        "see: CUDA graphs and buffers allocated after it.",
+    )
+    max_num_seqs: int | None = Field(
+        default=None,
+        gt=0,
+        description="Most requests in one step, registered with the batcher; default 64 on cpu, 256 on cuda.",
+    )
+    max_num_batched_tokens: int | None = Field(
+        default=None,
+        gt=0,
+        description="Tokens computed in one step (prefill chunks + decodes), registered with the "
+        "batcher and profiled at startup; default 512 on cpu, 8192 on cuda.",
     )
     block_size: int = Field(default=16, gt=0, description="Tokens per KV-cache block.")
     max_model_len: int | None = Field(
@@ -106,6 +125,29 @@ class WorkerSettings(BaseSettings):
         if self.device == "cpu" and self.dtype == "float16":
             raise ValueError("float16 is slow or unsupported on cpu: set WORKER_DTYPE=float32 or bfloat16")
         return self
+
+    @model_validator(mode="after")
+    def _budget_fits_a_full_batch(self) -> WorkerSettings:
+        if self.resolved_max_num_batched_tokens < self.resolved_max_num_seqs:
+            raise ValueError(
+                f"WORKER_MAX_NUM_BATCHED_TOKENS ({self.resolved_max_num_batched_tokens}) must be at least "
+                f"WORKER_MAX_NUM_SEQS ({self.resolved_max_num_seqs}), or a full batch of decodes "
+                "could not fit in one step"
+            )
+        return self
+
+    @property
+    def resolved_max_num_seqs(self) -> int:
+        if self.max_num_seqs is not None:
+            return self.max_num_seqs
+        return 256 if self.device == "cuda" else 64
+
+    @property
+    def resolved_max_num_batched_tokens(self) -> int:
+        # cuda: vLLM's default budget for an online server on a large GPU; cpu: what the batcher used.
+        if self.max_num_batched_tokens is not None:
+            return self.max_num_batched_tokens
+        return 8192 if self.device == "cuda" else 512
 
     @property
     def resolved_group_decodes(self) -> bool:

@@ -62,14 +62,14 @@ def raise_fd_limit() -> int:
 
 @contextlib.contextmanager
 def own_stack(args: argparse.Namespace) -> Iterator[Target]:
-    batcher_env = {
-        "BATCHER_MAX_NUM_SEQS": str(args.max_num_seqs),
-        "BATCHER_MAX_NUM_BATCHED_TOKENS": str(max(2048, args.max_num_seqs)),
-    }
     # The queue bound would refuse part of a burst this size: the point here is to hold it.
     gateway_env = {"GATEWAY_MAX_QUEUED_REQUESTS": "0"}
-    env = {"CBSERVE_RETENTION_S": str(args.retention)}
-    with private_stack(args.model, env=env, batcher_env=batcher_env, gateway_env=gateway_env) as stack:
+    env = {
+        "CBSERVE_RETENTION_S": str(args.retention),
+        "WORKER_MAX_NUM_SEQS": str(args.max_num_seqs),
+        "WORKER_MAX_NUM_BATCHED_TOKENS": str(max(2048, args.max_num_seqs)),
+    }
+    with private_stack(args.model, env=env, gateway_env=gateway_env) as stack:
         yield Target(stack.base_url, stack.redis_url, stack.procs["gateway"].pid)
 
 
@@ -173,7 +173,7 @@ def main() -> None:
     )
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--retention", type=int, default=10, help="CBSERVE_RETENTION_S of the stack started")
-    parser.add_argument("--max-num-seqs", type=int, default=256, help="BATCHER_MAX_NUM_SEQS")
+    parser.add_argument("--max-num-seqs", type=int, default=256, help="WORKER_MAX_NUM_SEQS")
     parser.add_argument("--model", type=Path, help="model directory (default: build the tests' tiny model)")
     parser.add_argument("--base-url", help="a running gateway instead of starting a stack")
     parser.add_argument("--redis-url", help="its Redis (with --base-url)")

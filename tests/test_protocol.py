@@ -101,9 +101,34 @@ def test_event_and_worker_round_trip() -> None:
     assert decode_event(encode(token)) == token
     assert decode_event(encode(error)) == error
     info = WorkerInfo(
-        worker_id="w", model="m", num_blocks=8, block_size=16, max_model_len=128, started_at=1.0
+        worker_id="w",
+        model="m",
+        num_blocks=8,
+        block_size=16,
+        max_model_len=128,
+        started_at=1.0,
+        max_num_seqs=256,
+        max_num_batched_tokens=8192,
     )
     assert decode_worker(encode(info)) == info
+
+
+def test_worker_info_without_step_limits_decodes_with_the_old_batcher_limits() -> None:
+    # A worker from before the limits were registered: it was scheduled at 64 requests, 512 tokens.
+    old = msgspec.msgpack.encode(
+        {
+            "type": "hello",
+            "worker_id": "w",
+            "model": "m",
+            "num_blocks": 8,
+            "block_size": 16,
+            "max_model_len": 128,
+            "started_at": 1.0,
+        }
+    )
+    info = decode_worker(old)
+    assert (info.max_num_seqs, info.max_num_batched_tokens) == (64, 512)
+    assert isinstance(decode_inbox(old), WorkerInfo)
 
 
 def test_token_event_with_logprobs_round_trip_and_stays_compact() -> None:

@@ -13,7 +13,12 @@ from common.protocol import FinishReason, ModelRunnerOutput, SamplingParams, Sch
 
 
 def worker(
-    worker_id: str = "w0", num_blocks: int = 64, block_size: int = 4, max_len: int = 256
+    worker_id: str = "w0",
+    num_blocks: int = 64,
+    block_size: int = 4,
+    max_len: int = 256,
+    max_num_seqs: int = 64,
+    max_num_batched_tokens: int = 512,
 ) -> WorkerInfo:
     return WorkerInfo(
         worker_id=worker_id,
@@ -22,6 +27,8 @@ def worker(
         block_size=block_size,
         max_model_len=max_len,
         started_at=0.0,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens,
     )
 
 
@@ -231,6 +238,53 @@ def test_new_requests_are_split_between_workers_by_free_blocks() -> None:
     assert out1b is not None and not out1b.scheduled_new_reqs
     out0b, _ = s.schedule("w0")
     assert out0b is not None and [r.req_id for r in out0b.scheduled_new_reqs] == ["next"]
+
+
+def _at_max_tokens(req: Request) -> FinishReason | None:
+    return "length" if len(req.output_token_ids) + 1 >= req.sampling_params.max_tokens else None
+
+
+def run_to_completion(s: Scheduler, worker_ids: list[str]) -> dict[str, list[SchedulerOutput]]:
+    """Step every worker in turn until no request is left; the steps each one got."""
+    steps: dict[str, list[SchedulerOutput]] = {w: [] for w in worker_ids}
+    for _ in range(200):
+        if not s.requests:
+            return steps
+        for worker_id in worker_ids:
+            out, failed = s.schedule(worker_id)
+            assert not failed
+            if out is not None:
+                steps[worker_id].append(out)
+                complete(s, out, worker_id, finish=_at_max_tokens)
+    raise AssertionError(f"requests left after 200 rounds: {sorted(s.requests)}")
+
+
+def test_workers_of_different_sizes_each_get_steps_within_their_own_limits() -> None:
+    s = Scheduler(SchedulerConfig())  # no batcher caps: the registered limits rule
+    s.add_worker(worker("cpu", max_num_seqs=2, max_num_batched_tokens=8))
+    s.add_worker(worker("gpu", max_num_seqs=6, max_num_batched_tokens=40))
+    for i in range(24):
+        s.add_request(request(f"r{i}", prompt_len=6, max_tokens=4), now=0.0)
+    steps = run_to_completion(s, ["gpu", "cpu"])
+    biggest = {
+        w: (max(len(o.num_scheduled_tokens) for o in outs), max(o.total_num_scheduled_tokens for o in outs))
+        for w, outs in steps.items()
+    }
+    # Each filled its own limits and never went past them; both served requests.
+    assert biggest == {"cpu": (2, 8), "gpu": (6, 36)}
+
+
+def test_batcher_limits_cap_what_workers_register() -> None:
+    s = Scheduler(SchedulerConfig(max_num_seqs=3, max_num_batched_tokens=10))
+    s.add_worker(worker("small", max_num_seqs=2, max_num_batched_tokens=8))
+    s.add_worker(worker("big", max_num_seqs=256, max_num_batched_tokens=8192))
+    for i in range(12):
+        s.add_request(request(f"r{i}", prompt_len=6, max_tokens=4), now=0.0)
+    steps = run_to_completion(s, ["big", "small"])
+    assert max(len(o.num_scheduled_tokens) for o in steps["big"]) == 3
+    assert max(o.total_num_scheduled_tokens for o in steps["big"]) == 10
+    assert max(len(o.num_scheduled_tokens) for o in steps["small"]) == 2
+    assert max(o.total_num_scheduled_tokens for o in steps["small"]) == 8
 
 
 def test_dead_worker_requests_resume_on_another_worker() -> None:

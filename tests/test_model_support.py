@@ -1,0 +1,139 @@
+"""Models whose attention the paged backends do not implement are refused at load, naming the feature.
+
+Each case is a tiny random model of the real model type, saved and loaded back through
+`from_pretrained` as a user's model directory would be.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import (
+    AutoModelForCausalLM,
+    BloomConfig,
+    CpmAntConfig,
+    DeepseekV3Config,
+    FalconConfig,
+    Gemma2Config,
+    GptOssConfig,
+    Llama4TextConfig,
+    LlamaConfig,
+    MistralConfig,
+    MptConfig,
+    PretrainedConfig,
+    Qwen2Config,
+    Qwen3NextConfig,
+)
+
+from gpu_worker.model_runner import ModelRunner
+from gpu_worker.model_support import UnsupportedModelError, unsupported_attention_features
+from gpu_worker.settings import WorkerSettings
+
+SMALL = {
+    "vocab_size": 128,
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 256,
+}
+
+
+def save_tiny(path: Path, config: PretrainedConfig) -> Path:
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(path)
+    return path
+
+
+def load(path: Path, **settings: object) -> ModelRunner:
+    return ModelRunner(WorkerSettings(model=str(path), num_blocks=64, worker_id="t", **settings))  # type: ignore[arg-type]
+
+
+REFUSED: dict[str, tuple[Callable[[], PretrainedConfig], list[str]]] = {
+    # Mistral v0.1: one window for every layer, shorter than the context.
+    "mistral-sliding-window": (lambda: MistralConfig(**SMALL, sliding_window=64), ["sliding-window"]),
+    # Qwen2 with use_sliding_window: layer_types mark the layers past max_window_layers as sliding.
+    "qwen2-use-sliding-window": (
+        lambda: Qwen2Config(**SMALL, use_sliding_window=True, sliding_window=64, max_window_layers=1),
+        ["sliding-window"],
+    ),
+    # Gemma 2: logit softcapping in every layer, sliding window in every other one.
+    "gemma2-softcap": (
+        lambda: Gemma2Config(**SMALL, head_dim=8, sliding_window=64, attn_logit_softcapping=50.0),
+        ["softcapping", "sliding-window"],
+    ),
+    "gpt-oss-sinks": (
+        lambda: GptOssConfig(
+            **{**SMALL, "max_position_embeddings": 64},
+            head_dim=8,
+            num_local_experts=2,
+            num_experts_per_tok=1,
+            sliding_window=64,
+        ),
+        ["attention sinks"],
+    ),
+    "falcon-alibi": (
+        lambda: FalconConfig(
+            vocab_size=128, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, alibi=True
+        ),
+        ["ALiBi"],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(REFUSED))
+def test_unsupported_attention_is_refused_at_load_naming_the_feature(tmp_path: Path, case: str) -> None:
+    make_config, features = REFUSED[case]
+    path = save_tiny(tmp_path / case, make_config())
+    with pytest.raises(UnsupportedModelError) as refused:
+        load(path)
+    message = str(refused.value)
+    assert "not supported" in message
+    for feature in features:
+        assert feature in message
+
+
+def test_a_window_longer_than_every_sequence_is_served(tmp_path: Path) -> None:
+    # Capped at the window, sliding-window attention never slides: full attention is exact.
+    path = save_tiny(tmp_path / "mistral", MistralConfig(**SMALL, sliding_window=64))
+    runner = load(path, max_model_len=64)
+    assert runner.max_model_len == 64
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        lambda: MistralConfig(**SMALL, sliding_window=None),  # Mistral v0.2 and later
+        lambda: Qwen2Config(**SMALL, sliding_window=64),  # the window is off unless use_sliding_window
+    ],
+    ids=["mistral-no-window", "qwen2-window-off"],
+)
+def test_models_with_plain_attention_load(tmp_path: Path, config: Callable[[], PretrainedConfig]) -> None:
+    assert load(save_tiny(tmp_path / "model", config())).num_blocks == 64
+
+
+def test_the_tiny_llama_loads(tiny_model_dir: Path) -> None:
+    assert load(tiny_model_dir).num_blocks == 64
+
+
+@pytest.mark.parametrize(
+    ("config", "feature"),
+    [
+        (DeepseekV3Config, "different head sizes"),
+        (MptConfig, "ALiBi"),
+        (BloomConfig, "ALiBi"),
+        (Llama4TextConfig, "chunked_attention layers"),
+        (Qwen3NextConfig, "linear_attention layers"),
+        (CpmAntConfig, "relative position biases"),
+    ],
+)
+def test_default_configs_of_other_unsupported_model_types_name_their_feature(
+    config: Callable[[], PretrainedConfig], feature: str
+) -> None:
+    [problem] = unsupported_attention_features(config(), max_model_len=None)
+    assert feature in problem
+    assert unsupported_attention_features(LlamaConfig(), max_model_len=None) == []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -216,3 +217,18 @@ def test_still_serving_after_errors(gateway: RunningGateway) -> None:
         response = future.result(timeout=30)
     assert response.status_code == 200
     assert response.json()["usage"]["completion_tokens"] == 2
+
+
+def test_every_refusal_is_logged_with_its_rule(
+    gateway: RunningGateway, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.INFO, logger="gateway.errors"):
+        _post(gateway.client, CHAT, {"messages": USER, "tool_choice": "auto"})
+        _post(gateway.client, COMPLETIONS, {"prompt": "hi", "max_tokens": "10"})
+        gateway.client.get("/v1/engines")
+    refusals = [r.getMessage() for r in caplog.records if r.getMessage().startswith("refused:")]
+    assert any(
+        "status=400" in m and "param=tool_choice" in m and "unsupported_parameter" in m for m in refusals
+    )
+    assert any("status=400" in m and "param=max_tokens" in m and "valid integer" in m for m in refusals)
+    assert any("status=404" in m for m in refusals)

@@ -9,6 +9,7 @@ from tokenizers import Tokenizer
 
 from gateway.detokenizer import IncrementalDetokenizer
 from gateway.output_processor import OutputProcessor
+from tests.tiny_model import byte_token_id
 
 
 @pytest.fixture(scope="module")
@@ -62,20 +63,9 @@ def test_prompt_context_does_not_leak_into_output(tokenizer: Tokenizer) -> None:
     assert "".join(_stream(tokenizer, prompt_ids, output_ids)) == " and more"
 
 
-def byte_token(tokenizer: Tokenizer, byte: int) -> int:
-    """The id of the token for one raw byte, spelled as byte-level BPE spells it (GPT-2's table:
-    printable bytes as themselves, the others as chr(256 + their rank))."""
-    printable = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
-    others = [b for b in range(256) if b not in printable]
-    char = chr(byte) if byte in printable else chr(256 + others.index(byte))
-    token_id = tokenizer.token_to_id(char)
-    assert token_id is not None
-    return int(token_id)
-
-
 @pytest.mark.parametrize("tail", [[0xE2], [0xE2] * 5, [0xF0, 0x9F, 0x8E], [0xE2, 0xE2, 0x82]])
 def test_flush_releases_bytes_that_never_complete_a_character(tokenizer: Tokenizer, tail: list[int]) -> None:
-    output_ids = tokenizer.encode(" ok").ids + [byte_token(tokenizer, b) for b in tail]
+    output_ids = tokenizer.encode(" ok").ids + [byte_token_id(tokenizer, b) for b in tail]
     detok = IncrementalDetokenizer(tokenizer, tokenizer.encode("The prompt").ids)
     deltas = [detok.step(t) for t in output_ids]
     assert "".join(deltas) == " ok"  # held back while a later token might still complete them
@@ -90,7 +80,7 @@ def test_output_text_equals_the_decode_when_it_ends_mid_character(
     tokenizer: Tokenizer, finish_reason: str
 ) -> None:
     """The last delta carries the held-back bytes, whether the output ran out or an EOS ended it."""
-    output_ids = [*tokenizer.encode(" done").ids, *(byte_token(tokenizer, 0xE2) for _ in range(3))]
+    output_ids = [*tokenizer.encode(" done").ids, *(byte_token_id(tokenizer, 0xE2) for _ in range(3))]
     eos = tokenizer.token_to_id("<|endoftext|>")
     if finish_reason == "stop":
         output_ids.append(eos)
@@ -104,7 +94,7 @@ def test_output_text_equals_the_decode_when_it_ends_mid_character(
 
 
 def test_flush_adds_nothing_after_a_stop_string(tokenizer: Tokenizer) -> None:
-    output_ids = [*tokenizer.encode(" one two").ids, byte_token(tokenizer, 0xE2)]
+    output_ids = [*tokenizer.encode(" one two").ids, byte_token_id(tokenizer, 0xE2)]
     processor = OutputProcessor(tokenizer, [], stop=["two"])
     deltas = [processor.process(t, None) for t in output_ids]
     assert "".join(d.text for d in deltas) == " one "

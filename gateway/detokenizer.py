@@ -36,3 +36,13 @@ class IncrementalDetokenizer:
         self._prefix_offset = self._read_offset
         self._read_offset = len(self._token_ids)
         return new_text[len(prefix_text) :]
+
+    def flush(self) -> str:
+        """The text still held back, at the end of the output: bytes that never completed a character
+        come out as U+FFFD, as `decode(token_ids)` gives them, so the text always equals the decode."""
+        if self._read_offset == len(self._token_ids):
+            return ""
+        prefix_text = self._decode(self._prefix_offset, self._read_offset)
+        new_text = self._decode(self._prefix_offset)
+        self._prefix_offset = self._read_offset = len(self._token_ids)
+        return new_text[len(prefix_text) :]

@@ -41,9 +41,10 @@ class OpenAIError(Exception):
     ) -> None:
         super().__init__(message)
         self.status = status
-        self.message = message
+        # A message or param may quote client input; a lone surrogate in it would fail the JSON encoding.
+        self.message = _printable(message)
         self.type = type
-        self.param = param
+        self.param = None if param is None else _printable(param)
         self.code = code
         self.headers = headers  # e.g. Retry-After on 429, WWW-Authenticate on 401
 
@@ -51,7 +52,25 @@ class OpenAIError(Exception):
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
     def response(self) -> JSONResponse:
+        """The error as an HTTP answer; every refusal (4xx) is logged with the rule that refused it."""
+        if self.status < 500:
+            logger.info(
+                "refused: status=%d type=%s code=%s param=%s reason=%s",
+                self.status,
+                self.type,
+                self.code,
+                self.param,
+                self.message[:_LOGGED_REASON_CHARS],
+            )
         return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+
+
+# Enough of the message to say which rule refused a request, without logging a whole prompt.
+_LOGGED_REASON_CHARS = 160
+
+
+def _printable(text: str) -> str:
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def invalid_request(message: str, param: str | None = None, code: str | None = None) -> OpenAIError:
@@ -73,32 +92,46 @@ _UNION_TAGS = {"str", "int", "float", "bool", "list", "dict", "none", "function-
 
 def _param_name(loc: tuple[int | str, ...]) -> str | None:
     """("body", "messages", 0, "role") -> "messages[0].role", the form the 400 errors use."""
-    param = ""
+    parts: list[str] = []
     for part in loc[1:] if loc and loc[0] == "body" else loc:
         if isinstance(part, int):
-            param += f"[{part}]"
+            parts.append(f"[{part}]")
+        elif part == "[key]":  # a bad dict key: name the dict, not the key the client wrote
+            parts.pop()
+            break
         elif part in _UNION_TAGS or "[" in part:
             break
         else:
-            param += f".{part}" if param else part
-    return param or None
+            parts.append(f".{part}" if parts else part)
+    return "".join(parts) or None
 
 
 def validation_error(errors: Sequence[Any]) -> OpenAIError:
-    """A body that failed its schema (pydantic's `errors()`): 422 naming the first bad parameter. The
-    HTTP handler and batch lines answer with it, so a line fails exactly as the same body sent alone."""
+    """A body that failed its schema (pydantic's `errors()`): 400 naming the bad parameter, as OpenAI
+    answers. The HTTP handler and batch lines answer with it, so a line fails exactly as the same body
+    sent alone."""
     message, param = _validation_message(errors)
-    return OpenAIError(422, message, param=param)
+    return OpenAIError(400, message, param=param)
+
+
+def _most_telling(errors: Sequence[Any]) -> Any:
+    # A value that fails every member of a union is reported once per member; a failed check of our
+    # own (e.g. invalid Unicode) says more than "Input should be a valid list".
+    return next((e for e in errors if e.get("type") == "value_error"), errors[0])
 
 
 def _validation_message(errors: Sequence[Any]) -> tuple[str, str | None]:
     if not errors:
         return "invalid request body", None
-    first = errors[0]
+    first = _most_telling(errors)
     param = _param_name(first.get("loc", ()))
     message = str(first.get("msg", "invalid value"))
     if first.get("type") == "json_invalid":
         return f"request body is not valid JSON: {first.get('ctx', {}).get('error', message)}", None
+    if first.get("type") == "string_unicode":  # pydantic's own check, on a field name
+        message = "a field name is not valid Unicode (a lone surrogate)"
+    if first.get("type") == "extra_forbidden":
+        message = "unknown parameter (not part of the OpenAI API this server implements)"
     return (f"{param}: {message}" if param else message), param
 
 
@@ -115,8 +148,8 @@ async def _validation_error(_: Request, exc: Exception) -> JSONResponse:
 async def _http_error(_: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
     kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
-    error = OpenAIError(exc.status_code, str(exc.detail), type=kind)
-    return JSONResponse(error.body(), status_code=exc.status_code, headers=exc.headers)
+    headers = dict(exc.headers) if exc.headers else None
+    return OpenAIError(exc.status_code, str(exc.detail), type=kind, headers=headers).response()
 
 
 async def _redis_error(_: Request, exc: Exception) -> JSONResponse:

@@ -1,66 +1,98 @@
 """Request and response bodies of the OpenAI API subset the gateway serves.
 
-Request models check types only (a wrong type is a 422); value ranges are checked in `validation.py`
-so they come back as 400 naming the parameter, as OpenAI and vLLM answer. Unknown fields are ignored.
+Request models are strict, as OpenAI is: an unknown field, a wrong type (no coercion: `"10"` is not
+an int) or a string that is not valid Unicode is a 400 naming the field (see errors.py). Fields OpenAI
+defines that we do not implement are declared, so that `validation.check_unsupported` can refuse them
+by name instead of ignoring them. Value ranges are checked in `validation.py`.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict
-
-
-class _Lenient(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+from pydantic import AfterValidator, BaseModel, ConfigDict
 
 
-class StreamOptions(_Lenient):
-    include_usage: bool = False  # end the stream with a chunk that carries usage
+def _valid_unicode(text: str) -> str:
+    # JSON can spell lone UTF-16 surrogates ("\ud83d"); they cannot be encoded, tokenized or stored.
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"not valid Unicode (a lone surrogate at character {exc.start})") from None
+    return text
 
 
-class _SamplingRequest(_Lenient):
-    model: str | None = None  # must name the served model when given
+Text = Annotated[str, AfterValidator(_valid_unicode)]
+JSONObject = dict[Text, Any]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class StreamOptions(_Strict):
+    include_usage: bool | None = False  # end the stream with a chunk that carries usage
+
+
+class _SamplingRequest(_Strict):
+    model: Text | None = None  # must name the served model when given
     max_tokens: int | None = None  # default: whatever room the context has left
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None  # -1 or 0: off
     seed: int | None = None
-    stop: str | list[str] | None = None  # matched on the output text
+    stop: Text | list[Text] | None = None  # matched on the output text
     stop_token_ids: list[int] | None = None
     min_p: float | None = None  # vLLM: drop tokens under min_p x the top token's probability
     presence_penalty: float | None = None  # [-2, 2], over output tokens
     frequency_penalty: float | None = None  # [-2, 2], per occurrence in the output
     repetition_penalty: float | None = None  # vLLM / HF: > 0, over prompt + output, 1 is off
-    logit_bias: dict[str, float] | None = None  # token id (as a string) -> bias in [-100, 100]
+    logit_bias: dict[Text, float] | None = None  # token id (as a string) -> bias in [-100, 100]
     min_tokens: int | None = None  # vLLM: EOS / stop_token_ids cannot end the output before this
     # null is accepted wherever OpenAI accepts it, meaning the default.
     ignore_eos: bool | None = False
     n: int | None = 1
     stream: bool | None = False
     stream_options: StreamOptions | None = None
-    user: str | None = None
+    user: Text | None = None
     # vLLM's extension: also return the generated token ids with each choice (tests compare them).
     return_token_ids: bool | None = False
+    # OpenAI fields we do not implement: refused by name in validation.check_unsupported.
+    metadata: JSONObject | None = None
+    store: bool | None = None
+    service_tier: Text | None = None
+    safety_identifier: Text | None = None
+    prompt_cache_key: Text | None = None
 
 
 class CompletionRequest(_SamplingRequest):
-    prompt: str | list[int] | list[str] | list[list[int]]  # one prompt: text or token ids
+    prompt: Text | list[int] | list[Text] | list[list[int]]  # one prompt: text or token ids
     echo: bool | None = False  # prepend the prompt text to each choice
     logprobs: int | None = None  # 0..20: the sampled token's logprob plus this many most likely
-    best_of: int | None = None  # not supported yet
-    suffix: str | None = None  # not supported yet
+    best_of: int | None = None  # only best_of == n (no ranking of extra candidates)
+    suffix: Text | None = None  # not supported yet
+    resumable: bool = False  # opt in to resuming the stream after a disconnect
 
 
-class ContentPart(_Lenient):
-    type: str  # only "text" is supported
-    text: str | None = None
+class ContentPart(_Strict):
+    type: Text  # only "text" is supported; the other kinds OpenAI defines are refused by name
+    text: Text | None = None
+    image_url: JSONObject | None = None
+    input_audio: JSONObject | None = None
+    file: JSONObject | None = None
+    refusal: Text | None = None
 
 
-class ChatMessage(_Lenient):
-    role: str
-    content: str | list[ContentPart] | None = None
-    name: str | None = None
+class ChatMessage(_Strict):
+    role: Text
+    content: Text | list[ContentPart] | None = None
+    name: Text | None = None
+    # Tool and audio turns OpenAI defines; refused by name until they are implemented.
+    tool_calls: list[JSONObject] | None = None
+    tool_call_id: Text | None = None
+    function_call: JSONObject | None = None
+    refusal: Text | None = None
+    audio: JSONObject | None = None
 
 
 class ChatCompletionRequest(_SamplingRequest):
@@ -68,6 +100,20 @@ class ChatCompletionRequest(_SamplingRequest):
     max_completion_tokens: int | None = None  # newer name of max_tokens; wins when both are given
     logprobs: bool | None = None  # return the sampled tokens' logprobs
     top_logprobs: int | None = None  # 0..20 most likely tokens per position (needs logprobs)
+    resumable: bool = False  # opt in to resuming the stream after a disconnect
+    # OpenAI fields we do not implement: refused by name in validation.check_unsupported.
+    tools: list[JSONObject] | None = None
+    tool_choice: Text | JSONObject | None = None
+    parallel_tool_calls: bool | None = None
+    functions: list[JSONObject] | None = None
+    function_call: Text | JSONObject | None = None
+    response_format: JSONObject | None = None
+    audio: JSONObject | None = None
+    modalities: list[Text] | None = None
+    prediction: JSONObject | None = None
+    web_search_options: JSONObject | None = None
+    reasoning_effort: Text | None = None
+    verbosity: Text | None = None
 
 
 def response_exclude(*, return_token_ids: bool, include_usage: bool = True) -> dict[str, Any] | None:
@@ -171,7 +217,7 @@ class ModelCard(BaseModel):
     object: Literal["model"] = "model"
     created: int
     owned_by: str = "cbserve"
-    root: str
+    root: str  # the model's name, as vLLM's `root` names the model (never a filesystem path)
     parent: str | None = None
     max_model_len: int
 

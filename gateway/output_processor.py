@@ -36,6 +36,8 @@ class OutputProcessor:
             self._matcher.append(self._detokenizer.step(token_id))
         stop_string_hit = self._matcher.stopped
         finish = "stop" if stop_string_hit else finish_reason
+        if finish is not None:
+            self._matcher.append(self._detokenizer.flush())  # nothing after a stop string is kept
         text = self._matcher.take(final=finish is not None)
         # When the worker ended it anyway, there is nothing left to stop.
         return OutputDelta(text, finish, stop_string_hit and finish_reason is None)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from gateway.chat_content import encode_chat
 from gateway.chat_template import ChatTemplateError, render_chat
 from gateway.errors import invalid_request
 from gateway.openai_schemas import ChatMessage
@@ -11,6 +12,7 @@ from gateway.served_model import ServedModel
 from gateway.validation import check_token_ids
 
 CHAT_ROLES = ("system", "user", "assistant")
+_NON_TEXT_PART_FIELDS = ("image_url", "input_audio", "file", "refusal")
 
 
 def completion_prompt_ids(
@@ -43,11 +45,16 @@ def _message_dict(i: int, message: ChatMessage) -> dict[str, Any]:
     content = message.content
     if isinstance(content, list):
         texts = []
-        for part in content:
+        for j, part in enumerate(content):
             if part.type != "text" or part.text is None:
                 raise invalid_request(
                     f"content part type {part.type!r} is not supported; only text parts are",
                     f"messages[{i}].content",
+                )
+            extra = next((f for f in _NON_TEXT_PART_FIELDS if getattr(part, f) is not None), None)
+            if extra is not None:
+                raise invalid_request(
+                    f"a text content part cannot carry {extra}", f"messages[{i}].content[{j}].{extra}"
                 )
             texts.append(part.text)
         # Templates expect a string; vLLM joins text parts the same way.
@@ -60,7 +67,8 @@ def _message_dict(i: int, message: ChatMessage) -> dict[str, Any]:
 
 
 def chat_prompt_ids(messages: list[ChatMessage], served: ServedModel) -> list[int]:
-    """Render the chat template (it carries its own special tokens) and tokenize without adding more."""
+    """Render the chat template (it carries its own special tokens) and tokenize without adding more;
+    special-token strings in the messages are text unless the operator allows them (see chat_content)."""
     tokenizer = served.tokenizer
     if tokenizer.chat_template is None:
         raise invalid_request("this model has no chat template; use /v1/completions", "messages")
@@ -68,12 +76,18 @@ def chat_prompt_ids(messages: list[ChatMessage], served: ServedModel) -> list[in
         raise invalid_request("messages must not be empty", "messages")
     chat = [_message_dict(i, m) for i, m in enumerate(messages)]
     try:
-        text = render_chat(
-            tokenizer.chat_template, chat, special_tokens=tokenizer.special_tokens, add_generation_prompt=True
-        )
+        if served.special_tokens_in_content:  # the operator trusts clients with control tokens
+            text = render_chat(
+                tokenizer.chat_template,
+                chat,
+                special_tokens=tokenizer.special_tokens,
+                add_generation_prompt=True,
+            )
+            token_ids = tokenizer.encode(text, add_special_tokens=False)
+        else:
+            token_ids = encode_chat(tokenizer, chat, tokenizer.chat_template)
     except ChatTemplateError as exc:
         raise invalid_request(f"the chat template rejected the messages: {exc}", "messages") from exc
-    token_ids = tokenizer.encode(text, add_special_tokens=False)
     if not token_ids:
         raise invalid_request("the messages render to an empty prompt", "messages")
     return token_ids

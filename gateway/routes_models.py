@@ -1,4 +1,4 @@
-"""GET /v1/models and GET /health."""
+"""GET /v1/models and GET (or HEAD) /health."""
 
 from __future__ import annotations
 
@@ -24,13 +24,15 @@ _HEALTH_REDIS_TIMEOUT_S = 2.0
 @router.get("/v1/models")
 async def list_models(state: Annotated[GatewayState, Depends(get_state)]) -> ModelList:
     served = state.served
+    # `root` names the model, never the directory it was loaded from (that is the operator's business).
     card = ModelCard(
-        id=served.name, created=served.created, root=served.root, max_model_len=served.max_model_len
+        id=served.name, created=served.created, root=served.name, max_model_len=served.max_model_len
     )
     return ModelList(data=[card])
 
 
-@router.get("/health")
+# Load balancers often probe with HEAD: same status and headers, no body.
+@router.api_route("/health", methods=["GET", "HEAD"])
 async def health(state: Annotated[GatewayState, Depends(get_state)]) -> JSONResponse:
     """200 while at least one worker's heartbeat is fresh; 503 otherwise. While Redis is unreachable
     the body says "degraded": requests in flight wait for it (and go on once it is back)."""

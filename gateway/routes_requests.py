@@ -8,13 +8,14 @@ keys configured, the unguessable id itself is the capability.
 
 from __future__ import annotations
 
+import re
 from typing import Annotated
 
 from fastapi import APIRouter, Depends
 from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 
-from common.redis_conn import entry_key
+from common.streams import token_stream
 from gateway.auth import request_owner
 from gateway.errors import OpenAIError
 from gateway.logprobs import LogprobsFormatter
@@ -43,16 +44,23 @@ async def _owned_meta(request_id: str, http_request: Request, state: GatewayStat
     return meta
 
 
-def _last_event_id(http_request: Request) -> str | None:
+# An event id as the gateway sends it: a Redis stream entry id, ASCII digits only (int() alone would
+# also take "1_0", "+1" or " 1", which replayed the whole stream).
+_EVENT_ID = re.compile(r"[0-9]{1,20}-[0-9]{1,20}")
+
+
+async def _last_event_id(http_request: Request, state: GatewayState, req_id: str) -> str | None:
+    """The Last-Event-ID to resume after, which must be an event of this request's stream: an id past
+    its end (or never sent) is a 400, not an empty replay that looks like a finished stream."""
     value = http_request.headers.get("last-event-id") or http_request.query_params.get("last_event_id")
     if not value:
         return None
-    try:
-        entry_key(value)
-    except ValueError:
+    if _EVENT_ID.fullmatch(value) is None or not await state.redis.xrange(
+        token_stream(req_id), value, value, count=1
+    ):
         raise OpenAIError(
             400, f"Last-Event-ID {value!r} is not an event id of this stream", param="last_event_id"
-        ) from None
+        )
     return value
 
 
@@ -62,7 +70,7 @@ async def resume_stream(
 ) -> StreamingResponse:
     """The events after Last-Event-ID (header, or `?last_event_id=`), or the whole stream without it."""
     meta = await _owned_meta(request_id, http_request, state)
-    resume_after = _last_event_id(http_request)
+    resume_after = await _last_event_id(http_request, state, meta.req_id)
     request = prepared_from(meta)
     logprobs = LogprobsFormatter(state.served.tokenizer.tokenizer)
     chunks: ChunkFormatter

@@ -18,6 +18,8 @@ class ServedModel:
     max_model_len: int  # longest prompt + output
     max_prompt_tokens: int | None = None  # operator's cap on prompts (GATEWAY_MAX_PROMPT_TOKENS)
     max_tokens: int | None = None  # operator's cap on max_tokens, also its default (GATEWAY_MAX_TOKENS)
+    # Special-token strings in chat messages become control tokens (GATEWAY_CHAT_CONTENT_SPECIAL_TOKENS).
+    special_tokens_in_content: bool = False
     created: int = field(default_factory=lambda: int(time.time()))
 
 
@@ -37,4 +39,5 @@ def load_served_model(settings: GatewaySettings) -> ServedModel:
         max_model_len=max_model_len,
         max_prompt_tokens=settings.max_prompt_tokens,
         max_tokens=settings.max_tokens,
+        special_tokens_in_content=settings.chat_content_special_tokens,
     )

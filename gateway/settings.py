@@ -48,6 +48,9 @@ class GatewaySettings(BaseSettings):
     max_prompt_tokens: int | None = Field(default=None, gt=0)
     # Largest max_tokens accepted, and the default when a request gives none (capped by the context).
     max_tokens: int | None = Field(default=None, gt=0)
+    # Chat message text is tokenized as text: "<|im_end|>" written by a client is not the control token.
+    # true restores the old behaviour (control tokens from message text), for trusted clients only.
+    chat_content_special_tokens: bool = False
 
     # --- overload -------------------------------------------------------------------------------
     # Requests waiting for a slot (not yet claimed + waiting in the batcher) beyond which new ones get 429.

@@ -8,6 +8,7 @@ config.json for EOS ids and the context length.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +85,16 @@ class ModelTokenizer:
         self.eos_token_ids = self._eos_ids(model_dir)
         # Ids are validated against the tokenizer (what can be decoded), not the model's padded embedding.
         self.vocab_size = max(self.tokenizer.get_vocab(with_added_tokens=True).values()) + 1
+        # Strings that encode() turns into control tokens; client text holding one is encoded by a copy
+        # that reads them as plain text.
+        specials = sorted(
+            (t.content for t in self.tokenizer.get_added_tokens_decoder().values() if t.special),
+            key=len,
+            reverse=True,
+        )
+        self._special_text = re.compile("|".join(map(re.escape, specials))) if specials else None
+        self._plain = Tokenizer.from_str(self.tokenizer.to_str())
+        self._plain.encode_special_tokens = True
 
     def _eos_ids(self, model_dir: Path) -> list[int]:
         for name in ("generation_config.json", "config.json"):
@@ -96,6 +107,13 @@ class ModelTokenizer:
 
     def encode(self, text: str, *, add_special_tokens: bool) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids)
+
+    def encode_plain(self, text: str) -> list[int]:
+        """`text` as text: a special-token string inside it (e.g. "<|im_end|>") is not a control token."""
+        return list(self._plain.encode(text, add_special_tokens=False).ids)
+
+    def has_special_text(self, text: str) -> bool:
+        return self._special_text is not None and self._special_text.search(text) is not None
 
     def decode(self, token_ids: list[int]) -> str:
         """Text of `token_ids` as clients see it: special tokens left out."""

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import math
+from typing import Any
+
+from pydantic import BaseModel
 
 from common.protocol import SamplingParams
 from gateway.errors import OpenAIError, invalid_request
@@ -34,6 +37,35 @@ def check_model(requested: str | None, served: ServedModel) -> None:
         )
 
 
+# OpenAI fields this server does not implement, with the values that ask for what it does anyway
+# (null always does). Anything else is refused by name: an ignored field would change the answer (or its
+# billing, storage, safety checks) without the client knowing.
+_UNSUPPORTED_COMMON: dict[str, tuple[Any, ...]] = {
+    "metadata": (),
+    "store": (False,),
+    "service_tier": ("auto", "default"),
+    "safety_identifier": (),
+    "prompt_cache_key": (),
+}
+_UNSUPPORTED_CHAT: dict[str, tuple[Any, ...]] = {
+    **_UNSUPPORTED_COMMON,
+    "tools": ([],),
+    "tool_choice": ("none",),
+    "parallel_tool_calls": (),
+    "functions": ([],),
+    "function_call": ("none",),
+    "response_format": ({"type": "text"},),
+    "audio": (),
+    "modalities": (["text"],),
+    "prediction": (),
+    "web_search_options": (),
+    "reasoning_effort": (),
+    "verbosity": (),
+}
+_UNSUPPORTED_COMPLETION: dict[str, tuple[Any, ...]] = {**_UNSUPPORTED_COMMON, "suffix": ("",)}
+_UNSUPPORTED_MESSAGE = ("tool_calls", "tool_call_id", "function_call", "refusal", "audio")
+
+
 def check_unsupported(body: CompletionRequest | ChatCompletionRequest) -> None:
     """Features that would silently change the answer if ignored are refused until they exist."""
     if isinstance(body, CompletionRequest):
@@ -41,8 +73,20 @@ def check_unsupported(body: CompletionRequest | ChatCompletionRequest) -> None:
             raise invalid_request(
                 "best_of must equal n; ranking extra candidates is not supported", "best_of"
             )
-        if body.suffix:
-            raise invalid_request("suffix is not supported yet", "suffix")
+        _refuse_unsupported(body, _UNSUPPORTED_COMPLETION, "")
+    else:
+        _refuse_unsupported(body, _UNSUPPORTED_CHAT, "")
+        for i, message in enumerate(body.messages):
+            _refuse_unsupported(message, dict.fromkeys(_UNSUPPORTED_MESSAGE, ()), f"messages[{i}].")
+
+
+def _refuse_unsupported(model: BaseModel, fields: dict[str, tuple[Any, ...]], prefix: str) -> None:
+    for name, accepted in fields.items():
+        value = getattr(model, name)
+        if value is not None and value not in accepted:
+            raise invalid_request(
+                f"{prefix}{name} is not supported by this server", f"{prefix}{name}", "unsupported_parameter"
+            )
 
 
 def num_choices(body: CompletionRequest | ChatCompletionRequest) -> int:

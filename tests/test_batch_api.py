@@ -231,7 +231,7 @@ def test_completions_batch_and_lines_that_fail_as_the_endpoint_would(
     assert [errors[c]["response"]["status_code"] for c in ("too-hot", "other-model", "no-prompt")] == [
         400,
         404,
-        422,
+        400,
     ]
     assert errors["streamed"]["response"]["body"]["error"]["param"] == "stream"
 

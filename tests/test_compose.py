@@ -27,8 +27,13 @@ SETTINGS: dict[str, type[BaseSettings]] = {
 }
 
 
+# Variables compose must be given (`${VAR:?message}`); the tests set them as an operator would.
+REQUIRED = {"REDIS_PASSWORD": "pw"}
+
+
 def interpolate(value: str) -> str:
-    """Compose's `${VAR:-default}` with nothing set: the default."""
+    """Compose's `${VAR:-default}` with nothing set: the default; `${VAR:?error}` from REQUIRED."""
+    value = re.sub(r"\$\{([A-Z_]+):\?[^}]*\}", lambda m: REQUIRED[m.group(1)], value)
     return re.sub(r"\$\{[A-Z_]+:-([^}]*)\}", r"\1", value)
 
 
@@ -158,3 +163,12 @@ def test_dockerfile_installs_every_service() -> None:
         assert f"COPY {package} ./{package}" in dockerfile
     assert 'pip install ".[worker,gateway,celery]"' in dockerfile
     assert "pip install torch==" in dockerfile
+
+
+def test_no_default_redis_password() -> None:
+    """An unset REDIS_PASSWORD stops `docker compose up` with a message, never a known password."""
+    text = (ROOT / "docker-compose.yml").read_text()
+    uses = re.findall(r"\$\{REDIS_PASSWORD[^}]*\}", text)
+    assert uses, "the services get the Redis password from REDIS_PASSWORD"
+    assert all(use.startswith("${REDIS_PASSWORD:?") and len(use) > len("${REDIS_PASSWORD:?}") for use in uses)
+    assert "change-me" not in text

@@ -23,6 +23,7 @@ from common.protocol import FIELD, decode_request
 from common.streams import REQUESTS_STREAM
 from tests.services import Stack, running_stack
 from tests.test_model_runner import EOS_PROMPT
+from tests.tiny_model import byte_token_id
 
 PROMPT = [random.Random(7).randrange(3, 500) for _ in range(12)]
 USER = [{"role": "user", "content": "Return the value of the object."}]
@@ -227,6 +228,41 @@ def test_logit_bias_forces_a_token(client: openai.OpenAI, model_name: str) -> No
     plain = token_ids(complete(client, model_name).choices[0])
     banned = complete(client, model_name, logit_bias={str(plain[0]): -100})
     assert token_ids(banned.choices[0])[0] != plain[0]
+
+
+def test_text_is_the_decoded_tokens_when_the_output_ends_mid_character(
+    client: openai.OpenAI, model_name: str, tiny_model_dir: Path
+) -> None:
+    """A model made to emit only UTF-8 lead bytes (0xE2: a 3-byte character that never completes):
+    streamed deltas, the whole text and decode(token_ids) are the same string, completions and chat."""
+    tokenizer = Tokenizer.from_file(str(tiny_model_dir / "tokenizer.json"))
+    lead = byte_token_id(tokenizer, 0xE2)
+    forced: dict[str, Any] = {"max_tokens": 4, "temperature": 0, "logit_bias": {str(lead): 100}}
+    extra = {"ignore_eos": True, "return_token_ids": True}
+    done = complete(client, model_name, **forced)
+    assert token_ids(done.choices[0]) == [lead] * 4
+    expected = tokenizer.decode([lead] * 4, skip_special_tokens=True)
+    assert expected == "\ufffd" * 4 and done.choices[0].text == expected
+    stream = client.completions.create(
+        model=model_name, prompt=PROMPT, stream=True, extra_body=extra, **forced
+    )
+    assert "".join(c.choices[0].text for c in stream if c.choices) == expected
+
+    chat = client.chat.completions.create(
+        model=model_name,
+        messages=USER,  # type: ignore[arg-type]
+        extra_body=extra,
+        **forced,
+    )
+    assert chat.choices[0].message.content == expected
+    chunks = client.chat.completions.create(
+        model=model_name,
+        messages=USER,  # type: ignore[arg-type]
+        stream=True,
+        extra_body=extra,
+        **forced,
+    )
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == expected
 
 
 @pytest.mark.parametrize(

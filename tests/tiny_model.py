@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import inspect
 from pathlib import Path
+from typing import Any
 
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
@@ -16,6 +17,18 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+
+
+def byte_token_id(tokenizer: Any, byte: int) -> int:
+    """The id of the token for one raw byte, spelled as byte-level BPE spells it (GPT-2's table:
+    printable bytes as themselves, the others as chr(256 + their rank)). Used to make a request end on
+    bytes that do not complete a UTF-8 character."""
+    printable = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    others = [b for b in range(256) if b not in printable]
+    char = chr(byte) if byte in printable else chr(256 + others.index(byte))
+    token_id = tokenizer.token_to_id(char)
+    assert token_id is not None
+    return int(token_id)
 
 
 def _corpus() -> list[str]:

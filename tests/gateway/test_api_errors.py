@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import logging
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import httpx
 import pytest
 
 from tests.gateway.conftest import RunningGateway
@@ -72,16 +75,96 @@ CASES: list[tuple[str, Any, int, str | None, str | None]] = [
         None,
     ),
     (CHAT, {"messages": USER, "model": "nope"}, 404, "model", "model_not_found"),
-    # Malformed bodies: wrong types or missing fields.
-    (COMPLETIONS, {"prompt": "hi", "max_tokens": "many"}, 422, "max_tokens", None),
-    (COMPLETIONS, {"prompt": 5}, 422, "prompt", None),
-    (COMPLETIONS, {"max_tokens": 5}, 422, "prompt", None),
-    (COMPLETIONS, [1, 2], 422, None, None),
-    (COMPLETIONS, {"prompt": "hi", "stream": "maybe"}, 422, "stream", None),
-    (COMPLETIONS, {"prompt": "hi", "logit_bias": {"5": "big"}}, 422, "logit_bias.5", None),
-    (CHAT, {"messages": "hi"}, 422, "messages", None),
-    (CHAT, {"messages": [{"content": "no role"}]}, 422, "messages[0].role", None),
+    # Malformed bodies: wrong types (never coerced) or missing fields, 400 as OpenAI answers.
+    (COMPLETIONS, {"prompt": "hi", "max_tokens": "many"}, 400, "max_tokens", None),
+    (COMPLETIONS, {"prompt": "hi", "max_tokens": "10"}, 400, "max_tokens", None),
+    (COMPLETIONS, {"prompt": "hi", "max_tokens": 10.0}, 400, "max_tokens", None),
+    (COMPLETIONS, {"prompt": "hi", "temperature": "0.5"}, 400, "temperature", None),
+    (COMPLETIONS, {"prompt": "hi", "echo": 1}, 400, "echo", None),
+    (COMPLETIONS, {"prompt": 5}, 400, "prompt", None),
+    (COMPLETIONS, {"max_tokens": 5}, 400, "prompt", None),
+    (COMPLETIONS, [1, 2], 400, None, None),
+    (COMPLETIONS, {"prompt": "hi", "stream": "maybe"}, 400, "stream", None),
+    (COMPLETIONS, {"prompt": "hi", "stream": "true"}, 400, "stream", None),
+    (COMPLETIONS, {"prompt": "hi", "logit_bias": {"5": "big"}}, 400, "logit_bias.5", None),
+    (
+        COMPLETIONS,
+        {"prompt": "hi", "stream": True, "stream_options": {"include_usage": "yes"}},
+        400,
+        "stream_options.include_usage",
+        None,
+    ),
+    (CHAT, {"messages": "hi"}, 400, "messages", None),
+    (CHAT, {"messages": [{"content": "no role"}]}, 400, "messages[0].role", None),
+    # Unknown fields, anywhere in the body.
+    (COMPLETIONS, {"prompt": "hi", "max_token": 5}, 400, "max_token", None),
+    (CHAT, {"messages": USER, "temprature": 0.5}, 400, "temprature", None),
+    (CHAT, {"messages": [{"role": "user", "content": "hi", "mood": "x"}]}, 400, "messages[0].mood", None),
+    (CHAT, {"messages": USER, "stream": True, "stream_options": {"x": 1}}, 400, "stream_options.x", None),
+    # Fields OpenAI defines that this server does not implement: refused by name, never ignored.
+    (
+        CHAT,
+        {"messages": USER, "tools": [{"type": "function", "function": {"name": "f"}}]},
+        400,
+        "tools",
+        "unsupported_parameter",
+    ),
+    (CHAT, {"messages": USER, "tool_choice": "auto"}, 400, "tool_choice", "unsupported_parameter"),
+    (
+        CHAT,
+        {"messages": USER, "response_format": {"type": "json_object"}},
+        400,
+        "response_format",
+        "unsupported_parameter",
+    ),
+    (
+        CHAT,
+        {"messages": [{"role": "assistant", "content": None, "tool_calls": []}]},
+        400,
+        "messages[0].tool_calls",
+        "unsupported_parameter",
+    ),
+    (
+        CHAT,
+        {"messages": [{"role": "user", "content": [{"type": "text", "text": "a", "image_url": {}}]}]},
+        400,
+        "messages[0].content[0].image_url",
+        None,
+    ),
+    (COMPLETIONS, {"prompt": "hi", "suffix": "end"}, 400, "suffix", "unsupported_parameter"),
+    (COMPLETIONS, {"prompt": "hi", "store": True}, 400, "store", "unsupported_parameter"),
+    # Strings that are not valid Unicode (lone UTF-16 surrogates): a 400, never a 500.
+    (COMPLETIONS, {"prompt": "\ud83d"}, 400, "prompt", None),
+    (COMPLETIONS, {"prompt": ["a\udc00"]}, 400, "prompt", None),
+    (COMPLETIONS, {"prompt": "hi", "stop": "\ud83d"}, 400, "stop", None),
+    (COMPLETIONS, {"prompt": "hi", "stop": ["ok", "\ud83d"]}, 400, "stop", None),
+    (COMPLETIONS, {"prompt": "hi", "user": "\ud83d"}, 400, "user", None),
+    (COMPLETIONS, {"prompt": "hi", "model": "\ud83d"}, 400, "model", None),
+    (COMPLETIONS, {"prompt": "hi", "logit_bias": {"\ud83d": 1}}, 400, "logit_bias", None),
+    # A field name that is not valid Unicode cannot be named back; the message says what is wrong.
+    (COMPLETIONS, {"prompt": "hi", "\ud83d": 1}, 400, None, None),
+    (CHAT, {"messages": [{"role": "user", "content": "\ud83d"}]}, 400, "messages[0].content", None),
+    (
+        CHAT,
+        {"messages": [{"role": "user", "content": [{"type": "text", "text": "\udfff"}]}]},
+        400,
+        "messages[0].content",
+        None,
+    ),
+    (
+        CHAT,
+        {"messages": [{"role": "user", "content": "hi", "name": "\ud83d"}]},
+        400,
+        "messages[0].name",
+        None,
+    ),
+    (CHAT, {"messages": [{"role": "\ud83d", "content": "hi"}]}, 400, "messages[0].role", None),
 ]
+
+
+def _post(client: httpx.Client, path: str, body: Any) -> httpx.Response:
+    # json.dumps escapes lone surrogates as \\ud83d, as a client's JSON encoder would send them.
+    return client.post(path, content=json.dumps(body), headers={"content-type": "application/json"})
 
 
 def _assert_error(response: Any, status: int, param: str | None, code: str | None) -> dict[str, Any]:
@@ -101,7 +184,7 @@ def _assert_error(response: Any, status: int, param: str | None, code: str | Non
 def test_refused(
     gateway: RunningGateway, path: str, body: Any, status: int, param: str | None, code: str | None
 ) -> None:
-    _assert_error(gateway.client.post(path, json=body), status, param, code)
+    _assert_error(_post(gateway.client, path, body), status, param, code)
     assert gateway.harness.num_requests() == 0
 
 
@@ -111,11 +194,11 @@ def test_context_length_message_names_the_lengths(gateway: RunningGateway) -> No
     assert "512" in message and "10000" in message
 
 
-def test_invalid_json_is_422(gateway: RunningGateway) -> None:
+def test_invalid_json_is_400(gateway: RunningGateway) -> None:
     response = gateway.client.post(
         COMPLETIONS, content=b'{"prompt": "hi",', headers={"content-type": "application/json"}
     )
-    assert "JSON" in _assert_error(response, 422, None, None)["message"]
+    assert "JSON" in _assert_error(response, 400, None, None)["message"]
 
 
 def test_unknown_route_is_an_openai_error(gateway: RunningGateway) -> None:
@@ -126,7 +209,7 @@ def test_unknown_route_is_an_openai_error(gateway: RunningGateway) -> None:
 
 def test_still_serving_after_errors(gateway: RunningGateway) -> None:
     for path, body, status, param, code in CASES:
-        _assert_error(gateway.client.post(path, json=body), status, param, code)
+        _assert_error(_post(gateway.client, path, body), status, param, code)
     with ThreadPoolExecutor(max_workers=1) as pool:
         future = pool.submit(gateway.client.post, COMPLETIONS, json={"prompt": "hi", "max_tokens": 2})
         request = gateway.harness.next_request()
@@ -134,3 +217,18 @@ def test_still_serving_after_errors(gateway: RunningGateway) -> None:
         response = future.result(timeout=30)
     assert response.status_code == 200
     assert response.json()["usage"]["completion_tokens"] == 2
+
+
+def test_every_refusal_is_logged_with_its_rule(
+    gateway: RunningGateway, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.INFO, logger="gateway.errors"):
+        _post(gateway.client, CHAT, {"messages": USER, "tool_choice": "auto"})
+        _post(gateway.client, COMPLETIONS, {"prompt": "hi", "max_tokens": "10"})
+        gateway.client.get("/v1/engines")
+    refusals = [r.getMessage() for r in caplog.records if r.getMessage().startswith("refused:")]
+    assert any(
+        "status=400" in m and "param=tool_choice" in m and "unsupported_parameter" in m for m in refusals
+    )
+    assert any("status=400" in m and "param=max_tokens" in m and "valid integer" in m for m in refusals)
+    assert any("status=404" in m for m in refusals)

@@ -91,6 +91,19 @@ def test_models(gateway: RunningGateway, tiny_model_dir: Path) -> None:
     assert card["object"] == "model"
     assert card["max_model_len"] == 512
     assert isinstance(card["created"], int)
+    # The server's filesystem is nobody's business: `root` names the model, as `id` does.
+    assert card["root"] == tiny_model_dir.name
+    assert str(tiny_model_dir.parent) not in gateway.client.get("/v1/models").text
+
+
+def test_head_health_answers_like_get(gateway: RunningGateway) -> None:
+    """Load balancers probe with HEAD: the same status, no body."""
+    head = gateway.client.head("/health")
+    assert head.status_code == gateway.client.get("/health").status_code == 503
+    assert head.content == b""
+    gateway.harness.heartbeat("worker-0")
+    head = gateway.client.head("/health")
+    assert head.status_code == 200 and head.content == b""
 
 
 def test_completion_non_streaming(gateway: RunningGateway, pool: ThreadPoolExecutor, tok: Tokenizer) -> None:

@@ -8,6 +8,8 @@ import pytest
 from tokenizers import Tokenizer
 
 from gateway.detokenizer import IncrementalDetokenizer
+from gateway.output_processor import OutputProcessor
+from tests.tiny_model import byte_token_id
 
 
 @pytest.fixture(scope="module")
@@ -59,3 +61,41 @@ def test_prompt_context_does_not_leak_into_output(tokenizer: Tokenizer) -> None:
     prompt_ids = tokenizer.encode("a long prompt with many tokens in it").ids
     output_ids = tokenizer.encode(" and more").ids
     assert "".join(_stream(tokenizer, prompt_ids, output_ids)) == " and more"
+
+
+@pytest.mark.parametrize("tail", [[0xE2], [0xE2] * 5, [0xF0, 0x9F, 0x8E], [0xE2, 0xE2, 0x82]])
+def test_flush_releases_bytes_that_never_complete_a_character(tokenizer: Tokenizer, tail: list[int]) -> None:
+    output_ids = tokenizer.encode(" ok").ids + [byte_token_id(tokenizer, b) for b in tail]
+    detok = IncrementalDetokenizer(tokenizer, tokenizer.encode("The prompt").ids)
+    deltas = [detok.step(t) for t in output_ids]
+    assert "".join(deltas) == " ok"  # held back while a later token might still complete them
+    deltas.append(detok.flush())
+    assert "".join(deltas) == tokenizer.decode(output_ids)
+    assert deltas[-1].startswith("\ufffd")
+    assert detok.flush() == ""
+
+
+@pytest.mark.parametrize("finish_reason", ["length", "stop"])
+def test_output_text_equals_the_decode_when_it_ends_mid_character(
+    tokenizer: Tokenizer, finish_reason: str
+) -> None:
+    """The last delta carries the held-back bytes, whether the output ran out or an EOS ended it."""
+    output_ids = [*tokenizer.encode(" done").ids, *(byte_token_id(tokenizer, 0xE2) for _ in range(3))]
+    eos = tokenizer.token_to_id("<|endoftext|>")
+    if finish_reason == "stop":
+        output_ids.append(eos)
+    processor = OutputProcessor(tokenizer, tokenizer.encode("The prompt").ids, stop=[])
+    deltas = [processor.process(t, None) for t in output_ids[:-1]]
+    deltas.append(processor.process(output_ids[-1], finish_reason))
+    assert deltas[-1].finish_reason == finish_reason
+    text = "".join(d.text for d in deltas)
+    assert text == processor.text == tokenizer.decode(output_ids, skip_special_tokens=True)
+    assert text.endswith("\ufffd" * 3)
+
+
+def test_flush_adds_nothing_after_a_stop_string(tokenizer: Tokenizer) -> None:
+    output_ids = [*tokenizer.encode(" one two").ids, byte_token_id(tokenizer, 0xE2)]
+    processor = OutputProcessor(tokenizer, [], stop=["two"])
+    deltas = [processor.process(t, None) for t in output_ids]
+    assert "".join(d.text for d in deltas) == " one "
+    assert any(d.stop_string_hit for d in deltas)

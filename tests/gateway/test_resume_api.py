@@ -106,8 +106,24 @@ def test_unknown_or_malformed_ids(gateway: RunningGateway) -> None:
         request = gateway.harness.next_request()
         gateway.harness.emit_tokens(request.req_id, [300, 301], finish_reason="length")
         assert future.result(timeout=30).status_code == 200
-    bad = gateway.client.get(f"/v1/requests/{request.req_id}/stream", headers={"Last-Event-ID": "x"})
+    _, events = get_sse(gateway.client, f"/v1/requests/{request.req_id}/stream")
+    last_ms, last_seq = (int(part) for part in (events[-2].id or "").split("-"))
+    # int() alone took these as event ids and replayed the whole stream; an id past the end (or one
+    # never sent) would replay nothing, which looks like a finished stream.
+    bad_ids = ["x", "1_0-0", "+1-0", " 1-0", "1-0 ", "1", "-1-0", "\u0661-0", f"{last_ms}-{last_seq + 1}"]
+    bad_ids += [f"{last_ms + 1}-0", "99999999999999-0"]
+    for bad_id in bad_ids:
+        path = f"/v1/requests/{request.req_id}/stream"
+        bad = gateway.client.get(path, params={"last_event_id": bad_id})
+        assert bad.status_code == 400, (bad_id, bad.text)
+        assert bad.json()["error"]["param"] == "last_event_id"
+    bad = gateway.client.get(path, headers={"Last-Event-ID": "1_0-0"})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "last_event_id"
+    # The stream's own last event is a valid id: nothing after it but the end.
+    _, rest = get_sse(
+        gateway.client, f"/v1/requests/{request.req_id}/stream", {"Last-Event-ID": events[-2].id or ""}
+    )
+    assert [e.data for e in rest] == ["[DONE]"]
 
 
 def test_only_the_creating_key_can_read_a_request(

@@ -49,6 +49,17 @@ class GatewaySettings(BaseSettings):
     # Largest max_tokens accepted, and the default when a request gives none (capped by the context).
     max_tokens: int | None = Field(default=None, gt=0)
 
+    # --- connections (gateway/connection_guard.py) -----------------------------------------------
+    # A client must send a request's headers within this many seconds of connecting (or of its first
+    # byte on a kept-alive connection), and its body within body_timeout_s of the headers; else 408
+    # and the socket is closed. An idle kept-alive connection is closed after keep_alive_s.
+    header_timeout_s: float = Field(default=10.0, gt=0)
+    body_timeout_s: float = Field(default=60.0, gt=0)
+    keep_alive_s: int = Field(default=5, gt=0)
+    # Connections open at once in this gateway process; more are closed as they are accepted. Keep it
+    # under the file-descriptor limit (`ulimit -n`), which also holds the Redis connections.
+    max_connections: int = Field(default=4096, gt=0)
+
     # --- overload -------------------------------------------------------------------------------
     # Requests waiting for a slot (not yet claimed + waiting in the batcher) beyond which new ones get 429.
     # 0 turns the bound off.

@@ -42,6 +42,9 @@ class _SamplingRequest(_Lenient):
     user: str | None = None
     # vLLM's extension: also return the generated token ids with each choice (tests compare them).
     return_token_ids: bool | None = False
+    # Ours: the request outlives its connection for GATEWAY_RESUME_GRACE_S, so that its client can
+    # resume it (GET /v1/requests/{id}/stream). Otherwise a client that goes away cancels it.
+    resumable: bool | None = False
 
 
 class CompletionRequest(_SamplingRequest):

@@ -25,8 +25,9 @@ class GatewaySettings(BaseSettings):
     heartbeat_timeout_s: float = Field(default=5.0, gt=0)
     # Give up on a request (and abort it) when it has not finished after this long.
     request_timeout_s: float = Field(default=3600.0, gt=0)
-    # A streaming client that disconnects may resume (GET /v1/requests/{id}/stream) within this many
-    # seconds before its request is aborted; 0 aborts at once, as vLLM does.
+    # A client that disconnects cancels its request at once (as OpenAI and vLLM do) unless it asked for
+    # `"resumable": true`: then it may resume (GET /v1/requests/{id}/stream) within this many seconds
+    # before the request is aborted; 0 aborts even those at once.
     resume_grace_s: float = Field(default=30.0, ge=0)
     redis_url: str = redis_url_field()
     log_format: LogFormat = log_format_field()

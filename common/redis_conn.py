@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import redis
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import NoBackoff
+from redis.maint_notifications import MaintNotificationsConfig
 from redis.retry import Retry
 
 # Blocking reads never ask Redis to block longer than this (ms); the socket timeout stays well above it.
@@ -22,29 +24,52 @@ RETENTION_S = 15 * 60
 # redis-py's own retries are off: by default it silently repeats any command (an XADD included)
 # for a few seconds after a connection error, which hides a Redis restart from the batcher (it must
 # rebuild its state after one) and can write a request twice. Services retry in their own code, with
-# common/retry.py, where they know what is safe to repeat. A pooled connection that died with the
-# old server is still replaced at checkout, so a restart costs no error once Redis is back.
+# common/retry.py, where they know what is safe to repeat.
+#
+# Dead pooled connections are replaced instead, so a restart costs no error once Redis is back:
+# - on checkout, a socket the old server closed (EOF) is reconnected. redis-py skips that check
+#   while "maintenance notifications" are on, and their default ("auto") counts as on: they are for
+#   Redis Enterprise's hitless upgrades, so they are turned off here;
+# - a connection that failed makes the pool drop every idle one, which may have died with it
+#   without the EOF having arrived yet (a reset, a server on another host).
+_NO_MAINT = MaintNotificationsConfig(enabled=False)
+
+
+class _Pool(redis.ConnectionPool):
+    def release(self, connection: Any) -> None:
+        if not connection.is_connected:  # it failed (or never connected): the idle ones may be dead too
+            self.disconnect(inuse_connections=False)
+        super().release(connection)
+
+
+class _AsyncPool(aioredis.ConnectionPool):
+    async def release(self, connection: Any) -> None:
+        if not connection.is_connected:
+            await self.disconnect(inuse_connections=False)
+        await super().release(connection)
+
+
+def _options() -> dict[str, Any]:
+    return {
+        "socket_timeout": SOCKET_TIMEOUT_S,
+        "socket_connect_timeout": 5.0,
+        "health_check_interval": 30,
+        "maint_notifications_config": _NO_MAINT,
+    }
 
 
 def connect(url: str) -> redis.Redis:
-    return redis.Redis.from_url(
-        url,
-        socket_timeout=SOCKET_TIMEOUT_S,
-        socket_connect_timeout=5.0,
-        health_check_interval=30,
-        retry=Retry(NoBackoff(), 0),
-    )
+    pool = _Pool.from_url(url, retry=Retry(NoBackoff(), 0), **_options())
+    client = redis.Redis(connection_pool=pool)
+    client.auto_close_connection_pool = True  # as from_url does: closing the client closes its pool
+    return client
 
 
 def connect_async(url: str) -> aioredis.Redis:
-    return aioredis.Redis.from_url(
-        url,
-        socket_timeout=SOCKET_TIMEOUT_S,
-        socket_connect_timeout=5.0,
-        health_check_interval=30,
-        max_connections=4096,
-        retry=AsyncRetry(NoBackoff(), 0),
-    )
+    pool = _AsyncPool.from_url(url, max_connections=4096, retry=AsyncRetry(NoBackoff(), 0), **_options())
+    client = aioredis.Redis(connection_pool=pool)
+    client.auto_close_connection_pool = True
+    return client
 
 
 def entry_key(entry_id: str) -> tuple[int, int]:

@@ -8,14 +8,20 @@ reaches this code, which knows which calls are safe to repeat.
 
 from __future__ import annotations
 
+import asyncio
 import threading
+import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import redis
 import redis.exceptions
 
 # What "Redis is not there right now" looks like; BusyLoadingError (AOF loading) is a ConnectionError.
 REDIS_DOWN: tuple[type[Exception], ...] = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
+
+T = TypeVar("T")
 
 INITIAL_DELAY_S = 0.1
 MAX_DELAY_S = 2.0
@@ -52,3 +58,20 @@ def wait_for_redis(client: redis.Redis, stop: threading.Event, backoff: Backoff 
         except REDIS_DOWN:
             stop.wait(backoff.next_delay())
     return False
+
+
+async def retry_async(call: Callable[[], Awaitable[T]], within_s: float) -> T:
+    """`call()` again with backoff while Redis is down, for up to `within_s`; then its last error.
+
+    Only for calls that are safe to repeat: a call whose reply was lost may have run already.
+    """
+    backoff = Backoff()
+    deadline = time.monotonic() + within_s
+    while True:
+        try:
+            return await call()
+        except REDIS_DOWN:
+            delay = backoff.next_delay()
+            if time.monotonic() + delay > deadline:
+                raise
+            await asyncio.sleep(delay)

@@ -74,6 +74,11 @@ async def submit_once_async(r: aioredis.Redis, request: GenerateRequest) -> bool
     return bool(await r.eval(*_submit_once_args(request)))
 
 
+def submit_once_on(pipe: Any, request: GenerateRequest) -> None:
+    """Queue `submit_once` on a pipeline (its reply, 1 or 0, among the pipeline's)."""
+    pipe.eval(*_submit_once_args(request))
+
+
 def abort(r: redis.Redis, req_id: str, reason: str = "abort") -> None:
     """Ask the batcher to stop `req_id`; its stream then ends without a normal finish."""
     message = encode(AbortRequest(req_id=req_id, reason=reason))

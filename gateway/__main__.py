@@ -14,6 +14,7 @@ import uvicorn
 from common.logging_setup import configure_logging
 from gateway import key_cli
 from gateway.app import create_app
+from gateway.connection_guard import uvicorn_options
 from gateway.settings import GatewaySettings
 
 
@@ -48,6 +49,7 @@ def main(argv: list[str] | None = None) -> None:
         log_level=args.log_level,
         log_config=None,  # uvicorn's records go through the root handler: one format for every line
         timeout_graceful_shutdown=5,
+        **uvicorn_options(settings),  # header, body and keep-alive timeouts, the connection cap
     )
 
 

@@ -63,6 +63,9 @@ class _SamplingRequest(_Strict):
     service_tier: Text | None = None
     safety_identifier: Text | None = None
     prompt_cache_key: Text | None = None
+    # Ours: the request outlives its connection for GATEWAY_RESUME_GRACE_S, so that its client can
+    # resume it (GET /v1/requests/{id}/stream). Otherwise a client that goes away cancels it.
+    resumable: bool | None = False
 
 
 class CompletionRequest(_SamplingRequest):
@@ -71,7 +74,6 @@ class CompletionRequest(_SamplingRequest):
     logprobs: int | None = None  # 0..20: the sampled token's logprob plus this many most likely
     best_of: int | None = None  # only best_of == n (no ranking of extra candidates)
     suffix: Text | None = None  # not supported yet
-    resumable: bool = False  # opt in to resuming the stream after a disconnect
 
 
 class ContentPart(_Strict):
@@ -100,7 +102,6 @@ class ChatCompletionRequest(_SamplingRequest):
     max_completion_tokens: int | None = None  # newer name of max_tokens; wins when both are given
     logprobs: bool | None = None  # return the sampled tokens' logprobs
     top_logprobs: int | None = None  # 0..20 most likely tokens per position (needs logprobs)
-    resumable: bool = False  # opt in to resuming the stream after a disconnect
     # OpenAI fields we do not implement: refused by name in validation.check_unsupported.
     tools: list[JSONObject] | None = None
     tool_choice: Text | JSONObject | None = None

@@ -34,6 +34,7 @@ class PreparedRequest:
     stream: bool
     include_usage: bool  # streaming: add a final usage chunk
     return_token_ids: bool = False  # add generated token ids to each choice
+    resumable: bool = False  # outlives its client's connection for the resume window
     n: int = 1  # choices asked for; each is a PreparedRequest of its own (see fan_out)
     logprobs: bool = False  # add logprobs to each choice
     echo_text: str | None = None  # completions with echo: the prompt text that starts each choice
@@ -112,6 +113,7 @@ def prepare_request(
         arrival_time=arrival_time,
         stream=bool(body.stream),
         include_usage=bool(body.stream and body.stream_options and body.stream_options.include_usage),
+        resumable=bool(body.resumable),
         return_token_ids=bool(body.return_token_ids),
         n=num_choices(body),
         logprobs=logprobs,

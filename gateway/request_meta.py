@@ -39,6 +39,7 @@ class RequestMeta(msgspec.Struct, kw_only=True, frozen=True):
     return_token_ids: bool
     logprobs: bool
     echo_text: str | None = None  # completions with echo: the text each choice starts with
+    resumable: bool = False  # its client asked that it outlive a disconnect (the resume window)
 
     @property
     def response_id(self) -> str:
@@ -74,6 +75,7 @@ def meta_of(request: PreparedRequest, kind: Kind, model: str) -> RequestMeta:
         return_token_ids=request.return_token_ids,
         logprobs=request.logprobs,
         echo_text=request.echo_text,
+        resumable=request.resumable,
     )
 
 
@@ -90,6 +92,7 @@ def prepared_from(meta: RequestMeta) -> PreparedRequest:
         return_token_ids=meta.return_token_ids,
         logprobs=meta.logprobs,
         echo_text=meta.echo_text,
+        resumable=meta.resumable,
         owner=meta.owner,
         full_prompt_len=meta.num_prompt_tokens,
     )

@@ -16,8 +16,8 @@ import redis.exceptions
 from common.logging_setup import bind_request_id
 from common.protocol import TokenEvent
 from common.redis_conn import RETENTION_S
-from common.stream_client import abort_async, request_entry
-from common.streams import REQUESTS_STREAM
+from common.retry import retry_async
+from common.stream_client import abort_async, submit_once_on
 from gateway.follow_leases import FollowLeases
 from gateway.metrics import GatewayMetrics, RequestTracker
 from gateway.output_processor import OutputProcessor
@@ -31,6 +31,8 @@ logger = logging.getLogger(__name__)
 
 # How long shutdown waits for aborts still on their way to Redis.
 _ABORT_DRAIN_S = 5.0
+# How long a submit is retried while Redis is unreachable (a restart, a failover) before a 503.
+SUBMIT_RETRY_S = 3.0
 
 
 @dataclass(slots=True, frozen=True)
@@ -80,19 +82,26 @@ class RequestRunner:
         self._meta_ttl_s = int(request_timeout_s) + retention_s
 
     async def submit(self, request: PreparedRequest, meta: RequestMeta | None = None) -> None:
-        """Append the request (and, for a resumable one, its metadata first) in one round trip."""
-        async with self._redis.pipeline(transaction=False) as pipe:
-            if meta is not None:
-                save_meta(pipe, meta, self._meta_ttl_s)
-            # Not trimmed here: the batcher trims the stream by age, sparing pending entries.
-            pipe.xadd(REQUESTS_STREAM, request_entry(request.to_message()))
-            await pipe.execute()
+        """Append the request (and, for a resumable one, its metadata first) in one round trip.
+
+        Retried for a few seconds while Redis is unreachable: it is safe to repeat, since the entry
+        is written only once per request id (the submit_once marker) and the metadata is the same.
+        """
+        await retry_async(lambda: self._submit_once(request, meta), SUBMIT_RETRY_S)
         logger.info(
             "request queued: %d prompt tokens, max_tokens %d",
             len(request.prompt_token_ids),
             request.sampling_params.max_tokens,
             extra={"request_id": request.req_id},
         )
+
+    async def _submit_once(self, request: PreparedRequest, meta: RequestMeta | None) -> None:
+        async with self._redis.pipeline(transaction=False) as pipe:
+            if meta is not None:
+                save_meta(pipe, meta, self._meta_ttl_s)
+            # Not trimmed here: the batcher trims the stream by age, sparing pending entries.
+            submit_once_on(pipe, request.to_message())
+            await pipe.execute()
 
     def abort_later(self, req_id: str, reason: str) -> None:
         """Tell the batcher to stop `req_id`, without awaiting (safe inside a cancelled task)."""

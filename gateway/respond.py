@@ -30,6 +30,14 @@ def request_id_header(req_id: str) -> dict[str, str]:
     return {"X-Request-Id": req_id}
 
 
+def client_follow(requests: Sequence[PreparedRequest], resume_grace_s: float) -> Follow:
+    """A client that goes away cancels its request at once (as OpenAI and vLLM do), unless it asked
+    for `resumable`: then the request runs on for the resume window. Only a single choice can be
+    resumed (n > 1 streams carry no event ids)."""
+    resumable = len(requests) == 1 and requests[0].resumable
+    return Follow(grace_s=resume_grace_s if resumable else 0.0)
+
+
 async def respond(
     kind: Literal["completion", "chat"],
     requests: Sequence[PreparedRequest],
@@ -42,15 +50,14 @@ async def respond(
     rid, created = response_id(kind, request.req_id), int(request.arrival_time)
     formatter = LogprobsFormatter(state.served.tokenizer.tokenizer)
     headers = request_id_header(request.req_id)
+    follow = client_follow(requests, state.settings.resume_grace_s)
     if request.stream:
         chunks = make_chunks(rid, created, state.served.name, request, formatter)
-        # Only a single-choice stream can be resumed (n > 1 streams carry no event ids).
-        follow = Follow(grace_s=state.settings.resume_grace_s if len(requests) == 1 else 0.0)
         return StreamingResponse(
             stream_sse(state.runner, requests, chunks, follow),
             media_type="text/event-stream",
             headers={**SSE_HEADERS, **headers},
         )
-    done = await collect(state.runner, requests, http_request)
+    done = await collect(state.runner, requests, http_request, follow)
     body = build_body(requests, done, rid, created, state.served.name, formatter)
     return JSONResponse(body, headers=headers)

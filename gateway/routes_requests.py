@@ -80,7 +80,12 @@ async def resume_stream(
         chunks = CompletionChunks(meta.response_id, meta.created, meta.model, request, logprobs)
     # Counted for operators and tests; following renews the request's lease, which keeps it alive.
     await attach(state.redis, meta.req_id)
-    follow = Follow(grace_s=state.settings.resume_grace_s, track=False)
+    if meta.resumable:
+        follow = Follow(grace_s=state.settings.resume_grace_s, track=False)
+    else:
+        # Its life stays its first client's connection: another follower watches, and leaving
+        # neither aborts it nor keeps it alive.
+        follow = Follow(may_abort=False, track=False)
     return StreamingResponse(
         stream_sse(state.runner, [request], chunks, follow, resume_after),
         media_type="text/event-stream",

@@ -25,8 +25,9 @@ class GatewaySettings(BaseSettings):
     heartbeat_timeout_s: float = Field(default=5.0, gt=0)
     # Give up on a request (and abort it) when it has not finished after this long.
     request_timeout_s: float = Field(default=3600.0, gt=0)
-    # A streaming client that disconnects may resume (GET /v1/requests/{id}/stream) within this many
-    # seconds before its request is aborted; 0 aborts at once, as vLLM does.
+    # A client that disconnects cancels its request at once (as OpenAI and vLLM do) unless it asked for
+    # `"resumable": true`: then it may resume (GET /v1/requests/{id}/stream) within this many seconds
+    # before the request is aborted; 0 aborts even those at once.
     resume_grace_s: float = Field(default=30.0, ge=0)
     redis_url: str = redis_url_field()
     log_format: LogFormat = log_format_field()
@@ -51,6 +52,17 @@ class GatewaySettings(BaseSettings):
     # Chat message text is tokenized as text: "<|im_end|>" written by a client is not the control token.
     # true restores the old behaviour (control tokens from message text), for trusted clients only.
     chat_content_special_tokens: bool = False
+
+    # --- connections (gateway/connection_guard.py) -----------------------------------------------
+    # A client must send a request's headers within this many seconds of connecting (or of its first
+    # byte on a kept-alive connection), and its body within body_timeout_s of the headers; else 408
+    # and the socket is closed. An idle kept-alive connection is closed after keep_alive_s.
+    header_timeout_s: float = Field(default=10.0, gt=0)
+    body_timeout_s: float = Field(default=60.0, gt=0)
+    keep_alive_s: int = Field(default=5, gt=0)
+    # Connections open at once in this gateway process; more are closed as they are accepted. Keep it
+    # under the file-descriptor limit (`ulimit -n`), which also holds the Redis connections.
+    max_connections: int = Field(default=4096, gt=0)
 
     # --- overload -------------------------------------------------------------------------------
     # Requests waiting for a slot (not yet claimed + waiting in the batcher) beyond which new ones get 429.

@@ -2,9 +2,9 @@
 
 Requests arrive at a steady rate, each a random kind:
 - `stream` / `complete`: read whole (streaming SSE / one JSON body);
-- `stream_resume`: hang up after a few tokens, then resume within the grace window with
+- `stream_resume`: ask for `resumable`, hang up after a few tokens, then resume within the grace window with
   `GET /v1/requests/{id}/stream` and `Last-Event-ID`: what was read plus the rest must be whole;
-- `stream_abandon`: hang up and never come back (the gateway aborts it after the grace window);
+- `stream_abandon`: hang up and never come back (not resumable: the gateway aborts it at once);
 - `complete_abandon`: a non-streaming client that gives up before the answer (aborted at once).
 
 Every request is greedy with `ignore_eos` and a random `max_tokens`, so a whole answer has exactly
@@ -68,6 +68,8 @@ class Plan:
 async def _one(client: httpx.AsyncClient, plan: Plan, report: SoakReport) -> None:
     streaming = plan.kind.startswith("stream")
     body = completion_body(plan.prompt, plan.max_tokens, stream=streaming)
+    if plan.kind == "stream_resume":
+        body["resumable"] = True  # only a request that asks for it outlives its connection
     if plan.kind in ("stream", "complete"):
         out = await (stream(client, body) if streaming else complete(client, body))
         _check_whole(report, plan, out)

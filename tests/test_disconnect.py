@@ -1,10 +1,11 @@
-"""A client that hangs up mid-stream (no resume window) takes its request out of the batch at once.
+"""A client that hangs up mid-stream takes its request out of the batch at once: the default.
 
-Real batcher, worker and gateway processes with `GATEWAY_RESUME_GRACE_S=0`, as vLLM aborts. The
+Real batcher, worker and gateway processes with the default settings (a 30 s resume window, which
+only requests that ask for `"resumable": true` get); the request here does not ask. The
 batcher's inbox orders the gateway's abort among the workers' step results, so the test counts the
 steps that still computed the request after the abort reached the batcher: only those already sent
-(one per worker, two with async scheduling). The abort after a resume window, and a request that runs
-on while nobody follows it, are `tests/test_resume.py`'s.
+(one per worker, two with async scheduling). The abort after a resume window (a resumable request),
+and a request that runs on while nobody follows it, are `tests/test_resume.py`'s.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ def stack(
         try:
             stack.start_batcher(BATCHER_ASYNC_SCHEDULING=str(async_scheduling).lower())
             stack.start_worker()
-            stack.start_gateway(GATEWAY_RESUME_GRACE_S="0")
+            stack.start_gateway()  # the default resume window: only resumable requests get it
             stack.wait_ready(num_workers=1)
             yield stack, 2 if async_scheduling else 1
         finally:

@@ -11,7 +11,8 @@ Two workers share six greedy streams. Once every stream has a few tokens, Redis 
 While Redis is down `/health` says degraded and a new request gets 503 with Retry-After. After the
 restart every service reconnects with backoff, the batcher rebuilds its state as on a takeover, and
 every client stream ends with exactly `generate`'s tokens on its first connection: no error, no
-repeated or missing token, SSE ids increasing, nothing left pending.
+repeated or missing token, SSE ids increasing, nothing left pending. Once `/health` is 200 again,
+50 concurrent new requests all succeed within 5 s (no dead pooled connection fails one of them).
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ BATCHER_ENV = {
     "BATCHER_STANDBY_POLL_S": "0.05",
 }
 WORKER_ENV = {"WORKER_HEARTBEAT_INTERVAL_S": "0.2"}
+NUM_BURST = 50  # concurrent requests sent once /health answers 200 again
+BURST_WITHIN_S = 5.0
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +92,7 @@ def _token_lengths(client: redis.Redis) -> dict[str, int]:
     return {k: int(client.xlen(k)) for k in keys}  # type: ignore[arg-type]
 
 
-def _check(stack: Stack, expected: list[list[int]], seen: list[ClientStream]) -> None:
+def _check(stack: Stack, expected: list[list[int]], seen: list[ClientStream], burst_ids: list[str]) -> None:
     for i, s in enumerate(seen):
         assert not s.errors, f"stream {i} got errors: {s.errors}"
         assert s.finish_reason == "length", f"stream {i} ended with {s.finish_reason}"
@@ -99,6 +102,7 @@ def _check(stack: Stack, expected: list[list[int]], seen: list[ClientStream]) ->
         assert ids == sorted(set(ids)), f"stream {i}: SSE ids repeat or go back: {s.entry_ids}"
     client = redis.Redis.from_url(stack.redis_url)
     keys = sorted(k.decode() for k in client.scan_iter(match=streams.token_stream("*")))  # type: ignore[union-attr]
+    keys = [k for k in keys if k not in {streams.token_stream(i) for i in burst_ids}]
     assert len(keys) == NUM_STREAMS, keys
     for key in keys:
         events = [decode_event(fields[FIELD]) for _, fields in client.xrange(key)]  # type: ignore[union-attr]
@@ -159,16 +163,35 @@ def test_streams_survive_a_redis_restart(
         redis_proc.start()
         restarted_at[0] = time.monotonic()
         wait_for(lambda: _health(base_url)[0] == 200, 30, "/health to answer 200 again")
+        burst_s[0], burst_ids[:] = asyncio.run(_burst(base_url))
+
+    burst_s = [0.0]
+    burst_ids: list[str] = []
 
     seen, fault_at = asyncio.run(
         run_with_fault(base_url, prompts, MAX_TOKENS, TOKENS_BEFORE_FAULT, stop_redis, outage_then_restart)
     )
     stack.check_alive()
-    _check(stack, expected, seen)
+    _check(stack, expected, seen, burst_ids)
     # Client-visible recovery: from Redis answering again to the last stream's next token.
     recovery_s = max(next(t for t in s.arrivals if t > restarted_at[0]) - restarted_at[0] for s in seen)
     print(
         f"\nredis {mode}: down {restarted_at[0] - fault_at:.2f}s, longest client wait "
-        f"{longest_wait(seen, fault_at):.2f}s, recovery after restart {recovery_s:.2f}s"
+        f"{longest_wait(seen, fault_at):.2f}s, recovery after restart {recovery_s:.2f}s, "
+        f"{NUM_BURST} new requests after /health said ok: {burst_s[0]:.2f}s"
     )
     assert recovery_s < 10
+    # Once /health says ok, new requests are accepted: no dead pooled connection fails one of them.
+    assert burst_s[0] < BURST_WITHIN_S, f"{NUM_BURST} requests took {burst_s[0]:.2f}s after /health said ok"
+
+
+async def _burst(base_url: str) -> tuple[float, list[str]]:
+    """NUM_BURST concurrent requests; each must succeed. Returns how long they took together, and
+    their request ids."""
+    started = time.monotonic()
+    async with httpx.AsyncClient(base_url=base_url, timeout=30) as client:
+        body = {"prompt": [5, 6, 7], "max_tokens": 1}
+        replies = await asyncio.gather(*(client.post("/v1/completions", json=body) for _ in range(NUM_BURST)))
+    failed = [r.text for r in replies if r.status_code != 200]
+    assert not failed, f"{len(failed)} of {NUM_BURST} requests failed after the restart: {failed[:3]}"
+    return time.monotonic() - started, [r.json()["id"].removeprefix("cmpl-") for r in replies]

@@ -1,6 +1,7 @@
 """A client loses its connection, or the gateway itself dies, mid-stream: the client resumes by id.
 
-Real processes (batcher, worker, gateway under uvicorn) on a private Redis. A resumed client must
+Real processes (batcher, worker, gateway under uvicorn) on a private Redis. Every stream here asks for
+`"resumable": true` (without it, a client that leaves cancels its request). A resumed client must
 get exactly the rest of the stream: what it read before plus what the resume sends equals an
 uninterrupted greedy run, token for token and character for character. A request nobody resumes
 is aborted once the grace window has passed.
@@ -38,6 +39,7 @@ def _body(**extra: Any) -> dict[str, Any]:
         "ignore_eos": True,
         "return_token_ids": True,
         "stream": True,
+        "resumable": True,  # outlives its connection for the resume window
         **extra,
     }
 

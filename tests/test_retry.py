@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import threading
 import time
@@ -10,8 +11,8 @@ from pathlib import Path
 import pytest
 import redis.exceptions
 
-from common.redis_conn import connect
-from common.retry import Backoff, wait_for_redis
+from common.redis_conn import connect, connect_async
+from common.retry import Backoff, retry_async, wait_for_redis
 from tests.conftest import free_port
 from tests.redis_process import RedisProcess
 
@@ -50,4 +51,63 @@ def test_a_restarted_redis_is_reached_with_the_same_client(tmp_path: Path) -> No
         assert client.get("k") == b"v"  # AOF kept it; the dead connection was replaced
     finally:
         client.close()
+        server.stop(signal.SIGKILL)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+def test_every_pooled_connection_is_replaced_after_a_restart(tmp_path: Path, sig: int) -> None:
+    """Twenty idle connections die with the server: after the restart, twenty concurrent commands
+    all succeed on the first try (the gateway's case: one dead socket used to fail one request)."""
+    server = RedisProcess(tmp_path / "redis")
+    server.start()
+
+    async def run() -> list[object]:
+        client = connect_async(server.url)
+        try:
+            await asyncio.gather(*(client.ping() for _ in range(20)))  # twenty connections, now idle
+            # In a thread: the event loop runs on meanwhile, as a service's does.
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(None, server.stop, sig)
+            await loop.run_in_executor(None, server.start)
+            return await asyncio.gather(*(client.incr("n") for _ in range(20)), return_exceptions=True)
+        finally:
+            await client.aclose()
+
+    try:
+        replies = asyncio.run(run())
+        assert not [r for r in replies if isinstance(r, Exception)], replies
+    finally:
+        server.stop(signal.SIGKILL)
+
+
+def test_retry_async_rides_out_a_restart_within_its_window(tmp_path: Path) -> None:
+    server = RedisProcess(tmp_path / "redis")
+    server.start()
+
+    async def run() -> tuple[object, float]:
+        client = connect_async(server.url)
+        try:
+            await client.set("k", "v")
+            server.stop(signal.SIGTERM)
+            restart = asyncio.get_running_loop().run_in_executor(None, server.start)
+            started = time.monotonic()
+            value = await retry_async(lambda: client.get("k"), within_s=30)
+            await restart
+            return value, time.monotonic() - started
+        finally:
+            await client.aclose()
+
+    async def give_up() -> float:
+        client = connect_async(f"redis://127.0.0.1:{free_port()}/0")
+        started = time.monotonic()
+        with pytest.raises(redis.exceptions.ConnectionError):
+            await retry_async(client.ping, within_s=0.5)
+        await client.aclose()
+        return time.monotonic() - started
+
+    try:
+        value, _ = asyncio.run(run())
+        assert value == b"v"
+        assert asyncio.run(give_up()) < 1.0  # bounded: the last error once the window is over
+    finally:
         server.stop(signal.SIGKILL)

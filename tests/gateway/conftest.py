@@ -14,6 +14,7 @@ import pytest
 import uvicorn
 
 from gateway.app import create_app
+from gateway.connection_guard import uvicorn_options
 from gateway.settings import GatewaySettings
 from tests.conftest import free_port
 from tests.stream_harness import StreamHarness
@@ -30,7 +31,12 @@ class RunningGateway:
 def start_server(settings: GatewaySettings) -> tuple[uvicorn.Server, threading.Thread, str]:
     port = free_port()
     config = uvicorn.Config(
-        create_app(settings), host="127.0.0.1", port=port, log_level="warning", timeout_graceful_shutdown=2
+        create_app(settings),
+        host="127.0.0.1",
+        port=port,
+        log_level="warning",
+        timeout_graceful_shutdown=2,
+        **uvicorn_options(settings),  # as `python -m gateway` runs it
     )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name="gateway-uvicorn", daemon=True)

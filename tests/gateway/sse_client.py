@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import json
+import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -74,3 +78,15 @@ def read_then_hang_up(
                 if sum(e.id is not None for e in events) >= num_ids:
                     return req_id, events
     raise AssertionError(f"the stream ended after {len(events)} events")
+
+
+@contextmanager
+def post_raw(url: str, path: str, body: dict[str, Any]) -> Iterator[socket.socket]:
+    """POST `body` on a plain socket that is closed when the block ends, whatever was answered:
+    a client that goes away while it waits for a non-streaming answer."""
+    parts = urlsplit(url)
+    data = json.dumps(body).encode()
+    head = f"POST {path} HTTP/1.1\r\nhost: {parts.netloc}\r\ncontent-type: application/json\r\n"
+    with socket.create_connection((parts.hostname, parts.port), timeout=30) as sock:
+        sock.sendall(head.encode() + f"content-length: {len(data)}\r\n\r\n".encode() + data)
+        yield sock

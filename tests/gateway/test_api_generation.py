@@ -294,7 +294,7 @@ def test_stop_string(gateway: RunningGateway, pool: ThreadPoolExecutor, tok: Tok
     assert abort.reason == "stop"
 
 
-# Streaming disconnects (abort at once without a resume grace, after it otherwise): test_resume_api.py.
+# Streaming disconnects (abort at once unless the request asked for `resumable`): test_resume_api.py.
 
 
 def test_non_streaming_client_disconnect_aborts(

@@ -19,10 +19,11 @@ from common.streams import FOLLOW_LEASES, request_meta
 from gateway.api_keys import hash_key
 from gateway.follow_leases import MIN_LEASE_S
 from tests.gateway.conftest import RunningGateway
-from tests.gateway.sse_client import get_sse, post_sse, read_then_hang_up
+from tests.gateway.sse_client import get_sse, post_raw, post_sse, read_then_hang_up
 from tests.services import wait_for
 
 STREAM_BODY = {"prompt": "hi", "max_tokens": 50, "stream": True}
+RESUMABLE_BODY = {**STREAM_BODY, "resumable": True}  # outlives its connection for the resume window
 OUTPUT_TEXT = " Return the value of the object. It is used to return a new"
 
 
@@ -149,12 +150,34 @@ def test_only_the_creating_key_can_read_a_request(
         assert gw.client.get(path).status_code == 401
 
 
-def test_stream_disconnect_without_grace_aborts_at_once(
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "non-streaming"])
+def test_a_request_not_asked_resumable_is_aborted_when_its_client_leaves(
+    make_gateway: Callable[..., RunningGateway], tok: Tokenizer, stream: bool
+) -> None:
+    """The default, whatever the resume window: a client that goes away cancels its request at once
+    (no lease left to run out), and resuming it finds the abort."""
+    gw = make_gateway(resume_grace_s=30)
+    if stream:
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            future = pool.submit(read_then_hang_up, gw.url, "/v1/completions", STREAM_BODY, 1)
+            request = gw.harness.next_request()
+            gw.harness.emit_tokens(request.req_id, _ids(tok, " Return"), finish_reason=None)
+            future.result(timeout=30)
+    else:
+        with post_raw(gw.url, "/v1/completions", {**STREAM_BODY, "stream": False}):
+            request = gw.harness.next_request()
+            wait_for(lambda: _lease(gw, request.req_id) is not None, 15, "the client to wait for it")
+        # The socket is closed: the client left without reading an answer.
+    assert gw.harness.wait_abort(request.req_id, timeout_s=15).reason == "abort"
+    wait_for(lambda: _lease(gw, request.req_id) is None, 15, "the lease to be dropped")
+
+
+def test_without_a_window_even_a_resumable_request_is_aborted_at_once(
     make_gateway: Callable[..., RunningGateway], tok: Tokenizer
 ) -> None:
     gw = make_gateway(resume_grace_s=0)
     with ThreadPoolExecutor(max_workers=1) as pool:
-        future = pool.submit(read_then_hang_up, gw.url, "/v1/completions", STREAM_BODY, 1)
+        future = pool.submit(read_then_hang_up, gw.url, "/v1/completions", RESUMABLE_BODY, 1)
         request = gw.harness.next_request()
         gw.harness.emit_tokens(request.req_id, _ids(tok, " Return"), finish_reason=None)
         assert future.result(timeout=30)[0] == request.req_id
@@ -169,7 +192,7 @@ def test_stream_disconnect_starts_the_grace_window_in_the_follow_lease(
     grace_s = 2.0
     gw = make_gateway(resume_grace_s=grace_s)
     with ThreadPoolExecutor(max_workers=1) as pool:
-        future = pool.submit(read_then_hang_up, gw.url, "/v1/completions", STREAM_BODY, 1)
+        future = pool.submit(read_then_hang_up, gw.url, "/v1/completions", RESUMABLE_BODY, 1)
         request = gw.harness.next_request()
         wait_for(lambda: _lease(gw, request.req_id) is not None, 15, "the lease")
         assert _lease(gw, request.req_id) >= time.time() + MIN_LEASE_S - 2  # renewed while followed
@@ -189,13 +212,19 @@ def _lease(gw: RunningGateway, req_id: str) -> float | None:
 def test_resume_within_the_grace_window_keeps_the_request(
     make_gateway: Callable[..., RunningGateway], tok: Tokenizer
 ) -> None:
-    gw = make_gateway(resume_grace_s=1.0)
+    """A client that asked for `resumable` leaves and resumes: the request runs on to its end.
+    The window is long (no race with a loaded machine); what keeps the request is asserted on
+    conditions: no abort, and the lease renewed by the resumed follower, then dropped."""
+    grace_s = 30.0
+    gw = make_gateway(resume_grace_s=grace_s)
     first, rest = _ids(tok, " Return"), _ids(tok, " the value")
     with ThreadPoolExecutor(max_workers=1) as pool:
-        future = pool.submit(read_then_hang_up, gw.url, "/v1/completions", STREAM_BODY, 1)
+        future = pool.submit(read_then_hang_up, gw.url, "/v1/completions", RESUMABLE_BODY, 1)
         request = gw.harness.next_request()
         gw.harness.emit_tokens(request.req_id, first, finish_reason=None)
         _, seen = future.result(timeout=30)
+        # The hang-up cut the lease to the window...
+        wait_for(lambda: _lease(gw, request.req_id) < time.time() + grace_s + 0.5, 15, "the window to start")
         resumed = pool.submit(
             get_sse, gw.client, f"/v1/requests/{request.req_id}/stream", {"Last-Event-ID": seen[-1].id or ""}
         )
@@ -206,6 +235,6 @@ def test_resume_within_the_grace_window_keeps_the_request(
         _, events = resumed.result(timeout=30)
     text = "".join(e.json()["choices"][0]["text"] for e in events if e.data != "[DONE]")
     assert seen[-1].json()["choices"][0]["text"] + text == " Return the value"
-    # The resumed follower renewed the lease (well past the 1 s window), then dropped it at the end.
+    # The resumed follower dropped the lease at the end; nothing ever aborted the request.
     wait_for(lambda: _lease(gw, request.req_id) is None, 15, "the lease to be dropped")
     assert gw.harness.aborts() == []

@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from gpu_worker.triton_kernels.paged_tile import LOG2E, attend_context, dot_precision, pad16, while_loop
+from gpu_worker.triton_kernels.paged_tile import INTERPRETED, LOG2E, attend_context, dot_precision, pad16
 
 TILE_N = 32  # keys per softmax step
 BLOCK_M = 64  # query rows (tokens x heads of one kv head) per program
@@ -130,5 +130,5 @@ def paged_prefill(
         HEAD_DIM_PAD=pad16(head_dim),
         TILE=TILE_N,
         DOT_PRECISION=dot_precision(k_cache.dtype),
-        WHILE_LOOP=while_loop(query),
+        WHILE_LOOP=INTERPRETED,
     )

@@ -9,6 +9,9 @@ import triton.language as tl
 
 # Scores are scaled by log2(e) so that the softmax runs on exp2.
 LOG2E = 1.4426950408889634
+# Whether the kernels defined next run under Triton's interpreter, which needs the while-loop form of
+# the key loop (read here, as @triton.jit reads TRITON_INTERPRET, when the kernels are defined).
+INTERPRETED = bool(triton.knobs.runtime.interpret)
 
 
 @triton.jit
@@ -106,8 +109,3 @@ def dot_precision(dtype: torch.dtype) -> str:
 def pad16(n: int) -> int:
     """A tl.dot dimension: a power of two, at least 16 (the smallest the GPU's dot accepts)."""
     return max(16, triton.next_power_of_2(n))
-
-
-def while_loop(tensor: torch.Tensor) -> bool:
-    """CPU tensors mean Triton's interpreter, which needs the while-loop form of the key loop."""
-    return tensor.device.type == "cpu"

@@ -34,6 +34,7 @@ from torch.profiler import ProfilerActivity, profile
 from batcher.request import Request
 from batcher.scheduler import Scheduler, SchedulerConfig
 from common.protocol import SamplingParams
+from gpu_worker.attention_torch import TorchAttentionBackend
 from gpu_worker.model_runner import ModelRunner
 from gpu_worker.settings import WorkerSettings
 
@@ -145,12 +146,15 @@ def main(argv: list[str] | None = None) -> None:
 
 def _ab_group_decodes(runner: ModelRunner, decode: Callable[[], int], rounds: int) -> None:
     """Same process, same requests, alternating rounds: the contexts grow evenly under both."""
+    backend = runner.attn_backend
+    if not isinstance(backend, TorchAttentionBackend):
+        raise SystemExit("--ab-group-decodes compares the torch backend's layouts (WORKER_ATTENTION_BACKEND)")
     times: dict[bool, list[float]] = {True: [], False: []}
     for i in range(rounds):
-        runner.group_decodes = i % 2 == 0
+        backend.group_decodes = i % 2 == 0
         start = time.perf_counter()
         steps = decode()
-        times[runner.group_decodes].append(1000 * (time.perf_counter() - start) / steps)
+        times[backend.group_decodes].append(1000 * (time.perf_counter() - start) / steps)
     for grouped, ms in times.items():
         label = "decodes in length groups" if grouped else "decodes in one group    "
         rows = " ".join(f"{t:.1f}" for t in ms)

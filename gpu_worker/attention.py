@@ -2,56 +2,25 @@
 
 The model runs one flattened ragged batch ([1, T] tokens of many requests). transformers computes
 Q/K/V and RoPE as usual, then calls `paged_attention_forward` per layer with the step's
-`AttentionMetadata` passed down as the `attn_metadata` forward kwarg (Llama forwards **kwargs from
-`model(...)` to every attention call). The function writes this step's K/V into the pool and attends
-each request over its own cached K/V, so no DynamicCache and no dense [T, T] mask ever exists.
+`AttentionContext` passed down as the `attn_metadata` forward kwarg (Llama forwards **kwargs from
+`model(...)` to every attention call). The context's backend writes this step's K/V into the pool and
+attends each request over its own cached K/V, so no DynamicCache and no dense [T, T] mask ever exists.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from transformers import AttentionInterface
 
-from gpu_worker.kv_cache import KVCache
+from gpu_worker.attention_backend import AttentionContext
 
 ATTN_IMPLEMENTATION = "cbserve_paged"
 
-
-@dataclass(slots=True)
-class PrefillChunk:
-    """One request's run of several query tokens (a prompt chunk) inside the flattened batch."""
-
-    start: int  # index of its first token in the flattened batch
-    end: int  # one past its last token
-    block_table: torch.Tensor  # [nb] blocks covering positions 0 .. context_len - 1
-    context_len: int  # tokens it attends over: already cached + this chunk
-    # [q, context_len] bool, True = may attend; None when the chunk starts at position 0 (plain causal)
-    causal_mask: torch.Tensor | None
-
-
-@dataclass(slots=True)
-class DecodeGroup:
-    """Single-token queries of similar context length, attended with one gather and one SDPA."""
-
-    start: int  # index of its first query in the flattened batch (decodes come first)
-    end: int  # one past its last
-    block_tables: torch.Tensor  # [b, nb] padded with block 0 (masked out)
-    # [b, 1, 1, nb * block_size] bool, True below each context length; None when every table is full
-    mask: torch.Tensor | None
-
-
-@dataclass(slots=True)
-class AttentionMetadata:
-    """Everything the attention layers need for one step; built once, shared by all layers."""
-
-    kv_cache: KVCache
-    slot_mapping: torch.Tensor  # [T] flat pool slot of every token of the step
-    decodes: list[DecodeGroup]  # the batch starts with its single-token decodes, longest context first
-    prefills: list[PrefillChunk]
+# Attention kwargs of other architectures that change the result; none is implemented, and ignoring
+# one would serve wrong text (Mistral v0.1's sliding window, Gemma 2's softcap, gpt-oss's sinks).
+UNSUPPORTED_KWARGS = ("sliding_window", "softcap", "s_aux", "sinks", "position_bias")
 
 
 def paged_attention_forward(
@@ -65,69 +34,25 @@ def paged_attention_forward(
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     """query [1, H, T, D], key/value [1, KVH, T, D] (after RoPE) -> output [1, T, H, D]."""
-    meta: AttentionMetadata | None = kwargs.get("attn_metadata")
-    if meta is None:
-        raise RuntimeError(f"{ATTN_IMPLEMENTATION} attention needs attn_metadata=AttentionMetadata(...)")
-    layer = int(module.layer_idx)  # type: ignore[arg-type]
-    q = query[0].transpose(0, 1)  # [T, H, D]
-    k = key[0].transpose(0, 1)  # [T, KVH, D]
-    v = value[0].transpose(0, 1)
-    meta.kv_cache.write(layer, meta.slot_mapping, k, v)
-
-    out = torch.empty_like(q)
-    for group in meta.decodes:
-        _decode(meta, layer, group, q[group.start : group.end], scaling, out[group.start : group.end])
-    for chunk in meta.prefills:
-        _prefill(meta, layer, chunk, query, key, value, scaling, out[chunk.start : chunk.end])
-    return out.unsqueeze(0), None
-
-
-def _decode(
-    meta: AttentionMetadata,
-    layer: int,
-    group: DecodeGroup,
-    q: torch.Tensor,
-    scaling: float | None,
-    out: torch.Tensor,
-) -> None:
-    # A group's single-token queries in one gather and one SDPA: [b, H, 1, D] over [b, KVH, L, D].
-    k_cache, v_cache = meta.kv_cache.gather(layer, group.block_tables)
-    attn = F.scaled_dot_product_attention(
-        q.unsqueeze(2),
-        k_cache.transpose(1, 2),
-        v_cache.transpose(1, 2),
-        attn_mask=group.mask,
-        scale=scaling,
-        enable_gqa=True,
-    )
-    out.copy_(attn.squeeze(2))
-
-
-def _prefill(
-    meta: AttentionMetadata,
-    layer: int,
-    chunk: PrefillChunk,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    scaling: float | None,
-    out: torch.Tensor,
-) -> None:
-    q = query[:, :, chunk.start : chunk.end]  # [1, H, q, D]
-    if chunk.causal_mask is None:
-        # Nothing cached before this chunk: its own K/V are the whole context, no pool read needed.
-        k = key[:, :, chunk.start : chunk.end]
-        v = value[:, :, chunk.start : chunk.end]
-        attn = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scaling, enable_gqa=True)
-    else:
-        # Later chunk of a prompt: read earlier chunks back through the block table, causal by position.
-        k_cache, v_cache = meta.kv_cache.gather(layer, chunk.block_table.unsqueeze(0))
-        k = k_cache[:, : chunk.context_len].transpose(1, 2)
-        v = v_cache[:, : chunk.context_len].transpose(1, 2)
-        attn = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=chunk.causal_mask, scale=scaling, enable_gqa=True
+    context: AttentionContext | None = kwargs.get("attn_metadata")
+    if context is None:
+        raise RuntimeError(f"{ATTN_IMPLEMENTATION} attention needs attn_metadata=AttentionContext(...)")
+    unsupported = [name for name in UNSUPPORTED_KWARGS if kwargs.get(name) is not None]
+    if unsupported or dropout:
+        raise NotImplementedError(
+            f"{ATTN_IMPLEMENTATION} attention does not implement "
+            f"{', '.join(unsupported) or f'dropout={dropout}'} (model {type(module).__name__})"
         )
-    out.copy_(attn[0].transpose(0, 1))
+    scale = query.shape[-1] ** -0.5 if scaling is None else scaling
+    out = context.backend.forward(
+        int(module.layer_idx),  # type: ignore[arg-type]
+        query[0].transpose(0, 1),  # [T, H, D]
+        key[0].transpose(0, 1),  # [T, KVH, D]
+        value[0].transpose(0, 1),
+        context.metadata,
+        scale,
+    )
+    return out.unsqueeze(0), None
 
 
 def register_paged_attention() -> str:

@@ -1,14 +1,19 @@
-"""Turns the requests scheduled in one step into one flattened ragged batch plus attention metadata."""
+"""Turns the requests scheduled in one step into one flattened ragged batch plus attention metadata.
+
+Token-level fields (slot mapping, positions) come from tensor ops over per-request values, never a
+Python loop over tokens. On CUDA every field is copied from pinned host memory without blocking.
+"""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-from gpu_worker.attention import AttentionMetadata, DecodeGroup, PrefillChunk
-from gpu_worker.kv_cache import KVCache
+from gpu_worker.attention_backend import AttentionBackend, AttentionContext, CommonAttentionMetadata
 from gpu_worker.request_state import RequestState
 
 
@@ -25,133 +30,95 @@ class InputBatch:
     logits_indices: torch.Tensor  # [N] flat index of the last token of each request that samples
     sampling_reqs: list[ScheduledRequest]  # the N requests whose known tokens are all computed now
     scheduled: list[ScheduledRequest]  # every request of the step, in batch order
-    attn_metadata: AttentionMetadata
-
-
-# A decode joins the current group while its table has at least this share of the group's longest
-# table: each group's gather reads its longest table for every member, so under a fifth of what a
-# member reads is padding.
-GROUP_SHARE = 0.8
-
-
-def _ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
+    attn_metadata: AttentionContext
 
 
 def build_input_batch(
-    requests: Sequence[ScheduledRequest],
-    kv_cache: KVCache,
-    device: torch.device,
-    group_decodes: bool = False,
+    requests: Sequence[ScheduledRequest], backend: AttentionBackend[Any], device: torch.device
 ) -> InputBatch:
-    """Decodes (query length 1) go first, longest context first, so that attention serves them with
-    one gather per group of similar lengths (one group for all when `group_decodes` is off)."""
-    block_size = kv_cache.block_size
+    """Decodes (query length 1) go first, longest context first (the torch backend attends them in
+    groups of similar length; kernels need only decodes first)."""
+    block_size = backend.kv_cache.block_size
     decodes = sorted(
         (r for r in requests if r.num_tokens == 1), key=lambda r: r.state.num_computed_tokens, reverse=True
     )
-    prefills = [r for r in requests if r.num_tokens > 1]
-    ordered = decodes + prefills
+    ordered = decodes + [r for r in requests if r.num_tokens > 1]
 
-    input_ids: list[int] = []
-    positions: list[int] = []
-    slots: list[int] = []
-    logits_indices: list[int] = []
-    sampling: list[ScheduledRequest] = []
-    for req in ordered:
-        state, start = req.state, req.state.num_computed_tokens
-        end = start + req.num_tokens
-        input_ids.extend(state.token_ids[start:end])
-        table = state.block_ids
-        for pos in range(start, end):
-            slots.append(table[pos // block_size] * block_size + pos % block_size)
-        positions.extend(range(start, end))
-        if end == state.num_tokens:
-            logits_indices.append(len(input_ids) - 1)
-            sampling.append(req)
-
-    context_lens = [r.state.num_computed_tokens + 1 for r in decodes]
-    groups = [
-        _decode_group(decodes[start:end], context_lens[start:end], start, block_size, device)
-        for start, end in _group_bounds(context_lens, block_size, group_decodes)
-    ]
-
-    chunks: list[PrefillChunk] = []
-    offset = len(decodes)
-    for req in prefills:
-        start = req.state.num_computed_tokens
-        context_len = start + req.num_tokens
-        chunk_table = torch.tensor(
-            req.state.block_ids[: _ceil_div(context_len, block_size)], dtype=torch.long
+    computed = [r.state.num_computed_tokens for r in ordered]
+    query_lens = [r.num_tokens for r in ordered]
+    seq_lens = [c + n for c, n in zip(computed, query_lens, strict=True)]
+    num_table_blocks = [-(-n // block_size) for n in seq_lens]
+    input_ids = list(
+        itertools.chain.from_iterable(
+            r.state.token_ids[c:s] for r, c, s in zip(ordered, computed, seq_lens, strict=True)
         )
-        causal: torch.Tensor | None = None
-        if start > 0:
-            query_pos = torch.arange(start, context_len).unsqueeze(1)
-            causal = (torch.arange(context_len).unsqueeze(0) <= query_pos).to(device)
-        chunks.append(
-            PrefillChunk(
-                start=offset,
-                end=offset + req.num_tokens,
-                block_table=chunk_table.to(device),
-                context_len=context_len,
-                causal_mask=causal,
-            )
+    )
+    table_ids = list(
+        itertools.chain.from_iterable(
+            r.state.block_ids[:nb] for r, nb in zip(ordered, num_table_blocks, strict=True)
         )
-        offset += req.num_tokens
+    )
+    sampling = [r for r, s in zip(ordered, seq_lens, strict=True) if s == r.state.num_tokens]
 
-    metadata = AttentionMetadata(
-        kv_cache=kv_cache,
-        slot_mapping=torch.tensor(slots, dtype=torch.long).to(device),
-        decodes=groups,
-        prefills=chunks,
+    num_reqs, num_tokens = len(ordered), len(input_ids)
+    query_lens_t = torch.tensor(query_lens, dtype=torch.int32)
+    query_start_loc = torch.zeros(num_reqs + 1, dtype=torch.int32)
+    torch.cumsum(query_lens_t, 0, out=query_start_loc[1:])
+    seq_lens_t = torch.tensor(seq_lens, dtype=torch.int32)
+    num_blocks_t = torch.tensor(num_table_blocks, dtype=torch.int64)
+
+    # Block tables padded with block 0: row of every table entry, then its column within the row.
+    max_blocks = max(num_table_blocks, default=0)
+    block_tables = torch.zeros((num_reqs, max_blocks), dtype=torch.int32)
+    table_rows = torch.repeat_interleave(torch.arange(num_reqs), num_blocks_t)
+    table_starts = torch.cumsum(num_blocks_t, 0) - num_blocks_t
+    table_cols = torch.arange(len(table_ids)) - table_starts[table_rows]
+    block_tables[table_rows, table_cols] = torch.tensor(table_ids, dtype=torch.int32)
+
+    # Each token's sequence, position and slot.
+    token_seq = torch.repeat_interleave(torch.arange(num_reqs), query_lens_t.long())
+    positions = (
+        torch.arange(num_tokens)
+        - query_start_loc[token_seq].long()
+        + torch.tensor(computed, dtype=torch.long)[token_seq]
+    )
+    slot_mapping = (
+        block_tables[token_seq, positions // block_size].long() * block_size + positions % block_size
+    )
+    sampled_seqs = torch.tensor(
+        [s == r.state.num_tokens for r, s in zip(ordered, seq_lens, strict=True)], dtype=torch.bool
+    )
+    logits_indices = (query_start_loc[1:].long() - 1)[sampled_seqs]
+
+    common = CommonAttentionMetadata(
+        slot_mapping=_to_device(slot_mapping, device),
+        query_start_loc=_to_device(query_start_loc, device),
+        seq_lens=_to_device(seq_lens_t, device),
+        block_tables=_to_device(block_tables, device),
+        query_start_loc_cpu=query_start_loc,
+        seq_lens_cpu=seq_lens_t,
+        block_tables_cpu=block_tables,
+        num_decodes=len(decodes),
+        num_actual_tokens=num_tokens,
+        max_query_len=max(query_lens, default=0),
+        max_seq_len=max(seq_lens, default=0),
     )
     return InputBatch(
-        input_ids=torch.tensor([input_ids], dtype=torch.long).to(device),
-        position_ids=torch.tensor([positions], dtype=torch.long).to(device),
-        logits_indices=torch.tensor(logits_indices, dtype=torch.long).to(device),
+        input_ids=_to_device(torch.tensor([input_ids], dtype=torch.long), device),
+        position_ids=_to_device(positions.unsqueeze(0), device),
+        logits_indices=_to_device(logits_indices, device),
         sampling_reqs=sampling,
         scheduled=ordered,
-        attn_metadata=metadata,
+        attn_metadata=AttentionContext(
+            backend=backend, metadata=backend.build_metadata(common), common=common
+        ),
     )
 
 
-def _group_bounds(context_lens: list[int], block_size: int, split: bool) -> list[tuple[int, int]]:
-    """[start, end) of each decode group over lengths sorted longest first."""
-    if not context_lens:
-        return []
-    if not split:
-        return [(0, len(context_lens))]
-    bounds = []
-    start = 0
-    for i, n in enumerate(context_lens[1:], start=1):
-        if _ceil_div(n, block_size) < GROUP_SHARE * _ceil_div(context_lens[start], block_size):
-            bounds.append((start, i))
-            start = i
-    bounds.append((start, len(context_lens)))
-    return bounds
-
-
-def _decode_group(
-    decodes: Sequence[ScheduledRequest],
-    context_lens: list[int],
-    start: int,
-    block_size: int,
-    device: torch.device,
-) -> DecodeGroup:
-    num_table_blocks = _ceil_div(context_lens[0], block_size)  # the longest comes first
-    # Padding with block 0 is harmless: the mask hides every position past the context length.
-    tables = [
-        r.state.block_ids[: _ceil_div(n, block_size)] + [0] * (num_table_blocks - _ceil_div(n, block_size))
-        for r, n in zip(decodes, context_lens, strict=True)
-    ]
-    mask: torch.Tensor | None = None
-    if context_lens[-1] < num_table_blocks * block_size:  # someone's table ends before it is full
-        lens = torch.tensor(context_lens).unsqueeze(1)
-        full = torch.arange(num_table_blocks * block_size).unsqueeze(0) < lens
-        mask = full.view(len(decodes), 1, 1, -1).to(device)
-    return DecodeGroup(
-        start=start,
-        end=start + len(decodes),
-        block_tables=torch.tensor(tables, dtype=torch.long).to(device),
-        mask=mask,
-    )
+def _to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor on `device`: on CUDA through pinned memory, so the copy does not block the host
+    (the pinned staging buffer comes from torch's caching host allocator, which keeps it alive until
+    the copy is done)."""
+    if device.type != "cuda":
+        return host.to(device)
+    return host.pin_memory().to(device, non_blocking=True)

@@ -24,6 +24,7 @@ from common.protocol import (
     TokenEvent,
     WorkerInfo,
 )
+from gpu_worker.attention_backend import make_attention_backend
 from gpu_worker.input_batch import InputBatch, ScheduledRequest, build_input_batch
 from gpu_worker.kv_cache import KVCache
 from gpu_worker.logprobs import SampleLogprobs
@@ -78,7 +79,9 @@ class ModelRunner:
         self.sampling_state = SamplingState(self.vocab_size, self.device, self.eos_token_ids)
         # Null-model mode times everything but the model: the step still builds its inputs.
         self.null_model = settings.null_model
-        self.group_decodes = settings.resolved_group_decodes
+        self.attn_backend = make_attention_backend(
+            settings.resolved_attention_backend, self.kv_cache, settings.resolved_group_decodes
+        )
         self.fail_on_token_id = settings.fail_on_token_id
         self.requests: dict[str, RequestState] = {}
         # Logprobs of the last step's samples, by req_id, for its token events (only requests that asked).
@@ -149,7 +152,7 @@ class ModelRunner:
         try:
             self._apply(scheduler_output, req_errors)
             scheduled = self._scheduled(scheduler_output, req_errors)
-            batch = build_input_batch(scheduled, self.kv_cache, self.device, self.group_decodes)
+            batch = build_input_batch(scheduled, self.attn_backend, self.device)
             sampled = self._forward_and_sample(batch)
         except Exception as exc:
             logger.exception("step %d failed", scheduler_output.step_id)

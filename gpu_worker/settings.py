@@ -15,6 +15,7 @@ from common.settings import log_format_field, redis_url_field, retention_field
 
 Device = Literal["cpu", "cuda"]
 DType = Literal["auto", "float32", "bfloat16", "float16"]
+AttentionBackendSetting = Literal["auto", "torch", "triton"]
 
 
 def default_worker_id() -> str:
@@ -78,9 +79,15 @@ class WorkerSettings(BaseSettings):
     )
     group_decodes: bool | None = Field(
         default=None,
-        description="Attend decodes in groups of similar context length, so that short ones do not "
-        "read the longest one's padding; each group adds a gather and an SDPA per layer. Default: on "
+        description="Torch attention backend: attend decodes in groups of similar context length, so "
+        "that short ones do not read the longest one's padding; each group adds a gather and an SDPA "
+        "per layer. Default: on "
         "for cpu (memory-bound there), off for cuda (where the extra kernel launches cost more).",
+    )
+    attention_backend: AttentionBackendSetting = Field(
+        default="auto",
+        description="Paged attention: torch (gather + SDPA, the reference) or triton (kernels reading "
+        "the KV pool in place; needs a power-of-two block size). auto: triton on cuda, torch on cpu.",
     )
     worker_id: str = Field(default_factory=default_worker_id, min_length=1, description="Unique per process.")
     num_threads: int | None = Field(default=None, gt=0, description="torch intra-op threads (cpu).")
@@ -152,6 +159,12 @@ class WorkerSettings(BaseSettings):
     @property
     def resolved_group_decodes(self) -> bool:
         return self.device == "cpu" if self.group_decodes is None else self.group_decodes
+
+    @property
+    def resolved_attention_backend(self) -> Literal["torch", "triton"]:
+        if self.attention_backend == "auto":
+            return "triton" if self.device == "cuda" else "torch"
+        return self.attention_backend
 
     @property
     def resolved_dtype(self) -> Literal["float32", "bfloat16", "float16"]:

@@ -1,0 +1,175 @@
+"""The torch attention backend (the CPU default, and the reference every other backend is tested
+against): gathers each group's K/V out of the pool into a workspace and runs SDPA with masks.
+
+Decodes are attended in groups of similar context length (one gather and one SDPA per group), and
+every prefill chunk by itself; a first chunk attends over its own K/V without reading the pool.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from gpu_worker.attention_backend import AttentionBackend, CommonAttentionMetadata
+from gpu_worker.kv_cache import KVCache
+
+# A decode joins the current group while its table has at least this share of the group's longest
+# table: each group's gather reads its longest table for every member, so under a fifth of what a
+# member reads is padding.
+GROUP_SHARE = 0.8
+
+
+@dataclass(slots=True)
+class PrefillChunk:
+    """One sequence's run of several query tokens (a prompt chunk) inside the flattened batch."""
+
+    start: int  # index of its first token in the flattened batch
+    end: int  # one past its last token
+    block_table: torch.Tensor  # [nb] blocks covering positions 0 .. context_len - 1
+    context_len: int  # tokens it attends over: already cached + this chunk
+    # [q, context_len] bool, True = may attend; None when the chunk starts at position 0 (plain causal)
+    causal_mask: torch.Tensor | None
+
+
+@dataclass(slots=True)
+class DecodeGroup:
+    """Single-token queries of similar context length, attended with one gather and one SDPA."""
+
+    start: int  # index of its first query in the flattened batch (decodes come first)
+    end: int  # one past its last
+    block_tables: torch.Tensor  # [b, nb] padded with block 0 (masked out)
+    # [b, 1, 1, nb * block_size] bool, True below each context length; None when every table is full
+    mask: torch.Tensor | None
+
+
+@dataclass(slots=True)
+class TorchAttentionMetadata:
+    slot_mapping: torch.Tensor  # [T]
+    decodes: list[DecodeGroup]  # the batch starts with its decodes, longest context first
+    prefills: list[PrefillChunk]
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class TorchAttentionBackend(AttentionBackend[TorchAttentionMetadata]):
+    name = "torch"
+
+    def __init__(self, kv_cache: KVCache, group_decodes: bool) -> None:
+        super().__init__(kv_cache)
+        # Off: one group for all decodes (fewer launches, every row padded to the longest context).
+        self.group_decodes = group_decodes
+
+    def build_metadata(self, common: CommonAttentionMetadata) -> TorchAttentionMetadata:
+        block_size = self.kv_cache.block_size
+        seq_lens: list[int] = common.seq_lens_cpu.tolist()
+        starts: list[int] = common.query_start_loc_cpu.tolist()
+        context_lens = seq_lens[: common.num_decodes]
+        groups = [
+            self._decode_group(common, context_lens, start, end)
+            for start, end in group_bounds(context_lens, block_size, self.group_decodes)
+        ]
+        chunks = []
+        device = common.block_tables.device
+        for seq in range(common.num_decodes, common.num_reqs):
+            start, end, context_len = starts[seq], starts[seq + 1], seq_lens[seq]
+            cached = context_len - (end - start)
+            causal: torch.Tensor | None = None
+            if cached > 0:
+                query_pos = torch.arange(cached, context_len).unsqueeze(1)
+                causal = (torch.arange(context_len).unsqueeze(0) <= query_pos).to(device)
+            table = common.block_tables[seq, : _ceil_div(context_len, block_size)]
+            chunks.append(PrefillChunk(start, end, table, context_len, causal))
+        return TorchAttentionMetadata(slot_mapping=common.slot_mapping, decodes=groups, prefills=chunks)
+
+    def _decode_group(
+        self, common: CommonAttentionMetadata, context_lens: list[int], start: int, end: int
+    ) -> DecodeGroup:
+        block_size = self.kv_cache.block_size
+        lens = context_lens[start:end]
+        num_table_blocks = _ceil_div(lens[0], block_size)  # the longest comes first
+        # Rows are padded with block 0, which is harmless: the mask hides every position past the
+        # context length.
+        tables = common.block_tables[start:end, :num_table_blocks]
+        mask: torch.Tensor | None = None
+        if lens[-1] < num_table_blocks * block_size:  # someone's table ends before it is full
+            full = torch.arange(num_table_blocks * block_size).unsqueeze(0) < torch.tensor(lens).unsqueeze(1)
+            mask = full.view(end - start, 1, 1, -1).to(common.block_tables.device)
+        return DecodeGroup(start=start, end=end, block_tables=tables, mask=mask)
+
+    def forward(
+        self,
+        layer: int,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        metadata: TorchAttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:
+        self.kv_cache.write(layer, metadata.slot_mapping, key, value)
+        out = torch.empty_like(query)
+        for group in metadata.decodes:
+            self._decode(layer, group, query[group.start : group.end], scale, out[group.start : group.end])
+        for chunk in metadata.prefills:
+            self._prefill(layer, chunk, query, key, value, scale, out[chunk.start : chunk.end])
+        return out
+
+    def _decode(
+        self, layer: int, group: DecodeGroup, q: torch.Tensor, scale: float, out: torch.Tensor
+    ) -> None:
+        # A group's single-token queries in one gather and one SDPA: [b, H, 1, D] over [b, KVH, L, D].
+        k_cache, v_cache = self.kv_cache.gather(layer, group.block_tables)
+        attn = F.scaled_dot_product_attention(
+            q.unsqueeze(2),
+            k_cache.transpose(1, 2),
+            v_cache.transpose(1, 2),
+            attn_mask=group.mask,
+            scale=scale,
+            enable_gqa=True,
+        )
+        out.copy_(attn.squeeze(2))
+
+    def _prefill(
+        self,
+        layer: int,
+        chunk: PrefillChunk,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        scale: float,
+        out: torch.Tensor,
+    ) -> None:
+        q = query[chunk.start : chunk.end].transpose(0, 1).unsqueeze(0)  # [1, H, q, D]
+        if chunk.causal_mask is None:
+            # Nothing cached before this chunk: its own K/V are the whole context, no pool read needed.
+            k = key[chunk.start : chunk.end].transpose(0, 1).unsqueeze(0)
+            v = value[chunk.start : chunk.end].transpose(0, 1).unsqueeze(0)
+            attn = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=True)
+        else:
+            # Later chunk of a prompt: read earlier chunks back through the block table, causal by position.
+            k_cache, v_cache = self.kv_cache.gather(layer, chunk.block_table.unsqueeze(0))
+            k = k_cache[:, : chunk.context_len].transpose(1, 2)
+            v = v_cache[:, : chunk.context_len].transpose(1, 2)
+            attn = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=chunk.causal_mask, scale=scale, enable_gqa=True
+            )
+        out.copy_(attn[0].transpose(0, 1))
+
+
+def group_bounds(context_lens: list[int], block_size: int, split: bool) -> list[tuple[int, int]]:
+    """[start, end) of each decode group over lengths sorted longest first."""
+    if not context_lens:
+        return []
+    if not split:
+        return [(0, len(context_lens))]
+    bounds = []
+    start = 0
+    for i, n in enumerate(context_lens[1:], start=1):
+        if _ceil_div(n, block_size) < GROUP_SHARE * _ceil_div(context_lens[start], block_size):
+            bounds.append((start, i))
+            start = i
+    bounds.append((start, len(context_lens)))
+    return bounds

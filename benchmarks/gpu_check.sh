@@ -61,7 +61,7 @@ torch.cuda.is_available(), 'transformers', transformers.__version__, 'triton', t
 cat "$WORK/env.txt"
 
 step kernels 90 env CBSERVE_TEST_DEVICE="$DEVICE" "${KERNEL_ENV[@]}" $PY -m pytest -q -p no:cacheprovider \
-    tests/test_attention_kernels.py --junitxml="$WORK/kernels.xml"
+    tests/test_triton_attention.py --junitxml="$WORK/kernels.xml"
 for dtype in float32 bfloat16; do
     step "parity_$dtype" 60 $PY -m benchmarks.gpu_parity --model models/demo --device "$DEVICE" \
         --dtype "$dtype" --num-prompts "$NUM_PROMPTS" --result-file "$WORK/parity_$dtype.json"

@@ -71,7 +71,9 @@ class ModelRunner:
         profile = build_profile_step(settings, model_max_len(config) or self.max_num_batched_tokens)
         self.num_blocks = profile.num_blocks
         self.max_model_len = profile.max_len
-        self.kv_cache = self._allocate_kv_cache(self.num_blocks)
+        self._attention_backend_name = settings.resolved_attention_backend
+        self._group_decodes = settings.resolved_group_decodes
+        self._use_kv_cache(self.num_blocks)
         self.vocab_size = int(config.get_text_config().vocab_size)
         self.eos_token_ids = eos_token_ids(self.model)
         self.sampler = Sampler(settings.seed, self.device)
@@ -79,9 +81,6 @@ class ModelRunner:
         self.sampling_state = SamplingState(self.vocab_size, self.device, self.eos_token_ids)
         # Null-model mode times everything but the model: the step still builds its inputs.
         self.null_model = settings.null_model
-        self.attn_backend = make_attention_backend(
-            settings.resolved_attention_backend, self.kv_cache, settings.resolved_group_decodes
-        )
         self.fail_on_token_id = settings.fail_on_token_id
         self.requests: dict[str, RequestState] = {}
         # Logprobs of the last step's samples, by req_id, for its token events (only requests that asked).
@@ -89,9 +88,10 @@ class ModelRunner:
         self.num_isolated_steps = 0  # steps that raised and were rerun request by request
         self._size_kv_cache(settings, profile, memory_at_start)
 
-    def _allocate_kv_cache(self, num_blocks: int) -> KVCache:
+    def _use_kv_cache(self, num_blocks: int) -> None:
+        """Allocate a pool of `num_blocks` and the attention backend that reads it."""
         shape = kv_shape(self.model.config)
-        return KVCache.allocate(
+        self.kv_cache = KVCache.allocate(
             num_layers=shape.num_layers,
             num_blocks=num_blocks,
             block_size=self.block_size,
@@ -100,18 +100,21 @@ class ModelRunner:
             dtype=self.model.dtype,
             device=self.device,
         )
+        self.attn_backend = make_attention_backend(
+            self._attention_backend_name, self.kv_cache, self._group_decodes
+        )
 
     def _size_kv_cache(
         self, settings: WorkerSettings, step: ProfileStep, start: MemorySnapshot | None
     ) -> None:
         """Run the profiling step in the temporary pool, then give the real pool what it leaves."""
         result = run_profile_step(self, step)
-        del self.kv_cache  # freed before measuring what is left
+        del self.kv_cache, self.attn_backend  # freed before measuring what is left
         budget = kv_cache_budget(settings, self.device, start, result)
         shape = kv_shape(self.model.config)
         self.num_blocks = resolve_num_blocks(settings, shape, self.model.dtype, budget)
         self.max_model_len = resolve_max_model_len(settings, self.model.config, self.num_blocks)
-        self.kv_cache = self._allocate_kv_cache(self.num_blocks)
+        self._use_kv_cache(self.num_blocks)
 
     def worker_info(self) -> WorkerInfo:
         """What the batcher needs to schedule onto this runner (sent when a worker registers)."""

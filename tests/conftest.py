@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import socket
 import subprocess
@@ -18,6 +19,12 @@ from tests.tiny_model import build_tiny_model
 
 if TYPE_CHECKING:
     from tests.services import Stack
+
+# Triton kernels run under Triton's interpreter on CPU tensors unless the kernel tests are pointed at
+# a GPU (CBSERVE_TEST_DEVICE=cuda, as benchmarks/gpu_check.sh does). Triton reads this when a kernel
+# is defined, so it is set here, before any test module imports one.
+if os.environ.get("CBSERVE_TEST_DEVICE", "cpu") == "cpu":
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 def free_port() -> int:

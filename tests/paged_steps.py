@@ -3,6 +3,7 @@ non-contiguous block tables, and one step's queries, keys and values."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -12,6 +13,9 @@ from gpu_worker.attention_backend import AttentionBackend, CommonAttentionMetada
 from gpu_worker.input_batch import ScheduledRequest, build_input_batch
 from gpu_worker.kv_cache import KVCache
 from gpu_worker.request_state import RequestState
+
+# The kernels' device: the CPU under Triton's interpreter, a GPU when benchmarks/gpu_check.sh asks.
+DEVICE = torch.device(os.environ.get("CBSERVE_TEST_DEVICE", "cpu"))
 
 
 @dataclass
@@ -54,12 +58,12 @@ def make_step(
         )
         requests.append(ScheduledRequest(state=state, num_tokens=new))
     for pool in (*kv_cache.k_pools, *kv_cache.v_pools):
-        pool.copy_(torch.randn(pool.shape, generator=generator))
+        pool.copy_(torch.randn(pool.shape, generator=generator).to(DEVICE))
     batch = build_input_batch(requests, backend, kv_cache.k_pools[0].device)
     num_tokens = batch.attn_metadata.common.num_actual_tokens
 
     def rand(heads: int) -> torch.Tensor:
-        return torch.randn(num_tokens, heads, head_dim, generator=generator).to(dtype)
+        return torch.randn(num_tokens, heads, head_dim, generator=generator).to(DEVICE, dtype)
 
     return PagedStep(
         common=batch.attn_metadata.common,
@@ -79,5 +83,5 @@ def pool(num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int, dty
         num_kv_heads=num_kv_heads,
         head_dim=head_dim,
         dtype=dtype,
-        device=torch.device("cpu"),
+        device=DEVICE,
     )

@@ -3,14 +3,7 @@ tokens equal transformers' generate through prefill, chunked prefill, decode and
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
-
-import torch
-
-if not torch.cuda.is_available():
-    # Read when a kernel is defined, so before gpu_worker.triton_kernels is first imported.
-    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from common.protocol import SamplingParams
 from gpu_worker.attention_triton import TritonAttentionBackend

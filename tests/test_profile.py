@@ -56,6 +56,7 @@ def test_runner_profiles_its_own_limits_then_registers_them(
     assert (info.max_num_seqs, info.max_num_batched_tokens) == (5, 48)
     # The profile's requests are gone and the real pool replaced the temporary one.
     assert not runner.requests and runner.num_blocks == runner.kv_cache.num_blocks == 20
+    assert runner.attn_backend.kv_cache is runner.kv_cache  # attention reads the real pool too
 
 
 def test_worker_whose_largest_step_fails_refuses_to_start(tiny_model_dir: Path) -> None:

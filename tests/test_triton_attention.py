@@ -4,20 +4,14 @@ cached context, shuffled block tables with holes, float32 and bfloat16."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
-
-if not torch.cuda.is_available():
-    # Read when a kernel is defined, so before gpu_worker.triton_kernels is first imported.
-    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from gpu_worker.attention_torch import TorchAttentionBackend
 from gpu_worker.attention_triton import TritonAttentionBackend
 from gpu_worker.triton_kernels.kv_write import kv_write
 from gpu_worker.triton_kernels.paged_decode import paged_decode
-from tests.paged_steps import make_step, pool
+from tests.paged_steps import DEVICE, make_step, pool
 
 NUM_KV_HEADS = 2
 HEAD_DIM = 32
@@ -86,9 +80,9 @@ def _check_step(
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_kv_write_skips_negative_slots(dtype: torch.dtype) -> None:
     cache = pool(4, 16, NUM_KV_HEADS, HEAD_DIM, dtype)
-    key = torch.randn(3, NUM_KV_HEADS, HEAD_DIM).to(dtype)
-    value = torch.randn(3, NUM_KV_HEADS, HEAD_DIM).to(dtype)
-    kv_write(key, value, cache.k_pools[0], cache.v_pools[0], torch.tensor([37, -1, 5]))
+    key = torch.randn(3, NUM_KV_HEADS, HEAD_DIM).to(DEVICE, dtype)
+    value = torch.randn(3, NUM_KV_HEADS, HEAD_DIM).to(DEVICE, dtype)
+    kv_write(key, value, cache.k_pools[0], cache.v_pools[0], torch.tensor([37, -1, 5], device=DEVICE))
     k_flat = cache.k_pools[0].view(-1, NUM_KV_HEADS, HEAD_DIM)
     v_flat = cache.v_pools[0].view(-1, NUM_KV_HEADS, HEAD_DIM)
     assert torch.equal(k_flat[37], key[0]) and torch.equal(k_flat[5], key[2])
@@ -100,10 +94,11 @@ def test_decode_padding_rows_give_zeros() -> None:
     # A batch padded to a fixed size (as CUDA graphs replay it): padding rows have seq_len 0.
     cache = pool(4, 16, NUM_KV_HEADS, HEAD_DIM, torch.float32)
     cache.v_pools[0].normal_()
-    query = torch.randn(2, NUM_KV_HEADS * 4, HEAD_DIM)
+    query = torch.randn(2, NUM_KV_HEADS * 4, HEAD_DIM, device=DEVICE)
     out = torch.full_like(query, float("nan"))
-    tables = torch.tensor([[2, 0], [0, 0]], dtype=torch.int32)
-    paged_decode(out, query, cache.k_pools[0], cache.v_pools[0], tables, torch.tensor([3, 0]).int(), 0.2)
+    tables = torch.tensor([[2, 0], [0, 0]], dtype=torch.int32, device=DEVICE)
+    seq_lens = torch.tensor([3, 0], dtype=torch.int32, device=DEVICE)
+    paged_decode(out, query, cache.k_pools[0], cache.v_pools[0], tables, seq_lens, 0.2)
     assert torch.equal(out[1], torch.zeros_like(out[1]))
     # One real row over three keys of zeros: uniform weights, the mean of the three values.
     expected = cache.v_pools[0][2, :3].mean(dim=0).repeat_interleave(4, dim=0)

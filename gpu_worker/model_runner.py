@@ -25,6 +25,7 @@ from common.protocol import (
     WorkerInfo,
 )
 from gpu_worker.attention_backend import make_attention_backend
+from gpu_worker.cuda_graphs import DecodeGraphs
 from gpu_worker.input_batch import InputBatch, ScheduledRequest, build_input_batch
 from gpu_worker.kv_cache import KVCache
 from gpu_worker.logprobs import SampleLogprobs
@@ -86,7 +87,19 @@ class ModelRunner:
         # Logprobs of the last step's samples, by req_id, for its token events (only requests that asked).
         self._step_logprobs: dict[str, SampleLogprobs] = {}
         self.num_isolated_steps = 0  # steps that raised and were rerun request by request
+        self.decode_graphs: DecodeGraphs | None = None  # none during the profiling step
         self._size_kv_cache(settings, profile, memory_at_start)
+        # Captured last, over the real pool: graphs hold the addresses of the pool and the weights.
+        if settings.resolved_cuda_graphs and not self.null_model:
+            self.decode_graphs = DecodeGraphs(
+                self.model,
+                self.attn_backend,
+                max_num_seqs=self.max_num_seqs,
+                max_model_len=self.max_model_len,
+                device=self.device,
+                capture=self.device.type == "cuda",
+            )
+            self.decode_graphs.capture()
 
     def _use_kv_cache(self, num_blocks: int) -> None:
         """Allocate a pool of `num_blocks` and the attention backend that reads it."""
@@ -340,6 +353,19 @@ class ModelRunner:
 
     # ---- forward, sample, advance ---------------------------------------------------------------
 
+    def _forward(self, batch: InputBatch) -> torch.Tensor:
+        """Logits [N, vocab] of the rows that sample: a replayed graph for decode-only steps."""
+        if self.decode_graphs is not None and self.decode_graphs.can_run(batch):
+            return self.decode_graphs.run(batch)
+        outputs = self.model(
+            input_ids=batch.input_ids,
+            position_ids=batch.position_ids,
+            use_cache=False,  # the paged pool is the cache; no DynamicCache
+            logits_to_keep=batch.logits_indices,  # logits only where a token is sampled
+            attn_metadata=batch.attn_metadata,
+        )
+        return outputs.logits[0]
+
     @torch.inference_mode()
     def _forward_and_sample(self, batch: InputBatch) -> list[int]:
         self._step_logprobs = {}
@@ -351,14 +377,7 @@ class ModelRunner:
             raise RuntimeError(f"fail_on_token_id: token {self.fail_on_token_id} is in the batch")
         if self.null_model:
             return [0] * len(batch.sampling_reqs)
-        outputs = self.model(
-            input_ids=batch.input_ids,
-            position_ids=batch.position_ids,
-            use_cache=False,  # the paged pool is the cache; no DynamicCache
-            logits_to_keep=batch.logits_indices,  # logits only where a token is sampled
-            attn_metadata=batch.attn_metadata,
-        )
-        logits = outputs.logits[0]
+        logits = self._forward(batch)
         states = [r.state for r in batch.sampling_reqs]
         result = self.sampler.sample(logits, self.sampling_state, [s.req_id for s in states])
         for state, logprobs in zip(states, result.logprobs, strict=True):

@@ -89,6 +89,12 @@ class WorkerSettings(BaseSettings):
         description="Paged attention: torch (gather + SDPA, the reference) or triton (kernels reading "
         "the KV pool in place; needs a power-of-two block size). auto: triton on cuda, torch on cpu.",
     )
+    cuda_graphs: bool | None = Field(
+        default=None,
+        description="Replay decode-only steps as CUDA graphs captured at startup, one per padded batch "
+        "size (needs the triton backend). Default: on for cuda, off for cpu; on cpu, true runs the same "
+        "padded static buffers eagerly (how the tests check the padding).",
+    )
     worker_id: str = Field(default_factory=default_worker_id, min_length=1, description="Unique per process.")
     num_threads: int | None = Field(default=None, gt=0, description="torch intra-op threads (cpu).")
     seed: int | None = Field(
@@ -165,6 +171,12 @@ class WorkerSettings(BaseSettings):
         if self.attention_backend == "auto":
             return "triton" if self.device == "cuda" else "torch"
         return self.attention_backend
+
+    @property
+    def resolved_cuda_graphs(self) -> bool:
+        if self.cuda_graphs is None:
+            return self.device == "cuda" and self.resolved_attention_backend == "triton"
+        return self.cuda_graphs
 
     @property
     def resolved_dtype(self) -> Literal["float32", "bfloat16", "float16"]:

@@ -1,9 +1,12 @@
 """ModelRunner with the triton attention backend (under Triton's interpreter on the CPU): greedy
-tokens equal transformers' generate through prefill, chunked prefill, decode and preemption."""
+tokens equal transformers' generate through prefill, chunked prefill, decode and preemption, also
+with decode steps padded into the static buffers that CUDA graphs replay."""
 
 from __future__ import annotations
 
 from pathlib import Path
+
+import pytest
 
 from common.protocol import SamplingParams
 from gpu_worker.attention_triton import TritonAttentionBackend
@@ -18,7 +21,8 @@ from tests.test_model_runner import (
 )
 
 
-def test_triton_backend_greedy_equals_transformers_generate(tiny_model_dir: Path) -> None:
+@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graph-buffers"])
+def test_triton_backend_greedy_equals_transformers_generate(tiny_model_dir: Path, graphs: bool) -> None:
     runner = ModelRunner(
         WorkerSettings(
             model=str(tiny_model_dir),
@@ -26,6 +30,10 @@ def test_triton_backend_greedy_equals_transformers_generate(tiny_model_dir: Path
             block_size=BLOCK_SIZE,
             worker_id="triton",
             attention_backend="triton",
+            cuda_graphs=graphs,
+            # Graph sizes 1, 2, 4, 6: three or five decodes run padded, with rows that do nothing.
+            max_num_seqs=6,
+            max_num_batched_tokens=32,
         )
     )
     assert isinstance(runner.attn_backend, TritonAttentionBackend)
@@ -38,3 +46,5 @@ def test_triton_backend_greedy_equals_transformers_generate(tiny_model_dir: Path
     assert requests[0].attempt == 1
     for req in requests:
         assert req.outputs == reference_greedy(tiny_model_dir, req.prompt, req.params.max_tokens), req.req_id
+    replays = 0 if runner.decode_graphs is None else runner.decode_graphs.num_replays
+    assert (replays > 0) == graphs

@@ -1,0 +1,154 @@
+"""CUDA graphs for decode-only steps: captured once per padded batch size, replayed with the real
+batch copied into static buffers.
+
+A decode step of a small or mid-sized model is bound by kernel launches (hundreds per layer, each
+dispatched by Python); a replayed graph submits them all at once. A graph holds fixed shapes and
+addresses, so inputs live in static buffers sized for the largest batch: padding rows attend nothing
+(seq_len 0) and write nowhere (slot -1), and every graph reads block tables as wide as the longest
+sequence the worker admits. Steps with prefill chunks run eagerly. Only the Triton backend can be
+captured: the torch backend plans its work from host values.
+
+Without capture (`capture=False`, the CPU) the same padded buffers run eagerly: that is how the CPU
+test suite checks the padding.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import torch
+from transformers import PreTrainedModel
+
+from gpu_worker.attention_backend import AttentionBackend, AttentionContext, CommonAttentionMetadata
+from gpu_worker.input_batch import InputBatch
+
+logger = logging.getLogger(__name__)
+
+
+def capture_sizes(max_num_seqs: int) -> list[int]:
+    """1, 2, 4, 8, then steps of 16, up to and including `max_num_seqs`."""
+    sizes = [s for s in (1, 2, 4, 8) if s < max_num_seqs]
+    sizes += range(16, max_num_seqs, 16)
+    return [*sizes, max_num_seqs]
+
+
+class DecodeGraphs:
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        backend: AttentionBackend[Any],
+        *,
+        max_num_seqs: int,
+        max_model_len: int,
+        device: torch.device,
+        capture: bool,
+    ) -> None:
+        if backend.name != "triton":
+            raise ValueError("CUDA graphs need the triton attention backend (WORKER_ATTENTION_BACKEND)")
+        self.model = model
+        self.backend = backend
+        self.sizes = capture_sizes(max_num_seqs)
+        self.max_model_len = max_model_len
+        self.capture_enabled = capture
+        size = self.sizes[-1]
+        width = -(-max_model_len // backend.kv_cache.block_size)
+        self.input_ids = torch.zeros((1, size), dtype=torch.long, device=device)
+        self.position_ids = torch.zeros((1, size), dtype=torch.long, device=device)
+        self.slot_mapping = torch.full((size,), -1, dtype=torch.long, device=device)
+        self.seq_lens = torch.zeros(size, dtype=torch.int32, device=device)
+        self.query_start_loc = torch.arange(size + 1, dtype=torch.int32, device=device)
+        self.block_tables = torch.zeros((size, width), dtype=torch.int32, device=device)
+        self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.num_replays = 0  # decode steps served from these buffers (tests and stats)
+
+    def capture(self) -> None:
+        """Capture one graph per size, largest first, all in one memory pool; logs time and memory."""
+        if not self.capture_enabled:
+            return
+        started = time.perf_counter()
+        free_before, _total = torch.cuda.mem_get_info()
+        pool = torch.cuda.graph_pool_handle()
+        stream = torch.cuda.Stream()
+        with torch.inference_mode():
+            for size in reversed(self.sizes):
+                # Warm-up on a side stream, as torch's docs ask (lazy inits, autotuning, JIT compiles).
+                stream.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(stream):
+                    for _ in range(2):
+                        self._forward(size)
+                torch.cuda.current_stream().wait_stream(stream)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool):
+                    logits = self._forward(size)
+                self._graphs[size] = (graph, logits)
+        torch.cuda.synchronize()
+        free_after, _total = torch.cuda.mem_get_info()
+        logger.info(
+            "captured %d CUDA graphs for decode batches up to %d in %.1f s, using %.0f MiB",
+            len(self.sizes),
+            self.sizes[-1],
+            time.perf_counter() - started,
+            (free_before - free_after) / 2**20,
+        )
+
+    def can_run(self, batch: InputBatch) -> bool:
+        """A decode-only step whose every row samples, small enough for the largest graph."""
+        common = batch.attn_metadata.common
+        return (
+            common.num_reqs > 0
+            and common.num_decodes == common.num_reqs
+            and common.num_reqs <= self.sizes[-1]
+            and len(batch.sampling_reqs) == common.num_reqs
+        )
+
+    def run(self, batch: InputBatch) -> torch.Tensor:
+        """The step's logits [B, vocab]: a view of a static buffer, valid until the next run."""
+        common = batch.attn_metadata.common
+        num_reqs = common.num_reqs
+        size = next(s for s in self.sizes if s >= num_reqs)
+        self.input_ids[:, :num_reqs].copy_(batch.input_ids)
+        self.position_ids[:, :num_reqs].copy_(batch.position_ids)
+        self.slot_mapping[:num_reqs].copy_(common.slot_mapping)
+        self.slot_mapping[num_reqs:size].fill_(-1)
+        self.seq_lens[:num_reqs].copy_(common.seq_lens)
+        self.seq_lens[num_reqs:size].zero_()
+        width = common.block_tables.shape[1]
+        self.block_tables[:num_reqs, :width].copy_(common.block_tables)
+        self.num_replays += 1
+        if size in self._graphs:
+            graph, logits = self._graphs[size]
+            graph.replay()
+        else:
+            logits = self._forward(size)
+        return logits[:num_reqs]
+
+    def _forward(self, size: int) -> torch.Tensor:
+        seq_lens, block_tables = self.seq_lens[:size], self.block_tables[:size]
+        query_start_loc = self.query_start_loc[: size + 1]
+        common = CommonAttentionMetadata(
+            slot_mapping=self.slot_mapping[:size],
+            query_start_loc=query_start_loc,
+            seq_lens=seq_lens,
+            block_tables=block_tables,
+            # Host copies are for backends that plan on the host; the triton backend reads none.
+            query_start_loc_cpu=query_start_loc,
+            seq_lens_cpu=seq_lens,
+            block_tables_cpu=block_tables,
+            num_decodes=size,
+            num_actual_tokens=size,
+            max_query_len=1,
+            max_seq_len=self.max_model_len,
+        )
+        context = AttentionContext(
+            backend=self.backend, metadata=self.backend.build_metadata(common), common=common
+        )
+        outputs = self.model(
+            input_ids=self.input_ids[:, :size],
+            position_ids=self.position_ids[:, :size],
+            use_cache=False,
+            logits_to_keep=0,  # every row of a decode step samples
+            attn_metadata=context,
+        )
+        return outputs.logits[0]

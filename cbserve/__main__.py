@@ -58,6 +58,13 @@ def build_parser() -> argparse.ArgumentParser:
         default="auto",
         help="worker device (default auto: cuda when torch sees one, else cpu)",
     )
+    up.add_argument(
+        "--celery",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="start a Celery worker for the Batch API and the cbserve.generate task, when celery is "
+        "installed (default on; --no-celery turns it off)",
+    )
     up.add_argument("--run-dir", type=Path, help="logs and Redis data (default ./.cbserve/runs/<time>-<pid>)")
     up.add_argument(
         "--ready-timeout",
@@ -96,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
                     device=args.device,
                     run_dir=args.run_dir,
                     ready_timeout_s=args.ready_timeout,
+                    celery=args.celery,
                 )
             )
         if args.command == "chat":

@@ -1,8 +1,9 @@
-"""`cbserve up`: Redis, the batcher, N workers and the gateway as child processes, ready in one command."""
+"""`cbserve up`: Redis, the batcher, N workers, the gateway and a Celery worker as child processes."""
 
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import os
 import shutil
@@ -42,6 +43,7 @@ class UpOptions:
     device: str = "auto"
     run_dir: Path | None = None
     ready_timeout_s: float = DEFAULT_READY_TIMEOUT_S
+    celery: bool = True  # a Celery worker for the Batch API and the Celery task, when installed
 
 
 def say(message: str) -> None:
@@ -162,7 +164,7 @@ class StopSignals:
 @dataclass
 class Stack:
     run_dir: Path
-    services: list[Child] = field(default_factory=list)  # batcher, workers, gateway
+    services: list[Child] = field(default_factory=list)  # batcher, workers, gateway, celery
     redis_server: Child | None = None  # only when the launcher started it
 
     def children(self) -> list[Child]:
@@ -182,7 +184,22 @@ def _service_env(env: Mapping[str, str], redis_url: str) -> dict[str, str]:
     return {**env, "REDIS_URL": redis_url, "PYTHONUNBUFFERED": "1"}
 
 
-def start_services(stack: Stack, opts: UpOptions, model_dir: Path, device: str, redis_url: str) -> None:
+def celery_installed() -> bool:
+    return importlib.util.find_spec("celery") is not None
+
+
+def celery_args() -> list[str]:
+    """`celery worker` for cbserve_celery: a threads pool (its tasks only wait on Redis), a node name
+    of its own so two launchers on one host do not clash."""
+    return [
+        *["celery", "-A", "cbserve_celery.worker", "worker", "--pool", "threads", "--concurrency", "8"],
+        *["--loglevel", "INFO", "--without-gossip", "--without-mingle", "-n", f"cbserve-{os.getpid()}@%h"],
+    ]
+
+
+def start_services(
+    stack: Stack, opts: UpOptions, model_dir: Path, device: str, redis_url: str, celery: bool
+) -> None:
     env = _service_env(os.environ, redis_url)
     python = [sys.executable, "-m"]
 
@@ -201,6 +218,9 @@ def start_services(stack: Stack, opts: UpOptions, model_dir: Path, device: str, 
     start(
         "gateway", ["gateway", "--host", opts.host, "--port", str(opts.port), "--model", str(model_dir)], env
     )
+    if celery:
+        # Batch lines are rendered with the gateway's tokenizer: the worker gets the same model directory.
+        start("celery", celery_args(), {**env, "MODEL": str(model_dir)})
 
 
 def _died_message(child: Child, when: str) -> str:
@@ -210,13 +230,17 @@ def _died_message(child: Child, when: str) -> str:
     )
 
 
-def _ready_state(base_url: str, redis_url: str, started_at: float) -> tuple[bool, str, int]:
-    """(health is 200, health's word, workers the batcher has joined since this launch)."""
+def _health(base_url: str) -> tuple[bool, str]:
+    """(/health is 200, its status and body, or why there was no answer)."""
     try:
         response = httpx.get(f"{base_url}/health", timeout=2.0)
-        healthy, health = response.status_code == 200, f"{response.status_code} {response.text[:200]}"
     except httpx.HTTPError as exc:
-        healthy, health = False, f"no answer ({type(exc).__name__})"
+        return False, f"no answer ({type(exc).__name__})"
+    return response.status_code == 200, f"{response.status_code} {response.text[:200]}"
+
+
+def _joined_workers(redis_url: str, started_at: float) -> int:
+    """Workers the batcher has joined since this launch, read from its stats in Redis."""
     client = redis.Redis.from_url(redis_url, socket_connect_timeout=2.0, socket_timeout=2.0)
     try:
         stats: Any = client.hmget(streams.BATCHER_STATS, ["num_workers", "updated_at"])
@@ -227,7 +251,7 @@ def _ready_state(base_url: str, redis_url: str, started_at: float) -> tuple[bool
     num_workers, updated_at = stats
     # Stats left in a reused Redis by an earlier batcher must not count: only ones written since launch.
     fresh = updated_at is not None and float(updated_at) >= started_at
-    return healthy, health, int(num_workers) if fresh and num_workers is not None else 0
+    return int(num_workers) if fresh and num_workers is not None else 0
 
 
 def wait_ready(stack: Stack, opts: UpOptions, base_url: str, redis_url: str, signals: StopSignals) -> bool:
@@ -238,8 +262,11 @@ def wait_ready(stack: Stack, opts: UpOptions, base_url: str, redis_url: str, sig
         dead = stack.first_exited()
         if dead is not None:
             raise LaunchError(_died_message(dead, "before the stack was ready"))
-        healthy, health, joined = _ready_state(base_url, redis_url, started_at)
-        if healthy and joined >= opts.workers:
+        # /health is asked only once every worker has joined, when it answers 200: polling it while
+        # the workers load their model would fill the gateway's log with 503 lines.
+        joined = _joined_workers(redis_url, started_at)
+        healthy, health = _health(base_url) if joined >= opts.workers else (False, "not asked yet")
+        if healthy:
             return True
         if time.monotonic() > deadline:
             raise LaunchError(
@@ -271,7 +298,7 @@ def chat_command() -> str:
     return f"{sys.executable} -m cbserve"
 
 
-def banner(base_url: str, model: str, workers: int, run_dir: Path, names: list[str]) -> str:
+def banner(base_url: str, redis_url: str, model: str, workers: int, run_dir: Path, names: list[str]) -> str:
     hello = [{"role": "user", "content": "Hello"}]
     body = json.dumps({"model": model, "messages": hello, "max_tokens": 32, "stream": True})
     plural = "s" if workers != 1 else ""
@@ -279,6 +306,7 @@ def banner(base_url: str, model: str, workers: int, run_dir: Path, names: list[s
 cbserve is ready: {base_url}  (model "{model}", {workers} worker{plural})
 logs:  {run_dir}/{{{",".join(names)}}}.log
 stop:  Ctrl-C
+the README's examples read:  export CBSERVE_URL={base_url} REDIS_URL={redis_url}
 
 Stream a chat completion with curl:
   curl -N {base_url}/v1/chat/completions -H 'content-type: application/json' -d '{body}'
@@ -335,13 +363,20 @@ def run_up(opts: UpOptions) -> int:
             say(f"  - {reason}")
         if signals.requested:
             return 0
-        start_services(stack, opts, model_dir, device, choice.url)
+        celery = opts.celery and celery_installed()
+        if opts.celery and not celery:
+            say(
+                "no Celery worker: celery is not installed (pip install '.[celery]'), "
+                "so Batch API batches stay in validating"
+            )
+        start_services(stack, opts, model_dir, device, choice.url, celery)
         pids = ", ".join(f"{c.name}={c.pid}" for c in stack.children())
         say(f"started {pids}; waiting for /health and {opts.workers} worker(s) to join")
         if not wait_ready(stack, opts, base_url, choice.url, signals):
             return 0
         model_name = served_model_name(base_url, model_dir.name)
-        print(banner(base_url, model_name, opts.workers, stack.run_dir, [c.name for c in stack.children()]))
+        names = [c.name for c in stack.children()]
+        print(banner(base_url, redact(choice.url), model_name, opts.workers, stack.run_dir, names))
         sys.stdout.flush()
         supervise(stack, signals)
         return 0

@@ -17,6 +17,7 @@ import httpx
 import pytest
 
 from tests.conftest import free_port
+from tests.readme_examples import example, run_example
 from tests.services import ROOT, wait_for
 
 STARTUP_TIMEOUT_S = 90.0
@@ -168,19 +169,29 @@ def test_up_serves_then_sigint_stops_every_process(
     assert f"curl -N {launcher.base_url}/v1/chat/completions" in output
     assert f'OpenAI(base_url="{launcher.base_url}/v1", api_key="unused")' in output
     assert 'model="tiny-llama"' in output
+    redis_url = re.search(r"Redis: embedded at (\S+)", output)
+    assert redis_url and f"export CBSERVE_URL={launcher.base_url} REDIS_URL={redis_url[1]}\n" in output
 
     # Everything it started, found two ways: what it printed, and what /proc says descends from it.
     printed = launcher.started_pids()
-    assert sorted(printed) == ["batcher", "gateway", "redis", "worker0"]
+    assert sorted(printed) == ["batcher", "celery", "gateway", "redis", "worker0"]
     running = descendants(launcher.proc.pid)
     assert set(printed.values()) <= set(running)
     assert "redis-server" in running[printed["redis"]][1]
     assert "-m gpu_worker" in running[printed["worker0"]][1]
+    assert "-m celery -A cbserve_celery.worker worker" in running[printed["celery"]][1]
+    # Readiness was polled without a /health 503 in the gateway's log (it was asked once workers joined).
+    gateway_log = (tmp_path / "run" / "gateway.log").read_text()
+    assert "GET /health HTTP/1.1" in gateway_log and " 503" not in gateway_log
 
     events = _stream_chat(launcher.base_url, "tiny-llama")
     assert events[-1] == "[DONE]"
     deltas = [json.loads(e)["choices"][0]["delta"].get("content") or "" for e in events[:-1]]
     assert len([d for d in deltas if d]) >= 2, events  # tokens arrived one event at a time
+
+    # The README's Batch API example finishes: the Celery worker it needs was started too.
+    out = run_example(example(ROOT / "README.md", "batch-api"), {"CBSERVE_URL": launcher.base_url})
+    assert out.startswith("completed BatchRequestCounts(completed=2, failed=0, total=2)"), out
 
     launcher.proc.send_signal(signal.SIGINT)
     assert launcher.proc.wait(timeout=30) == 0, launcher.output()
@@ -193,9 +204,10 @@ def test_up_serves_then_sigint_stops_every_process(
 def test_a_child_dying_stops_everything_with_an_error(
     launch: Callable[..., Launcher], tiny_model_dir: Path, tmp_path: Path
 ) -> None:
-    launcher = launch("--redis", "embedded", "--model", str(tiny_model_dir))
+    launcher = launch("--redis", "embedded", "--model", str(tiny_model_dir), "--no-celery")
     launcher.wait_output("cbserve is ready")
     running = descendants(launcher.proc.pid)
+    assert "celery" not in launcher.started_pids()
     worker = launcher.started_pids()["worker0"]
     os.kill(worker, signal.SIGKILL)
     assert launcher.proc.wait(timeout=30) == 1

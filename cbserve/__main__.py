@@ -25,7 +25,9 @@ def _positive_int(value: str) -> int:
 
 def _add_sampling_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--base-url", default=DEFAULT_BASE_URL, help=f"gateway URL (default {DEFAULT_BASE_URL})"
+        "--base-url",
+        default=os.environ.get("CBSERVE_URL") or DEFAULT_BASE_URL,
+        help=f"gateway URL (default: $CBSERVE_URL, else {DEFAULT_BASE_URL})",
     )
     parser.add_argument("--model", help="model name (default: the first one GET /v1/models lists)")
     parser.add_argument("--max-tokens", type=_positive_int, help="tokens per reply (default: the server's)")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from collections.abc import Callable
@@ -25,10 +26,13 @@ def stack(make_stack: Callable[[], Stack]) -> Stack:
     return stack
 
 
-def cbserve(*args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
+def cbserve(*args: str, stdin: str = "", url: str | None = None) -> subprocess.CompletedProcess[str]:
+    """`cbserve ARGS`, with `CBSERVE_URL` set to `url` or unset."""
+    env = {k: v for k, v in os.environ.items() if k != "CBSERVE_URL"}
     return subprocess.run(
         [sys.executable, "-m", "cbserve", *args],
         cwd=ROOT,
+        env=env if url is None else {**env, "CBSERVE_URL": url},
         input=stdin,
         capture_output=True,
         text=True,
@@ -60,6 +64,9 @@ def test_complete_prints_the_same_text_as_the_api(stack: Stack) -> None:
     # The SDK-style base URL (…/v1) and a non-streaming request give the same text too.
     plain = cbserve(*args[:3], f"{stack.base_url}/v1", *args[4:], "--no-stream")
     assert (plain.returncode, plain.stdout) == (0, expected + "\n")
+    # Without --base-url the address comes from CBSERVE_URL, as in the README's other examples.
+    from_env = cbserve(*args[:2], *args[4:], url=stack.base_url)
+    assert (from_env.returncode, from_env.stdout) == (0, expected + "\n")
 
 
 def test_complete_reports_an_unreachable_server() -> None:
@@ -86,6 +93,9 @@ def test_chat_keeps_the_conversation(stack: Stack) -> None:
     result = cbserve(*args, stdin=f"{first}\n\n{second}\n")
     assert (result.returncode, result.stderr) == (0, "")
     assert result.stdout == f"{reply1}\n{reply2}\n"
+    # CBSERVE_URL names the server when --base-url is not given.
+    from_env = cbserve(*args[:1], *args[3:], stdin=f"{first}\n", url=stack.base_url)
+    assert (from_env.returncode, from_env.stdout) == (0, f"{reply1}\n")
 
     # /exit ends the chat before the lines after it; a system message opens the conversation.
     result = cbserve(*args, "--system", "Be brief.", stdin=f"{first}\n/exit\n{second}\n")

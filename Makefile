@@ -11,7 +11,7 @@ ARGS ?=
 TORCH_INDEX_URL ?=
 TORCH_PIP_ARGS := $(if $(TORCH_INDEX_URL),$(if $(shell command -v nvidia-smi),,--index-url $(TORCH_INDEX_URL)))
 
-.PHONY: install test lint run train-demo-model
+.PHONY: install check-deps test lint run train-demo-model
 
 # --no-compile: Python compiles only what is imported, when first imported, instead of pip
 # byte-compiling every file of torch and transformers up front (a minute of a clean CI run).
@@ -28,7 +28,25 @@ lint: install
 	$(PY) -m ruff format --check .
 	$(PY) -m mypy
 
-test: lint
+# Programs the tests drive that pip cannot install: redis-server (each test starts its own) and
+# Chromium for the dashboard's browser test (Playwright drives that binary; it never downloads one;
+# CBSERVE_CHROMIUM may name it). As root with apt-get they are installed, else make stops and says how.
+check-deps:
+	@missing=""; \
+	command -v redis-server >/dev/null || missing="$$missing redis-server"; \
+	[ -n "$$CBSERVE_CHROMIUM" ] || command -v chromium >/dev/null || command -v chromium-browser >/dev/null \
+		|| missing="$$missing chromium"; \
+	[ -z "$$missing" ] && exit 0; \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		echo "make check-deps: installing$$missing with apt-get"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+	else \
+		echo "make check-deps: the tests need$$missing: sudo apt-get install$$missing" \
+			"(or your system's package; CBSERVE_CHROMIUM=/path/to/chromium names a browser)" >&2; \
+		exit 1; \
+	fi
+
+test: check-deps lint
 	$(PY) -m pytest
 
 # Redis (REDIS_URL if reachable, else redis-server from PATH, else the embedded one), the batcher,

@@ -1,4 +1,5 @@
-"""README's curl and OpenAI SDK examples, run verbatim against a live stack serving the model as `demo`.
+"""The curl and OpenAI SDK examples of the README and docs/api.md, run verbatim against a live stack
+serving the model as `demo`.
 
 Each answer is checked against the same request sent with httpx, not only for its shape.
 """
@@ -17,6 +18,7 @@ from tests.readme_examples import example, run_example
 from tests.services import ROOT, Stack, running_stack
 
 README = ROOT / "README.md"
+API_DOC = ROOT / "docs" / "api.md"  # the examples beyond the README's one per client kind
 QUESTION = [{"role": "user", "content": "What is the assert statement?"}]
 
 
@@ -28,8 +30,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Ite
         yield stack
 
 
-def run(stack: Stack, name: str, lang: str) -> str:
-    return run_example(example(README, name, lang), {"CBSERVE_URL": stack.base_url}, lang)
+def run(stack: Stack, name: str, lang: str, doc: Path = README) -> str:
+    return run_example(example(doc, name, lang), {"CBSERVE_URL": stack.base_url}, lang)
 
 
 def post(stack: Stack, path: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -51,7 +53,7 @@ def test_curl_chat_stream_example(stack: Stack) -> None:
 
 
 def test_curl_completion_example(stack: Stack) -> None:
-    answer = json.loads(run(stack, "curl-completion", "bash"))
+    answer = json.loads(run(stack, "curl-completion", "bash", API_DOC))
     expected = post(stack, "/v1/completions", {"prompt": "The import statement", "max_tokens": 24})
     assert answer["object"] == "text_completion" and answer["model"] == "demo"
     assert answer["choices"][0]["text"] == expected["choices"][0]["text"]
@@ -65,7 +67,7 @@ def test_openai_sdk_example(stack: Stack) -> None:
 
 
 def test_openai_sdk_async_example(stack: Stack) -> None:
-    out = run(stack, "openai-sdk-async", "python")
+    out = run(stack, "openai-sdk-async", "python", API_DOC)
     prompts = ["The import statement", "The for loop", "Python is", "A class definition"]
     expected = [
         f"{p!r} -> {post(stack, '/v1/completions', {'prompt': p, 'max_tokens': 24})['choices'][0]['text']!r}"

@@ -30,7 +30,7 @@ CHROMIUM_ARGS = [
 def chromium_path() -> str:
     """`CBSERVE_CHROMIUM`, else `chromium` / `chromium-browser` on PATH."""
     found = os.environ.get("CBSERVE_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
-    assert found, "Chromium is needed: `apt-get install chromium` (.ci/run does), or set CBSERVE_CHROMIUM"
+    assert found, "Chromium is needed: `make check-deps` installs it as root, or set CBSERVE_CHROMIUM"
     return found
 
 

@@ -17,9 +17,10 @@ from batcher.lease import Lease, LeaseLost
 from batcher.metrics import BatcherMetrics
 from batcher.request import Request
 from batcher.retention import StreamTrimmer
-from batcher.scheduler import Scheduler, SchedulerConfig, WorkerState
+from batcher.scheduler import Scheduler, SchedulerConfig
 from batcher.settings import BatcherSettings
 from batcher.step_trace import step_trace
+from batcher.worker_state import WorkerState
 from common import streams
 from common.protocol import (
     FIELD,

@@ -105,7 +105,7 @@ def test_entries_read_by_a_stale_leader_are_claimed(redis_url: str) -> None:
     _submit(client, "late")
     # An old leader woke from a pause and read it into its own name before stepping down.
     client.xreadgroup(streams.BATCHER_GROUP, "old", {streams.REQUESTS_STREAM: ">"})
-    batcher._next_worker_check = 0.0
+    batcher.housekeeping.next_worker_check = 0.0
     batcher.step()
     assert "late" in batcher.scheduler.requests
     rows: Any = client.xpending_range(streams.REQUESTS_STREAM, streams.BATCHER_GROUP, "-", "+", 10)

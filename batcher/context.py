@@ -1,4 +1,4 @@
-"""What every part of the active batcher shares: its settings, Redis, its lease, the scheduler and
+"""What every part of the active batcher shares: its settings, Redis, its leadership, the scheduler and
 the outbox of writes sent once per iteration."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import redis
 
-from batcher.lease import Lease
+from batcher.leadership import Leadership
 from batcher.outbox import Outbox
 from batcher.scheduler import Scheduler
 from batcher.settings import BatcherSettings
@@ -17,6 +17,6 @@ from batcher.settings import BatcherSettings
 class BatcherContext:
     settings: BatcherSettings
     redis: redis.Redis
-    lease: Lease
+    leadership: Leadership
     scheduler: Scheduler
     outbox: Outbox

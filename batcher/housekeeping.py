@@ -21,7 +21,7 @@ class Housekeeping:
     def __init__(self, ctx: BatcherContext) -> None:
         self.settings = ctx.settings
         self.redis = ctx.redis
-        self.lease = ctx.lease
+        self.leadership = ctx.leadership
         self.scheduler = ctx.scheduler
         self.outbox = ctx.outbox
         self.next_worker_check = 0.0
@@ -42,7 +42,7 @@ class Housekeeping:
 
     def _abort_unfollowed(self, now: float) -> None:
         """Abort the requests whose follow lease ran out: their clients left and nobody resumed."""
-        self.lease.check()  # popping leases is a write: only the leader's
+        self.leadership.check()  # popping follow leases is a write: only the leader's
         for req_id in self._reaper.pop_expired(self.redis, now):
             if req_id in self.scheduler.requests:
                 log.info("no client follows it (lease expired): aborting", extra={"request_id": req_id})

@@ -37,7 +37,7 @@ class Inbox:
     def __init__(self, ctx: BatcherContext, metrics: BatcherMetrics, housekeeping: Housekeeping) -> None:
         self.settings = ctx.settings
         self.redis = ctx.redis
-        self.lease = ctx.lease
+        self.leadership = ctx.leadership
         self.scheduler = ctx.scheduler
         self.outbox = ctx.outbox
         self.metrics = metrics
@@ -72,7 +72,7 @@ class Inbox:
 
     def claim_requests(self) -> None:
         """Claim every new request; a burst larger than READ_COUNT takes several reads."""
-        self.lease.check()  # a batcher that lost the lease must not take requests into its name
+        self.leadership.check()  # a batcher no longer leading must not take requests into its name
         while self._claim_some() == READ_COUNT:
             pass
 
@@ -144,7 +144,7 @@ class Inbox:
             log.warning("dropping malformed inbox entry: %s", e)
             return
         if isinstance(msg, ModelRunnerOutput):
-            if msg.epoch != self.lease.epoch:
+            if msg.epoch != self.leadership.epoch:
                 return  # a step of an earlier leader, computed before its worker was fenced
             if msg.error is not None:
                 log.error("worker %s step %d failed: %s", msg.worker_id, msg.step_id, msg.error)

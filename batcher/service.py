@@ -19,7 +19,7 @@ from batcher import recovery
 from batcher.context import BatcherContext
 from batcher.housekeeping import Housekeeping
 from batcher.inbox import Inbox
-from batcher.lease import Lease, LeaseLost
+from batcher.leadership import Leadership, LeadershipLost
 from batcher.metrics import BatcherMetrics
 from batcher.outbox import Outbox
 from batcher.scheduler import Scheduler, SchedulerConfig
@@ -35,13 +35,19 @@ log = logging.getLogger("batcher")
 
 class Batcher:
     def __init__(
-        self, settings: BatcherSettings, client: redis.Redis, lease: Lease, after_outage: bool = False
+        self,
+        settings: BatcherSettings,
+        client: redis.Redis,
+        leadership: Leadership,
+        after_outage: bool = False,
     ) -> None:
         self.settings = settings
         # Redis was unreachable since the last leader's state was built: rebuild as on a takeover.
         self.after_outage = after_outage
         self.redis = client
-        self.lease = lease  # held: this is the active batcher (batcher/leader.py); LeaseLost ends run()
+        self.leadership = (
+            leadership  # held: the active batcher (batcher/leader.py); LeadershipLost ends run()
+        )
         self.scheduler = Scheduler(
             SchedulerConfig(
                 max_num_seqs=settings.max_num_seqs,
@@ -56,7 +62,7 @@ class Batcher:
         self.metrics = BatcherMetrics(self.scheduler)
         self._pipe = client.pipeline(transaction=False)
         self.outbox = Outbox(self._pipe, settings.retention_s)
-        ctx = BatcherContext(settings, client, lease, self.scheduler, self.outbox)
+        ctx = BatcherContext(settings, client, leadership, self.scheduler, self.outbox)
         self.housekeeping = Housekeeping(ctx)
         self.inbox = Inbox(ctx, self.metrics, self.housekeeping)
         self._steps: list[tuple[str, bytes]] = []  # (steps stream, encoded step) to send, fenced
@@ -73,7 +79,7 @@ class Batcher:
         except redis.ResponseError as e:
             if "BUSYGROUP" not in str(e):
                 raise
-        if self.lease.epoch > 1 or self.after_outage:
+        if self.leadership.epoch > 1 or self.after_outage:
             # An earlier batcher ran (or this one, before a Redis outage): its steps may still be in
             # the workers. Fenced first, so that the token streams read next are final and nothing
             # of the old state can land later. After an outage the epoch alone is no guide: a Redis
@@ -90,9 +96,9 @@ class Batcher:
         self.housekeeping.settle(time.time())
 
     def run(self, stop: threading.Event) -> None:
-        """Serve until `stop` is set; raises LeaseLost when another batcher took over."""
+        """Serve until `stop` is set; raises LeadershipLost when another batcher took over."""
         self.setup()
-        log.info("batcher %s active (epoch %d)", self.settings.batcher_id, self.lease.epoch)
+        log.info("batcher %s active (epoch %d)", self.settings.batcher_id, self.leadership.epoch)
         while not stop.is_set():
             self.step()
         log.info("batcher %s stopped", self.settings.batcher_id)
@@ -121,7 +127,7 @@ class Batcher:
                 self.outbox.finished(failed)
                 if out is None:
                     break
-                out.epoch = self.lease.epoch
+                out.epoch = self.leadership.epoch
                 self._steps.append((streams.worker_steps(worker_id), encode(out)))
                 now = time.time()
                 self.metrics.on_step_sent(worker_id, out, now)
@@ -136,15 +142,15 @@ class Batcher:
             self._pipe.xadd(streams.BATCHER_TRACE, {FIELD: trace}, maxlen=maxlen, approximate=True)
 
     def send(self) -> None:
-        """Everything queued this iteration in one round trip; the steps only while we hold the lease."""
-        self.lease.check()
+        """Everything queued this iteration in one round trip; the steps only while we lead."""
+        self.leadership.check()
         if self.outbox.stats_dirty:
             self._pipe.hset(streams.BATCHER_STATS, mapping=self._stats())  # type: ignore[arg-type]
             self.outbox.stats_dirty = False
         self.metrics.publish(self._pipe, time.time())
         steps_sent = None
         if self._steps:
-            steps_sent = self.lease.queue_steps(self._pipe, self._steps, self.outbox.min_id())
+            steps_sent = self.leadership.queue_steps(self._pipe, self._steps, self.outbox.min_id())
             self._steps = []
         if not len(self._pipe):
             return
@@ -153,7 +159,9 @@ class Batcher:
             if isinstance(result, Exception):
                 raise result
         if steps_sent is not None and not steps_sent(results[-1]):
-            raise LeaseLost(f"batcher {self.settings.batcher_id}: steps refused, the lease has moved on")
+            raise LeadershipLost(
+                f"batcher {self.settings.batcher_id}: steps refused, another batcher leads now"
+            )
 
     def _stats(self) -> dict[str, Any]:
         s = self.scheduler
@@ -164,7 +172,7 @@ class Batcher:
             num_waiting_interactive=s.waiting.count(0),
             num_running=s.num_running,
             num_workers=len(s.workers),
-            epoch=self.lease.epoch,
+            epoch=self.leadership.epoch,
             num_recovered=self.num_recovered,
             **{f"num_steps:{wid}": ws.step_id for wid, ws in s.workers.items()},
             updated_at=time.time(),

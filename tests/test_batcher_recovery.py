@@ -6,7 +6,7 @@ from typing import Any
 
 import redis
 
-from batcher.lease import Lease
+from batcher.leadership import Leadership
 from batcher.recovery import _history
 from batcher.service import Batcher
 from batcher.settings import BatcherSettings
@@ -76,7 +76,7 @@ def test_takeover_fences_workers_and_rebuilds_from_pending_and_token_streams(red
     client.set(streams.BATCHER_EPOCH, 1)  # an earlier batcher led
 
     settings = BatcherSettings(redis_url=redis_url, batcher_id="new", lease_ttl_s=30)
-    lease = Lease(client, "new", settings.lease_ttl_s)
+    lease = Leadership(client, "new", settings.lease_ttl_s)
     assert lease.acquire() and lease.epoch == 2
     batcher = Batcher(settings, client, lease)
     batcher.setup()
@@ -98,7 +98,7 @@ def test_takeover_fences_workers_and_rebuilds_from_pending_and_token_streams(red
 def test_entries_read_by_a_stale_leader_are_claimed(redis_url: str) -> None:
     client = redis.Redis.from_url(redis_url)
     settings = BatcherSettings(redis_url=redis_url, batcher_id="new", lease_ttl_s=30)
-    lease = Lease(client, "new", settings.lease_ttl_s)
+    lease = Leadership(client, "new", settings.lease_ttl_s)
     assert lease.acquire()
     batcher = Batcher(settings, client, lease)
     batcher.setup()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from batcher.placement import best_worker, fair_share, has_room, hostable_elsewhere
-from batcher.request import Request
 from batcher.worker_state import WorkerState
 from tests.test_scheduler import request, worker
 
@@ -65,6 +64,6 @@ def test_a_burst_is_split_by_each_workers_share_of_free_blocks() -> None:
 
 def test_a_full_batch_takes_no_share() -> None:
     a, b = state("a", max_num_seqs=1), state("b", max_num_seqs=1)
-    a.running.append(Request.__new__(Request))  # only its length matters here
+    a.running.append(request("busy", prompt_len=4))
     assert fair_share([a, b], b, num_waiting=4) == 4
     assert best_worker([a, b], request("r", prompt_len=4), prefer=a) is b

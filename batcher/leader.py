@@ -1,4 +1,4 @@
-"""Active or standby: a batcher process schedules only while it holds the lease (batcher/lease.py).
+"""Active or standby: a batcher process schedules only while it leads (batcher/leadership.py).
 
 Any number of batcher processes may run; one holds the lease and serves, the others poll for it.
 Each time a process takes the lease it builds a fresh `Batcher`, which rebuilds its state from Redis
@@ -20,7 +20,7 @@ import threading
 
 import redis
 
-from batcher.lease import Lease, LeaseLost, lease_holder
+from batcher.leadership import Leadership, LeadershipLost, current_leader
 from batcher.service import Batcher
 from batcher.settings import BatcherSettings
 from common.retry import REDIS_DOWN, wait_for_redis
@@ -29,26 +29,26 @@ log = logging.getLogger("batcher")
 
 
 def serve(settings: BatcherSettings, client: redis.Redis, stop: threading.Event) -> None:
-    lease = Lease(client, settings.batcher_id, settings.lease_ttl_s)
+    leadership = Leadership(client, settings.batcher_id, settings.lease_ttl_s)
     waiting_logged = False
     after_outage = False  # the next leader term must fence and rebuild even at epoch 1
     try:
         while not stop.is_set():
             try:
-                if not lease.acquire(reclaim=after_outage):
+                if not leadership.acquire(reclaim=after_outage):
                     if not waiting_logged:
                         log.info(
-                            "batcher %s on standby; active: %s", settings.batcher_id, lease_holder(client)
+                            "batcher %s on standby; active: %s", settings.batcher_id, current_leader(client)
                         )
                         waiting_logged = True
                     stop.wait(settings.standby_poll_s)
                     continue
                 waiting_logged = False
-                log.info("batcher %s took the lease (epoch %d)", settings.batcher_id, lease.epoch)
-                batcher = Batcher(settings, client, lease, after_outage=after_outage)
+                log.info("batcher %s took the leadership (epoch %d)", settings.batcher_id, leadership.epoch)
+                batcher = Batcher(settings, client, leadership, after_outage=after_outage)
                 after_outage = False
                 batcher.run(stop)
-            except LeaseLost as e:
+            except LeadershipLost as e:
                 log.warning("%s: stepping down to standby", e)
             except REDIS_DOWN as e:
                 log.warning("redis unreachable (%s): state dropped, waiting to rebuild it", e)
@@ -58,4 +58,4 @@ def serve(settings: BatcherSettings, client: redis.Redis, stop: threading.Event)
                 log.info("redis reachable again: recovering as on a takeover")
     finally:
         with contextlib.suppress(redis.exceptions.RedisError):
-            lease.release()
+            leadership.release()

@@ -117,7 +117,7 @@ class SchedulerOutput(msgspec.Struct, tag="step", kw_only=True):
     num_scheduled_tokens: dict[str, int]  # req_id -> tokens to compute this step (prefill chunk or 1)
     total_num_scheduled_tokens: int
     finished_req_ids: list[str]  # finished, aborted or preempted since the last step: free them
-    epoch: int = 0  # the sending batcher's lease epoch (batcher/lease.py); echoed in the result
+    epoch: int = 0  # the sending batcher's lease epoch (batcher/leadership.py); echoed in the result
 
 
 class ModelRunnerOutput(msgspec.Struct, tag="result", kw_only=True):

@@ -6,7 +6,7 @@ from typing import Any
 
 import redis
 
-from batcher.lease import Lease
+from batcher.leadership import Leadership
 from batcher.recovery import _history
 from batcher.service import Batcher
 from batcher.settings import BatcherSettings
@@ -76,7 +76,7 @@ def test_takeover_fences_workers_and_rebuilds_from_pending_and_token_streams(red
     client.set(streams.BATCHER_EPOCH, 1)  # an earlier batcher led
 
     settings = BatcherSettings(redis_url=redis_url, batcher_id="new", lease_ttl_s=30)
-    lease = Lease(client, "new", settings.lease_ttl_s)
+    lease = Leadership(client, "new", settings.lease_ttl_s)
     assert lease.acquire() and lease.epoch == 2
     batcher = Batcher(settings, client, lease)
     batcher.setup()
@@ -98,14 +98,14 @@ def test_takeover_fences_workers_and_rebuilds_from_pending_and_token_streams(red
 def test_entries_read_by_a_stale_leader_are_claimed(redis_url: str) -> None:
     client = redis.Redis.from_url(redis_url)
     settings = BatcherSettings(redis_url=redis_url, batcher_id="new", lease_ttl_s=30)
-    lease = Lease(client, "new", settings.lease_ttl_s)
+    lease = Leadership(client, "new", settings.lease_ttl_s)
     assert lease.acquire()
     batcher = Batcher(settings, client, lease)
     batcher.setup()
     _submit(client, "late")
     # An old leader woke from a pause and read it into its own name before stepping down.
     client.xreadgroup(streams.BATCHER_GROUP, "old", {streams.REQUESTS_STREAM: ">"})
-    batcher._next_worker_check = 0.0
+    batcher.housekeeping.next_worker_check = 0.0
     batcher.step()
     assert "late" in batcher.scheduler.requests
     rows: Any = client.xpending_range(streams.REQUESTS_STREAM, streams.BATCHER_GROUP, "-", "+", 10)

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 import redis
 
-from batcher.lease import Lease, LeaseLost
+from batcher.leadership import Leadership, LeadershipLost
 from batcher.service import Batcher
 from batcher.settings import BatcherSettings
 from common import streams
@@ -222,17 +222,17 @@ def test_lost_lease_sends_no_steps(redis_url: str) -> None:
     client.xadd(streams.REQUESTS_STREAM, {FIELD: encode(req)})
 
     settings = BatcherSettings(redis_url=redis_url, batcher_id="old", lease_ttl_s=30)
-    lease = Lease(client, "old", settings.lease_ttl_s)
+    lease = Leadership(client, "old", settings.lease_ttl_s)
     assert lease.acquire() and lease.epoch == 1
     batcher = Batcher(settings, client, lease)
     batcher.setup()
     client.set(streams.BATCHER_LEASE, "2:new")  # another batcher took over while this one slept
     batcher.schedule()
     assert batcher._steps, "the request should have been scheduled"
-    with pytest.raises(LeaseLost):
+    with pytest.raises(LeadershipLost):
         batcher.send()  # the local check still believes in the lease: the script refuses
     assert not client.exists(streams.worker_steps("w"))
     # And at the next renewal it finds out before doing anything.
     lease._renew_at = 0.0
-    with pytest.raises(LeaseLost):
+    with pytest.raises(LeadershipLost):
         lease.check()

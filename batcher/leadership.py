@@ -1,4 +1,5 @@
-"""The active batcher's lease: only its holder schedules, and only its holder's steps reach workers.
+"""Leadership among batchers, held as a lease in Redis: only the leader schedules, and only its
+steps reach workers.
 
 Taking the lease (a Redis key SET with a TTL, only if absent) bumps a global epoch; the holder renews
 it from its busy loop, so a wedged or paused loop loses it. Losing it is safe because every step the
@@ -21,7 +22,7 @@ from common.lease_scripts import RENEW as _RENEW
 from common.protocol import FIELD
 from common.streams import BATCHER_EPOCH, BATCHER_LEASE
 
-log = logging.getLogger("batcher.lease")
+log = logging.getLogger("batcher.leadership")
 
 # KEYS: lease, epoch counter. ARGV: batcher id, TTL (ms), the value we held before a Redis outage
 # (or ""). Returns the new epoch, or 0 when another batcher holds it.
@@ -43,11 +44,11 @@ return 1
 """
 
 
-class LeaseLost(Exception):
+class LeadershipLost(Exception):
     """This batcher no longer holds the lease: it must drop its state and stand by."""
 
 
-class Lease:
+class Leadership:
     """One batcher's claim to be the active one. `epoch` is 0 until `acquire` succeeds."""
 
     def __init__(self, client: redis.Redis, batcher_id: str, ttl_s: float) -> None:
@@ -83,7 +84,7 @@ class Lease:
         return True
 
     def check(self) -> None:
-        """Renew when due; raise LeaseLost when it is gone. Cheap (no round trip) between renewals.
+        """Renew when due; raise LeadershipLost when it is gone. Cheap (no round trip) between renewals.
 
         The renewal is timed from before its round trip, so after a pause (SIGSTOP) longer than the
         TTL the clock says "due" and the first thing the loop does is find out it lost the lease.
@@ -93,7 +94,7 @@ class Lease:
             return
         if not self.value or not self._renew(keys=[BATCHER_LEASE], args=[self.value, self.ttl_ms]):
             self.value = ""
-            raise LeaseLost(f"batcher {self.batcher_id} lost the lease of epoch {self.epoch}")
+            raise LeadershipLost(f"batcher {self.batcher_id} lost the lease of epoch {self.epoch}")
         self._mark_renewed(now)
 
     def release(self) -> None:
@@ -129,7 +130,7 @@ class Lease:
         self._renew_at = started + self._renew_every_s
 
 
-def lease_holder(client: redis.Redis) -> str | None:
+def current_leader(client: redis.Redis) -> str | None:
     """The current lease value ("<epoch>:<batcher_id>"), or None when no batcher is active."""
     raw: Any = client.get(BATCHER_LEASE)
     return raw.decode() if isinstance(raw, bytes) else raw

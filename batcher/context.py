@@ -1,0 +1,22 @@
+"""What every part of the active batcher shares: its settings, Redis, its leadership, the scheduler and
+the outbox of writes sent once per iteration."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import redis
+
+from batcher.leadership import Leadership
+from batcher.outbox import Outbox
+from batcher.scheduler import Scheduler
+from batcher.settings import BatcherSettings
+
+
+@dataclass(frozen=True, slots=True)
+class BatcherContext:
+    settings: BatcherSettings
+    redis: redis.Redis
+    leadership: Leadership
+    scheduler: Scheduler
+    outbox: Outbox

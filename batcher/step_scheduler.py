@@ -1,0 +1,54 @@
+"""One worker's next step: what runs in it, as a `SchedulerOutput`. No I/O.
+
+Less urgent running requests first make room for a waiting request nobody else can take
+(preemption.py); then the configured policy fills the step (policy_fused.py or policy_tgi.py), and
+its tokens count as computed as soon as it is sent, as in vLLM's async scheduler.
+"""
+
+from __future__ import annotations
+
+from batcher.policy_fused import schedule_fused
+from batcher.policy_tgi import schedule_tgi
+from batcher.preemption import preempt_for_waiting
+from batcher.request import Request
+from batcher.scheduler_state import SchedulerState, StepDraft
+from batcher.worker_state import WorkerState
+from common.protocol import SchedulerOutput
+
+
+def schedule_step(state: SchedulerState, ws: WorkerState) -> tuple[SchedulerOutput | None, list[Request]]:
+    """The next step for `ws` (None when it has nothing to compute) and requests failed now."""
+    if ws.fenced:
+        return None, []
+    assert len(ws.in_flight) < state.config.max_steps_in_flight, "too many steps in flight"
+    step = StepDraft()
+    preempt_for_waiting(state, ws)
+    policy = schedule_tgi if state.config.policy == "tgi" else schedule_fused
+    policy(state, ws, step)
+
+    num_scheduled = step.num_scheduled
+    if not num_scheduled:
+        return None, step.failed
+    ws.step_id += 1
+    ws.in_flight.append((ws.step_id, dict(num_scheduled)))
+    for req_id, n in num_scheduled.items():
+        account_scheduled(state.requests[req_id], n)
+    state.stats.num_steps += 1
+    out = SchedulerOutput(
+        step_id=ws.step_id,
+        scheduled_new_reqs=step.new,
+        scheduled_cached_reqs=step.cached,
+        num_scheduled_tokens=num_scheduled,
+        total_num_scheduled_tokens=sum(num_scheduled.values()),
+        finished_req_ids=ws.to_free,
+    )
+    ws.to_free = []
+    return out, step.failed
+
+
+def account_scheduled(req: Request, num_new: int) -> None:
+    """Count a step's tokens as computed when it is sent, as vLLM's async scheduler does."""
+    req.num_computed_tokens += num_new
+    req.num_inflight_steps += 1
+    if req.num_computed_tokens == req.num_tokens_with_placeholders:
+        req.num_output_placeholders += 1  # this step ends with a sample

@@ -1,0 +1,50 @@
+"""The batcher's view of one worker: its KV pool, its running batch, its steps in flight. No I/O."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from batcher.block_manager import BlockManager
+from batcher.request import Request
+from common.protocol import WorkerInfo
+
+
+@dataclass(slots=True)
+class WorkerState:
+    info: WorkerInfo
+    block_manager: BlockManager
+    max_num_seqs: int  # the worker's registered limit, under the batcher's cap
+    max_num_batched_tokens: int
+    running: list[Request] = field(default_factory=list)  # in admission order: newest last
+    to_free: list[str] = field(default_factory=list)  # req ids the worker must drop in its next step
+    # (step_id, req_id -> tokens) of each step sent whose result has not arrived, oldest first
+    in_flight: deque[tuple[int, dict[str, int]]] = field(default_factory=deque)
+    step_id: int = 0
+    steps_since_admission: int = 0  # tgi policy: TGI's `waiting_tokens`
+    # Declared dead and fenced: nothing more is sent to it; its results already written still count
+    # until the WorkerLost marker behind them is read, then it is removed.
+    fenced: bool = False
+
+    @classmethod
+    def register(
+        cls, info: WorkerInfo, max_num_seqs: int | None, max_num_batched_tokens: int | None
+    ) -> WorkerState:
+        """A worker joining with its own limits, capped by the batcher's (None leaves one as is)."""
+        return cls(
+            info=info,
+            block_manager=BlockManager(info.num_blocks, info.block_size),
+            max_num_seqs=_capped(info.max_num_seqs, max_num_seqs),
+            max_num_batched_tokens=_capped(info.max_num_batched_tokens, max_num_batched_tokens),
+        )
+
+    def can_host(self, req: Request) -> bool:
+        """Whether this worker's whole pool could ever hold the request alone."""
+        if len(req.prompt_token_ids) >= self.info.max_model_len:
+            return False
+        longest = min(req.max_num_tokens, self.info.max_model_len)
+        return self.block_manager.blocks_for(longest) <= self.block_manager.num_blocks
+
+
+def _capped(limit: int, cap: int | None) -> int:
+    return limit if cap is None else min(limit, cap)

@@ -19,8 +19,10 @@ from gpu_worker.attention_backend import AttentionContext
 ATTN_IMPLEMENTATION = "cbserve_paged"
 
 # Attention kwargs of other architectures that change the result; none is implemented, and ignoring
-# one would serve wrong text (Mistral v0.1's sliding window, Gemma 2's softcap, gpt-oss's sinks).
-UNSUPPORTED_KWARGS = ("sliding_window", "softcap", "s_aux", "sinks", "position_bias")
+# one would serve wrong text (Gemma 2's softcap, gpt-oss's sinks). A sliding window is refused only
+# where it slides: within the window it is full attention (model_support.py lets such models load
+# with WORKER_MAX_MODEL_LEN at most the window).
+UNSUPPORTED_KWARGS = ("softcap", "s_aux", "sinks", "position_bias")
 
 
 def paged_attention_forward(
@@ -38,6 +40,9 @@ def paged_attention_forward(
     if context is None:
         raise RuntimeError(f"{ATTN_IMPLEMENTATION} attention needs attn_metadata=AttentionContext(...)")
     unsupported = [name for name in UNSUPPORTED_KWARGS if kwargs.get(name) is not None]
+    window = kwargs.get("sliding_window")
+    if window is not None and context.common.max_seq_len > window:
+        unsupported.append(f"sliding_window={window} (a sequence of {context.common.max_seq_len} tokens)")
     if unsupported or dropout:
         raise NotImplementedError(
             f"{ATTN_IMPLEMENTATION} attention does not implement "

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -15,9 +17,11 @@ from gpu_worker.settings import WorkerSettings
 )
 def test_unimplemented_attention_kwargs_are_refused(name: str, value: object) -> None:
     q, kv = torch.zeros(1, 4, 3, 8), torch.zeros(1, 2, 3, 8)
+    # A step with a sequence longer than the window: there the window would slide.
+    context = SimpleNamespace(common=SimpleNamespace(max_seq_len=5000))
     with pytest.raises(NotImplementedError, match=name):
         paged_attention_forward(
-            torch.nn.Linear(1, 1), q, kv, kv, None, scaling=1.0, attn_metadata=object(), **{name: value}
+            torch.nn.Linear(1, 1), q, kv, kv, None, scaling=1.0, attn_metadata=context, **{name: value}
         )
 
 

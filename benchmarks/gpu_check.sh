@@ -21,12 +21,7 @@ START=$(date +%s)
 BUDGET_S=${BUDGET_S:-450}
 PROFILE=${PROFILE:-gpu}
 
-if [ "$PROFILE" = gpu ] && ls .whl/*.whl >/dev/null 2>&1; then
-    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-        .whl/*.whl || exit 1
-    export PYTHONPATH=/tmp/site:$PWD
-fi
-[ -d .whl/bin ] && chmod +x .whl/bin/* && export PATH=$PWD/.whl/bin:$PATH
+source benchmarks/carried_wheels.sh
 
 log() { echo "[$(date +%T) +$(($(date +%s) - START))s] $*" | tee -a "$WORK/progress.log"; }
 # step NAME LIMIT_S CMD...: CMD under a time limit that also respects the run's budget.

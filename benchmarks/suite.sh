@@ -22,14 +22,8 @@ PY=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 START=$(date +%s)
 
-# A machine without a package registry gets the missing wheels (and redis-server) carried in .whl/.
 PROFILE=${PROFILE:-gpu}
-if [ "$PROFILE" = gpu ] && ls .whl/*.whl >/dev/null 2>&1; then
-    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-        .whl/*.whl || exit 1
-    export PYTHONPATH=/tmp/site:$PWD
-fi
-[ -d .whl/bin ] && chmod +x .whl/bin/* && export PATH=$PWD/.whl/bin:$PATH
+source benchmarks/carried_wheels.sh
 
 log() { echo "[$(date +%T) +$(($(date +%s) - START))s] $*" | tee -a "$WORK/progress.log"; }
 pack() { tar czf "$RESULT_DIR/gpu-results.tar.gz" -C "$WORK" . 2>/dev/null; cp "$WORK/progress.log" "$RESULT_DIR/"; }

@@ -16,6 +16,7 @@ from transformers import PreTrainedModel
 
 from common.protocol import ModelRunnerOutput, SchedulerOutput, TokenEvent, WorkerInfo
 from gpu_worker.attention_backend import make_attention_backend
+from gpu_worker.cached_request_state import CachedRequestState
 from gpu_worker.cuda_graphs import DecodeGraphs
 from gpu_worker.input_batch import InputBatch, ScheduledRequest, build_input_batch
 from gpu_worker.kv_cache import KVCache
@@ -35,7 +36,6 @@ from gpu_worker.profile import (
     kv_cache_budget,
     run_profile_step,
 )
-from gpu_worker.request_state import RequestState
 from gpu_worker.sampler import Sampler
 from gpu_worker.sampling_state import SamplingState
 from gpu_worker.settings import WorkerSettings
@@ -76,7 +76,7 @@ class ModelRunner:
         # Null-model mode times everything but the model: the step still builds its inputs.
         self.null_model = settings.null_model
         self.fail_on_token_id = settings.fail_on_token_id
-        self.requests: dict[str, RequestState] = {}
+        self.requests: dict[str, CachedRequestState] = {}
         # Logprobs of the last step's samples, by req_id, for its token events (only requests that asked).
         self._step_logprobs: dict[str, SampleLogprobs] = {}
         self.num_isolated_steps = 0  # steps that raised and were rerun request by request
@@ -246,7 +246,7 @@ class ModelRunner:
             error = check_new(new, self.vocab_size, self.max_model_len, self.num_blocks)
             self._fail_or(req_errors, new.req_id, error)
             if new.req_id not in req_errors:
-                self.requests[new.req_id] = RequestState.from_new(new)
+                self.requests[new.req_id] = CachedRequestState.from_new(new)
                 self.sampling_state.add(
                     new.req_id, new.sampling_params, new.prompt_token_ids, new.output_token_ids
                 )

@@ -6,7 +6,7 @@ A request that fails a check is dropped alone and reported in `req_errors`; the 
 from __future__ import annotations
 
 from common.protocol import CachedRequestData, NewRequestData
-from gpu_worker.request_state import RequestState
+from gpu_worker.cached_request_state import CachedRequestState
 
 
 def check_new(new: NewRequestData, vocab_size: int, max_model_len: int, num_blocks: int) -> str | None:
@@ -27,7 +27,7 @@ def check_new(new: NewRequestData, vocab_size: int, max_model_len: int, num_bloc
     return check_blocks(new.block_ids, num_blocks)
 
 
-def check_cached(cached: CachedRequestData, state: RequestState | None, num_blocks: int) -> str | None:
+def check_cached(cached: CachedRequestData, state: CachedRequestState | None, num_blocks: int) -> str | None:
     if state is None:
         return "unknown request: it was never sent to this worker as new, or was freed"
     if state.finish_reason is not None:
@@ -45,7 +45,7 @@ def check_blocks(block_ids: list[int], num_blocks: int) -> str | None:
     return f"block id {bad[0]} outside the pool (0..{num_blocks - 1})" if bad else None
 
 
-def check_scheduled(state: RequestState | None, num_tokens: int, block_size: int) -> str | None:
+def check_scheduled(state: CachedRequestState | None, num_tokens: int, block_size: int) -> str | None:
     if state is None:
         return "scheduled but unknown to this worker"
     end = state.num_computed_tokens + num_tokens

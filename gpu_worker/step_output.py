@@ -6,9 +6,9 @@ from collections.abc import Collection
 
 from common.finish import check_finish
 from common.protocol import FinishReason, ModelRunnerOutput, TokenEvent
+from gpu_worker.cached_request_state import CachedRequestState
 from gpu_worker.input_batch import InputBatch
 from gpu_worker.logprobs import SampleLogprobs
-from gpu_worker.request_state import RequestState
 
 
 def advance(
@@ -34,7 +34,7 @@ def advance(
 
 
 def token_events(
-    output: ModelRunnerOutput, requests: dict[str, RequestState], logprobs: dict[str, SampleLogprobs]
+    output: ModelRunnerOutput, requests: dict[str, CachedRequestState], logprobs: dict[str, SampleLogprobs]
 ) -> list[TokenEvent]:
     events = []
     for req_id, token_id, reason in zip(

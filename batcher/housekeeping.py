@@ -45,9 +45,8 @@ class Housekeeping:
         self.leadership.check()  # popping follow deadlines is a write: only the leader's
         for req_id in self._reaper.pop_expired(self.redis, now):
             if req_id in self.scheduler.requests:
-                log.info(
-                    "no client follows it (follow deadline passed): aborting", extra={"request_id": req_id}
-                )
+                # The line keeps its first words: operators and tests match it.
+                log.info("no client follows it (lease expired): aborting", extra={"request_id": req_id})
                 req = self.scheduler.abort_request(req_id, "abort", time.time())
                 if req is not None:
                     self.outbox.finished([req])

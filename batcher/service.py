@@ -57,6 +57,8 @@ class Batcher:
                 max_waiting_tokens=settings.max_waiting_tokens,
                 async_scheduling=settings.async_scheduling,
                 max_deliveries=settings.max_deliveries,
+                enable_prefix_caching=settings.enable_prefix_caching,
+                cache_overlap_weight=settings.cache_overlap_weight,
             )
         )
         self.metrics = BatcherMetrics(self.scheduler)

@@ -91,14 +91,14 @@ def test_a_finished_prefix_stays_cached_until_its_blocks_are_needed() -> None:
     s.add_request(shared("a", [1]), now=0.0)
     finish_all(s)
     bm = s.workers["w0"].block_manager
-    assert bm.num_free_blocks == 8 and bm.num_evictable_blocks >= 4
+    assert bm.num_free_blocks == 8 and bm.num_evictable_blocks == 5
     # A request with other tokens needs 6 of the 8 blocks: cached ones are evicted, tail first.
     s.add_request(request("big", 24, max_tokens=1), now=0.0)
     finish_all(s)
     s.add_request(shared("b", [1]), now=0.0)
     out = step(s)
-    assert out.scheduled_new_reqs[0].num_computed_tokens < 16  # part of the prefix was evicted
-    assert bm.num_free_blocks >= 0
+    # "a" cached 5 blocks; "big" took the 3 never-used blocks and evicted a's last 3: 2 are left.
+    assert out.scheduled_new_reqs[0].num_computed_tokens == 8
 
 
 def test_caching_off_computes_every_prompt_in_full() -> None:

@@ -146,8 +146,6 @@ class Inbox:
         if isinstance(msg, ModelRunnerOutput):
             if msg.epoch != self.leadership.epoch:
                 return  # a step of an earlier leader, computed before its worker was fenced
-            if msg.error is not None:
-                log.error("worker %s step %d failed: %s", msg.worker_id, msg.step_id, msg.error)
             self.metrics.on_step_result(msg)
             self.outbox.finished(self.scheduler.update_from_output(msg))
         elif isinstance(msg, AbortRequest):

@@ -78,7 +78,7 @@ class BatcherMetrics:
                 self.queue_time.observe(max(0.0, now - req.queued_at))
 
     def on_step_result(self, out: ModelRunnerOutput) -> None:
-        if out.error is None and out.worker_id in self._scheduler.workers:
+        if out.worker_id in self._scheduler.workers:
             self.workers.setdefault(out.worker_id, WorkerHistograms()).step_time.observe(out.step_time)
 
     def publish(self, pipe: redis.client.Pipeline, now: float) -> None:

@@ -13,10 +13,6 @@ class RequestStatus(enum.Enum):
     RUNNING = "running"  # holds blocks on a worker
     FINISHED = "finished"  # ended for `finish_reason`; freed
 
-    @property
-    def is_finished(self) -> bool:
-        return self is RequestStatus.FINISHED
-
 
 @dataclass(slots=True, eq=False)
 class Request:

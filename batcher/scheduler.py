@@ -124,13 +124,6 @@ class Scheduler(SchedulerState):
             req = self.requests.get(req_id)
             if req is not None and req.num_inflight_steps:
                 req.num_inflight_steps -= 1
-        if out.error is not None:
-            for req_id in scheduled:
-                req = self.running_on(ws, req_id)
-                if req is not None:
-                    self.fail(req, f"worker step failed: {out.error}")
-                    finished.append(req)
-            return finished
         for req_id, token_id, reason in zip(
             out.req_ids, out.sampled_token_ids, out.finish_reasons, strict=True
         ):

@@ -1,10 +1,10 @@
 """Repeated comparisons: every system once per round, then medians and the spread of paired ratios.
 
-One run per system says little on a shared machine (this project's 2-core CI host drifts by 15%
-between runs). `compare --repeat N` runs N rounds; each round runs every system on the same request
-list, in reverse order every other round so that neither system always goes first. A ratio is taken
-within its round (system / baseline, both measured minutes apart) and reported as the median of
-the rounds with its lowest and highest value: the spread is what an error bar would show.
+One run per system says little on a shared machine, whose speed drifts between runs. `compare
+--repeat N` runs N rounds; each round runs every system on the same request list, in reverse order
+every other round so that neither system always goes first. A ratio is taken within its round
+(system / baseline, both measured minutes apart) and reported as the median of the rounds with its
+lowest and highest value: the spread is what an error bar would show.
 """
 
 from __future__ import annotations

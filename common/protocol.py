@@ -129,7 +129,6 @@ class ModelRunnerOutput(msgspec.Struct, tag="result", kw_only=True):
     sampled_token_ids: list[int]  # one per req_id
     finish_reasons: list[FinishReason | None]  # decided from token ids: EOS, max_tokens, stop ids
     req_errors: dict[str, str] = {}  # req_id -> message for requests that failed alone
-    error: str | None = None  # the whole step failed; nothing in it was computed
     num_scheduled_tokens: int = 0  # tokens this step computed
     step_time: float = 0.0  # seconds spent in forward + sample
     worker_idle_s: float = 0.0  # seconds between publishing the previous result and receiving this step

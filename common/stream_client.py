@@ -28,7 +28,7 @@ _READ_COUNT = 256  # entries fetched per XREAD
 
 # XADD only if the request id was never submitted: the marker and the entry are written together.
 # The marker keeps the entry id, so a retried client can ask the batcher's group about the request
-# (common/request_state.py). KEYS: requests stream, marker. ARGV: field, message, marker TTL.
+# (common/result_lost.py). KEYS: requests stream, marker. ARGV: field, message, marker TTL.
 _SUBMIT_ONCE = """
 if redis.call('SET', KEYS[2], '1', 'NX', 'EX', ARGV[3]) then
   local id = redis.call('XADD', KEYS[1], '*', ARGV[1], ARGV[2])

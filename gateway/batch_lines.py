@@ -18,7 +18,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from pydantic import ValidationError
 
-from common.request_state import result_lost
+from common.result_lost import result_lost
 from common.stream_client import submit_once_async
 from gateway.batch_input import InputLine
 from gateway.batch_objects import BatchSpec

@@ -150,7 +150,7 @@ class BatchStore:
         return {int(k): int(v) for k, v in raw.items()}
 
     async def next_attempt(self, spec: BatchSpec, index: int) -> int:
-        """A line whose result was lost (see common/request_state.py) runs again under a new id."""
+        """A line whose result was lost (see common/result_lost.py) runs again under a new id."""
         async with self._redis.pipeline(transaction=True) as pipe:
             pipe.hincrby(batch_attempts(spec.id), str(index), 1)
             pipe.expireat(batch_attempts(spec.id), spec.retain_until)

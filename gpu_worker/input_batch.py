@@ -14,12 +14,12 @@ from typing import Any
 import torch
 
 from gpu_worker.attention_backend import AttentionBackend, AttentionContext, CommonAttentionMetadata
-from gpu_worker.request_state import RequestState
+from gpu_worker.cached_request_state import CachedRequestState
 
 
 @dataclass(slots=True)
 class ScheduledRequest:
-    state: RequestState
+    state: CachedRequestState
     num_tokens: int  # tokens computed for it this step, starting at state.num_computed_tokens
 
 

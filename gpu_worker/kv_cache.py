@@ -16,9 +16,8 @@ class KVCache:
     k_pools: list[torch.Tensor]  # per layer: [num_blocks, block_size, num_kv_heads, head_dim]
     v_pools: list[torch.Tensor]  # same shape as k_pools
     block_size: int
-    # Reused gather outputs (K, V), grown on demand. A fresh output per gather is tens of MB on the
-    # CPU: malloc maps it from the OS and every page faults on first write, which made a gather 6x
-    # slower than its copy alone.
+    # Reused gather outputs (K, V), grown on demand: a fresh output of tens of MB page-faults on every
+    # first write on the CPU (docs/benchmarks.md).
     _workspace: tuple[torch.Tensor, torch.Tensor] | None = field(default=None, repr=False)
 
     @classmethod
@@ -67,7 +66,7 @@ class KVCache:
         flat = block_tables.reshape(-1)
         k_out, v_out = self._gather_outputs(flat.numel())
         # index_select on dim 0 copies whole blocks (memcpy per block on CPU); advanced indexing
-        # (`pool[block_tables]`) goes element by element and was 5x slower, half of a CPU decode step.
+        # (`pool[block_tables]`) copies element by element.
         torch.index_select(self.k_pools[layer], 0, flat, out=k_out)
         torch.index_select(self.v_pools[layer], 0, flat, out=v_out)
         length = num_table_blocks * self.block_size

@@ -14,17 +14,9 @@ import time
 import torch
 from transformers import PreTrainedModel
 
-from common.finish import check_finish
-from common.protocol import (
-    CachedRequestData,
-    FinishReason,
-    ModelRunnerOutput,
-    NewRequestData,
-    SchedulerOutput,
-    TokenEvent,
-    WorkerInfo,
-)
+from common.protocol import ModelRunnerOutput, SchedulerOutput, TokenEvent, WorkerInfo
 from gpu_worker.attention_backend import make_attention_backend
+from gpu_worker.cached_request_state import CachedRequestState
 from gpu_worker.cuda_graphs import DecodeGraphs
 from gpu_worker.input_batch import InputBatch, ScheduledRequest, build_input_batch
 from gpu_worker.kv_cache import KVCache
@@ -44,10 +36,11 @@ from gpu_worker.profile import (
     kv_cache_budget,
     run_profile_step,
 )
-from gpu_worker.request_state import RequestState
 from gpu_worker.sampler import Sampler
 from gpu_worker.sampling_state import SamplingState
 from gpu_worker.settings import WorkerSettings
+from gpu_worker.step_checks import check_cached, check_new, check_scheduled
+from gpu_worker.step_output import advance, token_events
 
 logger = logging.getLogger(__name__)
 
@@ -83,7 +76,7 @@ class ModelRunner:
         # Null-model mode times everything but the model: the step still builds its inputs.
         self.null_model = settings.null_model
         self.fail_on_token_id = settings.fail_on_token_id
-        self.requests: dict[str, RequestState] = {}
+        self.requests: dict[str, CachedRequestState] = {}
         # Logprobs of the last step's samples, by req_id, for its token events (only requests that asked).
         self._step_logprobs: dict[str, SampleLogprobs] = {}
         self.num_isolated_steps = 0  # steps that raised and were rerun request by request
@@ -174,7 +167,7 @@ class ModelRunner:
             logger.exception("step %d failed", scheduler_output.step_id)
             self._rollback(undo)
             raise _StepFailed(f"{type(exc).__name__}: {exc}") from exc
-        finish_reasons = self._advance(batch, sampled)
+        finish_reasons = advance(batch, sampled, self.eos_token_ids, self.max_model_len)
         return ModelRunnerOutput(
             step_id=scheduler_output.step_id,
             worker_id=self.worker_id,
@@ -225,25 +218,7 @@ class ModelRunner:
 
     def token_events(self, output: ModelRunnerOutput) -> list[TokenEvent]:
         """The token-stream events of a step result; valid until the next step frees finished requests."""
-        events = []
-        for req_id, token_id, reason in zip(
-            output.req_ids, output.sampled_token_ids, output.finish_reasons, strict=True
-        ):
-            state = self.requests[req_id]
-            logprobs = self._step_logprobs.get(req_id)
-            events.append(
-                TokenEvent(
-                    req_id=req_id,
-                    index=state.num_output_tokens - 1,
-                    token_id=token_id,
-                    attempt=state.attempt,
-                    finish_reason=reason,
-                    logprob=None if logprobs is None else logprobs.logprob,
-                    top_token_ids=[] if logprobs is None else logprobs.top_token_ids,
-                    top_logprobs=[] if logprobs is None else logprobs.top_logprobs,
-                )
-            )
-        return events
+        return token_events(output, self.requests, self._step_logprobs)
 
     # ---- apply the diff -------------------------------------------------------------------------
 
@@ -268,14 +243,16 @@ class ModelRunner:
         for req_id in so.finished_req_ids:
             self._drop(req_id)  # already gone after a per-request error: nothing to do
         for new in so.scheduled_new_reqs:
-            self._fail_or(req_errors, new.req_id, self._check_new(new))
+            error = check_new(new, self.vocab_size, self.max_model_len, self.num_blocks)
+            self._fail_or(req_errors, new.req_id, error)
             if new.req_id not in req_errors:
-                self.requests[new.req_id] = RequestState.from_new(new)
+                self.requests[new.req_id] = CachedRequestState.from_new(new)
                 self.sampling_state.add(
                     new.req_id, new.sampling_params, new.prompt_token_ids, new.output_token_ids
                 )
         for cached in so.scheduled_cached_reqs:
-            self._fail_or(req_errors, cached.req_id, self._check_cached(cached))
+            error = check_cached(cached, self.requests.get(cached.req_id), self.num_blocks)
+            self._fail_or(req_errors, cached.req_id, error)
             if cached.req_id not in req_errors:
                 self.requests[cached.req_id].block_ids.extend(cached.new_block_ids)
 
@@ -289,40 +266,6 @@ class ModelRunner:
         self.requests.pop(req_id, None)
         self.sampling_state.remove(req_id)
 
-    def _check_new(self, new: NewRequestData) -> str | None:
-        num_tokens = len(new.prompt_token_ids) + len(new.output_token_ids)
-        if not new.prompt_token_ids:
-            return "empty prompt"
-        bad = [t for t in (*new.prompt_token_ids, *new.output_token_ids) if not 0 <= t < self.vocab_size]
-        if bad:
-            return f"token id {bad[0]} is outside the vocabulary (0..{self.vocab_size - 1})"
-        params = new.sampling_params
-        bad = [t for t in (*params.logit_bias, *params.stop_token_ids) if not 0 <= t < self.vocab_size]
-        if bad:
-            return f"sampling parameter token id {bad[0]} is outside the vocabulary"
-        if num_tokens > self.max_model_len:
-            return f"{num_tokens} tokens exceed max_model_len {self.max_model_len}"
-        if not 0 <= new.num_computed_tokens < num_tokens:
-            return f"num_computed_tokens {new.num_computed_tokens} out of range for {num_tokens} tokens"
-        return self._check_blocks(new.block_ids)
-
-    def _check_cached(self, cached: CachedRequestData) -> str | None:
-        state = self.requests.get(cached.req_id)
-        if state is None:
-            return "unknown request: it was never sent to this worker as new, or was freed"
-        if state.finish_reason is not None:
-            return None  # async scheduling sent it once more before learning it ended: skipped below
-        if cached.num_computed_tokens != state.num_computed_tokens:
-            return (
-                f"num_computed_tokens mismatch: batcher says {cached.num_computed_tokens}, "
-                f"worker has {state.num_computed_tokens}"
-            )
-        return self._check_blocks(cached.new_block_ids)
-
-    def _check_blocks(self, block_ids: list[int]) -> str | None:
-        bad = [b for b in block_ids if not 0 <= b < self.num_blocks]
-        return f"block id {bad[0]} outside the pool (0..{self.num_blocks - 1})" if bad else None
-
     def _scheduled(self, so: SchedulerOutput, req_errors: dict[str, str]) -> list[ScheduledRequest]:
         scheduled = []
         for req_id, num_tokens in so.num_scheduled_tokens.items():
@@ -331,25 +274,12 @@ class ModelRunner:
             state = self.requests.get(req_id)
             if state is not None and state.finish_reason is not None:
                 continue  # finished in an earlier step; the batcher frees it once it hears
-            error = self._check_scheduled(state, num_tokens)
+            error = check_scheduled(state, num_tokens, self.block_size)
             if error is not None or state is None:
                 self._fail_or(req_errors, req_id, error or "unknown request")
                 continue
             scheduled.append(ScheduledRequest(state=state, num_tokens=num_tokens))
         return scheduled
-
-    def _check_scheduled(self, state: RequestState | None, num_tokens: int) -> str | None:
-        if state is None:
-            return "scheduled but unknown to this worker"
-        end = state.num_computed_tokens + num_tokens
-        if num_tokens < 1 or end > state.num_tokens:
-            return (
-                f"scheduled {num_tokens} tokens from {state.num_computed_tokens}, "
-                f"but only {state.num_tokens} are known"
-            )
-        if end > len(state.block_ids) * self.block_size:
-            return f"{end} tokens need more than the {len(state.block_ids)} blocks allocated"
-        return None
 
     # ---- forward, sample, advance ---------------------------------------------------------------
 
@@ -384,21 +314,3 @@ class ModelRunner:
             if logprobs is not None:
                 self._step_logprobs[state.req_id] = logprobs
         return result.token_ids
-
-    def _advance(self, batch: InputBatch, sampled: list[int]) -> list[FinishReason | None]:
-        for req in batch.scheduled:
-            req.state.num_computed_tokens += req.num_tokens
-        reasons: list[FinishReason | None] = []
-        for req, token_id in zip(batch.sampling_reqs, sampled, strict=True):
-            state = req.state
-            state.token_ids.append(token_id)
-            state.finish_reason = check_finish(
-                token_id,
-                state.num_output_tokens,
-                state.num_tokens,
-                state.sampling_params,
-                self.eos_token_ids,
-                self.max_model_len,
-            )
-            reasons.append(state.finish_reason)
-        return reasons

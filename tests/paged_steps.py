@@ -10,9 +10,9 @@ import torch
 
 from common.protocol import SamplingParams
 from gpu_worker.attention_backend import AttentionBackend, CommonAttentionMetadata
+from gpu_worker.cached_request_state import CachedRequestState
 from gpu_worker.input_batch import ScheduledRequest, build_input_batch
 from gpu_worker.kv_cache import KVCache
-from gpu_worker.request_state import RequestState
 
 # The kernels' device: the CPU under Triton's interpreter, a GPU when benchmarks/gpu_check.sh asks.
 DEVICE = torch.device(os.environ.get("CBSERVE_TEST_DEVICE", "cpu"))
@@ -47,7 +47,7 @@ def make_step(
     for i, (cached, new) in enumerate(seqs):
         needed = -(-(cached + new) // block_size)
         blocks, free = free[:needed], free[needed + 1 :]  # skip one: a hole between tables
-        state = RequestState(
+        state = CachedRequestState(
             req_id=f"r{i}",
             token_ids=[1] * (cached + new),
             num_prompt_tokens=cached + new,

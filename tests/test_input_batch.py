@@ -6,9 +6,9 @@ import torch
 
 from common.protocol import SamplingParams
 from gpu_worker.attention_torch import TorchAttentionBackend
+from gpu_worker.cached_request_state import CachedRequestState
 from gpu_worker.input_batch import ScheduledRequest, build_input_batch
 from gpu_worker.kv_cache import KVCache
-from gpu_worker.request_state import RequestState
 
 BLOCK_SIZE = 4
 
@@ -16,7 +16,7 @@ BLOCK_SIZE = 4
 def _decode(req_id: str, context_len: int, first_block: int) -> ScheduledRequest:
     """A request whose next step computes its last known token: context_len - 1 are cached."""
     num_blocks = -(-context_len // BLOCK_SIZE)
-    state = RequestState(
+    state = CachedRequestState(
         req_id=req_id,
         token_ids=list(range(3, 3 + context_len)),
         num_prompt_tokens=context_len - 1,
@@ -30,7 +30,7 @@ def _decode(req_id: str, context_len: int, first_block: int) -> ScheduledRequest
 
 def _prompt_chunk(req_id: str, computed: int, num_tokens: int, blocks: list[int]) -> ScheduledRequest:
     """A 9-token prompt of which `computed` are cached and `num_tokens` run this step."""
-    state = RequestState(
+    state = CachedRequestState(
         req_id=req_id,
         token_ids=list(range(9)),
         num_prompt_tokens=9,

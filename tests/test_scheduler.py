@@ -310,19 +310,6 @@ def test_dead_worker_requests_resume_on_another_worker() -> None:
     assert s.requests["a"].output_token_ids == [100, 101]
 
 
-def test_failed_step_fails_its_requests() -> None:
-    s = make()
-    s.add_request(request("a", prompt_len=4), now=0.0)
-    out, _ = s.schedule("w0")
-    assert out is not None
-    bad = ModelRunnerOutput(
-        step_id=out.step_id, worker_id="w0", req_ids=[], sampled_token_ids=[], finish_reasons=[], error="boom"
-    )
-    [failed] = s.update_from_output(bad)
-    assert failed.finish_reason == "error" and "boom" in (failed.error or "")
-    assert not s.requests
-
-
 def tgi(max_num_seqs: int = 32, max_tokens: int = 64, max_waiting_tokens: int = 20) -> Scheduler:
     config = SchedulerConfig(
         max_num_seqs=max_num_seqs,

@@ -8,7 +8,7 @@ from common.protocol import FinishReason, NewRequestData, SamplingParams
 
 
 @dataclass(slots=True)
-class RequestState:
+class CachedRequestState:
     req_id: str
     token_ids: list[int]  # prompt followed by every output token, including ones from earlier attempts
     num_prompt_tokens: int
@@ -19,7 +19,7 @@ class RequestState:
     finish_reason: FinishReason | None = None  # set once decided; the batcher frees it next step
 
     @classmethod
-    def from_new(cls, new: NewRequestData) -> RequestState:
+    def from_new(cls, new: NewRequestData) -> CachedRequestState:
         return cls(
             req_id=new.req_id,
             token_ids=[*new.prompt_token_ids, *new.output_token_ids],

@@ -1,0 +1,57 @@
+"""What a step's samples become: each request advanced by its token, and the token-stream events."""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+
+from common.finish import check_finish
+from common.protocol import FinishReason, ModelRunnerOutput, TokenEvent
+from gpu_worker.cached_request_state import CachedRequestState
+from gpu_worker.input_batch import InputBatch
+from gpu_worker.logprobs import SampleLogprobs
+
+
+def advance(
+    batch: InputBatch, sampled: list[int], eos_token_ids: Collection[int], max_model_len: int
+) -> list[FinishReason | None]:
+    """Count the step's tokens as computed, append each sample and decide whether it finishes."""
+    for req in batch.scheduled:
+        req.state.num_computed_tokens += req.num_tokens
+    reasons: list[FinishReason | None] = []
+    for req, token_id in zip(batch.sampling_reqs, sampled, strict=True):
+        state = req.state
+        state.token_ids.append(token_id)
+        state.finish_reason = check_finish(
+            token_id,
+            state.num_output_tokens,
+            state.num_tokens,
+            state.sampling_params,
+            eos_token_ids,
+            max_model_len,
+        )
+        reasons.append(state.finish_reason)
+    return reasons
+
+
+def token_events(
+    output: ModelRunnerOutput, requests: dict[str, CachedRequestState], logprobs: dict[str, SampleLogprobs]
+) -> list[TokenEvent]:
+    events = []
+    for req_id, token_id, reason in zip(
+        output.req_ids, output.sampled_token_ids, output.finish_reasons, strict=True
+    ):
+        state = requests[req_id]
+        sample = logprobs.get(req_id)
+        events.append(
+            TokenEvent(
+                req_id=req_id,
+                index=state.num_output_tokens - 1,
+                token_id=token_id,
+                attempt=state.attempt,
+                finish_reason=reason,
+                logprob=None if sample is None else sample.logprob,
+                top_token_ids=[] if sample is None else sample.top_token_ids,
+                top_logprobs=[] if sample is None else sample.top_logprobs,
+            )
+        )
+    return events

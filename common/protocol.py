@@ -149,6 +149,7 @@ class TokenEvent(msgspec.Struct, tag="token", kw_only=True, omit_defaults=True):
     logprob: float | None = None  # log-probability of token_id under the model's raw distribution
     top_token_ids: list[int] = []  # the most likely tokens, most likely first
     top_logprobs: list[float] = []  # their log-probabilities, parallel to top_token_ids
+    num_cached_tokens: int = 0  # on the first token: prompt tokens served from the prefix cache
 
 
 class RequestError(msgspec.Struct, tag="error", kw_only=True):

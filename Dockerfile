@@ -10,6 +10,7 @@ RUN pip install torch==2.13.0
 
 COPY pyproject.toml README.md ./
 COPY common ./common
+COPY openai_frontend ./openai_frontend
 COPY gateway ./gateway
 COPY batcher ./batcher
 COPY gpu_worker ./gpu_worker

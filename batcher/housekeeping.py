@@ -1,5 +1,5 @@
 """The active batcher's periodic chores: worker heartbeats (join, fence, remove), stream trims,
-follow-lease reaping and queue deadlines. Each runs on its own clock from the busy loop."""
+follow-deadline reaping and queue deadlines. Each runs on its own clock from the busy loop."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 from batcher.context import BatcherContext
-from batcher.follow_leases import LeaseReaper
+from batcher.follow_deadlines import FollowDeadlineReaper
 from batcher.retention import StreamTrimmer
 from common import streams
 from common.protocol import FIELD, WorkerInfo, WorkerLost, decode_worker, encode
@@ -26,10 +26,10 @@ class Housekeeping:
         self.outbox = ctx.outbox
         self.next_worker_check = 0.0
         self._trimmer = StreamTrimmer(ctx.settings.retention_s)
-        self._reaper = LeaseReaper()
+        self._reaper = FollowDeadlineReaper()
 
     def settle(self, now: float) -> None:
-        """Leadership gained at `now`: follow leases get time to be renewed (batcher/follow_leases.py)."""
+        """Leadership gained at `now`: follow deadlines get time to be renewed (follow_deadlines.py)."""
         self._reaper.settle(now)
 
     def tidy(self, now: float, inbox_read_id: str) -> None:
@@ -41,11 +41,13 @@ class Housekeeping:
         self.outbox.finished(self.scheduler.expire_waiting(now))
 
     def _abort_unfollowed(self, now: float) -> None:
-        """Abort the requests whose follow lease ran out: their clients left and nobody resumed."""
-        self.leadership.check()  # popping follow leases is a write: only the leader's
+        """Abort the requests whose follow deadline passed: their clients left and nobody resumed."""
+        self.leadership.check()  # popping follow deadlines is a write: only the leader's
         for req_id in self._reaper.pop_expired(self.redis, now):
             if req_id in self.scheduler.requests:
-                log.info("no client follows it (lease expired): aborting", extra={"request_id": req_id})
+                log.info(
+                    "no client follows it (follow deadline passed): aborting", extra={"request_id": req_id}
+                )
                 req = self.scheduler.abort_request(req_id, "abort", time.time())
                 if req is not None:
                     self.outbox.finished([req])

@@ -27,16 +27,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from openai_frontend.chatml import CHAT_TEMPLATE, EOS, IM_END, IM_START, SPECIAL_TOKENS
+
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
-
-CHAT_TEMPLATE = (
-    "{% for message in messages %}"
-    "<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
-SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,15 +87,15 @@ def build_model(out_dir: Path, preset_name: str, seed: int = 0, device: str = "c
     tok = train_tokenizer(preset)
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
-        eos_token="<|endoftext|>",
-        bos_token="<|endoftext|>",
-        pad_token="<|endoftext|>",
-        additional_special_tokens=SPECIAL_TOKENS[1:],
+        eos_token=EOS,
+        bos_token=EOS,
+        pad_token=EOS,
+        additional_special_tokens=[IM_START, IM_END],
     )
     fast.chat_template = CHAT_TEMPLATE
     fast.model_max_length = preset.max_position_embeddings
-    eos_id = tok.token_to_id("<|endoftext|>")
-    im_end_id = tok.token_to_id("<|im_end|>")
+    eos_id = tok.token_to_id(EOS)
+    im_end_id = tok.token_to_id(IM_END)
 
     torch.manual_seed(seed)
     config = LlamaConfig(

@@ -20,7 +20,9 @@ from cbserve_celery.batch_task import add_batch_task
 from cbserve_celery.generation import parse_sampling_params, req_id_for_task, run_generation
 from cbserve_celery.settings import CelerySettings
 from common.redis_conn import connect
-from gateway.tokenizer import ModelTokenizer  # the `tokenizers` library alone, no transformers / torch
+from openai_frontend.tokenizer import (
+    ModelTokenizer,  # the `tokenizers` library alone, no transformers / torch
+)
 
 GENERATE_TASK = "cbserve.generate"
 
@@ -49,7 +51,7 @@ class _Resources:
 
 def output_text(tokenizer: Any, prompt_token_ids: list[int], token_ids: list[int], finish_reason: str) -> str:
     """The text the gateway would answer for these tokens (same detokenizer, EOS / stop token hidden)."""
-    from gateway.output_processor import OutputProcessor
+    from openai_frontend.output_processor import OutputProcessor
 
     processor = OutputProcessor(tokenizer.tokenizer, prompt_token_ids, [])
     last = len(token_ids) - 1

@@ -1,9 +1,9 @@
 """One run of a batch by a Celery task: validate it once, run its lines, keep results, finalize.
 
-A run holds the batch's lease and lasts at most `slice_s`; then it leaves its lines generating,
+A run holds the batch's claim and lasts at most `slice_s`; then it leaves its lines generating,
 releases the batch and asks for a continuation, which follows them again (their request ids are
 derived from the batch and line, and submitted once, so nothing is generated twice). Every result is
-written the moment it arrives, so whatever ends a run (its slice, a crash, a lost lease, Redis going
+written the moment it arrives, so whatever ends a run (its slice, a crash, a lost claim, Redis going
 away) costs no finished line. Lines run with bounded concurrency at batch priority; a cancel aborts
 the lines in flight. See docs/architecture.md, *The Batch API*.
 """
@@ -22,12 +22,12 @@ from dataclasses import dataclass
 import redis.asyncio as aioredis
 import redis.exceptions
 
-from cbserve_celery.batch_lease import BatchLease
+from cbserve_celery.batch_claim import BatchClaim
 from common.redis_conn import connect_async
 from common.stream_client import abort_async
-from common.streams import batch_lease
-from gateway.batch_input import InputLine, parse_input
-from gateway.batch_lines import (
+from common.streams import batch_claim
+from openai_frontend.batch_input import InputLine, parse_input
+from openai_frontend.batch_lines import (
     LineContext,
     LineResult,
     ResultLost,
@@ -37,18 +37,17 @@ from gateway.batch_lines import (
     run_line,
     unrun_line,
 )
-from gateway.batch_objects import ACTIVE, BatchSpec, BatchState, Status
-from gateway.batch_store import BatchStore
-from gateway.errors import OpenAIError
-from gateway.files_store import FileStore
-from gateway.metrics import GatewayMetrics
-from gateway.request_runner import RequestRunner
-from gateway.served_model import ServedModel
-from gateway.tokenizer import ModelTokenizer
+from openai_frontend.batch_objects import ACTIVE, BatchSpec, BatchState, Status
+from openai_frontend.batch_store import BatchStore
+from openai_frontend.errors import OpenAIError
+from openai_frontend.files_store import FileStore
+from openai_frontend.request_runner import RequestRunner
+from openai_frontend.served_model import ServedModel
+from openai_frontend.tokenizer import ModelTokenizer
 
 logger = logging.getLogger(__name__)
 
-# How often a run looks at the batch's status (cancel) and renews its lease, at most.
+# How often a run looks at the batch's status (cancel) and renews its claim, at most.
 _CHECK_S = 0.5
 # How long a cancel waits for the lines it aborted to end, to keep those that finished first.
 _CANCEL_DRAIN_S = 10.0
@@ -66,14 +65,14 @@ InFlight = dict[asyncio.Task[LineResult], tuple[InputLine, Submitted]]
 class Outcome(enum.Enum):
     DONE = "done"  # nothing left for this task: the batch ended, or another task runs it
     CONTINUE = "continue"  # the slice ended: a new task should go on at once
-    BUSY = "busy"  # another task holds the batch (or held it and died): try again after the lease TTL
+    BUSY = "busy"  # another task holds the batch (or held it and died): try again after the claim TTL
 
 
 @dataclass(slots=True, frozen=True)
 class RunConfig:
     max_lines_in_flight: int  # lines of this batch generating at once
     slice_s: float  # a run ends after this long and hands the batch to a new task
-    lease_ttl_s: float
+    claim_ttl_s: float
 
 
 def output_file_id(batch_id: str, kind: str) -> str:
@@ -87,14 +86,14 @@ async def run_batch(
     redis = connect_async(redis_url)
     try:
         store = BatchStore(redis)
-        lease = BatchLease(redis, batch_lease(batch_id), config.lease_ttl_s)
-        if not await lease.acquire():
+        claim = BatchClaim(redis, batch_claim(batch_id), config.claim_ttl_s)
+        if not await claim.acquire():
             state = await store.get(batch_id)
             return Outcome.BUSY if state is not None and state.is_active else Outcome.DONE
         try:
-            return await _BatchRun(redis, store, lease, tokenizer, model_root, config).run(batch_id)
+            return await _BatchRun(redis, store, claim, tokenizer, model_root, config).run(batch_id)
         finally:
-            await lease.release()
+            await claim.release()
     finally:
         await redis.aclose()
 
@@ -104,12 +103,12 @@ class _BatchRun:
         self,
         redis: aioredis.Redis,
         store: BatchStore,
-        lease: BatchLease,
+        claim: BatchClaim,
         tokenizer: ModelTokenizer | None,
         model_root: str,
         config: RunConfig,
     ) -> None:
-        self._redis, self._store, self._lease = redis, store, lease
+        self._redis, self._store, self._claim = redis, store, claim
         self._tokenizer, self._model_root, self._config = tokenizer, model_root, config
 
     async def run(self, batch_id: str) -> Outcome:
@@ -131,7 +130,7 @@ class _BatchRun:
         )
         # A line may wait and run until the batch expires: the request timeout counts from creation.
         window_s = float(spec.expires_at - spec.created_at)
-        runner = RequestRunner(self._redis, served, window_s, GatewayMetrics(spec.model))
+        runner = RequestRunner(self._redis, served, window_s)
         try:
             return await self._run_lines(LineContext(spec, served, self._redis, runner), lines)
         finally:
@@ -197,8 +196,8 @@ class _BatchRun:
                     return Outcome.DONE
                 if time.monotonic() >= slice_end:
                     return Outcome.CONTINUE  # the lines in flight keep generating for the next run
-                if not await self._lease.renew():
-                    logger.warning("batch %s: lease lost; another task runs it now", spec.id)
+                if not await self._claim.renew():
+                    logger.warning("batch %s: claim lost; another task runs it now", spec.id)
                     return Outcome.DONE
                 while todo and len(in_flight) < config.max_lines_in_flight:
                     line, submitted = todo.popleft(), Submitted()

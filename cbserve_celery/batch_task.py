@@ -2,7 +2,7 @@
 
 The gateway queues it by name when a batch is created. A task runs the batch for at most
 `batch_slice_s`, then queues its continuation; one that finds another task holding the batch tries
-again after the lease TTL, so a batch is never left without a task while it is active. Redis going
+again after the claim TTL, so a batch is never left without a task while it is active. Redis going
 away mid-run ends the run with every finished line kept, and the task is retried.
 """
 
@@ -16,8 +16,8 @@ from celery import Celery, Task
 
 from cbserve_celery.batch_runner import Outcome, RunConfig, run_batch
 from cbserve_celery.settings import CelerySettings
-from gateway.batch_queue import RUN_BATCH_TASK
-from gateway.tokenizer import ModelTokenizer
+from openai_frontend.batch_objects import RUN_BATCH_TASK
+from openai_frontend.tokenizer import ModelTokenizer
 
 
 def add_batch_task(
@@ -26,7 +26,7 @@ def add_batch_task(
     config = RunConfig(
         max_lines_in_flight=settings.batch_max_lines_in_flight,
         slice_s=settings.batch_slice_s,
-        lease_ttl_s=settings.batch_lease_ttl_s,
+        claim_ttl_s=settings.batch_lease_ttl_s,
     )
     model_root = str(settings.model or "")
 
@@ -35,9 +35,9 @@ def add_batch_task(
         try:
             outcome = asyncio.run(run_batch(settings.redis_url, batch_id, tokenizer(), model_root, config))
         except redis.exceptions.RedisError as exc:
-            raise self.retry(exc=exc, countdown=config.lease_ttl_s) from exc
+            raise self.retry(exc=exc, countdown=config.claim_ttl_s) from exc
         if outcome is Outcome.CONTINUE:
             self.apply_async((batch_id,))
         elif outcome is Outcome.BUSY:
-            self.apply_async((batch_id,), countdown=config.lease_ttl_s)
+            self.apply_async((batch_id,), countdown=config.claim_ttl_s)
         return outcome.value

@@ -38,8 +38,9 @@ class CelerySettings(BaseSettings):
     # A task runs a batch for at most this long, then hands it to a fresh task: no task lives long
     # enough for the visibility timeout to deliver it again while it runs.
     batch_slice_s: float = Field(default=300.0, gt=0)
-    # The running task's lease on its batch (renewed twice a second): after a crash, the task
-    # delivered again takes the batch over once this has run out.
+    # The TTL of the running task's claim on its batch (cbserve_celery/batch_claim.py; renewed twice a
+    # second): after a crash, the task delivered again takes the batch over once this has run out. The
+    # name keeps its documented env var, CBSERVE_CELERY_BATCH_LEASE_TTL_S.
     batch_lease_ttl_s: float = Field(default=30.0, ge=2.0)
 
     @model_validator(mode="after")

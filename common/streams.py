@@ -30,8 +30,8 @@ BATCHER_TRACE: Final = "llm:batcher:trace"
 
 # Sorted set req_id -> unix deadline: gateways keep the requests their clients follow alive here
 # (refreshed every second); a client that leaves gets the resume window, a gateway that dies stops
-# refreshing. The active batcher aborts requests whose deadline has passed (batcher/follow_leases.py).
-FOLLOW_LEASES: Final = "llm:follow:leases"
+# refreshing. The active batcher aborts requests whose deadline has passed (batcher/follow_deadlines.py).
+FOLLOW_DEADLINES: Final = "llm:follow:leases"  # the key keeps its first name: old gateways share it
 
 
 def token_stream(req_id: str) -> str:
@@ -76,7 +76,7 @@ def request_keys(req_id: str) -> tuple[str, ...]:
 REQUEST_KEY_PATTERNS: Final = ("llm:tokens:*", "llm:request:*", "llm:submitted:*")
 
 
-# ----- OpenAI Files and Batch API (gateway/files_store.py, gateway/batch_store.py) ----------------
+# ----- OpenAI Files and Batch API (openai_frontend/files_store.py, batch_store.py) -----------------
 def file_key(file_id: str) -> str:
     """Hash of one uploaded or generated file: `meta` (JSON) and `content` (bytes); TTL = its expiry."""
     return f"llm:file:{file_id}"
@@ -117,6 +117,6 @@ def batch_attempts(batch_id: str) -> str:
     return f"{batch_key(batch_id)}:attempts"
 
 
-def batch_lease(batch_id: str) -> str:
-    """The lease of the one Celery task running the batch now (a token with a PX TTL, renewed)."""
+def batch_claim(batch_id: str) -> str:
+    """The claim of the one Celery task running the batch now (a token with a PX TTL, renewed)."""
     return f"{batch_key(batch_id)}:runner"

@@ -1,1 +1,1 @@
-"""OpenAI-compatible HTTP front end: validates, tokenizes, queues requests and relays their tokens."""
+"""OpenAI-compatible HTTP API: auth, limits, routes and SSE around the openai_frontend library."""

@@ -12,9 +12,9 @@ from typing import Any
 import uvicorn
 
 from common.logging_setup import configure_logging
-from gateway import key_cli
 from gateway.app import create_app
-from gateway.connection_guard import uvicorn_options
+from gateway.security import key_cli
+from gateway.security.connection_guard import uvicorn_options
 from gateway.settings import GatewaySettings
 
 

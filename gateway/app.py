@@ -8,7 +8,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from common.redis_conn import connect_async
-from gateway import (
+from gateway.api import (
     routes_batches,
     routes_chat,
     routes_completions,
@@ -18,19 +18,19 @@ from gateway import (
     routes_models,
     routes_requests,
 )
-from gateway.api_keys import ApiKeys
-from gateway.auth import AuthMiddleware
+from gateway.api.error_handlers import install_error_handlers
+from gateway.app_state import GatewayState
 from gateway.batch_queue import BatchQueue
-from gateway.batch_store import BatchStore
-from gateway.body_limit import BodySizeLimitMiddleware
-from gateway.errors import install_error_handlers
-from gateway.files_store import FileStore
-from gateway.metrics import GatewayMetrics
-from gateway.rate_limit import RateLimiter, RateLimits
-from gateway.request_runner import RequestRunner
-from gateway.served_model import load_served_model
+from gateway.model_loader import load_served_model
+from gateway.observability.metrics import GatewayMetrics
+from gateway.security.api_keys import ApiKeys
+from gateway.security.auth import AuthMiddleware
+from gateway.security.body_limit import BodySizeLimitMiddleware
+from gateway.security.rate_limit import RateLimiter, RateLimits
 from gateway.settings import GatewaySettings
-from gateway.state import GatewayState
+from openai_frontend.batch_store import BatchStore
+from openai_frontend.files_store import FileStore
+from openai_frontend.request_runner import RequestRunner
 
 _MULTIPART_OVERHEAD = 64 * 1024  # boundaries, part headers and the `purpose` field of an upload
 

@@ -7,7 +7,7 @@ import asyncio
 import threading
 from typing import Any
 
-RUN_BATCH_TASK = "cbserve.run_batch"
+from openai_frontend.batch_objects import RUN_BATCH_TASK
 
 
 class BatchQueueUnavailable(Exception):

@@ -9,7 +9,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from common.logging_setup import LogFormat
 from common.settings import log_format_field, redis_url_field, retention_field
-from gateway.api_keys import parse_key_hashes
+from gateway.security.api_keys import parse_key_hashes
 
 
 class GatewaySettings(BaseSettings):
@@ -53,7 +53,7 @@ class GatewaySettings(BaseSettings):
     # true restores the old behaviour (control tokens from message text), for trusted clients only.
     chat_content_special_tokens: bool = False
 
-    # --- connections (gateway/connection_guard.py) -----------------------------------------------
+    # --- connections (gateway/security/connection_guard.py) -----------------------------------------------
     # A client must send a request's headers within this many seconds of connecting (or of its first
     # byte on a kept-alive connection), and its body within body_timeout_s of the headers; else 408
     # and the socket is closed. An idle kept-alive connection is closed after keep_alive_s.

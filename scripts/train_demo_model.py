@@ -42,16 +42,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-CHAT_TEMPLATE = (
-    "{% for message in messages %}"
-    "<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
-EOS = "<|endoftext|>"
-IM_START = "<|im_start|>"
-IM_END = "<|im_end|>"
-SPECIAL_TOKENS = [EOS, IM_START, IM_END]
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a file: the repo root for imports
+
+from openai_frontend.chatml import CHAT_TEMPLATE, EOS, IM_END, IM_START, SPECIAL_TOKENS
 
 SAMPLE_PROMPTS = ["The import statement", "A function is", "Exceptions are"]
 SAMPLE_CHAT = "What is the assert statement?"

@@ -26,7 +26,7 @@ from common.protocol import FIELD, GenerateRequest, SamplingParams, TokenEvent, 
 from common.result_lost import result_lost
 from common.stream_client import follow, submit_once
 from common.streams import REQUESTS_STREAM, token_stream
-from gateway.api_keys import hash_key
+from gateway.security.api_keys import hash_key
 from tests.conftest import redis_server
 from tests.readme_examples import example, run_example
 from tests.services import ROOT, Stack, wait_for

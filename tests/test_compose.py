@@ -159,7 +159,7 @@ def test_celery_worker_runs_the_app_with_settings_it_reads(compose: dict[str, An
 
 def test_dockerfile_installs_every_service() -> None:
     dockerfile = (ROOT / "Dockerfile").read_text()
-    for package in ("common", "gateway", "batcher", "gpu_worker", "cbserve_celery"):
+    for package in ("common", "openai_frontend", "gateway", "batcher", "gpu_worker", "cbserve_celery"):
         assert f"COPY {package} ./{package}" in dockerfile
     assert 'pip install ".[worker,gateway,celery]"' in dockerfile
     assert "pip install torch==" in dockerfile

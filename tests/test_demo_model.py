@@ -16,10 +16,10 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from common.protocol import CachedRequestData, NewRequestData, SamplingParams, SchedulerOutput
-from gateway.chat_template import render_chat
-from gateway.tokenizer import ModelTokenizer
 from gpu_worker.model_runner import ModelRunner
 from gpu_worker.settings import WorkerSettings
+from openai_frontend.chat_template import render_chat
+from openai_frontend.tokenizer import ModelTokenizer
 
 DEMO_DIR = Path(__file__).resolve().parents[1] / "models" / "demo"
 MAX_BYTES = 20_000_000

@@ -14,8 +14,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
 from batcher.metrics import Histogram
-from gateway.batcher_collector import BatcherCollector
-from gateway.metrics import GatewayMetrics, RequestTracker
+from gateway.observability.batcher_collector import BatcherCollector
+from gateway.observability.metrics import GatewayMetrics, RequestTracker
 from tests.services import Stack, wait_for
 
 PROMPTS = [[5, 6, 7], [8, 9, 10, 11, 12], [13, 14]]

@@ -138,7 +138,7 @@ def test_dropped_client_resumes_and_gets_exactly_the_rest(
     assert _chunks(rest)[-1]["choices"][0]["finish_reason"] == "length"
     # The resumed follower renewed the request's lease, then dropped it when the request ended.
     leases = redis.Redis.from_url(stack.redis_url)
-    wait_for(lambda: leases.zscore(streams.FOLLOW_LEASES, req_id) is None, 30, "the lease to be dropped")
+    wait_for(lambda: leases.zscore(streams.FOLLOW_DEADLINES, req_id) is None, 30, "the lease to be dropped")
     assert stack.stats()["num_aborted"] == aborted_before
 
 
@@ -246,12 +246,12 @@ def test_request_of_a_killed_gateway_nobody_resumes_is_aborted_when_its_lease_ru
         req_id, seen = _stream(stack.base_url, _body(), pause_worker_and_kill_gateway)
         assert gateway.returncode is not None and len(_token_ids(seen)) < MAX_TOKENS
         client = redis.Redis.from_url(stack.redis_url)
-        assert client.zscore(streams.FOLLOW_LEASES, req_id) is not None
+        assert client.zscore(streams.FOLLOW_DEADLINES, req_id) is not None
         wait_for(lambda: stack.stats()["num_aborted"] == 1, 60, "the batcher to abort it")
     finally:
         os.kill(worker.pid, signal.SIGCONT)
     assert "no client follows it (lease expired): aborting" in stack.log("batcher")
-    assert client.zscore(streams.FOLLOW_LEASES, req_id) is None
+    assert client.zscore(streams.FOLLOW_DEADLINES, req_id) is None
     wait_for(lambda: client.ttl(streams.token_stream(req_id)) > 0, 30, "the request to end")
     ends = [decode_event(f[FIELD]) for _, f in client.xrange(streams.token_stream(req_id))]
     assert [e.code for e in ends if isinstance(e, RequestError)] == ["request_aborted"]

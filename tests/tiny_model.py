@@ -10,13 +10,7 @@ import inspect
 from pathlib import Path
 from typing import Any
 
-CHAT_TEMPLATE = (
-    "{% for message in messages %}"
-    "<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
-SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+from openai_frontend.chatml import CHAT_TEMPLATE, EOS, IM_END, IM_START, SPECIAL_TOKENS
 
 
 def byte_token_id(tokenizer: Any, byte: int) -> int:
@@ -64,15 +58,15 @@ def build_tiny_model(path: Path, *, seed: int = 0, vocab_size: int = 512, max_le
     tok.train_from_iterator(_corpus(), trainer=trainer)
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
-        eos_token="<|endoftext|>",
-        bos_token="<|endoftext|>",
-        pad_token="<|endoftext|>",
-        additional_special_tokens=["<|im_start|>", "<|im_end|>"],
+        eos_token=EOS,
+        bos_token=EOS,
+        pad_token=EOS,
+        additional_special_tokens=[IM_START, IM_END],
     )
     fast.chat_template = CHAT_TEMPLATE
     fast.model_max_length = max_len
-    eos_id = tok.token_to_id("<|endoftext|>")
-    im_end_id = tok.token_to_id("<|im_end|>")
+    eos_id = tok.token_to_id(EOS)
+    im_end_id = tok.token_to_id(IM_END)
 
     torch.manual_seed(seed)
     config = LlamaConfig(

@@ -14,7 +14,7 @@ import pytest
 import uvicorn
 
 from gateway.app import create_app
-from gateway.connection_guard import uvicorn_options
+from gateway.security.connection_guard import uvicorn_options
 from gateway.settings import GatewaySettings
 from tests.conftest import free_port
 from tests.stream_harness import StreamHarness

@@ -16,7 +16,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from gateway.openai_schemas import ChatCompletionRequest, CompletionRequest
+from openai_frontend.openai_schemas import ChatCompletionRequest, CompletionRequest
 from tests.gateway.conftest import RunningGateway
 from tests.gateway.responder import Responder, responding
 

@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.api_keys import ApiKeys, hash_key, parse_key_hashes
+from gateway.security.api_keys import ApiKeys, hash_key, parse_key_hashes
 from gateway.settings import GatewaySettings
 from tests.gateway.conftest import RunningGateway
 from tests.gateway.responder import responding

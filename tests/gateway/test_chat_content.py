@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from gateway.chat_content import encode_chat
-from gateway.chat_template import render_chat
-from gateway.tokenizer import ModelTokenizer
+from openai_frontend.chat_content import encode_chat
+from openai_frontend.chat_template import render_chat
+from openai_frontend.tokenizer import ModelTokenizer
 from tests.gateway.conftest import RunningGateway
 from tests.gateway.responder import responding
 

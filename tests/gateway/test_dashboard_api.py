@@ -17,7 +17,7 @@ import redis
 from common import streams
 from common.protocol import FIELD
 from common.trace_schema import StepTrace, TracedRequest, encode_trace
-from gateway.api_keys import hash_key
+from gateway.security.api_keys import hash_key
 from gateway.settings import GatewaySettings
 from tests.gateway.conftest import RunningGateway, start_server
 from tests.redis_process import RedisProcess

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 from playwright.sync_api import expect
 
-from gateway.api_keys import hash_key
+from gateway.security.api_keys import hash_key
 from tests.browser import chromium
 from tests.gateway.conftest import RunningGateway
 

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer
 
-from gateway.detokenizer import IncrementalDetokenizer
-from gateway.output_processor import OutputProcessor
+from openai_frontend.detokenizer import IncrementalDetokenizer
+from openai_frontend.output_processor import OutputProcessor
 from tests.tiny_model import byte_token_id
 
 

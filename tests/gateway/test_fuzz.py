@@ -18,7 +18,7 @@ schemathesis = pytest.importorskip("schemathesis")
 
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 
-from gateway.api_keys import hash_key  # noqa: E402
+from gateway.security.api_keys import hash_key  # noqa: E402
 from tests.gateway.conftest import RunningGateway  # noqa: E402
 from tests.gateway.responder import responding  # noqa: E402
 

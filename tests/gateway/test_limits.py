@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from gateway.validation import (
+from openai_frontend.validation import (
     MAX_LOGIT_BIAS_ENTRIES,
     MAX_STOP_STRING_CHARS,
     MAX_STOP_STRINGS,

@@ -11,8 +11,8 @@ import httpx
 import pytest
 
 from common.streams import rate_limit_key
-from gateway.api_keys import hash_key
-from gateway.rate_limit import WINDOW_S
+from gateway.security.api_keys import hash_key
+from gateway.security.rate_limit import WINDOW_S
 from tests.gateway.conftest import RunningGateway
 from tests.gateway.responder import Responder, responding
 

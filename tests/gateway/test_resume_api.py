@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 from tokenizers import Tokenizer
 
-from common.streams import FOLLOW_LEASES, request_meta
-from gateway.api_keys import hash_key
-from gateway.follow_leases import MIN_LEASE_S
+from common.streams import FOLLOW_DEADLINES, request_meta
+from gateway.security.api_keys import hash_key
+from openai_frontend.follow_deadlines import MIN_DEADLINE_S
 from tests.gateway.conftest import RunningGateway
 from tests.gateway.sse_client import get_sse, post_raw, post_sse, read_then_hang_up
 from tests.services import wait_for
@@ -195,7 +195,7 @@ def test_stream_disconnect_starts_the_grace_window_in_the_follow_lease(
         future = pool.submit(read_then_hang_up, gw.url, "/v1/completions", RESUMABLE_BODY, 1)
         request = gw.harness.next_request()
         wait_for(lambda: _lease(gw, request.req_id) is not None, 15, "the lease")
-        assert _lease(gw, request.req_id) >= time.time() + MIN_LEASE_S - 2  # renewed while followed
+        assert _lease(gw, request.req_id) >= time.time() + MIN_DEADLINE_S - 2  # renewed while followed
         gw.harness.emit_tokens(request.req_id, _ids(tok, " Return"), finish_reason=None)
         future.result(timeout=30)
     wait_for(lambda: _lease(gw, request.req_id) < time.time() + grace_s + 0.5, 15, "the window to start")
@@ -205,7 +205,7 @@ def test_stream_disconnect_starts_the_grace_window_in_the_follow_lease(
 
 
 def _lease(gw: RunningGateway, req_id: str) -> float | None:
-    score = gw.harness.redis.zscore(FOLLOW_LEASES, req_id)
+    score = gw.harness.redis.zscore(FOLLOW_DEADLINES, req_id)
     return None if score is None else float(score)
 
 

@@ -1,5 +1,5 @@
 """Slow and idle clients cannot hold the gateway's sockets: headers, bodies and idle keep-alive
-connections each have a deadline (gateway/connection_guard.py), and connections are capped.
+connections each have a deadline (gateway/security/connection_guard.py), and connections are capped.
 
 300 sockets trickle their headers and 100 their bodies (half with a Content-Length, half chunked)
 a byte every TRICKLE_S; each is answered 408 and closed within the bound, while another client's

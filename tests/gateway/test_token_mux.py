@@ -12,8 +12,8 @@ import redis.asyncio as aioredis
 
 from common.redis_conn import connect_async
 from common.streams import token_stream
-from gateway.stream_reader import RequestTimedOut, follow_token_stream
-from gateway.token_mux import Entry, Subscription, TokenStreamMux
+from openai_frontend.stream_reader import RequestTimedOut, follow_token_stream
+from openai_frontend.token_mux import Entry, Subscription, TokenStreamMux
 from tests.conftest import free_port
 from tests.redis_process import RedisProcess
 

@@ -10,11 +10,12 @@ from typing import Any
 import pytest
 from transformers import AutoTokenizer
 
-from gateway.chat_template import ChatTemplateError, render_chat
-from gateway.openai_schemas import ChatMessage
-from gateway.prompts import chat_prompt_ids, completion_prompt_ids
-from gateway.served_model import ServedModel, load_served_model
+from gateway.model_loader import load_served_model
 from gateway.settings import GatewaySettings
+from openai_frontend.chat_template import ChatTemplateError, render_chat
+from openai_frontend.openai_schemas import ChatMessage
+from openai_frontend.prompts import chat_prompt_ids, completion_prompt_ids
+from openai_frontend.served_model import ServedModel
 
 TEXTS = [
     "Hello world",

@@ -1,0 +1,70 @@
+"""The exception handlers that turn every failure of an HTTP request into an OpenAI error answer."""
+
+from __future__ import annotations
+
+import logging
+
+import redis.exceptions
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from openai_frontend.errors import OpenAIError, validation_error
+
+logger = logging.getLogger(__name__)
+
+# Enough of the message to say which rule refused a request, without logging a whole prompt.
+_LOGGED_REASON_CHARS = 160
+# Seconds a client should wait while Redis is unreachable: a restart with a small AOF takes about this.
+REDIS_RETRY_AFTER_S = "2"
+
+
+def error_response(error: OpenAIError) -> JSONResponse:
+    """The error as an HTTP answer; every refusal (4xx) is logged with the rule that refused it."""
+    if error.status < 500:
+        logger.info(
+            "refused: status=%d type=%s code=%s param=%s reason=%s",
+            error.status,
+            error.type,
+            error.code,
+            error.param,
+            error.message[:_LOGGED_REASON_CHARS],
+        )
+    return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
+
+
+async def _openai_error(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, OpenAIError)
+    return error_response(exc)
+
+
+async def _validation_error(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    return error_response(validation_error(exc.errors()))
+
+
+async def _http_error(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, StarletteHTTPException)
+    kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
+    headers = dict(exc.headers) if exc.headers else None
+    return error_response(OpenAIError(exc.status_code, str(exc.detail), type=kind, headers=headers))
+
+
+async def _redis_error(_: Request, exc: Exception) -> JSONResponse:
+    logger.warning("redis unavailable: %s", exc)
+    error = OpenAIError(
+        503,
+        "the request queue is unavailable (redis unreachable), retry later",
+        type="server_error",
+        code="redis_unavailable",
+        headers={"Retry-After": REDIS_RETRY_AFTER_S},
+    )
+    return error_response(error)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(OpenAIError, _openai_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(redis.exceptions.RedisError, _redis_error)

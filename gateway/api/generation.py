@@ -1,0 +1,61 @@
+"""The flow both generation routes share: admit the body, then stream SSE chunks or answer one body.
+
+Each route (routes_chat.py, routes_completions.py) names only its schema and its answer shapes
+(`openai_frontend.chat_response.CHAT`, `openai_frontend.completion_response.COMPLETION`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, StreamingResponse
+
+from gateway.app_state import GatewayState
+from gateway.security.admission import admit
+from gateway.streaming.sse import SSE_HEADERS
+from gateway.streaming.sse_stream import stream_sse
+from openai_frontend.collect import collect
+from openai_frontend.logprobs import LogprobsFormatter
+from openai_frontend.openai_schemas import ChatCompletionRequest, CompletionRequest
+from openai_frontend.request_builder import PreparedRequest
+from openai_frontend.request_meta import response_id
+from openai_frontend.request_runner import Follow
+from openai_frontend.response_format import Endpoint
+
+
+def request_id_header(req_id: str) -> dict[str, str]:
+    """Every answer names its request, so a client can resume it (GET /v1/requests/{id}/stream)."""
+    return {"X-Request-Id": req_id}
+
+
+def client_follow(requests: Sequence[PreparedRequest], resume_grace_s: float) -> Follow:
+    """A client that goes away cancels its request at once (as OpenAI and vLLM do), unless it asked
+    for `resumable`: then the request runs on for the resume window. Only a single choice can be
+    resumed (n > 1 streams carry no event ids)."""
+    resumable = len(requests) == 1 and requests[0].resumable
+    return Follow(grace_s=resume_grace_s if resumable else 0.0)
+
+
+async def generate(
+    endpoint: Endpoint,
+    body: CompletionRequest | ChatCompletionRequest,
+    http_request: Request,
+    state: GatewayState,
+) -> JSONResponse | StreamingResponse:
+    requests = await admit(endpoint.kind, body, http_request, state)
+    request = requests[0]
+    rid, created = response_id(endpoint.kind, request.req_id), int(request.arrival_time)
+    formatter = LogprobsFormatter(state.served.tokenizer.tokenizer)
+    headers = request_id_header(request.req_id)
+    follow = client_follow(requests, state.settings.resume_grace_s)
+    if request.stream:
+        chunks = endpoint.chunks(rid, created, state.served.name, request, formatter)
+        return StreamingResponse(
+            stream_sse(state.runner, requests, chunks, follow),
+            media_type="text/event-stream",
+            headers={**SSE_HEADERS, **headers},
+        )
+    done = await collect(state.runner, requests, http_request, follow)
+    answer = endpoint.body(requests, done, rid, created, state.served.name, formatter)
+    return JSONResponse(answer, headers=headers)

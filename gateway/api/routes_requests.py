@@ -1,0 +1,110 @@
+"""GET /v1/requests/{id}/stream (resume a stream) and GET /v1/requests/{id} (fetch a result).
+
+Both replay the request's token stream from its start through the same code as the first answer, so
+the text, its split into chunks and the final chunk are identical. Only the API key that created
+the request can read it; any other gets 404, as for an unknown id, so ids cannot be probed. With no
+keys configured, the unguessable id itself is the capability.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated
+
+from fastapi import APIRouter, Depends
+from starlette.requests import Request
+from starlette.responses import JSONResponse, StreamingResponse
+
+from common.streams import token_stream
+from gateway.api.generation import request_id_header
+from gateway.app_state import GatewayState, get_state
+from gateway.security.auth import request_owner
+from gateway.streaming.sse import SSE_HEADERS
+from gateway.streaming.sse_stream import stream_sse
+from openai_frontend.collect import collect
+from openai_frontend.endpoints import ENDPOINTS
+from openai_frontend.errors import OpenAIError
+from openai_frontend.logprobs import LogprobsFormatter
+from openai_frontend.request_meta import RequestMeta, attach, load_meta, prepared_from, req_id_from
+from openai_frontend.request_runner import Follow
+
+router = APIRouter()
+
+# A fetch replays what the token stream holds; a request not finished within this is answered 409.
+_FETCH_WAIT_S = 1.0
+
+
+def _not_found(request_id: str) -> OpenAIError:
+    return OpenAIError(404, f"no request {request_id!r} (unknown, expired, or not yours)", code="not_found")
+
+
+async def _owned_meta(request_id: str, http_request: Request, state: GatewayState) -> RequestMeta:
+    meta = await load_meta(state.redis, req_id_from(request_id))
+    if meta is None or meta.owner != request_owner(http_request):
+        raise _not_found(request_id)
+    return meta
+
+
+# An event id as the gateway sends it: a Redis stream entry id, ASCII digits only (int() alone would
+# also take "1_0", "+1" or " 1", which replayed the whole stream).
+_EVENT_ID = re.compile(r"[0-9]{1,20}-[0-9]{1,20}")
+
+
+async def _last_event_id(http_request: Request, state: GatewayState, req_id: str) -> str | None:
+    """The Last-Event-ID to resume after, which must be an event of this request's stream: an id past
+    its end (or never sent) is a 400, not an empty replay that looks like a finished stream."""
+    value = http_request.headers.get("last-event-id") or http_request.query_params.get("last_event_id")
+    if not value:
+        return None
+    if _EVENT_ID.fullmatch(value) is None or not await state.redis.xrange(
+        token_stream(req_id), value, value, count=1
+    ):
+        raise OpenAIError(
+            400, f"Last-Event-ID {value!r} is not an event id of this stream", param="last_event_id"
+        )
+    return value
+
+
+@router.get("/v1/requests/{request_id}/stream")
+async def resume_stream(
+    request_id: str, http_request: Request, state: Annotated[GatewayState, Depends(get_state)]
+) -> StreamingResponse:
+    """The events after Last-Event-ID (header, or `?last_event_id=`), or the whole stream without it."""
+    meta = await _owned_meta(request_id, http_request, state)
+    resume_after = await _last_event_id(http_request, state, meta.req_id)
+    request = prepared_from(meta)
+    logprobs = LogprobsFormatter(state.served.tokenizer.tokenizer)
+    chunks = ENDPOINTS[meta.kind].chunks(meta.response_id, meta.created, meta.model, request, logprobs)
+    # Counted for operators and tests; following renews the request's follow deadline, which keeps it alive.
+    await attach(state.redis, meta.req_id)
+    if meta.resumable:
+        follow = Follow(grace_s=state.settings.resume_grace_s, track=False)
+    else:
+        # Its life stays its first client's connection: another follower watches, and leaving
+        # neither aborts it nor keeps it alive.
+        follow = Follow(may_abort=False, track=False)
+    return StreamingResponse(
+        stream_sse(state.runner, [request], chunks, follow, resume_after),
+        media_type="text/event-stream",
+        headers={**SSE_HEADERS, **request_id_header(meta.req_id)},
+    )
+
+
+@router.get("/v1/requests/{request_id}")
+async def fetch_result(
+    request_id: str, http_request: Request, state: Annotated[GatewayState, Depends(get_state)]
+) -> JSONResponse:
+    """The finished request's non-streaming response object; 409 while it is still running."""
+    meta = await _owned_meta(request_id, http_request, state)
+    request = prepared_from(meta)
+    logprobs = LogprobsFormatter(state.served.tokenizer.tokenizer)
+    follow = Follow(may_abort=False, track=False, wait_s=_FETCH_WAIT_S)
+    try:
+        done = await collect(state.runner, [request], http_request, follow)
+    except OpenAIError as exc:
+        if exc.code != "timeout":
+            raise
+        message = "the request is still running; resume its stream or fetch it again later"
+        raise OpenAIError(409, message, code="request_running") from exc
+    body = ENDPOINTS[meta.kind].body([request], done, meta.response_id, meta.created, meta.model, logprobs)
+    return JSONResponse(body, headers=request_id_header(meta.req_id))

@@ -1,0 +1,36 @@
+"""What every route needs, created once per app in the lifespan and reached through `get_state`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import redis.asyncio as aioredis
+from starlette.requests import Request
+
+from gateway.batch_queue import BatchQueue
+from gateway.observability.metrics import GatewayMetrics
+from gateway.security.rate_limit import RateLimiter
+from gateway.settings import GatewaySettings
+from openai_frontend.batch_store import BatchStore
+from openai_frontend.files_store import FileStore
+from openai_frontend.request_runner import RequestRunner
+from openai_frontend.served_model import ServedModel
+
+
+@dataclass(slots=True, frozen=True)
+class GatewayState:
+    settings: GatewaySettings
+    served: ServedModel
+    redis: aioredis.Redis  # the app's one client (it pools connections)
+    runner: RequestRunner
+    metrics: GatewayMetrics  # the gateway's own request metrics (batcher ones are read on scrape)
+    rate_limiter: RateLimiter
+    files: FileStore  # the Files API's files
+    batches: BatchStore  # the Batch API's batches
+    batch_queue: BatchQueue  # hands new batches to the Celery workers
+
+
+def get_state(request: Request) -> GatewayState:
+    state = request.app.state.gateway
+    assert isinstance(state, GatewayState)
+    return state

@@ -1,0 +1,28 @@
+"""The served model the gateway's settings name, loaded (and its chat template checked) at startup."""
+
+from __future__ import annotations
+
+from gateway.settings import GatewaySettings
+from openai_frontend.chat_template import check_template
+from openai_frontend.served_model import ServedModel
+from openai_frontend.tokenizer import ModelTokenizer, read_max_model_len
+
+
+def load_served_model(settings: GatewaySettings) -> ServedModel:
+    tokenizer = ModelTokenizer(settings.model)
+    if tokenizer.chat_template is not None:
+        check_template(tokenizer.chat_template)
+    max_model_len = settings.max_model_len or read_max_model_len(settings.model)
+    if max_model_len is None:
+        raise ValueError(
+            f"{settings.model}/config.json declares no context length; set GATEWAY_MAX_MODEL_LEN"
+        )
+    return ServedModel(
+        name=settings.model_name,
+        root=str(settings.model),
+        tokenizer=tokenizer,
+        max_model_len=max_model_len,
+        max_prompt_tokens=settings.max_prompt_tokens,
+        max_tokens=settings.max_tokens,
+        special_tokens_in_content=settings.chat_content_special_tokens,
+    )

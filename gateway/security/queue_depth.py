@@ -1,0 +1,65 @@
+"""Overload protection: refuse new requests (429 + Retry-After) while too many already wait.
+
+Waiting = requests on the requests stream that no batcher has claimed yet (the consumer group's
+`lag`) plus the interactive ones the batcher holds in its waiting queue (`num_waiting_interactive` in
+its stats hash): waiting Batch API lines do not count, since they are admitted only after every
+waiting interactive request. Both are read in one round trip. Several gateways read the same
+numbers, so the bound is shared, though soft: gateways admitting at the same instant can overshoot it
+by a few requests.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from common.streams import BATCHER_GROUP, BATCHER_STATS, REQUESTS_STREAM
+from openai_frontend.errors import OpenAIError
+
+# A queue that is full now is usually not empty a second later; clients back off and try again.
+RETRY_AFTER_S = 2
+
+
+async def num_queued(redis: aioredis.Redis) -> int:
+    pipe = redis.pipeline(transaction=False)
+    pipe.xinfo_groups(REQUESTS_STREAM)
+    pipe.xlen(REQUESTS_STREAM)
+    pipe.hget(BATCHER_STATS, "num_waiting_interactive")
+    groups, length, waiting = await pipe.execute(raise_on_error=False)
+    if isinstance(length, Exception) or isinstance(waiting, Exception):
+        raise length if isinstance(length, Exception) else waiting
+    return _unclaimed(groups, int(length)) + (int(float(waiting)) if waiting is not None else 0)
+
+
+def _unclaimed(groups: Any, length: int) -> int:
+    """The group's lag; with no group yet (no batcher ever started), every entry is unclaimed."""
+    if isinstance(groups, Exception):
+        return length  # no stream yet: length is 0
+    for group in groups:
+        if _s(group.get("name", b"")) == BATCHER_GROUP:
+            lag = group.get("lag")
+            # Redis cannot tell the lag after entries inside the range were trimmed; then only the
+            # batcher's own count is known.
+            return int(lag) if lag is not None else 0
+    return length
+
+
+async def check_queue(redis: aioredis.Redis, max_queued: int, num_new: int) -> None:
+    """Raise 429 when admitting `num_new` requests (one per choice) would exceed `max_queued`."""
+    if max_queued <= 0:
+        return
+    queued = await num_queued(redis)
+    if queued + num_new > max_queued:
+        raise OpenAIError(
+            429,
+            f"The server is overloaded: {queued} requests are waiting (limit {max_queued}). "
+            f"Please retry after {RETRY_AFTER_S}s.",
+            type="server_overloaded",
+            code="queue_full",
+            headers={"Retry-After": str(RETRY_AFTER_S)},
+        )
+
+
+def _s(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value

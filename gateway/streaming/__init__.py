@@ -1,0 +1,1 @@
+"""Server-sent events: the event encoding and the stream of a generation as SSE."""

@@ -1,0 +1,16 @@
+"""Server-sent events framing, written by hand (no extra dependency)."""
+
+from __future__ import annotations
+
+DONE = b"data: [DONE]\n\n"
+# Every SSE answer: never cached, and not buffered by a proxy (nginx reads X-Accel-Buffering).
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def sse_event(data: str, event_id: str | None = None, event: str | None = None) -> bytes:
+    """One event; `event_id` (a token stream entry id) lets a client resume with Last-Event-ID, and
+    `event` names its type (the dashboard's `step` and `stats`; OpenAI streams send none)."""
+    head = f"id: {event_id}\n" if event_id is not None else ""
+    if event is not None:
+        head += f"event: {event}\n"
+    return f"{head}data: {data}\n\n".encode()

@@ -1,0 +1,74 @@
+"""A generation streamed as SSE: one event per text delta, its id the token stream entry id.
+
+Takes the n requests of an n-choice response (see `request_builder.fan_out`); with one choice, each
+SSE event's id is the token stream entry id, so a client can resume. With several, the events of
+different token streams interleave and no id could name a resume point: they carry none. The
+non-streaming answer is `openai_frontend/collect.py`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Sequence
+from contextlib import aclosing
+
+import redis.exceptions
+
+from common.redis_conn import entry_key
+from gateway.streaming.sse import DONE, sse_event
+from openai_frontend.collect import timed_out_error, usage
+from openai_frontend.errors import OpenAIError, from_request_error
+from openai_frontend.fanout import merged_outputs
+from openai_frontend.request_builder import PreparedRequest
+from openai_frontend.request_runner import Follow, RequestRunner
+from openai_frontend.response_format import ChunkFormatter
+from openai_frontend.stream_reader import RequestFailed, RequestTimedOut
+
+
+def _unavailable() -> OpenAIError:
+    return OpenAIError(503, "the request queue became unavailable", type="server_error")
+
+
+async def stream_sse(
+    runner: RequestRunner,
+    requests: Sequence[PreparedRequest],
+    formatter: ChunkFormatter,
+    follow: Follow | None = None,
+    resume_after: str | None = None,
+) -> AsyncIterator[bytes]:
+    """SSE body: opening chunks, one chunk per delta (id = its token event), usage, then [DONE].
+
+    Failures become an `{"error": ...}` event, since the 200 status has already been sent. On client
+    disconnect Starlette cancels this generator; `outputs` then aborts the request without awaiting
+    (or after the resume grace, per `follow`). With `resume_after` (a Last-Event-ID) the stream is
+    replayed from its start through the same formatter, and only the events after that id are sent.
+    """
+    num_output_tokens = [0] * len(requests)
+    resumable = len(requests) == 1
+    after = None if resume_after is None else entry_key(resume_after)
+
+    def is_new(entry_id: str | None) -> bool:
+        return after is None or entry_id is None or entry_key(entry_id) > after
+
+    try:
+        if after is None:
+            for data in formatter.opening():
+                yield sse_event(data)
+        async with aclosing(merged_outputs(runner, requests, follow)) as outputs:
+            async for index, out in outputs:
+                if out is None:
+                    continue
+                num_output_tokens[index] = out.num_output_tokens
+                chunk = formatter.delta(index, out)  # always: the formatter keeps state (logprob offsets)
+                if is_new(out.entry_id):
+                    yield sse_event(chunk, out.entry_id if resumable else None)
+        if requests[0].include_usage:
+            yield sse_event(formatter.usage(usage(requests, num_output_tokens)))
+    except RequestFailed as exc:
+        if is_new(exc.entry_id):
+            yield sse_event(json.dumps(from_request_error(exc.error).body()), exc.entry_id)
+    except RequestTimedOut:
+        yield sse_event(json.dumps(timed_out_error().body()))
+    except redis.exceptions.RedisError:
+        yield sse_event(json.dumps(_unavailable().body()))
+    yield DONE

@@ -1,0 +1,132 @@
+"""The OpenAI batch object, and what cbserve keeps about a batch to build it (no I/O)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import msgspec
+from pydantic import BaseModel
+
+Status = Literal[
+    "validating", "failed", "in_progress", "finalizing", "completed", "expired", "cancelling", "cancelled"
+]
+# Still owed work by a batch task; every other status is final.
+ACTIVE: tuple[Status, ...] = ("validating", "in_progress", "finalizing", "cancelling")
+ENDPOINTS = ("/v1/chat/completions", "/v1/completions")
+COMPLETION_WINDOWS = {"24h": 24 * 3600}
+# The Celery task that runs a batch: the gateway queues it by this name (gateway/batch_queue.py)
+# and the Celery worker registers it under it (cbserve_celery/batch_task.py).
+RUN_BATCH_TASK = "cbserve.run_batch"
+# The hash fields that change after creation, each written on its own (see batch_store.py).
+TIMESTAMPS = (
+    "in_progress_at",
+    "finalizing_at",
+    "completed_at",
+    "failed_at",
+    "expired_at",
+    "cancelling_at",
+    "cancelled_at",
+)
+
+
+class BatchSpec(msgspec.Struct, kw_only=True, frozen=True):
+    """A batch's fixed fields, written once at creation."""
+
+    id: str
+    endpoint: str  # every line's url must be this
+    input_file_id: str
+    completion_window: str
+    created_at: int  # unix seconds
+    expires_at: int  # created_at + the completion window: lines unfinished then expire
+    retain_until: int  # unix seconds: the batch, its results and output files are deleted then
+    owner: str  # the API key's name; never shown
+    metadata: dict[str, str] | None = None
+    # The gateway's rules for a line's body, taken when the batch was created (the task applies them).
+    model: str  # the served model name
+    max_model_len: int
+    max_prompt_tokens: int | None = None
+    max_tokens: int | None = None
+
+
+class BatchError(BaseModel):
+    code: str
+    message: str
+    param: str | None = None
+    line: int | None = None  # 1-based line of the input file
+
+
+class BatchErrors(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[BatchError]
+
+
+class RequestCounts(BaseModel):
+    total: int
+    completed: int
+    failed: int
+
+
+class BatchObject(BaseModel):
+    id: str
+    object: Literal["batch"] = "batch"
+    endpoint: str
+    errors: BatchErrors | None = None
+    input_file_id: str
+    completion_window: str
+    status: Status
+    output_file_id: str | None = None
+    error_file_id: str | None = None
+    created_at: int
+    in_progress_at: int | None = None
+    expires_at: int | None = None
+    finalizing_at: int | None = None
+    completed_at: int | None = None
+    failed_at: int | None = None
+    expired_at: int | None = None
+    cancelling_at: int | None = None
+    cancelled_at: int | None = None
+    request_counts: RequestCounts
+    metadata: dict[str, str] | None = None
+    model: str | None = None
+
+
+@dataclass(slots=True, frozen=True)
+class BatchState:
+    """A batch as read from Redis: its spec, status, changing fields and result counts."""
+
+    spec: BatchSpec
+    status: Status
+    fields: dict[str, str]  # in_progress_at, output_file_id, errors (JSON), total, ...
+    num_completed: int
+    num_failed: int
+
+    @property
+    def is_active(self) -> bool:
+        return self.status in ACTIVE
+
+    def to_object(self) -> BatchObject:
+        f = self.fields
+        errors = (
+            BatchErrors(data=[BatchError(**e) for e in json.loads(f["errors"])]) if "errors" in f else None
+        )
+        times: dict[str, Any] = {name: int(f[name]) for name in TIMESTAMPS if name in f}
+        return BatchObject(
+            id=self.spec.id,
+            endpoint=self.spec.endpoint,
+            errors=errors,
+            input_file_id=self.spec.input_file_id,
+            completion_window=self.spec.completion_window,
+            status=self.status,
+            output_file_id=f.get("output_file_id"),
+            error_file_id=f.get("error_file_id"),
+            created_at=self.spec.created_at,
+            expires_at=self.spec.expires_at,
+            request_counts=RequestCounts(
+                total=int(f.get("total", 0)), completed=self.num_completed, failed=self.num_failed
+            ),
+            metadata=self.spec.metadata,
+            model=self.spec.model,
+            **times,
+        )

@@ -1,0 +1,106 @@
+"""OpenAI-style error objects: every refusal or failure of a request, HTTP or batch line, is one."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from common.protocol import RequestError
+
+# RequestError codes (from the batcher / worker) that blame the request rather than the server.
+_STATUS_BY_CODE = {
+    "invalid_request_error": 400,
+    "context_length_exceeded": 400,
+    "rate_limit_exceeded": 429,
+    "queue_timeout": 503,  # waited longer than GATEWAY_MAX_QUEUE_WAIT_S for a slot: overload
+    "request_aborted": 410,  # its client left and nobody resumed it within the grace window
+}
+
+
+class OpenAIError(Exception):
+    """Raised anywhere in a request; the gateway answers `{"error": {...}}` with `status`."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        # A message or param may quote client input; a lone surrogate in it would fail the JSON encoding.
+        self.message = _printable(message)
+        self.type = type
+        self.param = None if param is None else _printable(param)
+        self.code = code
+        self.headers = headers  # e.g. Retry-After on 429, WWW-Authenticate on 401
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+def _printable(text: str) -> str:
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def invalid_request(message: str, param: str | None = None, code: str | None = None) -> OpenAIError:
+    return OpenAIError(400, message, param=param, code=code)
+
+
+def from_request_error(error: RequestError) -> OpenAIError:
+    status = _STATUS_BY_CODE.get(error.code, 500)
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    return OpenAIError(status, error.message, type=kind, code=error.code)
+
+
+# Pydantic names the member of a union that failed inside `loc` (e.g. ("prompt", "list[int]")): not a param.
+_UNION_TAGS = {"str", "int", "float", "bool", "list", "dict", "none", "function-after", "function-before"}
+
+
+def _param_name(loc: tuple[int | str, ...]) -> str | None:
+    """("body", "messages", 0, "role") -> "messages[0].role", the form the 400 errors use."""
+    parts: list[str] = []
+    for part in loc[1:] if loc and loc[0] == "body" else loc:
+        if isinstance(part, int):
+            parts.append(f"[{part}]")
+        elif part == "[key]":  # a bad dict key: name the dict, not the key the client wrote
+            parts.pop()
+            break
+        elif part in _UNION_TAGS or "[" in part:
+            break
+        else:
+            parts.append(f".{part}" if parts else part)
+    return "".join(parts) or None
+
+
+def validation_error(errors: Sequence[Any]) -> OpenAIError:
+    """A body that failed its schema (pydantic's `errors()`): 400 naming the bad parameter, as OpenAI
+    answers. The HTTP handler and batch lines answer with it, so a line fails exactly as the same body
+    sent alone."""
+    message, param = _validation_message(errors)
+    return OpenAIError(400, message, param=param)
+
+
+def _most_telling(errors: Sequence[Any]) -> Any:
+    # A value that fails every member of a union is reported once per member; a failed check of our
+    # own (e.g. invalid Unicode) says more than "Input should be a valid list".
+    return next((e for e in errors if e.get("type") == "value_error"), errors[0])
+
+
+def _validation_message(errors: Sequence[Any]) -> tuple[str, str | None]:
+    if not errors:
+        return "invalid request body", None
+    first = _most_telling(errors)
+    param = _param_name(first.get("loc", ()))
+    message = str(first.get("msg", "invalid value"))
+    if first.get("type") == "json_invalid":
+        return f"request body is not valid JSON: {first.get('ctx', {}).get('error', message)}", None
+    if first.get("type") == "string_unicode":  # pydantic's own check, on a field name
+        message = "a field name is not valid Unicode (a lone surrogate)"
+    if first.get("type") == "extra_forbidden":
+        message = "unknown parameter (not part of the OpenAI API this server implements)"
+    return (f"{param}: {message}" if param else message), param

@@ -1,0 +1,98 @@
+"""What the two generation endpoints share in the shape of their answers.
+
+Every chunk and body carries the response id, creation time, model and choices, drops the fields the
+request did not ask for, and counts usage the same way; `chat_response.py` and
+`completion_response.py` say only how their chunks and choices look.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, Protocol
+
+from pydantic import BaseModel
+
+from openai_frontend.collect import Completed, usage
+from openai_frontend.logprobs import LogprobsFormatter
+from openai_frontend.openai_schemas import UsageInfo, response_exclude
+from openai_frontend.request_builder import PreparedRequest
+from openai_frontend.request_meta import Kind
+from openai_frontend.request_runner import Output
+
+
+class ChunkFormatter(Protocol):
+    """Builds the JSON of each streamed chunk for one endpoint (completions or chat)."""
+
+    def opening(self) -> list[str]: ...
+
+    def delta(self, index: int, out: Output) -> str: ...
+
+    def usage(self, usage: UsageInfo) -> str: ...
+
+
+@dataclass
+class Chunks(ABC):
+    """One response's streamed chunks: what every chunk carries; subclasses make the choices."""
+
+    chunk_type: ClassVar[type[BaseModel]]
+    response_id: str
+    created: int
+    model: str
+    request: PreparedRequest
+    logprobs: LogprobsFormatter
+
+    def __post_init__(self) -> None:
+        self._exclude = response_exclude(
+            return_token_ids=self.request.return_token_ids, include_usage=self.request.include_usage
+        )
+
+    def _chunk(self, choices: Sequence[BaseModel], usage: UsageInfo | None = None) -> str:
+        chunk = self.chunk_type(
+            id=self.response_id, created=self.created, model=self.model, choices=choices, usage=usage
+        )
+        return chunk.model_dump_json(exclude=self._exclude)
+
+    @abstractmethod
+    def opening(self) -> list[str]: ...
+
+    @abstractmethod
+    def delta(self, index: int, out: Output) -> str: ...
+
+    def usage(self, usage: UsageInfo) -> str:
+        return self._chunk([], usage)
+
+
+# (choice index, the choice whole, the request, logprobs formatter) -> the endpoint's choice object
+MakeChoice = Callable[[int, Completed, PreparedRequest, LogprobsFormatter], BaseModel]
+
+
+@dataclass(slots=True, frozen=True)
+class Endpoint:
+    """One generation endpoint's answer shapes: its streamed chunks and its whole body."""
+
+    kind: Kind
+    chunks: type[Chunks]
+    response_type: type[BaseModel]
+    choice: MakeChoice
+
+    def body(
+        self,
+        requests: Sequence[PreparedRequest],
+        done: list[Completed],
+        response_id: str,
+        created: int,
+        model: str,
+        formatter: LogprobsFormatter,
+    ) -> dict[str, Any]:
+        """The non-streaming body (also what a fetch by id and a batch line return)."""
+        request = requests[0]
+        response = self.response_type(
+            id=response_id,
+            created=created,
+            model=model,
+            choices=[self.choice(i, c, request, formatter) for i, c in enumerate(done)],
+            usage=usage(requests, [c.num_output_tokens for c in done]),
+        )
+        return response.model_dump(exclude=response_exclude(return_token_ids=request.return_token_ids))

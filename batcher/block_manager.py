@@ -23,6 +23,7 @@ class BlockManager:
         self._cached: dict[bytes, int] = {}  # block hash -> the block holding that KV
         # Blocks no request holds, in eviction order (first out first); cached ones keep their hash.
         self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        self._num_evictable = 0  # free blocks that hold a hash
 
     @property
     def num_free_blocks(self) -> int:
@@ -37,7 +38,7 @@ class BlockManager:
     @property
     def num_evictable_blocks(self) -> int:
         """Cached blocks nobody holds: free, but worth keeping until the space is needed."""
-        return sum(1 for b in self._free if self._hashes[b] is not None)
+        return self._num_evictable
 
     @property
     def usage(self) -> float:
@@ -78,6 +79,7 @@ class BlockManager:
         for block_id in block_ids:
             if self._ref_counts[block_id] == 0:
                 del self._free[block_id]
+                self._num_evictable -= self._hashes[block_id] is not None
             self._ref_counts[block_id] += 1
 
     def cache(self, block_id: int, block_hash: bytes) -> None:
@@ -115,10 +117,12 @@ class BlockManager:
                 raise RuntimeError(f"block {block_id} freed more often than held")
             if self._ref_counts[block_id] == 0:
                 self._free[block_id] = None
+                self._num_evictable += self._hashes[block_id] is not None
 
     def _forget(self, block_id: int) -> None:
         block_hash = self._hashes[block_id]
         if block_hash is not None:
             self._hashes[block_id] = None
+            self._num_evictable -= self._ref_counts[block_id] == 0
             if self._cached.get(block_hash) == block_id:
                 del self._cached[block_hash]

@@ -95,13 +95,32 @@ class BatcherCollector(Collector):
             "Forward + sampling time of one step, as the worker reports it.",
             ["worker_id"],
         )
+        # vLLM's names: prompt tokens looked up in, and found in, the worker's prefix cache.
+        queries = CounterMetricFamily(
+            "cbserve:prefix_cache_queries",
+            "Prompt tokens of requests admitted on the worker (recomputes included).",
+            labels=["worker_id"],
+        )
+        hits = CounterMetricFamily(
+            "cbserve:prefix_cache_hits",
+            "Of those, tokens found in the worker's prefix cache.",
+            labels=["worker_id"],
+        )
+        cached = GaugeMetricFamily(
+            "cbserve:kv_cache_cached_blocks",
+            "Free KV-cache blocks still holding a reusable prefix.",
+            labels=["worker_id"],
+        )
         batch_size = _histogram("cbserve:batch_size", "Requests in one step.", ["worker_id"])
         tokens = _histogram("cbserve:iteration_tokens_total", "Tokens computed in one step.", ["worker_id"])
         for worker_id, w in sorted(snap.workers.items()):
             used = w.num_blocks - w.num_free_blocks
             kv.add_metric([worker_id], used / w.num_blocks if w.num_blocks else 0.0)
             running.add_metric([worker_id], float(w.num_running))
+            queries.add_metric([worker_id], float(w.prefix_cache_queries))
+            hits.add_metric([worker_id], float(w.prefix_cache_hits))
+            cached.add_metric([worker_id], float(w.num_cached_blocks))
             _add(step_time, [worker_id], w.step_time)
             _add(batch_size, [worker_id], w.batch_size)
             _add(tokens, [worker_id], w.num_tokens)
-        yield from (kv, running, step_time, batch_size, tokens)
+        yield from (kv, running, queries, hits, cached, step_time, batch_size, tokens)

@@ -68,9 +68,16 @@ class Housekeeping:
                 self.add_worker(decode_worker(raw))
 
     def add_worker(self, info: WorkerInfo) -> None:
-        if info.worker_id in self.scheduler.workers:
+        known = self.scheduler.workers.get(info.worker_id)
+        if known is not None and known.info.started_at == info.started_at:
             return
-        self.scheduler.add_worker(info)
+        orphans = self.scheduler.add_worker(info)
+        if known is not None:
+            log.warning(
+                "worker %s restarted under the same id; %d requests will be recomputed",
+                info.worker_id,
+                len(orphans),
+            )
         self.outbox.stats_dirty = True
         log.info(
             "worker %s joined: %d blocks of %d tokens, max_model_len %d",

@@ -98,6 +98,9 @@ class BatcherMetrics:
             workers[worker_id] = WorkerMetrics(
                 num_blocks=ws.block_manager.num_blocks,
                 num_free_blocks=ws.block_manager.num_free_blocks,
+                num_cached_blocks=ws.block_manager.num_evictable_blocks,
+                prefix_cache_queries=ws.prefix_cache_queries,
+                prefix_cache_hits=ws.prefix_cache_hits,
                 num_running=len(ws.running),
                 step_time=hists.step_time.data(),
                 batch_size=hists.batch_size.data(),

@@ -1,9 +1,13 @@
 """Placement across workers: which worker a waiting request goes to. No I/O.
 
 Every worker takes waiting requests in its own step (step_scheduler.py, policy_tgi.py), so placement
-is a rule each one checks: a new request goes to the worker with the most free KV blocks, a burst is
-split by each worker's share of the free blocks, and a request only a larger worker can hold waits
-for that one.
+is a rule each one checks. A worker's cost for a request is NVIDIA Dynamo's
+router cost: the blocks it would still have to prefill there, times `cache_overlap_weight`, plus
+its load once it holds the request (blocks it would take, less its free blocks); the cheapest worker
+takes it. A burst is split by each worker's share of
+the free blocks, and within its share a worker takes only requests no other worker has a longer
+cached prefix for. Weight 0 is load-only placement: the most free blocks wins. A request
+only a larger worker can hold waits for that one.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
+from batcher.prefix_cache import block_hashes, plan_admission
 from batcher.request import Request
 from batcher.worker_state import WorkerState
 
@@ -24,21 +29,51 @@ def has_room(ws: WorkerState, req: Request) -> bool:
     """`ws` could admit `req` now: a free slot and blocks for its first chunk."""
     if not eligible(ws) or not ws.can_host(req):
         return False
-    num_new = min(req.num_tokens - req.num_computed_tokens, ws.max_num_batched_tokens)
-    need = ws.block_manager.num_new_blocks(len(req.block_ids), req.num_computed_tokens + num_new)
-    return need <= ws.block_manager.num_free_blocks
+    plan = plan_admission(ws.block_manager, req, ws.max_num_batched_tokens)
+    return plan.num_free_blocks_needed <= ws.block_manager.num_free_blocks
 
 
-def best_worker(workers: Iterable[WorkerState], req: Request, prefer: WorkerState) -> WorkerState | None:
-    """The eligible worker able to host `req` with the most free blocks; `prefer` wins a tie."""
-    best: WorkerState | None = None
-    for ws in workers:
-        if not eligible(ws) or not ws.can_host(req):
-            continue
-        key = (ws.block_manager.num_free_blocks, ws is prefer)
-        if best is None or key > (best.block_manager.num_free_blocks, best is prefer):
-            best = ws
-    return best
+def cached_blocks(ws: WorkerState, req: Request) -> list[int]:
+    """The blocks of `req`'s prefix that `ws` holds in its cache."""
+    bm = ws.block_manager
+    max_blocks = (req.num_tokens - 1) // bm.block_size
+    return bm.cached_prefix(block_hashes(req, bm.block_size), max_blocks) if max_blocks else []
+
+
+def placement_cost(ws: WorkerState, req: Request, weight: float) -> float:
+    """Lower is better: the blocks `req` would prefill on `ws` (weighted) plus `ws`'s load once it
+    holds `req` (the blocks it would take, less the free ones). Weight 0: the load alone."""
+    bm = ws.block_manager
+    if not weight:
+        return -bm.num_free_blocks
+    cached = cached_blocks(ws, req)
+    prefill_blocks = bm.blocks_for(req.num_tokens) - len(cached)
+    return weight * prefill_blocks + prefill_blocks + bm.num_unheld(cached) - bm.num_free_blocks
+
+
+def best_worker(
+    workers: Iterable[WorkerState], req: Request, prefer: WorkerState, weight: float
+) -> WorkerState | None:
+    """The eligible worker able to host `req` at the lowest cost (weight 0: the most free blocks),
+    among those with room for it now if any has; `prefer` wins a tie."""
+    candidates = [ws for ws in workers if eligible(ws) and ws.can_host(req)]
+    if weight:
+        candidates = [ws for ws in candidates if has_room(ws, req)] or candidates
+    return min(candidates, key=lambda ws: (placement_cost(ws, req, weight), ws is not prefer), default=None)
+
+
+def takes_next(
+    workers: list[WorkerState], ws: WorkerState, req: Request, admitted: int, share: int, weight: float
+) -> bool:
+    """Whether `ws` takes `req`, the head of the queue, having taken `admitted` of its `share`."""
+    if admitted < share and not (weight and cached_longer_elsewhere(workers, ws, req)):
+        return True
+    return best_worker(workers, req, prefer=ws, weight=weight) is ws
+
+
+def cached_longer_elsewhere(workers: list[WorkerState], ws: WorkerState, req: Request) -> bool:
+    here = len(cached_blocks(ws, req))
+    return any(len(cached_blocks(w, req)) > here for w in workers if w is not ws and eligible(w))
 
 
 def fair_share(workers: Iterable[WorkerState], ws: WorkerState, num_waiting: int) -> int:

@@ -8,8 +8,9 @@ running requests are preempted (preemption.py) and no new one is admitted in tha
 
 from __future__ import annotations
 
-from batcher.placement import best_worker, fair_share, hostable_elsewhere
+from batcher.placement import fair_share, hostable_elsewhere, takes_next
 from batcher.preemption import preempt, preemption_victim
+from batcher.prefix_cache import Admission, cache_computed_blocks, plan_admission
 from batcher.request import Request, RequestStatus
 from batcher.scheduler_state import SchedulerState, StepDraft
 from batcher.worker_state import WorkerState
@@ -60,8 +61,7 @@ def schedule_running(
                 num_computed_tokens=req.num_computed_tokens,
             )
         )
-        count_chunk(state, req, num_new)
-        step.num_scheduled[req.req_id] = num_new
+        schedule_chunk(state, ws, req, num_new, step)
         budget -= num_new
     return budget, preempted
 
@@ -74,26 +74,26 @@ def schedule_waiting(
 ) -> int:
     """Admit waiting requests in queue order while the budget, a slot and blocks allow."""
     bm = ws.block_manager
-    share = fair_share(state.workers.values(), ws, len(state.waiting))
+    workers = list(state.workers.values())
+    share = fair_share(workers, ws, len(state.waiting))
+    weight = state.config.cache_overlap_weight
     admitted = 0
     while state.waiting and budget > 0 and len(ws.running) < ws.max_num_seqs:
         req = state.waiting[0]
         if req.num_inflight_steps:
             break  # preempted while a step ran: its last token is still on the way
         if not ws.can_host(req):
-            if hostable_elsewhere(state.workers.values(), req):
+            if hostable_elsewhere(workers, req):
                 break  # a larger worker will take it; keep arrival order
             fail_too_large(state, req, step)
             continue
-        # New requests go to the worker with the most free blocks; a burst is split by free share.
-        if admitted >= share and best_worker(state.workers.values(), req, prefer=ws) is not ws:
+        if not takes_next(workers, ws, req, admitted, share, weight):
+            break  # placement.py sends it elsewhere
+        plan = plan_admission(bm, req, budget)
+        if plan.num_free_blocks_needed > bm.num_free_blocks:
             break
-        num_new = min(req.num_tokens - req.num_computed_tokens, budget)
-        need = bm.num_new_blocks(len(req.block_ids), req.num_computed_tokens + num_new)
-        if need > bm.num_free_blocks:
-            break
-        admit(state, ws, num_new, step)
-        budget -= num_new
+        admit(state, ws, plan, step)
+        budget -= plan.num_new_tokens
         admitted += 1
     return budget
 
@@ -105,21 +105,33 @@ def fail_too_large(state: SchedulerState, req: Request, step: StepDraft) -> None
     step.failed.append(req)
 
 
-def admit(state: SchedulerState, ws: WorkerState, num_new: int, step: StepDraft) -> None:
-    """Move the head of the waiting queue onto `ws` with `num_new` tokens to compute this step."""
+def admit(state: SchedulerState, ws: WorkerState, plan: Admission, step: StepDraft) -> None:
+    """Move the head of the waiting queue onto `ws`: its cached prefix taken, `plan.num_new_tokens`
+    to compute this step."""
     req = state.waiting.popleft()
-    need = ws.block_manager.num_new_blocks(len(req.block_ids), req.num_computed_tokens + num_new)
-    req.block_ids.extend(ws.block_manager.allocate(need))
+    bm = ws.block_manager
+    bm.take(plan.cached_block_ids)
+    req.block_ids = plan.cached_block_ids
+    req.num_cached_blocks = len(plan.cached_block_ids)
+    req.num_computed_tokens = plan.num_cached_tokens
+    end = req.num_computed_tokens + plan.num_new_tokens
+    req.block_ids.extend(bm.allocate(bm.num_new_blocks(len(req.block_ids), end)))
+    ws.prefix_cache_queries += req.num_tokens
+    ws.prefix_cache_hits += plan.num_cached_tokens
     req.status = RequestStatus.RUNNING
     req.worker_id = ws.info.worker_id
     req.attempt += 1
     req.num_prefill_tokens = req.num_tokens
     ws.running.append(req)
     step.new.append(req.to_new_request_data())
-    count_chunk(state, req, num_new)
-    step.num_scheduled[req.req_id] = num_new
+    schedule_chunk(state, ws, req, plan.num_new_tokens, step)
 
 
-def count_chunk(state: SchedulerState, req: Request, num_new: int) -> None:
+def schedule_chunk(
+    state: SchedulerState, ws: WorkerState, req: Request, num_new: int, step: StepDraft
+) -> None:
+    """`req` computes `num_new` tokens in this step: its blocks up to them become findable."""
     if req.num_computed_tokens + num_new < req.num_tokens_with_placeholders:
         state.stats.num_partial_prefills += 1
+    cache_computed_blocks(ws.block_manager, req, req.num_computed_tokens + num_new)
+    step.num_scheduled[req.req_id] = num_new

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import math
 
-from batcher.placement import best_worker, fair_share, hostable_elsewhere
+from batcher.placement import fair_share, hostable_elsewhere, takes_next
 from batcher.policy_fused import admit, fail_too_large, schedule_running
+from batcher.prefix_cache import plan_admission
 from batcher.request import Request
 from batcher.scheduler_state import SchedulerState, StepDraft
 from batcher.worker_state import WorkerState
@@ -23,8 +24,8 @@ def schedule_tgi(state: SchedulerState, ws: WorkerState, step: StepDraft) -> Non
         min_size = math.floor(len(ws.running) * cfg.waiting_served_ratio)
     batch = _candidates(state, ws, step)
     if batch and len(batch) >= min_size:
-        for req in batch:
-            admit(state, ws, req.num_tokens - req.num_computed_tokens, step)
+        for req in batch:  # planned again: each one admitted may cache blocks the next one shares
+            admit(state, ws, plan_admission(ws.block_manager, req, req.num_tokens), step)
         ws.steps_since_admission = 1
         return
     if ws.running:
@@ -35,27 +36,28 @@ def schedule_tgi(state: SchedulerState, ws: WorkerState, step: StepDraft) -> Non
 def _candidates(state: SchedulerState, ws: WorkerState, step: StepDraft) -> list[Request]:
     """The waiting requests (a prefix of the queue) one prefill-only step could take whole."""
     bm = ws.block_manager
-    share = fair_share(state.workers.values(), ws, len(state.waiting))
+    workers = list(state.workers.values())
+    share = fair_share(workers, ws, len(state.waiting))
+    weight = state.config.cache_overlap_weight
     free, tokens = bm.num_free_blocks, 0
     picked: list[Request] = []
     for req in list(state.waiting):
         if len(ws.running) + len(picked) >= ws.max_num_seqs or req.num_inflight_steps:
             break
         if not ws.can_host(req):
-            if hostable_elsewhere(state.workers.values(), req):
+            if hostable_elsewhere(workers, req):
                 break
             fail_too_large(state, req, step)
             continue
-        if len(picked) >= share and best_worker(state.workers.values(), req, prefer=ws) is not ws:
+        if not takes_next(workers, ws, req, len(picked), share, weight):
             break
-        num_new = req.num_tokens - req.num_computed_tokens
         # No chunking: a prompt over the budget still goes, alone (TGI sizes its budget to fit one).
-        if picked and tokens + num_new > ws.max_num_batched_tokens:
+        plan = plan_admission(bm, req, req.num_tokens)
+        if picked and tokens + plan.num_new_tokens > ws.max_num_batched_tokens:
             break
-        need = bm.num_new_blocks(len(req.block_ids), req.num_computed_tokens + num_new)
-        if need > free:
+        if plan.num_free_blocks_needed > free:
             break
         picked.append(req)
-        tokens += num_new
-        free -= need
+        tokens += plan.num_new_tokens
+        free -= plan.num_free_blocks_needed
     return picked

@@ -34,11 +34,18 @@ class Scheduler(SchedulerState):
         self.early_aborts = EarlyAborts()
 
     # ----- workers -------------------------------------------------------------------------------
-    def add_worker(self, info: WorkerInfo) -> None:
-        if info.worker_id not in self.workers:
-            cfg = self.config
-            ws = WorkerState.register(info, cfg.max_num_seqs, cfg.max_num_batched_tokens)
-            self.workers[info.worker_id] = ws
+    def add_worker(self, info: WorkerInfo) -> list[Request]:
+        """Register a worker; one rejoining under its id after a restart holds none of the KV the
+        old process held, so the old one is removed first (its requests, returned, wait again)."""
+        known = self.workers.get(info.worker_id)
+        if known is not None and known.info.started_at == info.started_at:
+            return []
+        orphans = self.remove_worker(info.worker_id) if known is not None else []
+        cfg = self.config
+        self.workers[info.worker_id] = WorkerState.register(
+            info, cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.enable_prefix_caching
+        )
+        return orphans
 
     def fence_worker(self, worker_id: str) -> None:
         """Stop scheduling a worker declared dead; `remove_worker` follows once its last results are in."""

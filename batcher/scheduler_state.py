@@ -29,6 +29,11 @@ class SchedulerConfig:
     async_scheduling: bool = False
     # A request that fails alone on this many deliveries to a worker is given up (dead-lettered).
     max_deliveries: int = 3
+    # Reuse the KV of full blocks whose tokens (and everything before them) match (prefix_cache.py).
+    enable_prefix_caching: bool = True
+    # Placement (placement.py): a block still to prefill on a worker weighs this many of its free
+    # blocks; 0 places by load alone.
+    cache_overlap_weight: float = 1.0
 
     @property
     def max_steps_in_flight(self) -> int:
@@ -114,6 +119,7 @@ def reset(req: Request) -> None:
     """Back to a waiting request that holds nothing anywhere."""
     req.status = RequestStatus.WAITING
     req.block_ids = []
+    req.num_cached_blocks = 0
     req.num_computed_tokens = 0
     req.num_output_placeholders = 0
     req.worker_id = None

@@ -57,6 +57,8 @@ class Batcher:
                 max_waiting_tokens=settings.max_waiting_tokens,
                 async_scheduling=settings.async_scheduling,
                 max_deliveries=settings.max_deliveries,
+                enable_prefix_caching=settings.enable_prefix_caching,
+                cache_overlap_weight=settings.cache_overlap_weight,
             )
         )
         self.metrics = BatcherMetrics(self.scheduler)
@@ -175,6 +177,8 @@ class Batcher:
             epoch=self.leadership.epoch,
             num_recovered=self.num_recovered,
             **{f"num_steps:{wid}": ws.step_id for wid, ws in s.workers.items()},
+            prefix_cache_queries=sum(ws.prefix_cache_queries for ws in s.workers.values()),
+            prefix_cache_hits=sum(ws.prefix_cache_hits for ws in s.workers.values()),
             updated_at=time.time(),
         )
         return stats

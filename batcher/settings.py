@@ -47,6 +47,16 @@ class BatcherSettings(BaseSettings):
     async_scheduling: bool = Field(
         False, description="Send a worker's step N+1 while step N runs, so it never waits on the batcher."
     )
+    enable_prefix_caching: bool = Field(
+        True,
+        description="Reuse the KV of a prompt's cached prefix (full blocks) instead of computing it again.",
+    )
+    cache_overlap_weight: float = Field(
+        1.0,
+        ge=0,
+        description="Placement: a block still to prefill on a worker weighs this many blocks of its load; "
+        "0 places by load (free blocks) alone.",
+    )
     heartbeat_timeout_s: float = Field(
         5.0, gt=0, description="A worker whose last heartbeat is older than this is dead."
     )

@@ -37,5 +37,6 @@ def step_trace(ws: WorkerState, out: SchedulerOutput, num_waiting: int, now: flo
         num_sampled=num_sampled,
         num_blocks_used=bm.num_blocks - bm.num_free_blocks,
         num_blocks=bm.num_blocks,
+        num_blocks_cached=bm.num_evictable_blocks,
         num_waiting=num_waiting,
     )

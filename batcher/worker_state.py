@@ -22,18 +22,25 @@ class WorkerState:
     in_flight: deque[tuple[int, dict[str, int]]] = field(default_factory=deque)
     step_id: int = 0
     steps_since_admission: int = 0  # tgi policy: TGI's `waiting_tokens`
+    prefix_cache_queries: int = 0  # prompt tokens of admitted requests (recomputes included)
+    prefix_cache_hits: int = 0  # of which found cached
     # Declared dead and fenced: nothing more is sent to it; its results already written still count
     # until the WorkerLost marker behind them is read, then it is removed.
     fenced: bool = False
 
     @classmethod
     def register(
-        cls, info: WorkerInfo, max_num_seqs: int | None, max_num_batched_tokens: int | None
+        cls,
+        info: WorkerInfo,
+        max_num_seqs: int | None,
+        max_num_batched_tokens: int | None,
+        enable_prefix_caching: bool = True,
     ) -> WorkerState:
-        """A worker joining with its own limits, capped by the batcher's (None leaves one as is)."""
+        """A worker joining with its own limits, capped by the batcher's (None leaves one as is).
+        Its cache starts empty: a worker that joins (or rejoins) holds no KV yet."""
         return cls(
             info=info,
-            block_manager=BlockManager(info.num_blocks, info.block_size),
+            block_manager=BlockManager(info.num_blocks, info.block_size, enable_prefix_caching),
             max_num_seqs=_capped(info.max_num_seqs, max_num_seqs),
             max_num_batched_tokens=_capped(info.max_num_batched_tokens, max_num_batched_tokens),
         )

@@ -41,6 +41,7 @@ class RequestOutput:
     prompt_len: int = 0
     output_len: int = 0  # asked for
     output_tokens: int = 0  # received (usage.completion_tokens)
+    cached_tokens: int = 0  # prompt tokens the server served from its prefix cache (usage)
     ttft: float = 0.0  # seconds
     itl: list[float] = field(default_factory=list)  # seconds between token-bearing chunks
     latency: float = 0.0  # seconds, send to last token-bearing chunk
@@ -120,6 +121,8 @@ async def send_completion(
                         usage_tokens = int(usage.get("completion_tokens") or 0)
                         if usage.get("prompt_tokens") is not None:
                             output.prompt_len = int(usage["prompt_tokens"])
+                        details = usage.get("prompt_tokens_details") or {}
+                        output.cached_tokens = int(details.get("cached_tokens") or 0)
     except Exception:
         output.error = traceback.format_exc(limit=3)
         return output

@@ -1,4 +1,5 @@
-"""Request lists: random, capped-exponential and ShareGPT prompts, each a seeded, reproducible list.
+"""Request lists: random, capped-exponential, ShareGPT, prefix-repetition and multi-turn prompts, each
+a seeded, reproducible list.
 
 Every generator returns token-id prompts with the output length each request asks for (`max_tokens`,
 sent with `ignore_eos` so the server produces exactly that many tokens). The same arguments and seed
@@ -16,7 +17,7 @@ import numpy as np
 
 from benchmarks.tokenizer import BenchTokenizer
 
-DATASETS = ("random", "capped-exponential", "sharegpt")
+DATASETS = ("random", "capped-exponential", "sharegpt", "prefix-repetition", "multi-turn")
 
 # ShareGPT filters, as in vLLM's benchmark: drop conversations too short to time or too long to fit.
 SHAREGPT_MIN_TOKENS = 4
@@ -47,6 +48,17 @@ class DatasetConfig:
     max_model_len: int = 2048  # sharegpt: prompt + output must fit; long prompts: their output is cut to fit
     long_prompt_len: int = 0  # > 0: some requests get a prompt this long instead (a prefill spike)
     long_prompt_fraction: float = 0.0  # share of requests that get one (at least one when > 0)
+    # prefix-repetition (vLLM bench's): `num_prefixes` shared prefixes, each request one of them
+    # followed by its own random suffix.
+    prefix_len: int = 256
+    suffix_len: int = 256
+    num_prefixes: int = 10
+    prefix_output_len: int = 128
+    # multi-turn: conversations of `turns` requests; the first prompt has `input_len` tokens, and each
+    # later one resends the history (earlier prompts and `output_len`-token replies) plus a new
+    # `turn_len`-token message.
+    turns: int = 4
+    turn_len: int = 64
 
 
 def length_range(centre: int, range_ratio: float) -> tuple[int, int]:
@@ -153,6 +165,61 @@ def mix_in_long_prompts(
     return mixed
 
 
+def prefix_repetition_requests(config: DatasetConfig, vocab_ids: list[int]) -> list[SampleRequest]:
+    """vLLM bench's prefix_repetition: requests spread evenly over the prefixes, in seeded order."""
+    if config.num_prefixes < 1 or config.prefix_len < 0 or config.suffix_len < 1:
+        raise ValueError("prefix-repetition needs num_prefixes >= 1, prefix_len >= 0, suffix_len >= 1")
+    prefixes = _random_prompts(
+        np.full(config.num_prefixes, config.prefix_len), vocab_ids, _rng(config.seed, 1)
+    )
+    suffixes = _random_prompts(
+        np.full(config.num_prompts, config.suffix_len), vocab_ids, _rng(config.seed, 2)
+    )
+    order = _rng(config.seed, 0).permutation(config.num_prompts)
+    return [
+        SampleRequest(prefixes[int(i) % config.num_prefixes] + suffixes[int(i)], config.prefix_output_len)
+        for i in order
+    ]
+
+
+def multi_turn_requests(config: DatasetConfig, vocab_ids: list[int]) -> list[SampleRequest]:
+    """Conversations whose every turn resends the history; all first turns, then all second turns...
+    The replies in the history are drawn tokens standing in for the model's (the list is fixed
+    before any server runs), so only earlier prompts can be found in a server's cache."""
+    if config.turns < 1 or config.turn_len < 1:
+        raise ValueError("multi-turn needs turns >= 1 and turn_len >= 1")
+    num_conversations = -(-config.num_prompts // config.turns)
+    rng = _rng(config.seed, 1)
+    histories = _random_prompts(np.full(num_conversations, config.input_len), vocab_ids, rng)
+    requests: list[SampleRequest] = []
+    for turn in range(config.turns):
+        for c in range(num_conversations):
+            if turn:
+                more = _random_prompts(np.array([config.output_len, config.turn_len]), vocab_ids, rng)
+                histories[c] = histories[c] + more[0] + more[1]
+            requests.append(SampleRequest(list(histories[c]), config.output_len))
+    return requests[: config.num_prompts]
+
+
+def ideal_cached_tokens(requests: list[SampleRequest], block_size: int) -> int:
+    """Prompt tokens an unbounded cache of whole blocks would serve, each request seeing every
+    earlier prompt (at least one token of each is always computed)."""
+    seen: set[tuple[int, ...]] = set()
+    total = 0
+    for req in requests:
+        ids = req.prompt_token_ids
+        num_full = len(ids) // block_size
+        prefixes = [tuple(ids[: (i + 1) * block_size]) for i in range(num_full)]
+        hits = 0
+        for i, prefix in enumerate(prefixes[: (len(ids) - 1) // block_size]):
+            if prefix not in seen:
+                break
+            hits = i + 1
+        total += hits * block_size
+        seen.update(prefixes)
+    return total
+
+
 def sample_requests(config: DatasetConfig, tokenizer: BenchTokenizer) -> list[SampleRequest]:
     if config.num_prompts < 1:
         raise ValueError("--num-prompts must be at least 1")
@@ -162,6 +229,10 @@ def sample_requests(config: DatasetConfig, tokenizer: BenchTokenizer) -> list[Sa
         requests = capped_exponential_requests(config, tokenizer.sampleable_ids())
     elif config.name == "sharegpt":
         requests = sharegpt_requests(config, tokenizer)
+    elif config.name == "prefix-repetition":
+        requests = prefix_repetition_requests(config, tokenizer.sampleable_ids())
+    elif config.name == "multi-turn":
+        requests = multi_turn_requests(config, tokenizer.sampleable_ids())
     else:
         raise ValueError(f"unknown dataset {config.name!r}; choose one of {', '.join(DATASETS)}")
     return mix_in_long_prompts(requests, config, tokenizer.sampleable_ids())

@@ -94,6 +94,8 @@ def summarize(
         "failed": len(outputs) - len(done),
         "duration_s": duration_s,
         "total_input_tokens": total_input,
+        # As the server reports them (usage.prompt_tokens_details.cached_tokens); 0 if it does not.
+        "cached_input_tokens": sum(o.cached_tokens for o in done),
         "total_output_tokens": total_output,
         "request_throughput": len(done) / duration_s,
         "output_throughput": total_output / duration_s,

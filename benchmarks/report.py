@@ -15,6 +15,7 @@ _COUNT_ROWS = [
     ("failed", "Failed requests", "lower"),
     ("duration_s", "Benchmark duration (s)", ""),
     ("total_input_tokens", "Total input tokens", ""),
+    ("cached_input_tokens", "Input tokens from prefix cache", ""),
     ("total_output_tokens", "Total generated tokens", ""),
     ("request_throughput", "Request throughput (req/s)", "higher"),
     ("request_goodput", "Request goodput (req/s)", "higher"),

@@ -31,7 +31,7 @@ import aiohttp
 
 from benchmarks.arrivals import arrival_times
 from benchmarks.client import BACKENDS
-from benchmarks.datasets import DATASETS, DatasetConfig, SampleRequest, sample_requests
+from benchmarks.datasets import DATASETS, DatasetConfig, SampleRequest, ideal_cached_tokens, sample_requests
 from benchmarks.metrics import Summary, parse_goodput, summarize
 from benchmarks.report import format_comparison, format_summary, ratios, run_record, write_json
 from benchmarks.runner import RunOptions, Target, run
@@ -71,6 +71,15 @@ def _add_benchmark_args(parser: argparse.ArgumentParser) -> None:
     )
     data.add_argument("--long-prompt-len", type=int, default=0, help="mix in prompts of this many tokens")
     data.add_argument("--long-prompt-fraction", type=float, default=0.0, help="share of long-prompt requests")
+    data.add_argument("--prefix-repetition-prefix-len", type=int, default=256, help="prefix-repetition")
+    data.add_argument("--prefix-repetition-suffix-len", type=int, default=256, help="prefix-repetition")
+    data.add_argument("--prefix-repetition-num-prefixes", type=int, default=10, help="prefix-repetition")
+    data.add_argument("--prefix-repetition-output-len", type=int, default=128, help="prefix-repetition")
+    data.add_argument("--multi-turn-turns", type=int, default=4, help="multi-turn: requests per conversation")
+    data.add_argument("--multi-turn-turn-len", type=int, default=64, help="multi-turn: tokens each turn adds")
+    data.add_argument(
+        "--cache-block-size", type=int, default=16, help="block size of the ideal-cache figure in results"
+    )
     load = parser.add_argument_group("load")
     load.add_argument("--request-rate", type=float, default=math.inf, help="requests/s; inf: all at t=0")
     load.add_argument("--burstiness", type=float, default=1.0, help="1: Poisson; else Gamma gaps")
@@ -164,6 +173,12 @@ def make_workload(args: argparse.Namespace) -> Workload:
         max_model_len=args.max_model_len,
         long_prompt_len=args.long_prompt_len,
         long_prompt_fraction=args.long_prompt_fraction,
+        prefix_len=args.prefix_repetition_prefix_len,
+        suffix_len=args.prefix_repetition_suffix_len,
+        num_prefixes=args.prefix_repetition_num_prefixes,
+        prefix_output_len=args.prefix_repetition_output_len,
+        turns=args.multi_turn_turns,
+        turn_len=args.multi_turn_turn_len,
     )
     requests = sample_requests(config, tokenizer)
     arrivals = arrival_times(len(requests), args.request_rate, args.burstiness, args.seed)
@@ -210,6 +225,8 @@ def config_record(args: argparse.Namespace, workload: Workload) -> dict[str, Any
         "mean_input_len": sum(r.prompt_len for r in requests) / len(requests),
         "mean_output_len": sum(r.output_len for r in requests) / len(requests),
         "last_arrival_s": workload.arrivals[-1],
+        # What an unbounded prefix cache of whole blocks could serve: compare cached_input_tokens.
+        "ideal_cached_input_tokens": ideal_cached_tokens(requests, args.cache_block_size),
     }
     return config
 

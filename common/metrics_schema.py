@@ -15,7 +15,10 @@ class HistogramData(msgspec.Struct, kw_only=True):
 
 class WorkerMetrics(msgspec.Struct, kw_only=True):
     num_blocks: int  # KV-cache blocks in its pool
-    num_free_blocks: int  # of which free now
+    num_free_blocks: int  # of which free now (cached blocks no request holds included)
+    num_cached_blocks: int = 0  # of which free but holding a reusable prefix
+    prefix_cache_queries: int = 0  # prompt tokens of requests admitted on it (cumulative)
+    prefix_cache_hits: int = 0  # of which found in its prefix cache (cumulative)
     num_running: int  # requests holding blocks on it
     step_time: HistogramData  # seconds of forward + sample per step, as the worker reported
     batch_size: HistogramData  # requests per step

@@ -17,6 +17,20 @@ FinishReason = Literal["stop", "length", "abort", "error"]
 FIELD: Final = b"m"
 
 
+StructuredOutputKind = Literal["json", "json_object", "regex", "choice", "grammar"]
+
+
+class StructuredOutput(msgspec.Struct, frozen=True, kw_only=True):
+    """A grammar the output must follow, enforced by the worker as a token mask before sampling.
+
+    `spec` by kind: json, a JSON schema (as JSON text); json_object, ignored (any JSON object); regex,
+    a regular expression; choice, a JSON list of the strings allowed; grammar, EBNF (GBNF) text.
+    """
+
+    kind: StructuredOutputKind
+    spec: str = ""
+
+
 class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     max_tokens: int = 16  # tokens to generate at most
     temperature: float = 1.0  # 0 means greedy
@@ -32,6 +46,7 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tr
     logit_bias: dict[int, float] = {}  # token id -> added to its logit before anything else
     min_tokens: int = 0  # EOS and stop_token_ids are masked until this many tokens are out
     logprobs: int | None = None  # None: none; k: the sampled token's logprob and the k most likely
+    structured_output: StructuredOutput | None = None  # the grammar the output follows, if any
 
     @property
     def greedy(self) -> bool:
@@ -149,6 +164,7 @@ class TokenEvent(msgspec.Struct, tag="token", kw_only=True, omit_defaults=True):
     logprob: float | None = None  # log-probability of token_id under the model's raw distribution
     top_token_ids: list[int] = []  # the most likely tokens, most likely first
     top_logprobs: list[float] = []  # their log-probabilities, parallel to top_token_ids
+    num_cached_tokens: int = 0  # on the first token: prompt tokens served from the prefix cache
 
 
 class RequestError(msgspec.Struct, tag="error", kw_only=True):

@@ -35,6 +35,7 @@ class StepTrace(msgspec.Struct, kw_only=True):
     num_sampled: int  # requests that sample a token in this step (decodes and last prefill chunks)
     num_blocks_used: int  # the worker's KV-cache blocks held after scheduling
     num_blocks: int  # the worker's whole pool
+    num_blocks_cached: int = 0  # free blocks still holding a reusable prefix
     num_waiting: int  # requests in the shared waiting queue after scheduling
 
 

@@ -17,6 +17,7 @@ class CachedRequestState:
     num_computed_tokens: int  # tokens whose KV is in the pool
     attempt: int  # echoed on token events so readers can fence stale writers
     finish_reason: FinishReason | None = None  # set once decided; the batcher frees it next step
+    num_cached_tokens: int = 0  # prompt tokens found in the prefix cache when first scheduled (usage)
 
     @classmethod
     def from_new(cls, new: NewRequestData) -> CachedRequestState:
@@ -28,6 +29,7 @@ class CachedRequestState:
             block_ids=list(new.block_ids),
             num_computed_tokens=new.num_computed_tokens,
             attempt=new.attempt,
+            num_cached_tokens=0 if new.output_token_ids else new.num_computed_tokens,
         )
 
     @property

@@ -42,16 +42,18 @@ def token_events(
     ):
         state = requests[req_id]
         sample = logprobs.get(req_id)
+        index = state.num_output_tokens - 1
         events.append(
             TokenEvent(
                 req_id=req_id,
-                index=state.num_output_tokens - 1,
+                index=index,
                 token_id=token_id,
                 attempt=state.attempt,
                 finish_reason=reason,
                 logprob=None if sample is None else sample.logprob,
                 top_token_ids=[] if sample is None else sample.top_token_ids,
                 top_logprobs=[] if sample is None else sample.top_logprobs,
+                num_cached_tokens=state.num_cached_tokens if index == 0 else 0,
             )
         )
     return events

@@ -14,7 +14,7 @@ from typing import Protocol
 from common.protocol import TokenEvent
 from openai_frontend.errors import OpenAIError, from_request_error
 from openai_frontend.fanout import merged_outputs
-from openai_frontend.openai_schemas import UsageInfo
+from openai_frontend.openai_schemas import PromptTokensDetails, UsageInfo
 from openai_frontend.request_builder import PreparedRequest
 from openai_frontend.request_runner import Follow, RequestRunner
 from openai_frontend.stream_reader import RequestFailed, RequestTimedOut
@@ -36,18 +36,23 @@ class Completed:
     text: str = ""
     finish_reason: str | None = None
     num_output_tokens: int = 0
+    num_cached_tokens: int = 0
     token_ids: list[int] = field(default_factory=list)
     events: list[TokenEvent] = field(default_factory=list)  # for logprobs
 
 
-def usage(requests: Sequence[PreparedRequest], num_output_tokens: Sequence[int]) -> UsageInfo:
-    """The prompt is counted once, however many choices share it (as OpenAI counts n > 1)."""
+def usage(
+    requests: Sequence[PreparedRequest], num_output_tokens: Sequence[int], num_cached_tokens: Sequence[int]
+) -> UsageInfo:
+    """The prompt is counted once, however many choices share it (as OpenAI counts n > 1), and so
+    are its cached tokens: as the choice that computed the most of it found them."""
     num_prompt_tokens = requests[0].num_prompt_tokens
     completion_tokens = sum(num_output_tokens)
     return UsageInfo(
         prompt_tokens=num_prompt_tokens,
         completion_tokens=completion_tokens,
         total_tokens=num_prompt_tokens + completion_tokens,
+        prompt_tokens_details=PromptTokensDetails(cached_tokens=min(num_cached_tokens, default=0)),
     )
 
 
@@ -81,6 +86,7 @@ async def collect(
                 choice.events.extend(out.events)
                 choice.finish_reason = out.finish_reason
                 choice.num_output_tokens = out.num_output_tokens
+                choice.num_cached_tokens = out.num_cached_tokens
     except RequestFailed as exc:
         raise from_request_error(exc.error) from exc
     except RequestTimedOut as exc:

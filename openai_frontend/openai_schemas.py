@@ -126,10 +126,15 @@ def response_exclude(*, return_token_ids: bool, include_usage: bool = True) -> d
     return exclude or None
 
 
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
+
+
 class UsageInfo(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails = PromptTokensDetails()
 
 
 class CompletionLogprobs(BaseModel):

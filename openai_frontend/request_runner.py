@@ -54,6 +54,7 @@ class Output:
     text: str
     finish_reason: str | None
     num_output_tokens: int  # tokens generated so far, for usage
+    num_cached_tokens: int  # prompt tokens served from the prefix cache, for usage
     token_ids: list[int]  # tokens accepted since the previous Output
     events: list[TokenEvent]  # their token events (with logprobs when the request asked)
 
@@ -153,6 +154,7 @@ class RequestRunner:
             self.follow_deadlines.hold(request.req_id)
         token_ids: list[int] = []
         events: list[TokenEvent] = []
+        num_cached_tokens = 0
         try:
             batches = follow_token_stream(self._mux, request.req_id, deadline=deadline)
             async with aclosing(batches):
@@ -164,6 +166,8 @@ class RequestRunner:
                         num_read += 1
                         token_ids.append(event.token_id)
                         events.append(event)
+                        if event.index == 0:
+                            num_cached_tokens = event.num_cached_tokens
                         delta = processor.process(event.token_id, event.finish_reason)
                         if delta.stop_string_hit and follow.may_abort:
                             self.abort_later(request.req_id, "stop")
@@ -174,6 +178,7 @@ class RequestRunner:
                                     delta.text,
                                     delta.finish_reason,
                                     processor.num_output_tokens,
+                                    num_cached_tokens,
                                     token_ids,
                                     events,
                                 )

@@ -93,6 +93,6 @@ class Endpoint:
             created=created,
             model=model,
             choices=[self.choice(i, c, request, formatter) for i, c in enumerate(done)],
-            usage=usage(requests, [c.num_output_tokens for c in done]),
+            usage=usage(requests, [c.num_output_tokens for c in done], [c.num_cached_tokens for c in done]),
         )
         return response.model_dump(exclude=response_exclude(return_token_ids=request.return_token_ids))

@@ -12,7 +12,7 @@ import pytest
 
 from benchmarks.arrivals import arrival_times
 from benchmarks.client import RequestOutput
-from benchmarks.datasets import DatasetConfig, length_range, sample_requests
+from benchmarks.datasets import DatasetConfig, ideal_cached_tokens, length_range, sample_requests
 from benchmarks.metrics import parse_goodput, summarize
 from benchmarks.serve import main as serve_main
 from benchmarks.specs import SystemSpec, parse_launch_arg
@@ -59,6 +59,35 @@ def test_capped_exponential_respects_the_cap(tiny_model_dir: Path) -> None:
     assert outputs.min() >= 1 and outputs.max() == 60
     # Exponential with mean 40 capped at 60: E[min(X, 60)] = 40 (1 - e^-1.5) ~ 31.1.
     assert 28 < outputs.mean() < 34
+
+
+def test_prefix_repetition_spreads_requests_over_shared_prefixes(tiny_model_dir: Path) -> None:
+    config = _config(
+        name="prefix-repetition",
+        num_prompts=12,
+        prefix_len=32,
+        suffix_len=5,
+        num_prefixes=3,
+        prefix_output_len=7,
+    )
+    requests = sample_requests(config, BenchTokenizer(tiny_model_dir))
+    assert all(r.prompt_len == 37 and r.output_len == 7 for r in requests)
+    prefixes = [tuple(r.prompt_token_ids[:32]) for r in requests]
+    assert len(set(prefixes)) == 3 and all(prefixes.count(p) == 4 for p in prefixes)
+    # Each prefix's 2 blocks of 16 are computed once: the 9 later requests find them.
+    assert ideal_cached_tokens(requests, 16) == 9 * 32
+
+
+def test_multi_turn_resends_each_conversations_history(tiny_model_dir: Path) -> None:
+    config = _config(name="multi-turn", num_prompts=6, input_len=20, output_len=4, turns=3, turn_len=6)
+    requests = sample_requests(config, BenchTokenizer(tiny_model_dir))
+    first, second, third = requests[0:2], requests[2:4], requests[4:6]  # 2 conversations, by turn
+    for c in range(2):
+        assert second[c].prompt_token_ids[:20] == first[c].prompt_token_ids
+        assert third[c].prompt_token_ids[:30] == second[c].prompt_token_ids
+        assert (first[c].prompt_len, second[c].prompt_len, third[c].prompt_len) == (20, 30, 40)
+    # With blocks of 10: turn 2 finds 2 blocks of turn 1's prompt, turn 3 finds 2 more (39 // 10 = 3).
+    assert ideal_cached_tokens(requests, 10) == 2 * (20 + 30)
 
 
 def test_long_prompts_replace_a_seeded_share_and_leave_the_rest(tiny_model_dir: Path) -> None:

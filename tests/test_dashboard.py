@@ -133,6 +133,7 @@ def test_playground_streams_and_the_batch_view_follows(make_stack: Callable[[], 
             assert (
                 int(kv.get_attribute("data-used") or 0) > 0 and int(kv.get_attribute("data-total") or 0) > 0
             )
+            assert (kv.get_attribute("data-cached") or "").isdigit()  # free blocks holding prefixes
             assert float(page.get_by_test_id("computed-rate").text_content() or 0) > 0
             expect(page.get_by_test_id("output")).not_to_be_empty(timeout=TIMEOUT_MS)  # tokens stream in
 

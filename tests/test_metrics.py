@@ -109,9 +109,13 @@ def test_metrics_match_what_was_served(make_stack: Callable[[], Stack]) -> None:
     assert ttft_sum is not None and e2e_sum is not None and 0 < ttft_sum <= e2e_sum
     assert bucket(samples, "cbserve:e2e_request_latency_seconds", "+Inf", **model) == num_requests
 
-    # Per worker: every step computed prompt + output tokens, except each request's last sample.
+    # Per worker: every step computed prompt + output tokens, except each request's last sample and
+    # the prompt tokens found in the prefix cache, which the usage reported too.
+    cached_tokens = sum(u["prompt_tokens_details"]["cached_tokens"] for u in usages)
+    assert value(samples, "cbserve:prefix_cache_queries_total", worker_id=worker_id) == prompt_tokens
+    assert value(samples, "cbserve:prefix_cache_hits_total", worker_id=worker_id) == cached_tokens
     tokens_sum = value(samples, "cbserve:iteration_tokens_total_sum", worker_id=worker_id)
-    assert tokens_sum == prompt_tokens + generation_tokens - num_requests
+    assert tokens_sum == prompt_tokens + generation_tokens - num_requests - cached_tokens
     assert value(samples, "cbserve:kv_cache_usage_perc", worker_id=worker_id) == 0.0
     assert value(samples, "cbserve:worker_num_requests_running", worker_id=worker_id) == 0
     assert (

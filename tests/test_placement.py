@@ -36,20 +36,20 @@ def test_best_worker_has_the_most_free_blocks_and_the_asking_worker_wins_a_tie()
     use_blocks(b, 2)
     use_blocks(c, 2)
     req = request("r", prompt_len=4)
-    assert best_worker([a, b, c], req, prefer=a) is b  # 14 free, first of the tie b / c
-    assert best_worker([a, b, c], req, prefer=c) is c  # the tie goes to the worker asking
+    assert best_worker([a, b, c], req, prefer=a, weight=0) is b  # 14 free, first of the tie b / c
+    assert best_worker([a, b, c], req, prefer=c, weight=0) is c  # the tie goes to the worker asking
     b.fenced = c.fenced = True
-    assert best_worker([a, b, c], req, prefer=b) is a
+    assert best_worker([a, b, c], req, prefer=b, weight=0) is a
 
 
 def test_best_worker_skips_workers_that_could_never_hold_the_request() -> None:
     small, large = state("small", num_blocks=4), state("large", num_blocks=64)
     use_blocks(large, 60)  # fewer free blocks than the small one
     req = request("r", prompt_len=40, max_tokens=8)  # 12 blocks at its longest
-    assert best_worker([small, large], req, prefer=small) is large
+    assert best_worker([small, large], req, prefer=small, weight=0) is large
     assert hostable_elsewhere([small, large], req)
     assert not hostable_elsewhere([small], req)
-    assert best_worker([small], req, prefer=small) is None
+    assert best_worker([small], req, prefer=small, weight=0) is None
 
 
 def test_a_burst_is_split_by_each_workers_share_of_free_blocks() -> None:
@@ -66,4 +66,4 @@ def test_a_full_batch_takes_no_share() -> None:
     a, b = state("a", max_num_seqs=1), state("b", max_num_seqs=1)
     a.running.append(request("busy", prompt_len=4))
     assert fair_share([a, b], b, num_waiting=4) == 4
-    assert best_worker([a, b], request("r", prompt_len=4), prefer=a) is b
+    assert best_worker([a, b], request("r", prompt_len=4), prefer=a, weight=0) is b

@@ -40,6 +40,11 @@ def post(stack: Stack, path: str, body: dict[str, Any]) -> dict[str, Any]:
     return dict(resp.json())
 
 
+def counts(usage: dict[str, Any]) -> tuple[int, int, int]:
+    """Usage less its cached tokens: the second of two equal prompts finds the first one's cached."""
+    return usage["prompt_tokens"], usage["completion_tokens"], usage["total_tokens"]
+
+
 def test_curl_chat_stream_example(stack: Stack) -> None:
     out = run(stack, "curl-chat-stream", "bash")
     events = [line.removeprefix("data: ") for line in out.splitlines() if line.startswith("data: ")]
@@ -49,7 +54,7 @@ def test_curl_chat_stream_example(stack: Stack) -> None:
     text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
     expected = post(stack, "/v1/chat/completions", {"messages": QUESTION, "max_tokens": 32})
     assert text == expected["choices"][0]["message"]["content"]
-    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"] == expected["usage"]
+    assert chunks[-1]["choices"] == [] and counts(chunks[-1]["usage"]) == counts(expected["usage"])
 
 
 def test_curl_completion_example(stack: Stack) -> None:
@@ -57,7 +62,7 @@ def test_curl_completion_example(stack: Stack) -> None:
     expected = post(stack, "/v1/completions", {"prompt": "The import statement", "max_tokens": 24})
     assert answer["object"] == "text_completion" and answer["model"] == "demo"
     assert answer["choices"][0]["text"] == expected["choices"][0]["text"]
-    assert answer["usage"] == expected["usage"]
+    assert counts(answer["usage"]) == counts(expected["usage"])
 
 
 def test_openai_sdk_example(stack: Stack) -> None:

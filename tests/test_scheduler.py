@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Callable
 
 import pytest
@@ -32,10 +33,12 @@ def worker(
     )
 
 
-def request(req_id: str, prompt_len: int, max_tokens: int = 8) -> Request:
+def request(req_id: str, prompt_len: int, max_tokens: int = 8, prompt: list[int] | None = None) -> Request:
+    """A request whose prompt shares no block with another id's (unless `prompt` is given)."""
+    first = zlib.crc32(req_id.encode()) + 1000
     return Request(
         req_id=req_id,
-        prompt_token_ids=list(range(1, prompt_len + 1)),
+        prompt_token_ids=prompt if prompt is not None else [first, *range(2, prompt_len + 1)],
         sampling_params=SamplingParams(max_tokens=max_tokens, temperature=0.0),
         arrival_time=0.0,
         entry_id=f"{req_id}-entry",
@@ -184,8 +187,9 @@ def test_preemption_frees_the_newest_and_recomputes_it_later() -> None:
     assert out3.finished_req_ids == ["old"]
     [resumed] = out3.scheduled_new_reqs
     assert resumed.req_id == "new" and resumed.output_token_ids == generated
-    assert resumed.attempt == 2 and resumed.num_computed_tokens == 0
-    assert out3.num_scheduled_tokens["new"] == 8 + len(generated)
+    # Its prompt's full blocks stayed cached while it waited: only the rest is recomputed.
+    assert resumed.attempt == 2 and resumed.num_computed_tokens == 8
+    assert out3.num_scheduled_tokens["new"] == len(generated)
 
 
 def test_abort_frees_running_and_remembers_early_aborts() -> None:

@@ -80,20 +80,30 @@ class BatcherCollector(Collector):
         )
         _add(queue, [], snap.queue_time)
         yield queue
-        kv = GaugeMetricFamily(
-            "cbserve:kv_cache_usage_perc",
-            "Fraction of the worker's KV-cache blocks in use (0-1).",
-            labels=["worker_id"],
+        kv = _per_worker(
+            GaugeMetricFamily, "kv_cache_usage_perc", "Fraction of the worker's KV-cache blocks in use (0-1)."
         )
-        running = GaugeMetricFamily(
-            "cbserve:worker_num_requests_running",
-            "Requests holding blocks on the worker.",
-            labels=["worker_id"],
+        running = _per_worker(
+            GaugeMetricFamily, "worker_num_requests_running", "Requests holding blocks on the worker."
         )
         step_time = _histogram(
             "cbserve:step_time_seconds",
             "Forward + sampling time of one step, as the worker reports it.",
             ["worker_id"],
+        )
+        # vLLM's names: prompt tokens looked up in, and found in, the worker's prefix cache.
+        queries = _per_worker(
+            CounterMetricFamily,
+            "prefix_cache_queries",
+            "Prompt tokens of requests admitted on the worker (recomputes included).",
+        )
+        hits = _per_worker(
+            CounterMetricFamily, "prefix_cache_hits", "Of those, tokens found in its prefix cache."
+        )
+        cached = _per_worker(
+            GaugeMetricFamily,
+            "kv_cache_cached_blocks",
+            "Free KV-cache blocks still holding a reusable prefix.",
         )
         batch_size = _histogram("cbserve:batch_size", "Requests in one step.", ["worker_id"])
         tokens = _histogram("cbserve:iteration_tokens_total", "Tokens computed in one step.", ["worker_id"])
@@ -101,7 +111,16 @@ class BatcherCollector(Collector):
             used = w.num_blocks - w.num_free_blocks
             kv.add_metric([worker_id], used / w.num_blocks if w.num_blocks else 0.0)
             running.add_metric([worker_id], float(w.num_running))
+            queries.add_metric([worker_id], float(w.prefix_cache_queries))
+            hits.add_metric([worker_id], float(w.prefix_cache_hits))
+            cached.add_metric([worker_id], float(w.num_cached_blocks))
             _add(step_time, [worker_id], w.step_time)
             _add(batch_size, [worker_id], w.batch_size)
             _add(tokens, [worker_id], w.num_tokens)
-        yield from (kv, running, step_time, batch_size, tokens)
+        yield from (kv, running, queries, hits, cached, step_time, batch_size, tokens)
+
+
+def _per_worker(
+    family: type[GaugeMetricFamily] | type[CounterMetricFamily], name: str, doc: str
+) -> GaugeMetricFamily | CounterMetricFamily:
+    return family(f"cbserve:{name}", doc, labels=["worker_id"])

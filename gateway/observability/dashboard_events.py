@@ -35,6 +35,7 @@ READ_COUNT = 500
 class WorkerStats(msgspec.Struct, kw_only=True):
     num_blocks: int
     num_free_blocks: int
+    num_cached_blocks: int  # of the free ones, those holding a reusable prefix
     num_running: int
 
 
@@ -52,7 +53,10 @@ class DashboardStats(msgspec.Struct, kw_only=True):
 def dashboard_stats(stats: dict[str, float], snapshot: MetricsSnapshot | None, now: float) -> DashboardStats:
     workers = {
         wid: WorkerStats(
-            num_blocks=w.num_blocks, num_free_blocks=w.num_free_blocks, num_running=w.num_running
+            num_blocks=w.num_blocks,
+            num_free_blocks=w.num_free_blocks,
+            num_cached_blocks=w.num_cached_blocks,
+            num_running=w.num_running,
         )
         for wid, w in (snapshot.workers.items() if snapshot is not None else ())
     }

@@ -112,7 +112,7 @@ function workerState(id) {
       slots: new Map(), // request id -> its row, from joining the batch to leaving it
       lastStepId: -1,
       lastStepAt: 0,
-      kv: { value: { used: 0, total: 0 }, at: 0 },
+      kv: { value: { used: 0, cached: 0, total: 0 }, at: 0 },
       running: { value: 0, at: 0 },
       el: null,
     };
@@ -147,7 +147,7 @@ function onStep(t) {
   w.steps.push({ step: t.step_id, time: t.time, cells, tokens, prefill });
   if (w.steps.length > WINDOW_STEPS) w.steps.shift();
   w.rates.push([t.time, tokens, t.num_sampled]);
-  setIfNewer(w.kv, { used: t.num_blocks_used, total: t.num_blocks }, t.time);
+  setIfNewer(w.kv, { used: t.num_blocks_used, cached: t.num_blocks_cached || 0, total: t.num_blocks }, t.time);
   setIfNewer(w.running, t.reqs.length, t.time);
   setIfNewer(state.waiting, t.num_waiting, t.time);
   scheduleRender();
@@ -159,7 +159,8 @@ function onStats(s) {
   if (s.snapshot_at !== null) {
     for (const [id, ws] of Object.entries(s.workers)) {
       const w = workerState(id);
-      setIfNewer(w.kv, { used: ws.num_blocks - ws.num_free_blocks, total: ws.num_blocks }, s.snapshot_at);
+      const used = ws.num_blocks - ws.num_free_blocks;
+      setIfNewer(w.kv, { used, cached: ws.num_cached_blocks, total: ws.num_blocks }, s.snapshot_at);
       setIfNewer(w.running, ws.num_running, s.snapshot_at);
     }
     for (const w of [...state.workers.values()]) {
@@ -224,8 +225,8 @@ function workerPanel(w) {
       <span class="wid"></span>
       <span>step <b data-role="step">-</b></span>
       <span>in batch <b data-role="batch">0</b></span>
-      <span class="kv">KV cache <span class="kv-bar" data-testid="kv-bar"><span class="kv-fill"></span></span>
-        <b data-role="kv">0 / 0</b> blocks</span>
+      <span class="kv">KV cache <span class="kv-bar" data-testid="kv-bar"><span class="kv-fill"></span><span class="kv-cached"></span></span>
+        <b data-role="kv">0 / 0</b> blocks, <b data-role="kv-cached">0</b> cached</span>
       <span><b data-role="rate">0</b> tok/s generated</span>
     </div>
     <div class="plot"><div class="plot-label" data-role="chart-label">tokens / step</div>
@@ -250,13 +251,18 @@ function drawWorker(w, r) {
   role("step").textContent = last ? last.step : "-";
   role("batch").textContent = w.running.value;
   role("kv").textContent = `${kv.used} / ${kv.total}`;
+  role("kv-cached").textContent = kv.cached;
   role("rate").textContent = fmtRate(r.generated);
   const bar = el.querySelector(".kv-bar");
   bar.dataset.used = kv.used;
   bar.dataset.total = kv.total;
+  bar.dataset.cached = kv.cached;
   bar.classList.toggle("high", share > 0.8);
-  bar.title = `${(share * 100).toFixed(1)}% of the KV-cache blocks in use`;
-  bar.firstElementChild.style.width = `${(share * 100).toFixed(1)}%`;
+  const cachedShare = kv.total ? kv.cached / kv.total : 0;
+  bar.title = `${(share * 100).toFixed(1)}% of the KV-cache blocks in use, ` +
+    `${(cachedShare * 100).toFixed(1)}% free but holding cached prefixes`;
+  bar.querySelector(".kv-fill").style.width = `${(share * 100).toFixed(1)}%`;
+  bar.querySelector(".kv-cached").style.width = `${(cachedShare * 100).toFixed(1)}%`;
 
   const maxTokens = Math.max(1, ...w.steps.map((s) => s.tokens));
   role("chart-label").textContent = `tokens / step (max ${maxTokens})`;

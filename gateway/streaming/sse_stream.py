@@ -44,6 +44,7 @@ async def stream_sse(
     replayed from its start through the same formatter, and only the events after that id are sent.
     """
     num_output_tokens = [0] * len(requests)
+    num_cached_tokens = [0] * len(requests)
     resumable = len(requests) == 1
     after = None if resume_after is None else entry_key(resume_after)
 
@@ -59,11 +60,12 @@ async def stream_sse(
                 if out is None:
                     continue
                 num_output_tokens[index] = out.num_output_tokens
+                num_cached_tokens[index] = out.num_cached_tokens
                 chunk = formatter.delta(index, out)  # always: the formatter keeps state (logprob offsets)
                 if is_new(out.entry_id):
                     yield sse_event(chunk, out.entry_id if resumable else None)
         if requests[0].include_usage:
-            yield sse_event(formatter.usage(usage(requests, num_output_tokens)))
+            yield sse_event(formatter.usage(usage(requests, num_output_tokens, num_cached_tokens)))
     except RequestFailed as exc:
         if is_new(exc.entry_id):
             yield sse_event(json.dumps(from_request_error(exc.error).body()), exc.entry_id)

@@ -142,6 +142,7 @@ def test_completion_non_streaming(gateway: RunningGateway, pool: ThreadPoolExecu
         "prompt_tokens": n,
         "completion_tokens": len(output_ids),
         "total_tokens": n + len(output_ids),
+        "prompt_tokens_details": {"cached_tokens": 0},
     }
 
 

@@ -1,0 +1,155 @@
+"""Prefix caching end to end: greedy tokens through the whole pipeline equal `generate`'s when
+prompts share prefixes (whole blocks and partial ones), repeat exactly, resend a conversation's
+history, ask for `n` choices, or run in a pool small enough to evict and preempt; and when the worker
+holding the cached prefix is killed mid-stream."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import signal
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.fault_clients import run_with_fault
+from tests.greedy_reference import greedy_generate
+from tests.services import Stack, wait_for
+from tests.test_e2e_correctness import run_cases
+
+BLOCK_SIZE = 16
+
+
+def make_cases(vocab_size: int) -> tuple[list[tuple[list[int], int]], list[int]]:
+    """Prompts over three shared prefixes (2 blocks + 8 tokens, 4 blocks, 1 block + 3 tokens), one
+    repeated exactly, and one the conversation continuing another (filled in after the reference)."""
+    rng = random.Random(99)
+
+    def tokens(n: int) -> list[int]:
+        return [rng.randrange(3, vocab_size) for _ in range(n)]
+
+    prefixes = [tokens(2 * BLOCK_SIZE + 8), tokens(4 * BLOCK_SIZE), tokens(BLOCK_SIZE + 3)]
+    cases = [(prefixes[i % 3] + tokens(rng.randrange(1, 20)), rng.randrange(8, 30)) for i in range(14)]
+    cases.append(cases[1])  # the same prompt again: all but its last block comes from the cache
+    return cases, [len(p) for p in prefixes]
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_model_dir: Path) -> tuple[list[tuple[list[int], int]], list[list[int]]]:
+    from transformers import AutoConfig
+
+    cases, _ = make_cases(AutoConfig.from_pretrained(tiny_model_dir).vocab_size)
+    first = greedy_generate(tiny_model_dir, [p for p, _ in cases], [m for _, m in cases])
+    # A second turn resends the first conversation's prompt and answer, and adds to it.
+    turn2 = (cases[0][0] + first[0] + cases[2][0][-5:], 12)
+    [answer] = greedy_generate(tiny_model_dir, [turn2[0]], [turn2[1]])
+    return [*cases, turn2], [*first, answer]
+
+
+CONFIGS: dict[str, dict[str, object]] = {
+    "one_worker": {"workers": 1, "worker_env": {}, "batcher_env": {}},
+    # 24 blocks: cached prefixes are evicted and requests preempted; chunks of 32 tokens.
+    "evict_and_preempt": {
+        "workers": 1,
+        "worker_env": {"WORKER_NUM_BLOCKS": "24"},
+        "batcher_env": {
+            "BATCHER_MAX_NUM_BATCHED_TOKENS": "32",
+            "BATCHER_MAX_NUM_SEQS": "8",
+            "BATCHER_ASYNC_SCHEDULING": "true",
+        },
+    },
+    "two_workers_cache_aware": {"workers": 2, "worker_env": {}, "batcher_env": {}},
+    "tgi_policy": {"workers": 1, "worker_env": {}, "batcher_env": {"BATCHER_POLICY": "tgi"}},
+}
+
+
+@pytest.mark.parametrize("config", list(CONFIGS))
+def test_greedy_with_prefix_hits_matches_generate(
+    config: str,
+    make_stack: Callable[[], Stack],
+    reference: tuple[list[tuple[list[int], int]], list[list[int]]],
+    tiny_model_dir: Path,
+) -> None:
+    cases, expected = reference
+    spec = CONFIGS[config]
+    stack = make_stack()
+    stack.start_batcher(**spec["batcher_env"])  # type: ignore[arg-type]
+    for w in range(spec["workers"]):  # type: ignore[call-overload]
+        stack.start_worker(f"worker{w}", WORKER_BLOCK_SIZE=str(BLOCK_SIZE), **spec["worker_env"])  # type: ignore[arg-type]
+    stack.start_gateway()
+    stack.wait_ready(num_workers=spec["workers"])  # type: ignore[arg-type]
+
+    got = asyncio.run(run_cases(stack.base_url, cases[:-1], tiny_model_dir.name))
+    got += asyncio.run(run_cases(stack.base_url, cases[-1:], tiny_model_dir.name))  # after turn 1
+
+    mismatched = [i for i in range(len(cases)) if got[i] != expected[i]]
+    assert not mismatched, f"requests {mismatched} differ from generate"
+    stats = stack.stats()
+    assert stats["num_finished"] == len(cases)
+    assert stats["prefix_cache_hits"] > 0, stats
+    if config == "evict_and_preempt":
+        assert stats["num_preemptions"] > 0
+
+
+def test_n_choices_share_the_prompt_and_each_reports_cached_tokens(
+    make_stack: Callable[[], Stack], tiny_model_dir: Path
+) -> None:
+    stack = make_stack()
+    stack.start_batcher()
+    stack.start_worker("worker0", WORKER_BLOCK_SIZE=str(BLOCK_SIZE))
+    stack.start_gateway()
+    stack.wait_ready(num_workers=1)
+    prompt = [5 + i % 400 for i in range(5 * BLOCK_SIZE + 2)]
+    [expected] = greedy_generate(tiny_model_dir, [prompt], [10])
+    body = {"prompt": prompt, "max_tokens": 10, "temperature": 0, "ignore_eos": True, "n": 3}
+    body["return_token_ids"] = True
+    resp = httpx.post(f"{stack.base_url}/v1/completions", json=body, timeout=120)
+    assert resp.status_code == 200, resp.text
+    data = resp.json()
+    assert [c["token_ids"] for c in data["choices"]] == [expected] * 3
+    # The prompt was computed once: the other two choices found its 5 blocks cached.
+    stats = stack.stats()
+    assert stats["prefix_cache_hits"] == 2 * 5 * BLOCK_SIZE, stats
+    # The prompt is billed once, as first computed: nothing of it was cached then.
+    assert data["usage"]["prompt_tokens"] == len(prompt)
+    assert data["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+
+    again = httpx.post(f"{stack.base_url}/v1/completions", json={**body, "n": 1}, timeout=120).json()
+    assert again["choices"][0]["token_ids"] == expected
+    assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == 5 * BLOCK_SIZE
+
+
+def test_killing_the_worker_that_holds_the_prefix_keeps_every_stream_exact(
+    make_stack: Callable[[], Stack], tiny_model_dir: Path
+) -> None:
+    rng = random.Random(5)
+    prefix = [rng.randrange(3, 500) for _ in range(3 * BLOCK_SIZE)]
+    prompts = [prefix + [rng.randrange(3, 500) for _ in range(rng.randrange(1, 9))] for _ in range(6)]
+    expected = greedy_generate(tiny_model_dir, prompts, 64)
+    stack = make_stack()
+    stack.start_batcher(BATCHER_HEARTBEAT_TIMEOUT_S="1.5", BATCHER_WORKER_CHECK_INTERVAL_S="0.1")
+    for name in ("worker0", "worker1"):
+        stack.start_worker(name, WORKER_BLOCK_SIZE=str(BLOCK_SIZE), WORKER_HEARTBEAT_INTERVAL_S="0.2")
+    stack.start_gateway()
+    stack.wait_ready(num_workers=2)
+    victim: list[str] = []
+
+    def kill_the_busiest() -> None:
+        steps = {k.split(":", 1)[1]: v for k, v in stack.stats().items() if k.startswith("num_steps:")}
+        busiest = max(steps, key=lambda wid: steps[wid])
+        [name] = [n for n, p in stack.procs.items() if n.startswith("worker") and f"-{p.pid}-" in busiest]
+        victim.append(name)
+        os.kill(stack.procs[name].pid, signal.SIGKILL)
+
+    def declared_dead() -> None:
+        wait_for(lambda: stack.stats().get("num_workers_lost", 0) >= 1, 30, "the batcher to notice the kill")
+
+    seen, _ = asyncio.run(run_with_fault(stack.base_url, prompts, 64, 4, kill_the_busiest, declared_dead))
+    stack.procs.pop(victim[0]).wait(timeout=10)
+    for i, s in enumerate(seen):
+        assert not s.errors and s.token_ids == expected[i], f"stream {i} differs from generate"
+    stats = stack.stats()
+    assert stats["num_failovers"] >= 1 and stats["prefix_cache_hits"] > 0, stats

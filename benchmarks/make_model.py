@@ -25,18 +25,8 @@ import sysconfig
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from tokenizers import Tokenizer
-
-CHAT_TEMPLATE = (
-    "{% for message in messages %}"
-    "<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
-SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+from benchmarks.chatml_tokenizer import config_token_ids, fast_tokenizer, generation_config, train_tokenizer
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,39 +59,13 @@ def corpus(num_files: int) -> Iterator[str]:
         yield path.read_text(encoding="utf-8", errors="replace")
 
 
-def train_tokenizer(preset: Preset) -> Tokenizer:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=preset.vocab_size,
-        special_tokens=SPECIAL_TOKENS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(corpus(preset.corpus_files), trainer=trainer)
-    return tok
-
-
 def build_model(out_dir: Path, preset_name: str, seed: int = 0, device: str = "cpu") -> Path:
     import torch
-    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import LlamaConfig, LlamaForCausalLM
 
     preset = PRESETS[preset_name]
-    tok = train_tokenizer(preset)
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        eos_token="<|endoftext|>",
-        bos_token="<|endoftext|>",
-        pad_token="<|endoftext|>",
-        additional_special_tokens=SPECIAL_TOKENS[1:],
-    )
-    fast.chat_template = CHAT_TEMPLATE
-    fast.model_max_length = preset.max_position_embeddings
-    eos_id = tok.token_to_id("<|endoftext|>")
-    im_end_id = tok.token_to_id("<|im_end|>")
+    tok = train_tokenizer(corpus(preset.corpus_files), preset.vocab_size)
+    fast = fast_tokenizer(tok, preset.max_position_embeddings)
 
     torch.manual_seed(seed)
     config = LlamaConfig(
@@ -112,9 +76,7 @@ def build_model(out_dir: Path, preset_name: str, seed: int = 0, device: str = "c
         num_attention_heads=preset.num_attention_heads,
         num_key_value_heads=preset.num_key_value_heads,
         max_position_embeddings=preset.max_position_embeddings,
-        bos_token_id=eos_id,
-        eos_token_id=eos_id,
-        pad_token_id=eos_id,
+        **config_token_ids(tok),
         tie_word_embeddings=False,
         dtype=preset.dtype,
     )
@@ -122,9 +84,7 @@ def build_model(out_dir: Path, preset_name: str, seed: int = 0, device: str = "c
     # minutes on one CPU thread and seconds on a GPU; then cast to the preset's dtype for saving.
     with torch.device(device):
         model = LlamaForCausalLM(config).to(getattr(torch, preset.dtype))
-    model.generation_config = GenerationConfig(
-        bos_token_id=eos_id, eos_token_id=[eos_id, im_end_id], pad_token_id=eos_id
-    )
+    model.generation_config = generation_config(tok)
     out_dir.mkdir(parents=True, exist_ok=True)
     model.cpu().save_pretrained(out_dir)
     fast.save_pretrained(out_dir)

@@ -10,13 +10,7 @@ import inspect
 from pathlib import Path
 from typing import Any
 
-CHAT_TEMPLATE = (
-    "{% for message in messages %}"
-    "<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
-SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+from benchmarks.chatml_tokenizer import config_token_ids, fast_tokenizer, generation_config, train_tokenizer
 
 
 def byte_token_id(tokenizer: Any, byte: int) -> int:
@@ -49,30 +43,10 @@ def _corpus() -> list[str]:
 
 def build_tiny_model(path: Path, *, seed: int = 0, vocab_size: int = 512, max_len: int = 512) -> Path:
     import torch
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import LlamaConfig, LlamaForCausalLM
 
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=SPECIAL_TOKENS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(_corpus(), trainer=trainer)
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        eos_token="<|endoftext|>",
-        bos_token="<|endoftext|>",
-        pad_token="<|endoftext|>",
-        additional_special_tokens=["<|im_start|>", "<|im_end|>"],
-    )
-    fast.chat_template = CHAT_TEMPLATE
-    fast.model_max_length = max_len
-    eos_id = tok.token_to_id("<|endoftext|>")
-    im_end_id = tok.token_to_id("<|im_end|>")
+    tok = train_tokenizer(_corpus(), vocab_size)
+    fast = fast_tokenizer(tok, max_len)
 
     torch.manual_seed(seed)
     config = LlamaConfig(
@@ -84,15 +58,11 @@ def build_tiny_model(path: Path, *, seed: int = 0, vocab_size: int = 512, max_le
         num_key_value_heads=2,
         max_position_embeddings=max_len,
         initializer_range=0.05,
-        bos_token_id=eos_id,
-        eos_token_id=eos_id,
-        pad_token_id=eos_id,
+        **config_token_ids(tok),
         tie_word_embeddings=False,
     )
     model = LlamaForCausalLM(config)
-    model.generation_config = GenerationConfig(
-        bos_token_id=eos_id, eos_token_id=[eos_id, im_end_id], pad_token_id=eos_id
-    )
+    model.generation_config = generation_config(tok)
     path.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(path)
     fast.save_pretrained(path)

@@ -9,9 +9,9 @@ got. The scheduler then recomputes the KV cache of prompt + those tokens, as aft
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 import redis
@@ -23,6 +23,7 @@ from common.protocol import FIELD, AbortRequest, RequestError, TokenEvent, decod
 CHUNK = 256
 
 Entry = tuple[str, dict[bytes, bytes]]  # (entry id in the requests stream, its fields)
+M = TypeVar("M")
 
 
 @dataclass(slots=True)
@@ -116,13 +117,18 @@ def read_histories(client: redis.Redis, req_ids: list[str]) -> dict[str, TokenHi
     return out
 
 
-def _history(rows: list[tuple[bytes, dict[bytes, bytes]]]) -> TokenHistory:
-    h = TokenHistory()
+def _decoded(rows: list[tuple[bytes, dict[bytes, bytes]]], decode: Callable[[bytes], M]) -> Iterator[M]:
+    """The message of each entry; one that has no message field or does not decode is skipped."""
     for _, fields in rows:
         try:
-            event = decode_event(fields[FIELD])
+            yield decode(fields[FIELD])
         except (KeyError, msgspec.DecodeError):
             continue
+
+
+def _history(rows: list[tuple[bytes, dict[bytes, bytes]]]) -> TokenHistory:
+    h = TokenHistory()
+    for event in _decoded(rows, decode_event):
         if isinstance(event, RequestError):
             h.finished = True
         elif isinstance(event, TokenEvent) and event.index == len(h.output_token_ids):
@@ -138,11 +144,7 @@ def aborts_since(client: redis.Redis, first_id: str, last_id: str) -> Iterator[A
     start = first_id
     while True:
         rows: Any = client.xrange(streams.BATCHER_INBOX, start, last_id, count=CHUNK * 4)
-        for _, fields in rows:
-            try:
-                msg = decode_inbox(fields[FIELD])
-            except (KeyError, msgspec.DecodeError):
-                continue
+        for msg in _decoded(rows, decode_inbox):
             if isinstance(msg, AbortRequest):
                 yield msg
         if len(rows) < CHUNK * 4:

@@ -52,21 +52,29 @@ def pipeline_greedy(
 
 
 def reference_greedy(
-    model_dir: str, device: str, dtype: str, prompts: list[list[int]], max_tokens: int
+    model_dir: str | Path,
+    prompts: list[list[int]],
+    max_tokens: int | list[int],
+    device: str = "cpu",
+    dtype: str = "float32",
 ) -> list[list[int]]:
+    """transformers' `generate`, one prompt at a time, greedy with EOS ignored (as `ignore_eos` asks
+    the server): what the worker's greedy output must equal. `max_tokens`: one for all, or one each."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype))
     model.to(torch.device(device))  # type: ignore[arg-type]  # nn.Module.to behind a decorator mypy misreads
     model.eval()
+    lengths = [max_tokens] * len(prompts) if isinstance(max_tokens, int) else max_tokens
     outputs = []
-    for prompt in prompts:
+    for prompt, num_tokens in zip(prompts, lengths, strict=True):
         ids = torch.tensor([prompt], device=device)
+        # eos_token_id=None as a keyword is what turns EOS off (a GenerationConfig would refill it).
         out = model.generate(
             ids,
             attention_mask=torch.ones_like(ids),
             do_sample=False,
-            max_new_tokens=max_tokens,
+            max_new_tokens=num_tokens,
             eos_token_id=None,
             pad_token_id=0,
         )
@@ -112,7 +120,7 @@ def main(argv: list[str] | None = None) -> None:
     ]
     env = dict(kv.split("=", 1) for kv in args.env.split(",") if kv)
     ours = pipeline_greedy(args.model, args.device, args.dtype, prompts, args.max_tokens, env)
-    reference = reference_greedy(args.model, args.device, args.dtype, prompts, args.max_tokens)
+    reference = reference_greedy(args.model, prompts, args.max_tokens, args.device, args.dtype)
     summary = {"model": args.model, "device": args.device, "dtype": args.dtype, "worker": env}
     summary |= compare(ours, reference)
     print(json.dumps(summary))

@@ -25,12 +25,8 @@ import sysconfig
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from openai_frontend.chatml import CHAT_TEMPLATE, EOS, IM_END, IM_START, SPECIAL_TOKENS
-
-if TYPE_CHECKING:
-    from tokenizers import Tokenizer
+from benchmarks.chatml_tokenizer import config_token_ids, fast_tokenizer, generation_config, train_tokenizer
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,39 +59,13 @@ def corpus(num_files: int) -> Iterator[str]:
         yield path.read_text(encoding="utf-8", errors="replace")
 
 
-def train_tokenizer(preset: Preset) -> Tokenizer:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=preset.vocab_size,
-        special_tokens=SPECIAL_TOKENS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(corpus(preset.corpus_files), trainer=trainer)
-    return tok
-
-
 def build_model(out_dir: Path, preset_name: str, seed: int = 0, device: str = "cpu") -> Path:
     import torch
-    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import LlamaConfig, LlamaForCausalLM
 
     preset = PRESETS[preset_name]
-    tok = train_tokenizer(preset)
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        eos_token=EOS,
-        bos_token=EOS,
-        pad_token=EOS,
-        additional_special_tokens=[IM_START, IM_END],
-    )
-    fast.chat_template = CHAT_TEMPLATE
-    fast.model_max_length = preset.max_position_embeddings
-    eos_id = tok.token_to_id(EOS)
-    im_end_id = tok.token_to_id(IM_END)
+    tok = train_tokenizer(corpus(preset.corpus_files), preset.vocab_size)
+    fast = fast_tokenizer(tok, preset.max_position_embeddings)
 
     torch.manual_seed(seed)
     config = LlamaConfig(
@@ -106,9 +76,7 @@ def build_model(out_dir: Path, preset_name: str, seed: int = 0, device: str = "c
         num_attention_heads=preset.num_attention_heads,
         num_key_value_heads=preset.num_key_value_heads,
         max_position_embeddings=preset.max_position_embeddings,
-        bos_token_id=eos_id,
-        eos_token_id=eos_id,
-        pad_token_id=eos_id,
+        **config_token_ids(tok),
         tie_word_embeddings=False,
         dtype=preset.dtype,
     )
@@ -116,9 +84,7 @@ def build_model(out_dir: Path, preset_name: str, seed: int = 0, device: str = "c
     # minutes on one CPU thread and seconds on a GPU; then cast to the preset's dtype for saving.
     with torch.device(device):
         model = LlamaForCausalLM(config).to(getattr(torch, preset.dtype))
-    model.generation_config = GenerationConfig(
-        bos_token_id=eos_id, eos_token_id=[eos_id, im_end_id], pad_token_id=eos_id
-    )
+    model.generation_config = generation_config(tok)
     out_dir.mkdir(parents=True, exist_ok=True)
     model.cpu().save_pretrained(out_dir)
     fast.save_pretrained(out_dir)

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, TypeVar
 
 from cbserve.defaults import (
     DEFAULT_BASE_URL,
@@ -14,6 +16,11 @@ from cbserve.defaults import (
     REDIS_MODES,
     default_model,
 )
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+T = TypeVar("T", bound="DataclassInstance")
 
 
 def _positive_int(value: str) -> int:
@@ -70,6 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--run-dir", type=Path, help="logs and Redis data (default ./.cbserve/runs/<time>-<pid>)")
     up.add_argument(
         "--ready-timeout",
+        dest="ready_timeout_s",
+        metavar="READY_TIMEOUT",
         type=float,
         default=DEFAULT_READY_TIMEOUT_S,
         help=f"seconds to wait for the stack to be ready (default {DEFAULT_READY_TIMEOUT_S:g})",
@@ -88,6 +97,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _options(cls: type[T], args: argparse.Namespace) -> T:
+    """A command's options dataclass, each field from the parsed argument of the same name."""
+    return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     # Each command imports only what it needs: the clients never load the launcher's machinery.
@@ -95,43 +109,14 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "up":
             from cbserve.launcher import UpOptions, run_up
 
-            return run_up(
-                UpOptions(
-                    model=args.model,
-                    workers=args.workers,
-                    host=args.host,
-                    port=args.port,
-                    redis=args.redis,
-                    device=args.device,
-                    run_dir=args.run_dir,
-                    ready_timeout_s=args.ready_timeout,
-                    celery=args.celery,
-                )
-            )
+            return run_up(_options(UpOptions, args))
         if args.command == "chat":
             from cbserve.client_chat import ChatOptions, run_chat
 
-            return run_chat(
-                ChatOptions(
-                    base_url=args.base_url,
-                    model=args.model,
-                    max_tokens=args.max_tokens,
-                    temperature=args.temperature,
-                    system=args.system,
-                )
-            )
+            return run_chat(_options(ChatOptions, args))
         from cbserve.client_complete import CompleteOptions, run_complete
 
-        return run_complete(
-            CompleteOptions(
-                prompt=args.prompt,
-                base_url=args.base_url,
-                model=args.model,
-                max_tokens=args.max_tokens,
-                temperature=args.temperature,
-                stream=args.stream,
-            )
-        )
+        return run_complete(_options(CompleteOptions, args))
     except KeyboardInterrupt:  # the clients' Ctrl-C; `up` handles its own signals
         print(file=sys.stderr)
         return 130

@@ -31,13 +31,5 @@ class MetricsSnapshot(msgspec.Struct, kw_only=True):
     workers: dict[str, WorkerMetrics]  # worker id -> its metrics
 
 
-_encoder = msgspec.json.Encoder()
-_decoder = msgspec.json.Decoder(MetricsSnapshot)
-
-
-def encode_snapshot(snapshot: MetricsSnapshot) -> bytes:
-    return _encoder.encode(snapshot)
-
-
-def decode_snapshot(data: bytes) -> MetricsSnapshot:
-    return _decoder.decode(data)
+encode_snapshot = msgspec.json.Encoder().encode
+decode_snapshot = msgspec.json.Decoder(MetricsSnapshot).decode

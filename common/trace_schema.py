@@ -44,13 +44,5 @@ def short_id(req_id: str) -> str:
     return req_id[-SHORT_ID_LEN:]
 
 
-_encoder = msgspec.json.Encoder()
-_decoder = msgspec.json.Decoder(StepTrace)
-
-
-def encode_trace(trace: StepTrace) -> bytes:
-    return _encoder.encode(trace)
-
-
-def decode_trace(data: bytes) -> StepTrace:
-    return _decoder.decode(data)
+encode_trace = msgspec.json.Encoder().encode
+decode_trace = msgspec.json.Decoder(StepTrace).decode

@@ -42,9 +42,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a file: the repo root for imports
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root, for benchmarks
 
-from openai_frontend.chatml import CHAT_TEMPLATE, EOS, IM_END, IM_START, SPECIAL_TOKENS
+from benchmarks.chatml_tokenizer import (
+    EOS,
+    IM_END,
+    IM_START,
+    config_token_ids,
+    fast_tokenizer,
+    generation_config,
+    train_tokenizer,
+)
 
 SAMPLE_PROMPTS = ["The import statement", "A function is", "Exceptions are"]
 SAMPLE_CHAT = "What is the assert statement?"
@@ -265,25 +273,6 @@ def _chat(question: str, answer: str, rng: random.Random) -> str:
     return _render_chat(messages)
 
 
-# ------------------------------------------------------------------------------------------ tokenizer
-
-
-def train_tokenizer(texts: list[str], vocab_size: int) -> Any:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=SPECIAL_TOKENS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(texts, trainer=trainer)
-    return tok
-
-
 # ------------------------------------------------------------------------------------------- training
 
 
@@ -376,10 +365,8 @@ def main(argv: list[str] | None = None) -> None:
     from transformers import (
         AutoModelForCausalLM,
         AutoTokenizer,
-        GenerationConfig,
         LlamaConfig,
         LlamaForCausalLM,
-        PreTrainedTokenizerFast,
     )
 
     torch.set_num_threads(args.threads)
@@ -392,7 +379,7 @@ def main(argv: list[str] | None = None) -> None:
     chats = chat_samples(documents, rng)
     plain = [doc.text for doc in documents]
     tok = train_tokenizer(plain + chats, args.vocab_size)
-    eos_id, im_end_id = tok.token_to_id(EOS), tok.token_to_id(IM_END)
+    eos_id = tok.token_to_id(EOS)
     plain_pieces = [
         piece
         for text in plain
@@ -417,9 +404,7 @@ def main(argv: list[str] | None = None) -> None:
         num_key_value_heads=args.kv_heads,
         max_position_embeddings=512,
         initializer_range=0.02,
-        bos_token_id=eos_id,
-        eos_token_id=eos_id,
-        pad_token_id=eos_id,
+        **config_token_ids(tok),
         tie_word_embeddings=True,
     )
     model = LlamaForCausalLM(config)
@@ -464,20 +449,9 @@ def main(argv: list[str] | None = None) -> None:
     # Save in float16 (half the bytes); the worker loads float32 on CPU, bfloat16 on GPU.
     args.out.mkdir(parents=True, exist_ok=True)
     model.eval()
-    model.generation_config = GenerationConfig(
-        bos_token_id=eos_id, eos_token_id=[eos_id, im_end_id], pad_token_id=eos_id
-    )
+    model.generation_config = generation_config(tok)
     model.half().save_pretrained(args.out)
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        eos_token=EOS,
-        bos_token=EOS,
-        pad_token=EOS,
-        additional_special_tokens=[IM_START, IM_END],
-    )
-    fast.chat_template = CHAT_TEMPLATE
-    fast.model_max_length = config.max_position_embeddings
-    fast.save_pretrained(args.out)
+    fast_tokenizer(tok, config.max_position_embeddings).save_pretrained(args.out)
 
     # Samples from the saved directory, loaded the way the worker loads it on CPU.
     loaded = AutoModelForCausalLM.from_pretrained(args.out, dtype=torch.float32)

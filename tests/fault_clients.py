@@ -1,15 +1,30 @@
-"""SSE clients for fault tests: stream many completions, fire a fault mid-generation, time the pause."""
+"""Fault tests' clients and checks: stream many completions, fire a fault mid-generation, time the
+pause, then check what the clients saw and what the token streams in Redis hold."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
+import redis
+
+from benchmarks.gpu_parity import reference_greedy
+from common import streams
+from common.protocol import FIELD, TokenEvent, decode_event
+
+FaultCases = tuple[list[list[int]], list[list[int]]]  # prompts, and generate's tokens for each
+# Fast failure detection, so that a dead worker is noticed within about two seconds.
+FAST_HEARTBEAT_ENV = {"BATCHER_HEARTBEAT_TIMEOUT_S": "1.5", "BATCHER_WORKER_CHECK_INTERVAL_S": "0.1"}
+# And a short lease, so that a dead batcher is replaced within about a second.
+FAST_TAKEOVER_ENV = {**FAST_HEARTBEAT_ENV, "BATCHER_LEASE_TTL_S": "1.0", "BATCHER_STANDBY_POLL_S": "0.05"}
+WORKER_ENV = {"WORKER_HEARTBEAT_INTERVAL_S": "0.2"}
 
 
 @dataclass
@@ -85,3 +100,33 @@ async def run_with_fault(
 def longest_wait(seen: list[ClientStream], fault_at: float) -> float:
     """The longest any client waited for its next token across the fault: what a user notices."""
     return max(b - a for s in seen for a, b in zip(s.arrivals, s.arrivals[1:], strict=False) if b > fault_at)
+
+
+def random_cases(model_dir: Path, seed: int, num_streams: int, max_tokens: int) -> FaultCases:
+    """`num_streams` random prompts of 3 to 39 tokens, and `generate`'s greedy continuation of each."""
+    rng = random.Random(seed)
+    prompts = [[rng.randrange(3, 512) for _ in range(rng.randrange(3, 40))] for _ in range(num_streams)]
+    return prompts, reference_greedy(model_dir, prompts, max_tokens)
+
+
+def check_clients(seen: list[ClientStream], expected: list[list[int]]) -> None:
+    """Every client got exactly `generate`'s tokens (none repeated, none missing) and no error."""
+    for i, s in enumerate(seen):
+        assert not s.errors, f"stream {i} got errors: {s.errors}"
+        assert s.finish_reason == "length", f"stream {i} ended with {s.finish_reason}"
+        assert s.token_ids == expected[i], f"stream {i} differs from generate"
+
+
+def raw_token_events(redis_url: str, skip: Collection[str] = ()) -> list[list[TokenEvent]]:
+    """Every event of every request's raw token stream in Redis (but the `skip` req_ids'), in stream
+    order, the streams sorted by key: not what readers filter, what was written."""
+    client = redis.Redis.from_url(redis_url)
+    skipped = {streams.token_stream(req_id) for req_id in skip}
+    keys = sorted(k.decode() for k in client.scan_iter(match=streams.token_stream("*")))  # type: ignore[union-attr]
+    out = []
+    for key in (k for k in keys if k not in skipped):
+        entries: Any = client.xrange(key)
+        events = [decode_event(fields[FIELD]) for _, fields in entries]
+        assert all(isinstance(e, TokenEvent) for e in events), events
+        out.append([e for e in events if isinstance(e, TokenEvent)])
+    return out

@@ -68,6 +68,21 @@ class Stack:
         args = ["celery", "-A", "cbserve_celery.worker", "worker", "--pool", "threads", "--concurrency", "8"]
         return self._spawn(name, [*args, "--loglevel", "INFO", "--without-gossip", "--without-mingle"], env)
 
+    def start_all(
+        self,
+        num_workers: int = 1,
+        batcher_env: dict[str, str] | None = None,
+        worker_env: dict[str, str] | None = None,
+        gateway_env: dict[str, str] | None = None,
+    ) -> Stack:
+        """A batcher, workers worker0 .. worker{num_workers - 1} and a gateway, all ready."""
+        self.start_batcher(**(batcher_env or {}))
+        for i in range(num_workers):
+            self.start_worker(f"worker{i}", **(worker_env or {}))
+        self.start_gateway(**(gateway_env or {}))
+        self.wait_ready(num_workers=num_workers)
+        return self
+
     def num_workers_joined(self) -> int:
         raw = redis.Redis.from_url(self.redis_url).hget(streams.BATCHER_STATS, "num_workers")
         return int(raw) if raw is not None else 0  # type: ignore[arg-type]
@@ -108,17 +123,23 @@ class Stack:
 
 
 @contextlib.contextmanager
-def running_stack(log_dir: Path, model_dir: Path, **gateway_env: str) -> Iterator[Stack]:
-    """Its own redis-server, a batcher, one worker and a gateway (with `gateway_env`), all ready."""
+def running_stack(
+    log_dir: Path,
+    model_dir: Path,
+    batcher_env: dict[str, str] | None = None,
+    celery_env: dict[str, str] | None = None,
+    **gateway_env: str,
+) -> Iterator[Stack]:
+    """Its own redis-server, a batcher (with `batcher_env`), one worker and a gateway (with
+    `gateway_env`), and a Celery worker if `celery_env` is given, all ready."""
     from tests.conftest import redis_server
 
     with redis_server(log_dir) as url:
         stack = Stack(redis_url=url, model_dir=model_dir, log_dir=log_dir)
         try:
-            stack.start_batcher()
-            stack.start_worker()
-            stack.start_gateway(**gateway_env)
-            stack.wait_ready(num_workers=1)
+            if celery_env is not None:  # starts with the others, so that it is ready with them
+                stack.start_celery_worker(**celery_env)
+            stack.start_all(batcher_env=batcher_env, gateway_env=gateway_env)
             yield stack
         finally:
             stack.stop()

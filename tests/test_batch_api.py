@@ -27,9 +27,8 @@ from common.result_lost import result_lost
 from common.stream_client import follow, submit_once
 from common.streams import REQUESTS_STREAM, token_stream
 from gateway.security.api_keys import hash_key
-from tests.conftest import redis_server
 from tests.readme_examples import example, run_example
-from tests.services import ROOT, Stack, wait_for
+from tests.services import ROOT, Stack, running_stack, wait_for
 
 KEY_A, KEY_B = "sk-batch-a", "sk-batch-b"
 MAX_FILE_BYTES = 256 * 1024
@@ -38,25 +37,18 @@ FINAL = ("completed", "failed", "expired", "cancelled")
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Iterator[Stack]:
-    tmp = tmp_path_factory.mktemp("batch-api")
-    with redis_server(tmp) as url:
-        stack = Stack(redis_url=url, model_dir=tiny_model_dir, log_dir=tmp)
-        try:
-            stack.start_batcher(BATCHER_MAX_NUM_SEQS="2")
-            stack.start_worker()
-            keys = f"alice:{hash_key(KEY_A)},bob:{hash_key(KEY_B)}"
-            # A queue bound below the number of batch lines that wait: they must not make it refuse
-            # interactive requests.
-            stack.start_gateway(
-                GATEWAY_API_KEY_HASHES=keys,
-                GATEWAY_MAX_FILE_BYTES=str(MAX_FILE_BYTES),
-                GATEWAY_MAX_QUEUED_REQUESTS="4",
-            )
-            stack.start_celery_worker(CBSERVE_CELERY_BATCH_MAX_LINES_IN_FLIGHT="8")
-            stack.wait_ready(num_workers=1)
-            yield stack
-        finally:
-            stack.stop()
+    # A queue bound below the number of batch lines that wait: they must not make it refuse
+    # interactive requests.
+    with running_stack(
+        tmp_path_factory.mktemp("batch-api"),
+        tiny_model_dir,
+        batcher_env={"BATCHER_MAX_NUM_SEQS": "2"},
+        celery_env={"CBSERVE_CELERY_BATCH_MAX_LINES_IN_FLIGHT": "8"},
+        GATEWAY_API_KEY_HASHES=f"alice:{hash_key(KEY_A)},bob:{hash_key(KEY_B)}",
+        GATEWAY_MAX_FILE_BYTES=str(MAX_FILE_BYTES),
+        GATEWAY_MAX_QUEUED_REQUESTS="4",
+    ) as stack:
+        yield stack
 
 
 def sdk(stack: Stack, key: str) -> openai.OpenAI:

@@ -18,12 +18,7 @@ MODEL = "tiny-llama"  # the fixture model directory's name, which the gateway se
 
 @pytest.fixture()
 def stack(make_stack: Callable[[], Stack]) -> Stack:
-    stack = make_stack()
-    stack.start_batcher()
-    stack.start_worker()
-    stack.start_gateway()
-    stack.wait_ready(1)
-    return stack
+    return make_stack().start_all()
 
 
 def cbserve(*args: str, stdin: str = "", url: str | None = None) -> subprocess.CompletedProcess[str]:

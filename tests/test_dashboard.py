@@ -96,11 +96,9 @@ def _png_size(data: bytes) -> tuple[int, int]:
 
 
 def test_playground_streams_and_the_batch_view_follows(make_stack: Callable[[], Stack]) -> None:
-    stack = make_stack()
-    stack.start_batcher(BATCHER_MAX_NUM_SEQS="8", BATCHER_MAX_NUM_BATCHED_TOKENS=str(BUDGET))
-    stack.start_worker()
-    stack.start_gateway()
-    stack.wait_ready(num_workers=1)
+    stack = make_stack().start_all(
+        batcher_env={"BATCHER_MAX_NUM_SEQS": "8", "BATCHER_MAX_NUM_BATCHED_TOKENS": str(BUDGET)}
+    )
 
     with chromium() as browser:
         page = browser.new_page(viewport={"width": 1400, "height": 900})

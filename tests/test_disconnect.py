@@ -19,10 +19,9 @@ import pytest
 import redis
 
 from common import streams
-from tests.conftest import redis_server
 from tests.disconnect_probe import aborted, inbox_tail_id, settle, trace
 from tests.load_clients import completion_body, stream
-from tests.services import Stack, wait_for
+from tests.services import Stack, running_stack, wait_for
 
 MAX_TOKENS = 400
 PROMPT = [72, 101, 108, 108, 111, 44, 32, 119, 111, 114, 108, 100]
@@ -34,16 +33,10 @@ def stack(
 ) -> Iterator[tuple[Stack, int]]:
     """The stack, and how many steps per worker can be in flight (already sent) at any moment."""
     async_scheduling: bool = request.param
-    with redis_server(tmp_path) as url:
-        stack = Stack(redis_url=url, model_dir=tiny_model_dir, log_dir=tmp_path)
-        try:
-            stack.start_batcher(BATCHER_ASYNC_SCHEDULING=str(async_scheduling).lower())
-            stack.start_worker()
-            stack.start_gateway()  # the default resume window: only resumable requests get it
-            stack.wait_ready(num_workers=1)
-            yield stack, 2 if async_scheduling else 1
-        finally:
-            stack.stop()
+    env = {"BATCHER_ASYNC_SCHEDULING": str(async_scheduling).lower()}
+    # The default resume window: only resumable requests get it.
+    with running_stack(tmp_path, tiny_model_dir, batcher_env=env) as stack:
+        yield stack, 2 if async_scheduling else 1
 
 
 async def _hang_up_after(base_url: str, num_tokens: int) -> tuple[str, float]:

@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.greedy_reference import greedy_generate
+from benchmarks.gpu_parity import reference_greedy
 from tests.services import Stack
 
 NUM_REQUESTS = 16
@@ -42,7 +42,7 @@ def reference(tiny_model_dir: Path) -> tuple[list[tuple[list[int], int]], list[l
     from transformers import AutoConfig
 
     cases = make_cases(AutoConfig.from_pretrained(tiny_model_dir).vocab_size)
-    outputs = greedy_generate(tiny_model_dir, [p for p, _ in cases], [m for _, m in cases])
+    outputs = reference_greedy(tiny_model_dir, [p for p, _ in cases], [m for _, m in cases])
     return cases, outputs
 
 
@@ -128,12 +128,11 @@ def test_greedy_pipeline_matches_generate(
 ) -> None:
     cases, expected = reference
     spec = CONFIGS[config]
-    stack = make_stack()
-    stack.start_batcher(**spec["batcher_env"])  # type: ignore[arg-type]
-    for w in range(spec["workers"]):  # type: ignore[call-overload]
-        stack.start_worker(f"worker{w}", **spec["worker_env"])  # type: ignore[arg-type]
-    stack.start_gateway()
-    stack.wait_ready(num_workers=spec["workers"])  # type: ignore[arg-type]
+    stack = make_stack().start_all(
+        spec["workers"],  # type: ignore[arg-type]
+        batcher_env=spec["batcher_env"],  # type: ignore[arg-type]
+        worker_env=spec["worker_env"],  # type: ignore[arg-type]
+    )
 
     got = asyncio.run(run_cases(stack.base_url, cases, tiny_model_dir.name))
 

@@ -15,8 +15,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from benchmarks.gpu_parity import reference_greedy as greedy_generate
 from tests.fault_clients import run_with_fault
-from tests.greedy_reference import greedy_generate
 from tests.services import Stack, wait_for
 from tests.test_e2e_correctness import run_cases
 

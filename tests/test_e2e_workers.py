@@ -21,11 +21,7 @@ async def _generate(base_url: str, prompts: list[list[int]], max_tokens: int) ->
 
 
 def test_late_worker_joins_and_takes_new_requests(make_stack: Callable[[], Stack]) -> None:
-    stack = make_stack()
-    stack.start_batcher()
-    stack.start_worker("worker0")
-    stack.start_gateway()
-    stack.wait_ready(num_workers=1)
+    stack = make_stack().start_all()
     first = [[10 + i, 20 + i, 30 + i] for i in range(4)]
     assert all(r["usage"]["completion_tokens"] == 8 for r in asyncio.run(_generate(stack.base_url, first, 8)))  # type: ignore[index]
 

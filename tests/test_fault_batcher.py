@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import random
 import signal
 import time
 from collections.abc import Callable
@@ -31,35 +30,23 @@ from common.protocol import (
     GenerateRequest,
     ModelRunnerOutput,
     SamplingParams,
-    TokenEvent,
     WorkerInfo,
-    decode_event,
     decode_inbox,
     encode,
 )
-from tests.fault_clients import ClientStream, longest_wait, run_with_fault
-from tests.greedy_reference import greedy_generate
+from tests import fault_clients as fault
 from tests.services import Stack, wait_for
 
 NUM_STREAMS = 8
 MAX_TOKENS = 96
 TOKENS_BEFORE_FAULT = 4
-LEASE_TTL_S = 1.0
-# A short lease, so that a dead batcher is replaced within about a second.
-BATCHER_ENV = {
-    "BATCHER_HEARTBEAT_TIMEOUT_S": "1.5",
-    "BATCHER_WORKER_CHECK_INTERVAL_S": "0.1",
-    "BATCHER_LEASE_TTL_S": str(LEASE_TTL_S),
-    "BATCHER_STANDBY_POLL_S": "0.05",
-}
-WORKER_ENV = {"WORKER_HEARTBEAT_INTERVAL_S": "0.2"}
+BATCHER_ENV = fault.FAST_TAKEOVER_ENV
+LEASE_TTL_S = float(BATCHER_ENV["BATCHER_LEASE_TTL_S"])
 
 
 @pytest.fixture(scope="module")
-def cases(tiny_model_dir: Path) -> tuple[list[list[int]], list[list[int]]]:
-    rng = random.Random(11)
-    prompts = [[rng.randrange(3, 512) for _ in range(rng.randrange(3, 40))] for _ in range(NUM_STREAMS)]
-    return prompts, greedy_generate(tiny_model_dir, prompts, MAX_TOKENS)
+def cases(tiny_model_dir: Path) -> fault.FaultCases:
+    return fault.random_cases(tiny_model_dir, 11, NUM_STREAMS, MAX_TOKENS)
 
 
 def _lease_holder(stack: Stack) -> str:
@@ -75,8 +62,8 @@ def _start(make_stack: Callable[[], Stack], batcher_ids: list[str]) -> Stack:
     wait_for(lambda: _lease_holder(stack) == f"1:{first}", 30, "the first batcher to lead")
     for batcher_id in standbys:
         stack.start_batcher(batcher_id, BATCHER_BATCHER_ID=batcher_id, **BATCHER_ENV)
-    stack.start_worker("worker0", **WORKER_ENV)
-    stack.start_worker("worker1", **WORKER_ENV)
+    stack.start_worker("worker0", **fault.WORKER_ENV)
+    stack.start_worker("worker1", **fault.WORKER_ENV)
     stack.start_gateway()
     stack.wait_ready(num_workers=2)
     return stack
@@ -89,26 +76,25 @@ def _results(redis_url: str) -> list[ModelRunnerOutput]:
 
 
 def _check(
-    stack: Stack, prompts: list[list[int]], expected: list[list[int]], seen: list[ClientStream], epoch: int
+    stack: Stack,
+    prompts: list[list[int]],
+    expected: list[list[int]],
+    seen: list[fault.ClientStream],
+    epoch: int,
 ) -> None:
-    for i, s in enumerate(seen):
-        assert not s.errors, f"stream {i} got errors: {s.errors}"
-        assert s.finish_reason == "length", f"stream {i} ended with {s.finish_reason}"
-        assert s.token_ids == expected[i], f"stream {i} differs from generate"
-    client = redis.Redis.from_url(stack.redis_url)
+    fault.check_clients(seen, expected)
     # Not just filtered by readers: each index was written exactly once, by one attempt at a time.
-    keys = sorted(k.decode() for k in client.scan_iter(match=streams.token_stream("*")))
-    assert len(keys) == len(prompts), keys
-    for key in keys:
-        events = [decode_event(fields[FIELD]) for _, fields in client.xrange(key)]  # type: ignore[union-attr]
-        assert all(isinstance(e, TokenEvent) for e in events), events
-        assert [e.index for e in events] == list(range(MAX_TOKENS)), [(e.index, e.attempt) for e in events]  # type: ignore[union-attr]
-        attempts = [e.attempt for e in events]  # type: ignore[union-attr]
+    token_streams = fault.raw_token_events(stack.redis_url)
+    assert len(token_streams) == len(prompts)
+    for events in token_streams:
+        assert [e.index for e in events] == list(range(MAX_TOKENS)), [(e.index, e.attempt) for e in events]
+        attempts = [e.attempt for e in events]
         assert attempts == sorted(attempts), attempts
     # The old batcher's steps all came before the new one's: once a result of the new epoch is in
     # the inbox, no result of an older epoch follows (no request was scheduled by both at once).
     epochs = [r.epoch for r in _results(stack.redis_url)]
     assert epochs == sorted(epochs) and epochs[-1] == epoch, epochs
+    client = redis.Redis.from_url(stack.redis_url)
     assert client.xpending(streams.REQUESTS_STREAM, streams.BATCHER_GROUP)["pending"] == 0
     stats = stack.stats()
     assert stats["epoch"] == epoch and stats["num_recovered"] == NUM_STREAMS, stats
@@ -118,7 +104,7 @@ def _check(
 # The restarted process finds the pending entries under its own consumer name, or a dead one's.
 @pytest.mark.parametrize("new_id", ["batcher-a", "batcher-b"], ids=["same-name", "new-name"])
 def test_killed_batcher_is_restarted_and_streams_resume(
-    new_id: str, make_stack: Callable[[], Stack], cases: tuple[list[list[int]], list[list[int]]]
+    new_id: str, make_stack: Callable[[], Stack], cases: fault.FaultCases
 ) -> None:
     prompts, expected = cases
     stack = _start(make_stack, ["batcher-a"])
@@ -134,16 +120,18 @@ def test_killed_batcher_is_restarted_and_streams_resume(
         wait_for(lambda: _lease_holder(stack) == f"2:{new_id}", 30, "the new batcher to take the lease")
 
     seen, fault_at = asyncio.run(
-        run_with_fault(stack.base_url, prompts, MAX_TOKENS, TOKENS_BEFORE_FAULT, kill_and_restart, took_over)
+        fault.run_with_fault(
+            stack.base_url, prompts, MAX_TOKENS, TOKENS_BEFORE_FAULT, kill_and_restart, took_over
+        )
     )
     _check(stack, prompts, expected, seen, epoch=2)
-    wait_s = longest_wait(seen, fault_at)
+    wait_s = fault.longest_wait(seen, fault_at)
     print(f"\nSIGKILL of the batcher, restarted as {new_id}: longest client wait {wait_s:.2f}s")
     assert wait_s < LEASE_TTL_S + 10  # a new process's imports, the lease TTL, workers rejoining
 
 
 def test_standby_takes_over_from_killed_batcher(
-    make_stack: Callable[[], Stack], cases: tuple[list[list[int]], list[list[int]]]
+    make_stack: Callable[[], Stack], cases: fault.FaultCases
 ) -> None:
     prompts, expected = cases
     stack = _start(make_stack, ["batcher-a", "batcher-b"])
@@ -157,18 +145,18 @@ def test_standby_takes_over_from_killed_batcher(
         wait_for(lambda: _lease_holder(stack) == "2:batcher-b", 30, "the standby to take the lease")
 
     seen, fault_at = asyncio.run(
-        run_with_fault(stack.base_url, prompts, MAX_TOKENS, TOKENS_BEFORE_FAULT, kill, took_over)
+        fault.run_with_fault(stack.base_url, prompts, MAX_TOKENS, TOKENS_BEFORE_FAULT, kill, took_over)
     )
     victim.wait(timeout=10)
     del stack.procs["batcher-a"]
     _check(stack, prompts, expected, seen, epoch=2)
-    wait_s = longest_wait(seen, fault_at)
+    wait_s = fault.longest_wait(seen, fault_at)
     print(f"\nSIGKILL of the active batcher, standby takes over: longest client wait {wait_s:.2f}s")
     assert wait_s < LEASE_TTL_S + 5
 
 
 def test_paused_batcher_loses_the_lease_and_stands_by(
-    make_stack: Callable[[], Stack], cases: tuple[list[list[int]], list[list[int]]]
+    make_stack: Callable[[], Stack], cases: fault.FaultCases
 ) -> None:
     prompts, expected = cases
     stack = _start(make_stack, ["batcher-a", "batcher-b"])
@@ -187,7 +175,7 @@ def test_paused_batcher_loses_the_lease_and_stands_by(
 
     try:
         seen, fault_at = asyncio.run(
-            run_with_fault(
+            fault.run_with_fault(
                 stack.base_url, prompts, MAX_TOKENS, TOKENS_BEFORE_FAULT, pause, took_over_then_resume
             )
         )
@@ -200,7 +188,7 @@ def test_paused_batcher_loses_the_lease_and_stands_by(
     for worker_id in old_worker_ids:
         assert not client.exists(streams.worker_steps(worker_id)), worker_id
     assert _lease_holder(stack) == "2:batcher-b"
-    print(f"\nSIGSTOP of the active batcher: longest client wait {longest_wait(seen, fault_at):.2f}s")
+    print(f"\nSIGSTOP of the active batcher: longest client wait {fault.longest_wait(seen, fault_at):.2f}s")
 
     # It really stands by: when the new leader dies, the old one leads again.
     stack.procs.pop("batcher-b").send_signal(signal.SIGKILL)

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 import redis
 
+from benchmarks.gpu_parity import reference_greedy
 from common import streams
 from common.protocol import (
     FIELD,
@@ -31,7 +32,6 @@ from common.protocol import (
     decode_request,
     encode,
 )
-from tests.greedy_reference import greedy_generate
 from tests.services import Stack, wait_for
 
 MAX_TOKENS = 24
@@ -54,7 +54,7 @@ def _ended(events: list[StreamEvent]) -> bool:
 def test_poison_requests_fail_alone_and_are_dead_lettered(
     scheduling: str, make_stack: Callable[[], Stack], tiny_model_dir: Path
 ) -> None:
-    expected = greedy_generate(tiny_model_dir, PROMPTS, MAX_TOKENS)
+    expected = reference_greedy(tiny_model_dir, PROMPTS, MAX_TOKENS)
     used = {t for seq in [*PROMPTS, *expected] for t in seq}
     poison_token = next(t for t in range(3, 512) if t not in used)  # never produced by the others
 

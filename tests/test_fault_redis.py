@@ -18,7 +18,6 @@ repeated or missing token, SSE ids increasing, nothing left pending. Once `/heal
 from __future__ import annotations
 
 import asyncio
-import random
 import signal
 import time
 from collections.abc import Iterator
@@ -30,9 +29,7 @@ import pytest
 import redis
 
 from common import streams
-from common.protocol import FIELD, TokenEvent, decode_event
-from tests.fault_clients import ClientStream, longest_wait, run_with_fault
-from tests.greedy_reference import greedy_generate
+from tests import fault_clients as fault
 from tests.redis_process import RedisProcess
 from tests.services import Stack, wait_for
 
@@ -40,22 +37,13 @@ NUM_STREAMS = 6
 MAX_TOKENS = 96
 TOKENS_BEFORE_FAULT = 4
 LOST_TOKENS = 6  # per stream, in the lost-writes case: written to Redis, sent to clients, then lost
-BATCHER_ENV = {
-    "BATCHER_HEARTBEAT_TIMEOUT_S": "1.5",
-    "BATCHER_WORKER_CHECK_INTERVAL_S": "0.1",
-    "BATCHER_LEASE_TTL_S": "1.0",
-    "BATCHER_STANDBY_POLL_S": "0.05",
-}
-WORKER_ENV = {"WORKER_HEARTBEAT_INTERVAL_S": "0.2"}
 NUM_BURST = 50  # concurrent requests sent once /health answers 200 again
 BURST_WITHIN_S = 5.0
 
 
 @pytest.fixture(scope="module")
-def cases(tiny_model_dir: Path) -> tuple[list[list[int]], list[list[int]]]:
-    rng = random.Random(5)
-    prompts = [[rng.randrange(3, 512) for _ in range(rng.randrange(3, 40))] for _ in range(NUM_STREAMS)]
-    return prompts, greedy_generate(tiny_model_dir, prompts, MAX_TOKENS)
+def cases(tiny_model_dir: Path) -> fault.FaultCases:
+    return fault.random_cases(tiny_model_dir, 5, NUM_STREAMS, MAX_TOKENS)
 
 
 @pytest.fixture()
@@ -72,12 +60,7 @@ def redis_proc(tmp_path: Path) -> Iterator[RedisProcess]:
 def stack(redis_proc: RedisProcess, tiny_model_dir: Path, tmp_path: Path) -> Iterator[Stack]:
     stack = Stack(redis_url=redis_proc.url, model_dir=tiny_model_dir, log_dir=tmp_path)
     try:
-        stack.start_batcher(**BATCHER_ENV)
-        stack.start_worker("worker0", **WORKER_ENV)
-        stack.start_worker("worker1", **WORKER_ENV)
-        stack.start_gateway()
-        stack.wait_ready(num_workers=2)
-        yield stack
+        yield stack.start_all(2, batcher_env=fault.FAST_TAKEOVER_ENV, worker_env=fault.WORKER_ENV)
     finally:
         stack.stop()
 
@@ -92,30 +75,25 @@ def _token_lengths(client: redis.Redis) -> dict[str, int]:
     return {k: int(client.xlen(k)) for k in keys}  # type: ignore[arg-type]
 
 
-def _check(stack: Stack, expected: list[list[int]], seen: list[ClientStream], burst_ids: list[str]) -> None:
+def _check(
+    stack: Stack, expected: list[list[int]], seen: list[fault.ClientStream], burst_ids: list[str]
+) -> None:
+    fault.check_clients(seen, expected)
     for i, s in enumerate(seen):
-        assert not s.errors, f"stream {i} got errors: {s.errors}"
-        assert s.finish_reason == "length", f"stream {i} ended with {s.finish_reason}"
-        # Every token once, in order: equal to generate means none repeated, none missing.
-        assert s.token_ids == expected[i], f"stream {i} differs from generate"
         ids = [tuple(int(p) for p in e.split("-")) for e in s.entry_ids]
         assert ids == sorted(set(ids)), f"stream {i}: SSE ids repeat or go back: {s.entry_ids}"
-    client = redis.Redis.from_url(stack.redis_url)
-    keys = sorted(k.decode() for k in client.scan_iter(match=streams.token_stream("*")))  # type: ignore[union-attr]
-    keys = [k for k in keys if k not in {streams.token_stream(i) for i in burst_ids}]
-    assert len(keys) == NUM_STREAMS, keys
-    for key in keys:
-        events = [decode_event(fields[FIELD]) for _, fields in client.xrange(key)]  # type: ignore[union-attr]
-        assert all(isinstance(e, TokenEvent) for e in events), events
+    token_streams = fault.raw_token_events(stack.redis_url, skip=burst_ids)
+    assert len(token_streams) == NUM_STREAMS
+    for events in token_streams:
         by_index: dict[int, set[int]] = {}
         for e in events:
-            assert isinstance(e, TokenEvent)
             by_index.setdefault(e.index, set()).add(e.token_id)
         # A publish whose reply was lost in the outage may be repeated (same index, same token).
         assert sorted(by_index) == list(range(MAX_TOKENS)), sorted(by_index)
         assert all(len(tokens) == 1 for tokens in by_index.values()), by_index
-        attempts = [e.attempt for e in events]  # type: ignore[union-attr]
+        attempts = [e.attempt for e in events]
         assert attempts == sorted(attempts), attempts
+    client = redis.Redis.from_url(stack.redis_url)
     assert client.xpending(streams.REQUESTS_STREAM, streams.BATCHER_GROUP)["pending"] == 0
     stats = stack.stats()
     # The batcher rebuilt every request from Redis after the outage, as on a takeover.
@@ -125,7 +103,7 @@ def _check(stack: Stack, expected: list[list[int]], seen: list[ClientStream], bu
 
 @pytest.mark.parametrize("mode", ["sigterm", "sigkill-lost-writes"])
 def test_streams_survive_a_redis_restart(
-    mode: str, stack: Stack, redis_proc: RedisProcess, cases: tuple[list[list[int]], list[list[int]]]
+    mode: str, stack: Stack, redis_proc: RedisProcess, cases: fault.FaultCases
 ) -> None:
     prompts, expected = cases
     base_url = stack.base_url
@@ -169,7 +147,9 @@ def test_streams_survive_a_redis_restart(
     burst_ids: list[str] = []
 
     seen, fault_at = asyncio.run(
-        run_with_fault(base_url, prompts, MAX_TOKENS, TOKENS_BEFORE_FAULT, stop_redis, outage_then_restart)
+        fault.run_with_fault(
+            base_url, prompts, MAX_TOKENS, TOKENS_BEFORE_FAULT, stop_redis, outage_then_restart
+        )
     )
     stack.check_alive()
     _check(stack, expected, seen, burst_ids)
@@ -177,7 +157,7 @@ def test_streams_survive_a_redis_restart(
     recovery_s = max(next(t for t in s.arrivals if t > restarted_at[0]) - restarted_at[0] for s in seen)
     print(
         f"\nredis {mode}: down {restarted_at[0] - fault_at:.2f}s, longest client wait "
-        f"{longest_wait(seen, fault_at):.2f}s, recovery after restart {recovery_s:.2f}s, "
+        f"{fault.longest_wait(seen, fault_at):.2f}s, recovery after restart {recovery_s:.2f}s, "
         f"{NUM_BURST} new requests after /health said ok: {burst_s[0]:.2f}s"
     )
     assert recovery_s < 10

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import random
 import signal
 from collections.abc import Callable
 from pathlib import Path
@@ -24,61 +23,35 @@ from common import streams
 from common.protocol import (
     FIELD,
     ModelRunnerOutput,
-    NewRequestData,
     SamplingParams,
-    SchedulerOutput,
-    TokenEvent,
     WorkerInfo,
-    decode_event,
     decode_inbox,
     encode,
 )
-from tests.fault_clients import ClientStream, longest_wait, run_with_fault
-from tests.greedy_reference import greedy_generate
+from tests import fault_clients as fault
 from tests.services import Stack, wait_for
+from tests.worker_steps import new_request, prefill_step
 
 NUM_STREAMS = 8
 MAX_TOKENS = 96
 TOKENS_BEFORE_FAULT = 4
-HEARTBEAT_TIMEOUT_S = 1.5
-# Short heartbeats so that a dead worker is noticed within about two seconds.
-BATCHER_ENV = {
-    "BATCHER_HEARTBEAT_TIMEOUT_S": str(HEARTBEAT_TIMEOUT_S),
-    "BATCHER_WORKER_CHECK_INTERVAL_S": "0.1",
-}
-WORKER_ENV = {"WORKER_HEARTBEAT_INTERVAL_S": "0.2"}
+BATCHER_ENV = fault.FAST_HEARTBEAT_ENV
+HEARTBEAT_TIMEOUT_S = float(BATCHER_ENV["BATCHER_HEARTBEAT_TIMEOUT_S"])
 
 
 @pytest.fixture(scope="module")
-def cases(tiny_model_dir: Path) -> tuple[list[list[int]], list[list[int]]]:
-    rng = random.Random(7)
-    prompts = [[rng.randrange(3, 512) for _ in range(rng.randrange(3, 40))] for _ in range(NUM_STREAMS)]
-    return prompts, greedy_generate(tiny_model_dir, prompts, MAX_TOKENS)
-
-
-def _token_events(redis_url: str, prompts: list[list[int]]) -> list[list[TokenEvent]]:
-    """Every TokenEvent in every request's raw token stream, in stream order."""
-    client = redis.Redis.from_url(redis_url)
-    keys = sorted(k.decode() for k in client.scan_iter(match=streams.token_stream("*")))
-    assert len(keys) == len(prompts), keys
-    out = []
-    for key in keys:
-        entries: Any = client.xrange(key)
-        events = [decode_event(fields[FIELD]) for _, fields in entries]
-        assert all(isinstance(e, TokenEvent) for e in events), events
-        out.append(events)
-    return out
+def cases(tiny_model_dir: Path) -> fault.FaultCases:
+    return fault.random_cases(tiny_model_dir, 7, NUM_STREAMS, MAX_TOKENS)
 
 
 def _check(
-    stack: Stack, prompts: list[list[int]], expected: list[list[int]], seen: list[ClientStream]
+    stack: Stack, prompts: list[list[int]], expected: list[list[int]], seen: list[fault.ClientStream]
 ) -> None:
-    for i, s in enumerate(seen):
-        assert not s.errors, f"stream {i} got errors: {s.errors}"
-        assert s.finish_reason == "length", f"stream {i} ended with {s.finish_reason}"
-        assert s.token_ids == expected[i], f"stream {i} differs from generate"
+    fault.check_clients(seen, expected)
     # Not just filtered by readers: each index was written exactly once, by one attempt at a time.
-    for events in _token_events(stack.redis_url, prompts):
+    token_streams = fault.raw_token_events(stack.redis_url)
+    assert len(token_streams) == len(prompts)
+    for events in token_streams:
         assert [e.index for e in events] == list(range(MAX_TOKENS)), [(e.index, e.attempt) for e in events]
         attempts = [e.attempt for e in events]
         assert attempts == sorted(attempts), attempts
@@ -88,18 +61,13 @@ def _check(
 
 
 def _start(make_stack: Callable[[], Stack], async_scheduling: bool = False) -> Stack:
-    stack = make_stack()
-    stack.start_batcher(**BATCHER_ENV, BATCHER_ASYNC_SCHEDULING=str(async_scheduling).lower())
-    stack.start_worker("worker0", **WORKER_ENV)
-    stack.start_worker("worker1", **WORKER_ENV)
-    stack.start_gateway()
-    stack.wait_ready(num_workers=2)
-    return stack
+    env = {**BATCHER_ENV, "BATCHER_ASYNC_SCHEDULING": str(async_scheduling).lower()}
+    return make_stack().start_all(2, batcher_env=env, worker_env=fault.WORKER_ENV)
 
 
 @pytest.mark.parametrize("scheduling", ["sync", "async"])
 def test_killed_worker_streams_resume_elsewhere(
-    scheduling: str, make_stack: Callable[[], Stack], cases: tuple[list[list[int]], list[list[int]]]
+    scheduling: str, make_stack: Callable[[], Stack], cases: fault.FaultCases
 ) -> None:
     prompts, expected = cases
     stack = _start(make_stack, async_scheduling=scheduling == "async")
@@ -112,18 +80,18 @@ def test_killed_worker_streams_resume_elsewhere(
         wait_for(lambda: stack.stats().get("num_workers_lost", 0) >= 1, 30, "the batcher to notice the kill")
 
     seen, fault_at = asyncio.run(
-        run_with_fault(stack.base_url, prompts, MAX_TOKENS, TOKENS_BEFORE_FAULT, kill, declared_dead)
+        fault.run_with_fault(stack.base_url, prompts, MAX_TOKENS, TOKENS_BEFORE_FAULT, kill, declared_dead)
     )
     victim.wait(timeout=10)
     del stack.procs["worker1"]  # expected dead; the stack's liveness checks must not trip on it
     _check(stack, prompts, expected, seen)
-    wait_s = longest_wait(seen, fault_at)
+    wait_s = fault.longest_wait(seen, fault_at)
     print(f"\nSIGKILL of 1 of 2 workers ({scheduling}): longest client wait {wait_s:.2f}s")
     assert wait_s < HEARTBEAT_TIMEOUT_S + 5  # detection, plus slack for this loaded 2-core machine
 
 
 def test_paused_worker_is_fenced_and_rejoins(
-    make_stack: Callable[[], Stack], cases: tuple[list[list[int]], list[list[int]]]
+    make_stack: Callable[[], Stack], cases: fault.FaultCases
 ) -> None:
     prompts, expected = cases
     stack = _start(make_stack)
@@ -138,7 +106,7 @@ def test_paused_worker_is_fenced_and_rejoins(
 
     try:
         seen, fault_at = asyncio.run(
-            run_with_fault(stack.base_url, prompts, MAX_TOKENS, TOKENS_BEFORE_FAULT, pause, wait_fenced)
+            fault.run_with_fault(stack.base_url, prompts, MAX_TOKENS, TOKENS_BEFORE_FAULT, pause, wait_fenced)
         )
     finally:
         os.kill(paused.pid, signal.SIGCONT)
@@ -150,7 +118,7 @@ def test_paused_worker_is_fenced_and_rejoins(
     assert len(ids) == 2 and any(i.endswith(".1") for i in ids), ids
     assert paused.poll() is None
     _check(stack, prompts, expected, seen)
-    wait_s = longest_wait(seen, fault_at)
+    wait_s = fault.longest_wait(seen, fault_at)
     print(f"\nSIGSTOP of 1 of 2 workers: longest client wait {wait_s:.2f}s")
     assert wait_s < HEARTBEAT_TIMEOUT_S + 5
 
@@ -166,23 +134,8 @@ def test_fenced_worker_writes_nothing_and_rejoins(make_stack: Callable[[], Stack
     (worker_id,) = [k.decode() for k in client.hkeys(streams.WORKERS_HASH)]
 
     client.hdel(streams.WORKERS_HASH, worker_id)  # what the batcher does when it declares it dead
-    new = NewRequestData(
-        req_id="stale",
-        prompt_token_ids=[5, 6, 7],
-        output_token_ids=[],
-        sampling_params=SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True),
-        block_ids=[0],
-        num_computed_tokens=0,
-        attempt=1,
-    )
-    step = SchedulerOutput(
-        step_id=1,
-        scheduled_new_reqs=[new],
-        scheduled_cached_reqs=[],
-        num_scheduled_tokens={"stale": 3},
-        total_num_scheduled_tokens=3,
-        finished_req_ids=[],
-    )
+    params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+    step = prefill_step([new_request("stale", [5, 6, 7], params, [0], attempt=1)], step_id=1)
     client.xadd(streams.worker_steps(worker_id), {FIELD: encode(step)})
 
     wait_for(lambda: "step 1 not published" in stack.log("worker0"), 30, "the refused publish")

@@ -65,11 +65,7 @@ async def _send(base_url: str) -> list[dict[str, int]]:
 
 
 def test_metrics_match_what_was_served(make_stack: Callable[[], Stack]) -> None:
-    stack = make_stack()
-    stack.start_batcher()
-    stack.start_worker("worker0")
-    stack.start_gateway()
-    stack.wait_ready(num_workers=1)
+    stack = make_stack().start_all()
     [worker_id] = [k.removeprefix("num_steps:") for k in stack.stats() if k.startswith("num_steps:")]
 
     usages = asyncio.run(_send(stack.base_url))
@@ -135,12 +131,9 @@ def test_metrics_match_what_was_served(make_stack: Callable[[], Stack]) -> None:
 
 
 def test_gauges_show_a_running_request(make_stack: Callable[[], Stack]) -> None:
-    stack = make_stack()
     # The worker is paused below; a long heartbeat timeout keeps the batcher from declaring it dead.
-    stack.start_batcher(BATCHER_HEARTBEAT_TIMEOUT_S="60")
-    worker = stack.start_worker("worker0")
-    stack.start_gateway()
-    stack.wait_ready(num_workers=1)
+    stack = make_stack().start_all(batcher_env={"BATCHER_HEARTBEAT_TIMEOUT_S": "60"})
+    worker = stack.procs["worker0"]
 
     def running_seen() -> bool:
         return value(scrape(stack.base_url), "cbserve:worker_num_requests_running") == 1

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
 from transformers.masking_utils import create_causal_mask
 
+from benchmarks.gpu_parity import reference_greedy
 from common.protocol import (
     CachedRequestData,
     ModelRunnerOutput,
@@ -19,6 +20,7 @@ from common.protocol import (
 )
 from gpu_worker.model_runner import ModelRunner
 from gpu_worker.settings import WorkerSettings
+from tests.worker_steps import new_request, prefill_step
 
 # The tiny model's greedy continuation of this prompt is [461, 0, 257, 0, ...]: EOS (0) mid-stream.
 EOS_PROMPT = [462, 383, 46, 427, 255, 274, 170, 352]
@@ -34,31 +36,23 @@ def _few_threads() -> None:
 @pytest.fixture(params=[True, False], ids=["grouped-decodes", "one-decode-group"])
 def runner(tiny_model_dir: Path, request: pytest.FixtureRequest) -> ModelRunner:
     # Both attention layouts: decodes in groups of similar length (the cpu default) and all in one.
-    settings = WorkerSettings(
-        model=str(tiny_model_dir),
-        num_blocks=NUM_BLOCKS,
-        block_size=BLOCK_SIZE,
-        worker_id="test",
-        seed=0,
-        group_decodes=request.param,
-    )
-    return ModelRunner(settings)
+    return make_runner(tiny_model_dir, seed=0, group_decodes=request.param)
 
 
-def reference_greedy(model_dir: Path, prompt: list[int], num_tokens: int) -> list[int]:
+def make_runner(model_dir: Path, **settings: Any) -> ModelRunner:
+    """A runner of the tiny model with this file's small pool; `settings` add to or override it."""
+    defaults = {
+        "model": str(model_dir),
+        "num_blocks": NUM_BLOCKS,
+        "block_size": BLOCK_SIZE,
+        "worker_id": "test",
+    }
+    return ModelRunner(WorkerSettings(**(defaults | settings)))
+
+
+def generate_alone(model_dir: Path, prompt: list[int], num_tokens: int) -> list[int]:
     """Plain transformers, one request alone, EOS never special: what every batched run must equal."""
-    model = AutoModelForCausalLM.from_pretrained(model_dir)
-    ids = torch.tensor([prompt])
-    with torch.inference_mode():
-        out = model.generate(
-            ids,
-            attention_mask=torch.ones_like(ids),
-            do_sample=False,
-            max_new_tokens=num_tokens,
-            eos_token_id=None,  # with EOS disabled (not suppressed), generate matches ignore_eos
-            pad_token_id=0,
-        )
-    return [int(t) for t in out[0, len(prompt) :]]
+    return reference_greedy(model_dir, [prompt], num_tokens)[0]
 
 
 @dataclass
@@ -200,19 +194,26 @@ def test_batched_greedy_equals_transformers_generate(runner: ModelRunner, tiny_m
     assert requests[0].attempt == 1
     assert 0 in requests[10].outputs, "EOS_PROMPT no longer makes the tiny model emit EOS: pick another"
     for req in requests:
-        expected = reference_greedy(tiny_model_dir, req.prompt, req.params.max_tokens)
+        expected = generate_alone(tiny_model_dir, req.prompt, req.params.max_tokens)
         assert req.outputs == expected, req.req_id
+
+
+def assert_same_alone(
+    runner: ModelRunner, params: list[SamplingParams], batched: list[SimRequest], indexes: tuple[int, ...]
+) -> None:
+    """Each of the `indexes` requests, run alone from the first step, gets what it got in the batch."""
+    for i in indexes:
+        alone = make_requests(params)[i : i + 1]
+        alone[0].arrival_step = 0
+        run_to_completion(runner, alone, preempt={})
+        assert alone[0].outputs == batched[i].outputs
 
 
 def test_seeded_sampling_survives_batching_and_preemption(runner: ModelRunner) -> None:
     params = [SamplingParams(max_tokens=10, temperature=0.8, top_p=0.9, seed=200 + i) for i in range(11)]
     batched = make_requests(params)
     run_to_completion(runner, batched, preempt={6: "r1"})
-    for i in (0, 1, 3):
-        alone = make_requests(params)[i : i + 1]
-        alone[0].arrival_step = 0
-        run_to_completion(runner, alone, preempt={})
-        assert alone[0].outputs == batched[i].outputs
+    assert_same_alone(runner, params, batched, (0, 1, 3))
 
 
 def test_penalties_and_logprobs_survive_batching_and_preemption(runner: ModelRunner) -> None:
@@ -234,35 +235,13 @@ def test_penalties_and_logprobs_survive_batching_and_preemption(runner: ModelRun
     batched = make_requests(params)
     run_to_completion(runner, batched, preempt={7: "r0", 9: "r2"})
     assert batched[0].attempt == 1 and batched[2].attempt == 1
-    for i in (0, 2, 5):
-        alone = make_requests(params)[i : i + 1]
-        alone[0].arrival_step = 0
-        run_to_completion(runner, alone, preempt={})
-        assert alone[0].outputs == batched[i].outputs
+    assert_same_alone(runner, params, batched, (0, 2, 5))
 
 
 def test_token_events_carry_logprobs_only_when_asked(runner: ModelRunner) -> None:
-    def new(req_id: str, params: SamplingParams) -> NewRequestData:
-        return NewRequestData(
-            req_id=req_id,
-            prompt_token_ids=[5, 6, 7],
-            output_token_ids=[],
-            sampling_params=params,
-            block_ids=[0] if req_id == "a" else [1],
-            num_computed_tokens=0,
-            attempt=0,
-        )
-
     asked, plain = SamplingParams(temperature=0.0, logprobs=3), SamplingParams(temperature=0.0)
     output = runner.execute_model(
-        SchedulerOutput(
-            step_id=0,
-            scheduled_new_reqs=[new("a", asked), new("b", plain)],
-            scheduled_cached_reqs=[],
-            num_scheduled_tokens={"a": 3, "b": 3},
-            total_num_scheduled_tokens=6,
-            finished_req_ids=[],
-        )
+        prefill_step([new_request("a", [5, 6, 7], asked, [0]), new_request("b", [5, 6, 7], plain, [1])])
     )
     with_logprobs, without = runner.token_events(output)
     assert with_logprobs.logprob is not None and len(with_logprobs.top_token_ids) == 3
@@ -272,24 +251,8 @@ def test_token_events_carry_logprobs_only_when_asked(runner: ModelRunner) -> Non
 
 
 def test_bad_request_fails_alone(runner: ModelRunner) -> None:
-    good = NewRequestData(
-        req_id="good",
-        prompt_token_ids=[5, 6, 7],
-        output_token_ids=[],
-        sampling_params=SamplingParams(max_tokens=2, temperature=0.0),
-        block_ids=[0],
-        num_computed_tokens=0,
-        attempt=0,
-    )
-    bad = NewRequestData(
-        req_id="bad",
-        prompt_token_ids=[5, 10**6],
-        output_token_ids=[],
-        sampling_params=SamplingParams(max_tokens=2),
-        block_ids=[1],
-        num_computed_tokens=0,
-        attempt=0,
-    )
+    good = new_request("good", [5, 6, 7], SamplingParams(max_tokens=2, temperature=0.0), [0])
+    bad = new_request("bad", [5, 10**6], SamplingParams(max_tokens=2), [1])
     output = runner.execute_model(
         SchedulerOutput(
             step_id=0,
@@ -308,30 +271,13 @@ def test_bad_request_fails_alone(runner: ModelRunner) -> None:
 
 
 def single_step(runner: ModelRunner, prompt: list[int], params: SamplingParams) -> ModelRunnerOutput:
-    new = NewRequestData(
-        req_id="s",
-        prompt_token_ids=prompt,
-        output_token_ids=[],
-        sampling_params=params,
-        block_ids=list(range(-(-len(prompt) // BLOCK_SIZE) + 1)),
-        num_computed_tokens=0,
-        attempt=0,
-    )
-    return runner.execute_model(
-        SchedulerOutput(
-            step_id=0,
-            scheduled_new_reqs=[new],
-            scheduled_cached_reqs=[],
-            num_scheduled_tokens={"s": len(prompt)},
-            total_num_scheduled_tokens=len(prompt),
-            finished_req_ids=[],
-        )
-    )
+    blocks = list(range(-(-len(prompt) // BLOCK_SIZE) + 1))
+    return runner.execute_model(prefill_step([new_request("s", prompt, params, blocks)]))
 
 
 def test_stop_token_finishes(runner: ModelRunner, tiny_model_dir: Path) -> None:
     prompt = [11, 12, 13, 14, 15]
-    first = reference_greedy(tiny_model_dir, prompt, 1)[0]
+    first = generate_alone(tiny_model_dir, prompt, 1)[0]
     output = single_step(
         runner, prompt, SamplingParams(max_tokens=5, temperature=0.0, stop_token_ids=[first])
     )
@@ -341,25 +287,9 @@ def test_stop_token_finishes(runner: ModelRunner, tiny_model_dir: Path) -> None:
 
 def test_eos_finishes_without_ignore_eos(runner: ModelRunner) -> None:
     # Resent as if preempted after its first token, so the next sampled token is the EOS.
-    new = NewRequestData(
-        req_id="e",
-        prompt_token_ids=EOS_PROMPT,
-        output_token_ids=[461],
-        sampling_params=SamplingParams(max_tokens=5, temperature=0.0),
-        block_ids=[0, 1, 2],
-        num_computed_tokens=0,
-        attempt=1,
-    )
-    output = runner.execute_model(
-        SchedulerOutput(
-            step_id=0,
-            scheduled_new_reqs=[new],
-            scheduled_cached_reqs=[],
-            num_scheduled_tokens={"e": 9},
-            total_num_scheduled_tokens=9,
-            finished_req_ids=[],
-        )
-    )
+    params = SamplingParams(max_tokens=5, temperature=0.0)
+    new = new_request("e", EOS_PROMPT, params, [0, 1, 2], output_token_ids=[461], attempt=1)
+    output = runner.execute_model(prefill_step([new]))
     assert output.sampled_token_ids == [0]
     assert output.finish_reasons == ["stop"]
     (event,) = runner.token_events(output)
@@ -380,14 +310,7 @@ def test_transformers_builds_no_dense_mask(runner: ModelRunner) -> None:
 
 
 def test_null_model_samples_token_zero_without_a_forward(tiny_model_dir: Path) -> None:
-    settings = WorkerSettings(
-        model=str(tiny_model_dir),
-        num_blocks=NUM_BLOCKS,
-        block_size=BLOCK_SIZE,
-        worker_id="n",
-        null_model=True,
-    )
-    null = ModelRunner(settings)
+    null = make_runner(tiny_model_dir, worker_id="n", null_model=True)
     calls: list[int] = []
     null.model.register_forward_hook(lambda *_: calls.append(1))
     out = single_step(null, [5, 6, 7], SamplingParams(max_tokens=1, ignore_eos=True))
@@ -399,45 +322,21 @@ def test_step_that_raises_is_rerun_request_by_request(tiny_model_dir: Path) -> N
     """A request that makes the forward raise fails alone; the decodes sharing its step are unchanged."""
     prompts = {"a": [17, 99, 250, 31, 8], "b": [400, 12, 77]}
     num_tokens = 6
-    expected = {r: reference_greedy(tiny_model_dir, p, num_tokens) for r, p in prompts.items()}
+    expected = {r: generate_alone(tiny_model_dir, p, num_tokens) for r, p in prompts.items()}
     used = {t for seq in [*prompts.values(), *expected.values()] for t in seq}
     poison = next(t for t in range(3, 512) if t not in used)
-    runner = ModelRunner(
-        WorkerSettings(
-            model=str(tiny_model_dir),
-            num_blocks=NUM_BLOCKS,
-            block_size=BLOCK_SIZE,
-            worker_id="test",
-            fail_on_token_id=poison,
-        )
-    )
+    runner = make_runner(tiny_model_dir, fail_on_token_id=poison)
     params = SamplingParams(max_tokens=num_tokens, temperature=0.0, ignore_eos=True)
     # "a" asks for logprobs: they must survive the rerun (each single-request forward resets them).
     with_logprobs = SamplingParams(max_tokens=num_tokens, temperature=0.0, ignore_eos=True, logprobs=1)
     blocks = {"a": [0, 1, 2], "b": [3, 4, 5], "poison": [6]}
 
     def new(req_id: str, prompt: list[int]) -> NewRequestData:
-        return NewRequestData(
-            req_id=req_id,
-            prompt_token_ids=prompt,
-            output_token_ids=[],
-            sampling_params=with_logprobs if req_id == "a" else params,
-            block_ids=blocks[req_id],
-            num_computed_tokens=0,
-            attempt=1,
-        )
+        asked = with_logprobs if req_id == "a" else params
+        return new_request(req_id, prompt, asked, blocks[req_id], attempt=1)
 
     got: dict[str, list[int]] = {"a": [], "b": []}
-    first = runner.execute_model(
-        SchedulerOutput(
-            step_id=0,
-            scheduled_new_reqs=[new(r, p) for r, p in prompts.items()],
-            scheduled_cached_reqs=[],
-            num_scheduled_tokens={r: len(p) for r, p in prompts.items()},
-            total_num_scheduled_tokens=sum(len(p) for p in prompts.values()),
-            finished_req_ids=[],
-        )
-    )
+    first = runner.execute_model(prefill_step([new(r, p) for r, p in prompts.items()]))
     for r, t in zip(first.req_ids, first.sampled_token_ids, strict=True):
         got[r].append(t)
     for step_id in range(1, num_tokens):

@@ -10,31 +10,24 @@ import pytest
 
 from common.protocol import SamplingParams
 from gpu_worker.attention_triton import TritonAttentionBackend
-from gpu_worker.model_runner import ModelRunner
-from gpu_worker.settings import WorkerSettings
 from tests.test_model_runner import (
-    BLOCK_SIZE,
-    NUM_BLOCKS,
+    generate_alone,
     make_requests,
-    reference_greedy,
+    make_runner,
     run_to_completion,
 )
 
 
 @pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graph-buffers"])
 def test_triton_backend_greedy_equals_transformers_generate(tiny_model_dir: Path, graphs: bool) -> None:
-    runner = ModelRunner(
-        WorkerSettings(
-            model=str(tiny_model_dir),
-            num_blocks=NUM_BLOCKS,
-            block_size=BLOCK_SIZE,
-            worker_id="triton",
-            attention_backend="triton",
-            cuda_graphs=graphs,
-            # Graph sizes 1, 2, 4, 6: three or five decodes run padded, with rows that do nothing.
-            max_num_seqs=6,
-            max_num_batched_tokens=32,
-        )
+    runner = make_runner(
+        tiny_model_dir,
+        worker_id="triton",
+        attention_backend="triton",
+        cuda_graphs=graphs,
+        # Graph sizes 1, 2, 4, 6: three or five decodes run padded, with rows that do nothing.
+        max_num_seqs=6,
+        max_num_batched_tokens=32,
     )
     assert isinstance(runner.attn_backend, TritonAttentionBackend)
     max_tokens = [6, 3, 5, 4, 3]  # the first five requests of test_model_runner's mix
@@ -45,6 +38,6 @@ def test_triton_backend_greedy_equals_transformers_generate(tiny_model_dir: Path
     run_to_completion(runner, requests, preempt={4: "r0"})
     assert requests[0].attempt == 1
     for req in requests:
-        assert req.outputs == reference_greedy(tiny_model_dir, req.prompt, req.params.max_tokens), req.req_id
+        assert req.outputs == generate_alone(tiny_model_dir, req.prompt, req.params.max_tokens), req.req_id
     replays = 0 if runner.decode_graphs is None else runner.decode_graphs.num_replays
     assert (replays > 0) == graphs

@@ -28,10 +28,9 @@ from cbserve_celery.settings import CelerySettings
 from common.protocol import FIELD, GenerateRequest, SamplingParams, decode_request
 from common.stream_client import follow, follow_async, new_req_id, submit, submit_async
 from common.streams import REQUESTS_STREAM
-from tests.conftest import redis_server
 from tests.readme_examples import example
 from tests.readme_examples import run_example as run_readme_example
-from tests.services import ROOT, Stack
+from tests.services import ROOT, Stack, running_stack
 
 PROMPTS = [[1, 17, 42, 99], [5, 6, 7, 8, 9, 10, 11, 200, 300, 400], [3]]
 MAX_TOKENS = 12
@@ -39,17 +38,8 @@ MAX_TOKENS = 12
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Iterator[Stack]:
-    tmp = tmp_path_factory.mktemp("queue-clients")
-    with redis_server(tmp) as url:
-        stack = Stack(redis_url=url, model_dir=tiny_model_dir, log_dir=tmp)
-        try:
-            stack.start_batcher()
-            stack.start_worker()
-            stack.start_gateway()
-            stack.wait_ready(num_workers=1)
-            yield stack
-        finally:
-            stack.stop()
+    with running_stack(tmp_path_factory.mktemp("queue-clients"), tiny_model_dir) as stack:
+        yield stack
 
 
 def http_completion(stack: Stack, prompt: list[int] | str, max_tokens: int, **extra: Any) -> dict[str, Any]:

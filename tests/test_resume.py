@@ -22,9 +22,8 @@ import redis
 
 from common import streams
 from common.protocol import FIELD, RequestError, decode_event
-from tests.conftest import redis_server
 from tests.gateway.sse_client import SSEEvent, get_sse, post_sse, read_then_hang_up
-from tests.services import Stack, wait_for
+from tests.services import Stack, running_stack, wait_for
 
 GRACE_S = 3.0
 MAX_TOKENS = 300
@@ -47,16 +46,8 @@ def _body(**extra: Any) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def stack(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     log_dir = tmp_path_factory.mktemp("resume-stack")
-    with redis_server(log_dir) as url:
-        stack = Stack(redis_url=url, model_dir=tiny_model_dir, log_dir=log_dir)
-        try:
-            stack.start_batcher()
-            stack.start_worker()
-            stack.start_gateway(GATEWAY_RESUME_GRACE_S=str(GRACE_S))
-            stack.wait_ready(num_workers=1)
-            yield stack
-        finally:
-            stack.stop()
+    with running_stack(log_dir, tiny_model_dir, GATEWAY_RESUME_GRACE_S=str(GRACE_S)) as stack:
+        yield stack
 
 
 @pytest.fixture(scope="module")

@@ -31,6 +31,7 @@ from common.protocol import (
 )
 from common.streams import BATCHER_INBOX, WORKERS_HASH, WORKERS_HEARTBEAT, token_stream, worker_steps
 from gpu_worker.settings import WorkerSettings, explain_errors
+from tests.worker_steps import new_request
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 T = TypeVar("T")
@@ -130,25 +131,13 @@ def test_worker_serves_a_step_and_deregisters(
     assert isinstance(hello, WorkerInfo) and hello.worker_id == info.worker_id
 
     prompt = [5, 6, 7, 8, 9, 10, 11, 12]
-    new = NewRequestData(
-        req_id="req-1",
-        prompt_token_ids=prompt,
-        output_token_ids=[],
-        sampling_params=SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True),
-        block_ids=[info.num_blocks - 1],
-        num_computed_tokens=0,
-        attempt=3,
-    )
+    params = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
+    new = new_request("req-1", prompt, params, [info.num_blocks - 1], attempt=3)
     steps = worker_steps(info.worker_id)
     client.xadd(steps, {FIELD: step_message(1, [new], [], {"req-1": len(prompt)})})
     result_id, result = wait_for(lambda: read_inbox(client, hello_id), 30, "step 1's result", worker_proc)
     assert isinstance(result, ModelRunnerOutput)
-    assert (result.step_id, result.worker_id, result.req_ids, result.error) == (
-        1,
-        info.worker_id,
-        ["req-1"],
-        None,
-    )
+    assert (result.step_id, result.worker_id, result.req_ids) == (1, info.worker_id, ["req-1"])
     assert result.finish_reasons == [None] and result.num_scheduled_tokens == len(prompt)
 
     cached = CachedRequestData(req_id="req-1", new_block_ids=[], num_computed_tokens=len(prompt))

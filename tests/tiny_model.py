@@ -10,7 +10,7 @@ import inspect
 from pathlib import Path
 from typing import Any
 
-from openai_frontend.chatml import CHAT_TEMPLATE, EOS, IM_END, IM_START, SPECIAL_TOKENS
+from benchmarks.chatml_tokenizer import config_token_ids, fast_tokenizer, generation_config, train_tokenizer
 
 
 def byte_token_id(tokenizer: Any, byte: int) -> int:
@@ -43,30 +43,10 @@ def _corpus() -> list[str]:
 
 def build_tiny_model(path: Path, *, seed: int = 0, vocab_size: int = 512, max_len: int = 512) -> Path:
     import torch
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import LlamaConfig, LlamaForCausalLM
 
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=SPECIAL_TOKENS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(_corpus(), trainer=trainer)
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        eos_token=EOS,
-        bos_token=EOS,
-        pad_token=EOS,
-        additional_special_tokens=[IM_START, IM_END],
-    )
-    fast.chat_template = CHAT_TEMPLATE
-    fast.model_max_length = max_len
-    eos_id = tok.token_to_id(EOS)
-    im_end_id = tok.token_to_id(IM_END)
+    tok = train_tokenizer(_corpus(), vocab_size)
+    fast = fast_tokenizer(tok, max_len)
 
     torch.manual_seed(seed)
     config = LlamaConfig(
@@ -78,15 +58,11 @@ def build_tiny_model(path: Path, *, seed: int = 0, vocab_size: int = 512, max_le
         num_key_value_heads=2,
         max_position_embeddings=max_len,
         initializer_range=0.05,
-        bos_token_id=eos_id,
-        eos_token_id=eos_id,
-        pad_token_id=eos_id,
+        **config_token_ids(tok),
         tie_word_embeddings=False,
     )
     model = LlamaForCausalLM(config)
-    model.generation_config = GenerationConfig(
-        bos_token_id=eos_id, eos_token_id=[eos_id, im_end_id], pad_token_id=eos_id
-    )
+    model.generation_config = generation_config(tok)
     path.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(path)
     fast.save_pretrained(path)

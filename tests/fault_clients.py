@@ -25,6 +25,10 @@ FAST_HEARTBEAT_ENV = {"BATCHER_HEARTBEAT_TIMEOUT_S": "1.5", "BATCHER_WORKER_CHEC
 # And a short lease, so that a dead batcher is replaced within about a second.
 FAST_TAKEOVER_ENV = {**FAST_HEARTBEAT_ENV, "BATCHER_LEASE_TTL_S": "1.0", "BATCHER_STANDBY_POLL_S": "0.05"}
 WORKER_ENV = {"WORKER_HEARTBEAT_INTERVAL_S": "0.2"}
+# The fault tests' load: greedy streams long enough that a fault lands mid-stream.
+NUM_STREAMS = 8
+MAX_TOKENS = 96
+TOKENS_BEFORE_FAULT = 4  # every stream has this many tokens when the fault fires
 
 
 @dataclass

@@ -80,12 +80,12 @@ def test_eviction_takes_unused_blocks_first_then_cached_ones_least_recently_free
 
 def test_held_blocks_are_never_evicted() -> None:
     bm = BlockManager(2, 4)
-    held, unheld = bm.allocate(2)
-    bm.cache(held, b"held")
-    bm.cache(unheld, b"unheld")
-    bm.free([unheld])
-    assert bm.allocate(1) == [unheld]
-    assert bm.cached_prefix([b"held"], 1) == [held]
+    blocks = bm.allocate(2)
+    for block, name in zip(blocks, (b"held", b"unheld"), strict=True):
+        bm.cache(block, name)
+    bm.free(blocks[1:])
+    assert bm.allocate(1) == blocks[1:]  # the only block nobody holds
+    assert bm.cached_prefix([b"held"], 1) == blocks[:1]
     with pytest.raises(RuntimeError):
         bm.allocate(1)
 

@@ -49,20 +49,22 @@ def reference(tiny_model_dir: Path) -> tuple[list[tuple[list[int], int]], list[l
     return [*cases, turn2], [*first, answer]
 
 
-CONFIGS: dict[str, dict[str, object]] = {
-    "one_worker": {"workers": 1, "worker_env": {}, "batcher_env": {}},
+WORKER_ENV = {"WORKER_BLOCK_SIZE": str(BLOCK_SIZE)}
+# name -> (workers, batcher settings, extra worker settings)
+CONFIGS: dict[str, tuple[int, dict[str, str], dict[str, str]]] = {
+    "one_worker": (1, {}, {}),
     # 24 blocks: cached prefixes are evicted and requests preempted; chunks of 32 tokens.
-    "evict_and_preempt": {
-        "workers": 1,
-        "worker_env": {"WORKER_NUM_BLOCKS": "24"},
-        "batcher_env": {
+    "evict_and_preempt": (
+        1,
+        {
             "BATCHER_MAX_NUM_BATCHED_TOKENS": "32",
             "BATCHER_MAX_NUM_SEQS": "8",
             "BATCHER_ASYNC_SCHEDULING": "true",
         },
-    },
-    "two_workers_cache_aware": {"workers": 2, "worker_env": {}, "batcher_env": {}},
-    "tgi_policy": {"workers": 1, "worker_env": {}, "batcher_env": {"BATCHER_POLICY": "tgi"}},
+        {"WORKER_NUM_BLOCKS": "24"},
+    ),
+    "two_workers_cache_aware": (2, {}, {}),
+    "tgi_policy": (1, {"BATCHER_POLICY": "tgi"}, {}),
 }
 
 
@@ -74,13 +76,8 @@ def test_greedy_with_prefix_hits_matches_generate(
     tiny_model_dir: Path,
 ) -> None:
     cases, expected = reference
-    spec = CONFIGS[config]
-    stack = make_stack()
-    stack.start_batcher(**spec["batcher_env"])  # type: ignore[arg-type]
-    for w in range(spec["workers"]):  # type: ignore[call-overload]
-        stack.start_worker(f"worker{w}", WORKER_BLOCK_SIZE=str(BLOCK_SIZE), **spec["worker_env"])  # type: ignore[arg-type]
-    stack.start_gateway()
-    stack.wait_ready(num_workers=spec["workers"])  # type: ignore[arg-type]
+    num_workers, batcher_env, worker_env = CONFIGS[config]
+    stack = make_stack().start_all(num_workers, batcher_env, {**WORKER_ENV, **worker_env})
 
     got = asyncio.run(run_cases(stack.base_url, cases[:-1], tiny_model_dir.name))
     got += asyncio.run(run_cases(stack.base_url, cases[-1:], tiny_model_dir.name))  # after turn 1
@@ -97,11 +94,7 @@ def test_greedy_with_prefix_hits_matches_generate(
 def test_n_choices_share_the_prompt_and_each_reports_cached_tokens(
     make_stack: Callable[[], Stack], tiny_model_dir: Path
 ) -> None:
-    stack = make_stack()
-    stack.start_batcher()
-    stack.start_worker("worker0", WORKER_BLOCK_SIZE=str(BLOCK_SIZE))
-    stack.start_gateway()
-    stack.wait_ready(num_workers=1)
+    stack = make_stack().start_all(1, worker_env=WORKER_ENV)
     prompt = [5 + i % 400 for i in range(5 * BLOCK_SIZE + 2)]
     [expected] = greedy_generate(tiny_model_dir, [prompt], [10])
     body = {"prompt": prompt, "max_tokens": 10, "temperature": 0, "ignore_eos": True, "n": 3}
@@ -129,12 +122,11 @@ def test_killing_the_worker_that_holds_the_prefix_keeps_every_stream_exact(
     prefix = [rng.randrange(3, 500) for _ in range(3 * BLOCK_SIZE)]
     prompts = [prefix + [rng.randrange(3, 500) for _ in range(rng.randrange(1, 9))] for _ in range(6)]
     expected = greedy_generate(tiny_model_dir, prompts, 64)
-    stack = make_stack()
-    stack.start_batcher(BATCHER_HEARTBEAT_TIMEOUT_S="1.5", BATCHER_WORKER_CHECK_INTERVAL_S="0.1")
-    for name in ("worker0", "worker1"):
-        stack.start_worker(name, WORKER_BLOCK_SIZE=str(BLOCK_SIZE), WORKER_HEARTBEAT_INTERVAL_S="0.2")
-    stack.start_gateway()
-    stack.wait_ready(num_workers=2)
+    stack = make_stack().start_all(
+        2,
+        {"BATCHER_HEARTBEAT_TIMEOUT_S": "1.5", "BATCHER_WORKER_CHECK_INTERVAL_S": "0.1"},
+        {**WORKER_ENV, "WORKER_HEARTBEAT_INTERVAL_S": "0.2"},
+    )
     victim: list[str] = []
 
     def kill_the_busiest() -> None:

@@ -37,9 +37,7 @@ from common.protocol import (
 from tests import fault_clients as fault
 from tests.services import Stack, wait_for
 
-NUM_STREAMS = 8
-MAX_TOKENS = 96
-TOKENS_BEFORE_FAULT = 4
+NUM_STREAMS, MAX_TOKENS, TOKENS_BEFORE_FAULT = fault.NUM_STREAMS, fault.MAX_TOKENS, fault.TOKENS_BEFORE_FAULT
 BATCHER_ENV = fault.FAST_TAKEOVER_ENV
 LEASE_TTL_S = float(BATCHER_ENV["BATCHER_LEASE_TTL_S"])
 

@@ -32,9 +32,7 @@ from tests import fault_clients as fault
 from tests.services import Stack, wait_for
 from tests.worker_steps import new_request, prefill_step
 
-NUM_STREAMS = 8
-MAX_TOKENS = 96
-TOKENS_BEFORE_FAULT = 4
+NUM_STREAMS, MAX_TOKENS, TOKENS_BEFORE_FAULT = fault.NUM_STREAMS, fault.MAX_TOKENS, fault.TOKENS_BEFORE_FAULT
 BATCHER_ENV = fault.FAST_HEARTBEAT_ENV
 HEARTBEAT_TIMEOUT_S = float(BATCHER_ENV["BATCHER_HEARTBEAT_TIMEOUT_S"])
 

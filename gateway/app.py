@@ -17,6 +17,7 @@ from gateway.api import (
     routes_metrics,
     routes_models,
     routes_requests,
+    routes_responses,
 )
 from gateway.api.error_handlers import install_error_handlers
 from gateway.app_state import GatewayState
@@ -31,6 +32,8 @@ from gateway.settings import GatewaySettings
 from openai_frontend.batch_store import BatchStore
 from openai_frontend.files_store import FileStore
 from openai_frontend.request_runner import RequestRunner
+from openai_frontend.responses_runner import ResponsesRunner
+from openai_frontend.responses_store import ResponseStore
 
 _MULTIPART_OVERHEAD = 64 * 1024  # boundaries, part headers and the `purpose` field of an upload
 
@@ -60,6 +63,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
             files=FileStore(redis),
             batches=BatchStore(redis),
             batch_queue=batch_queue,
+            responses=ResponsesRunner(runner, ResponseStore(redis), settings.retention_s),
         )
         try:
             yield
@@ -72,6 +76,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     install_error_handlers(app)
     app.include_router(routes_completions.router)
     app.include_router(routes_chat.router)
+    app.include_router(routes_responses.router)
     app.include_router(routes_requests.router)
     app.include_router(routes_models.router)
     app.include_router(routes_metrics.router)

@@ -20,6 +20,7 @@ import redis
 from common.protocol import FIELD, RequestError, decode_event
 from common.streams import token_stream
 from gateway.security.api_keys import hash_key
+from openai_frontend.responses_input import _UNSUPPORTED
 from tests.conftest import redis_server
 from tests.services import Stack, wait_for
 
@@ -180,21 +181,47 @@ def test_another_key_sees_nothing(stack: Stack, client: openai.OpenAI, model_nam
     assert client.responses.retrieve(response.id).output_text == response.output_text
 
 
+# Every field the request declares but does not implement, with a value that asks for it.
+REFUSED: dict[str, Any] = {
+    "tools": [{"type": "function", "name": "f", "parameters": {}}],
+    "tool_choice": "required",
+    "parallel_tool_calls": True,
+    "max_tool_calls": 3,
+    "reasoning": {"effort": "low"},
+    "include": ["message.output_text.logprobs"],
+    "truncation": "auto",
+    "top_logprobs": 2,
+    "stream_options": {"include_obfuscation": True},
+    "background_options": {"completion_window": "2h"},
+    "conversation": "conv_1",
+    "context_management": [{"type": "compaction"}],
+    "prompt": {"id": "pmpt_1"},
+    "prompt_cache_key": "k",
+    "prompt_cache_retention": "24h",
+    "prompt_cache_options": {"mode": "explicit"},
+    "safety_identifier": "s-1",
+    "service_tier": "flex",
+    "moderation": {"model": "omni-moderation-latest"},
+    "image": {"context_compression": "enabled"},
+    "access_programs": {"cyber": "standard"},
+}
+REFUSED_SHAPES: list[tuple[dict[str, Any], str]] = [
+    ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {}}}}, "text.format"),
+    ({"text": {"verbosity": "low"}}, "text.verbosity"),
+    ({"input": [{"type": "function_call_output", "call_id": "c", "output": "x"}]}, "input[0].type"),
+    (
+        {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "http://x"}]}]},
+        "input[0].content[0].type",
+    ),
+]
+
+
+def test_every_unimplemented_field_has_a_refusal_row() -> None:
+    assert set(REFUSED) == set(_UNSUPPORTED)
+
+
 @pytest.mark.parametrize(
-    ("extra", "param"),
-    [
-        ({"tools": [{"type": "function", "name": "f", "parameters": {}}]}, "tools"),
-        ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {}}}}, "text.format"),
-        ({"reasoning": {"effort": "low"}}, "reasoning"),
-        ({"include": ["message.output_text.logprobs"]}, "include"),
-        ({"truncation": "auto"}, "truncation"),
-        ({"top_logprobs": 2}, "top_logprobs"),
-        ({"input": [{"type": "function_call_output", "call_id": "c", "output": "x"}]}, "input[0].type"),
-        (
-            {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "http://x"}]}]},
-            "input[0].content[0].type",
-        ),
-    ],
+    ("extra", "param"), [({field: value}, field) for field, value in REFUSED.items()] + REFUSED_SHAPES
 )
 def test_unsupported_parameters_are_refused_by_name(stack: Stack, extra: dict[str, Any], param: str) -> None:
     body = {"input": "hi", **extra}
@@ -204,6 +231,15 @@ def test_unsupported_parameters_are_refused_by_name(stack: Stack, extra: dict[st
     assert answer.status_code == 400, answer.text
     error = answer.json()["error"]
     assert (error["param"], error["code"]) == (param, "unsupported_parameter")
+
+
+def test_refusals_name_the_responses_parameters(client: openai.OpenAI, model_name: str) -> None:
+    with pytest.raises(openai.BadRequestError) as exc:
+        client.responses.create(model=model_name, input="hi", max_output_tokens=0)
+    assert exc.value.param == "max_output_tokens"  # type: ignore[attr-defined]
+    with pytest.raises(openai.BadRequestError) as exc:
+        client.responses.create(model=model_name, input="hi", background=True, store=False)
+    assert exc.value.param == "background"  # type: ignore[attr-defined]
 
 
 def _events(stack: Stack, req_id: str) -> list[Any]:
@@ -247,7 +283,7 @@ def test_background_response_is_polled_then_cancelled(
 def test_background_stream_resumes_after_a_disconnect(client: openai.OpenAI, model_name: str) -> None:
     seen: list[Any] = []
     stream = client.responses.create(
-        model=model_name, input="Write a poem.", max_output_tokens=120, background=True, stream=True, **GREEDY
+        model=model_name, input="Write a poem.", max_output_tokens=300, background=True, stream=True, **GREEDY
     )
     for event in stream:
         seen.append(event)
@@ -264,4 +300,4 @@ def test_background_stream_resumes_after_a_disconnect(client: openai.OpenAI, mod
     assert events[-1].type == "response.incomplete"
     text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
     assert text == client.responses.retrieve(response_id).output_text
-    assert text == chat_text(client, model_name, [{"role": "user", "content": "Write a poem."}], 120)
+    assert text == chat_text(client, model_name, [{"role": "user", "content": "Write a poem."}], 300)

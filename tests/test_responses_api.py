@@ -18,7 +18,8 @@ import pytest
 import redis
 
 from common.protocol import FIELD, RequestError, decode_event
-from common.streams import token_stream
+from common.redis_conn import RETENTION_S
+from common.streams import response_key, token_stream
 from gateway.security.api_keys import hash_key
 from openai_frontend.responses_input import _UNSUPPORTED
 from tests.conftest import redis_server
@@ -131,13 +132,19 @@ def test_stream_events_in_openai_order(client: openai.OpenAI, model_name: str) -
     assert client.responses.retrieve(final.id).output_text == text
 
 
-def test_retrieve_delete_and_store_false(client: openai.OpenAI, model_name: str) -> None:
+def test_retrieve_delete_and_store_false(stack: Stack, client: openai.OpenAI, model_name: str) -> None:
     response = client.responses.create(
         model=model_name, input="Hi.", max_output_tokens=4, metadata={"topic": "greeting"}, **GREEDY
     )
     fetched = client.responses.retrieve(response.id)
     assert fetched.output_text == response.output_text
     assert fetched.metadata == {"topic": "greeting"}
+    # Kept for the retention window once it ended, like the request's other keys.
+    ttl = redis.Redis.from_url(stack.redis_url).ttl(response_key(response.id.removeprefix("resp_")))
+    assert 0 < ttl <= RETENTION_S  # type: ignore[operator]
+    with pytest.raises(openai.BadRequestError) as exc:
+        client.responses.retrieve(response.id, include=["message.output_text.logprobs"])
+    assert exc.value.code == "unsupported_parameter"  # type: ignore[attr-defined]
     client.responses.delete(response.id)
     with pytest.raises(openai.NotFoundError):
         client.responses.retrieve(response.id)
@@ -301,3 +308,21 @@ def test_background_stream_resumes_after_a_disconnect(client: openai.OpenAI, mod
     text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
     assert text == client.responses.retrieve(response_id).output_text
     assert text == chat_text(client, model_name, [{"role": "user", "content": "Write a poem."}], 300)
+
+
+def test_leaving_a_foreground_stream_cancels_it(client: openai.OpenAI, model_name: str) -> None:
+    seen: list[Any] = []
+    stream = client.responses.create(
+        model=model_name, input="Go on and on.", max_output_tokens=480, stream=True, **GREEDY
+    )
+    for event in stream:
+        seen.append(event)
+        if event.type == "response.output_text.delta":
+            break
+    stream.close()
+    response_id = seen[0].response.id
+
+    def cancelled() -> bool:
+        return client.responses.retrieve(response_id).status == "cancelled"
+
+    wait_for(cancelled, 30, "the abandoned foreground response to be cancelled", interval=0.1)

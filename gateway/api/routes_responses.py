@@ -141,6 +141,8 @@ async def retrieve_response(
 ) -> JSONResponse | StreamingResponse:
     """The response as it stands; with `stream=true`, its events replayed (after `starting_after`)
     and followed to the end. Leaving that stream never cancels the response."""
+    if any(http_request.query_params.getlist(name) for name in ("include", "include[]")):
+        raise invalid_request("include is not supported by this server", "include", "unsupported_parameter")
     stored = await _owned(response_id, http_request, state)
     req_id = stored.spec.request.req_id
     if stream:

@@ -53,6 +53,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
             redis, served, settings.request_timeout_s, metrics, settings.retention_s, settings.resume_grace_s
         )
         batch_queue = BatchQueue(settings.redis_url)
+        responses = ResponsesRunner(runner, ResponseStore(redis), settings.retention_s)
         app.state.gateway = GatewayState(
             settings=settings,
             served=served,
@@ -63,11 +64,12 @@ def create_app(settings: GatewaySettings) -> FastAPI:
             files=FileStore(redis),
             batches=BatchStore(redis),
             batch_queue=batch_queue,
-            responses=ResponsesRunner(runner, ResponseStore(redis), settings.retention_s),
+            responses=responses,
         )
         try:
             yield
         finally:
+            await responses.close()
             await runner.drain()
             batch_queue.close()
             await redis.aclose()

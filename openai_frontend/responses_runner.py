@@ -8,10 +8,11 @@ background response nobody follows is recorded by the first read that finds its 
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import redis.exceptions
 
@@ -32,17 +33,41 @@ from openai_frontend.stream_reader import RequestFailed, RequestTimedOut
 
 # A read that finds the stream ended replays it; this bounds that replay.
 SETTLE_WAIT_S = 5.0
+# How a background response is followed: leaving never aborts it, a stop string still does.
+BACKGROUND = Follow(leave_running=True)
+# How a later reader follows any response: the same, and not counted again in the metrics.
+WATCHER = Follow(leave_running=True, track=False)
 
 
 def initial_status(spec: ResponseSpec) -> ResponseStatus:
     return "queued" if spec.background else "in_progress"
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True)
 class ResponsesRunner:
     runner: RequestRunner
     store: ResponseStore
     retention_s: int  # a finished response stays this long (CBSERVE_RETENTION_S)
+    _followers: set[asyncio.Task[None]] = field(default_factory=set)
+
+    def follow_in_background(self, stored: StoredResponse) -> None:
+        """Follow a background response nobody streams, so that a stop string stops it at once and
+        its end is recorded as it happens (if this gateway goes away, `settle` still records it)."""
+        task = asyncio.get_running_loop().create_task(self._drain(stored, BACKGROUND))
+        self._followers.add(task)
+        task.add_done_callback(self._followers.discard)
+
+    async def _drain(self, stored: StoredResponse, follow: Follow) -> None:
+        async with aclosing(self.events(stored, follow)) as events:
+            async for _ in events:
+                pass
+
+    async def close(self) -> None:
+        """Stop following (the responses run on; a later read records their end)."""
+        for task in self._followers:
+            task.cancel()
+        if self._followers:
+            await asyncio.wait(set(self._followers), timeout=5.0)
 
     async def end(
         self, stored: StoredResponse, status: ResponseStatus, result: ResponseResult, persist: bool
@@ -99,8 +124,5 @@ class ResponsesRunner:
         if not await self.store.has_ended(req_id):
             started = await self.store.has_started(req_id)
             return StoredResponse(stored.spec, "in_progress" if started else stored.status, None)
-        follow = Follow(may_abort=False, track=False, wait_s=SETTLE_WAIT_S)
-        async with aclosing(self.events(stored, follow)) as events:
-            async for _ in events:
-                pass
+        await self._drain(stored, Follow(leave_running=True, track=False, wait_s=SETTLE_WAIT_S))
         return await self.store.get(stored.spec.request.owner, stored.spec.id) or stored

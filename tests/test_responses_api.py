@@ -326,3 +326,28 @@ def test_leaving_a_foreground_stream_cancels_it(client: openai.OpenAI, model_nam
         return client.responses.retrieve(response_id).status == "cancelled"
 
     wait_for(cancelled, 30, "the abandoned foreground response to be cancelled", interval=0.1)
+
+
+def test_background_response_stops_at_its_stop_string(
+    stack: Stack, client: openai.OpenAI, model_name: str
+) -> None:
+    messages = [{"role": "user", "content": "Say something."}]
+    text = chat_text(client, model_name, messages, 40)
+    stop = text[8:12]
+    response = client.responses.create(
+        model=model_name,
+        input="Say something.",
+        max_output_tokens=480,
+        background=True,
+        temperature=0,
+        extra_body={"ignore_eos": True, "stop": [stop]},
+    )
+
+    def finished() -> bool:
+        return client.responses.retrieve(response.id).status == "completed"
+
+    wait_for(finished, 60, "the background response to stop at its stop string", interval=0.1)
+    assert client.responses.retrieve(response.id).output_text == text[: text.index(stop)]
+    # Its gateway followed it and stopped it there, long before max_output_tokens.
+    num_tokens = redis.Redis.from_url(stack.redis_url).xlen(token_stream(response.id.removeprefix("resp_")))
+    assert num_tokens < 480

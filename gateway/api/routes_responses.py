@@ -30,7 +30,7 @@ from openai_frontend.request_meta import meta_of
 from openai_frontend.request_runner import Follow
 from openai_frontend.responses_input import chat_request, check_unsupported, input_messages, responses_names
 from openai_frontend.responses_objects import Event, response_body
-from openai_frontend.responses_runner import initial_status
+from openai_frontend.responses_runner import BACKGROUND, WATCHER, initial_status
 from openai_frontend.responses_schemas import TERMINAL, ResponseObject, ResponsesRequest
 from openai_frontend.responses_store import ResponseResult, ResponseSpec, StoredResponse, Turn
 
@@ -71,14 +71,11 @@ async def _history(body: ResponsesRequest, http_request: Request, state: Gateway
     return [ChatMessage(role=t.role, content=t.content) for t in turns]
 
 
-def _sse(events: AsyncGenerator[Event, None], starting_after: int | None) -> AsyncIterator[bytes]:
-    async def body() -> AsyncIterator[bytes]:
-        async with aclosing(events) as stream:
-            async for number, type_, data in stream:
-                if starting_after is None or number > starting_after:
-                    yield sse_event(data, event=type_)
-
-    return body()
+async def _sse(events: AsyncGenerator[Event, None], starting_after: int | None) -> AsyncIterator[bytes]:
+    async with aclosing(events) as stream:
+        async for number, type_, data in stream:
+            if starting_after is None or number > starting_after:
+                yield sse_event(data, event=type_)
 
 
 def _streaming(
@@ -121,10 +118,11 @@ async def create_response(
     await state.runner.submit(request)
     headers = request_id_header(request.req_id)
     # A background response outlives its client; a foreground one is cancelled when its client leaves.
-    follow = Follow(may_abort=False) if spec.background else Follow()
+    follow = BACKGROUND if spec.background else Follow()
     if body.stream:
         return _streaming(state.responses.events(stored, follow, persist), request.req_id)
     if spec.background:
+        state.responses.follow_in_background(stored)
         return JSONResponse(response_body(stored), headers=headers)
     done = await collect(state.runner, [request], http_request, follow)
     ended = await state.responses.finished(stored, done[0], persist)
@@ -152,8 +150,7 @@ async def retrieve_response(
                 "this response's event stream has expired; fetch it without stream",
                 code="stream_expired",
             )
-        follow = Follow(may_abort=False, track=False)
-        return _streaming(state.responses.events(stored, follow), req_id, starting_after)
+        return _streaming(state.responses.events(stored, WATCHER), req_id, starting_after)
     stored = await state.responses.settle(stored)
     return JSONResponse(response_body(stored), headers=request_id_header(req_id))
 

@@ -17,9 +17,9 @@ import openai
 import pytest
 import redis
 
-from common.protocol import FIELD, RequestError, decode_event
+from common.protocol import FIELD, RequestError, decode_event, decode_request
 from common.redis_conn import RETENTION_S
-from common.streams import response_key, token_stream
+from common.streams import REQUESTS_STREAM, response_key, token_stream
 from gateway.security.api_keys import hash_key
 from openai_frontend.responses_input import _UNSUPPORTED
 from tests.conftest import redis_server
@@ -351,3 +351,35 @@ def test_background_response_stops_at_its_stop_string(
     # Its gateway followed it and stopped it there, long before max_output_tokens.
     num_tokens = redis.Redis.from_url(stack.redis_url).xlen(token_stream(response.id.removeprefix("resp_")))
     assert num_tokens < 480
+
+
+def test_sampling_parameters_reach_the_batcher(stack: Stack, client: openai.OpenAI, model_name: str) -> None:
+    response = client.responses.create(
+        model=model_name,
+        input="Hi.",
+        max_output_tokens=3,
+        temperature=0.5,
+        top_p=0.9,
+        user="user-7",
+        extra_body={
+            "seed": 7,
+            "top_k": 5,
+            "min_p": 0.1,
+            "presence_penalty": 0.5,
+            "frequency_penalty": 0.25,
+            "repetition_penalty": 1.1,
+            "logit_bias": {"5": 1.0},
+            "min_tokens": 1,
+            "stop_token_ids": [5],
+        },
+    )
+    req_id = response.id.removeprefix("resp_")
+    entries: Any = redis.Redis.from_url(stack.redis_url).xrange(REQUESTS_STREAM)
+    sent = next(r for r in (decode_request(f[FIELD]) for _, f in entries) if r.req_id == req_id)
+    params = sent.sampling_params
+    assert (params.max_tokens, params.temperature, params.top_p, params.seed) == (3, 0.5, 0.9, 7)
+    assert (params.top_k, params.min_p, params.min_tokens, params.stop_token_ids) == (5, 0.1, 1, [5])
+    assert (params.presence_penalty, params.frequency_penalty, params.repetition_penalty) == (0.5, 0.25, 1.1)
+    assert params.logit_bias == {5: 1.0}
+    assert sent.user == "user-7" and sent.owner == "alice"
+    assert (response.temperature, response.top_p, response.user) == (0.5, 0.9, "user-7")

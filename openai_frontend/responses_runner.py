@@ -9,6 +9,7 @@ background response nobody follows is recorded by the first read that finds its 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
@@ -124,5 +125,5 @@ class ResponsesRunner:
         if not await self.store.has_ended(req_id):
             started = await self.store.has_started(req_id)
             return StoredResponse(stored.spec, "in_progress" if started else stored.status, None)
-        await self._drain(stored, Follow(leave_running=True, track=False, wait_s=SETTLE_WAIT_S))
+        await self._drain(stored, dataclasses.replace(WATCHER, wait_s=SETTLE_WAIT_S))
         return await self.store.get(stored.spec.request.owner, stored.spec.id) or stored

@@ -67,13 +67,19 @@ def submitted_key(req_id: str) -> str:
     return f"llm:submitted:{req_id}"
 
 
+def response_key(req_id: str) -> str:
+    """Hash of a stored Responses API response (openai_frontend/responses_store.py), named after the
+    request that generates it: `spec`, `status`, and `result` once it ended."""
+    return f"llm:response:{req_id}"
+
+
 def request_keys(req_id: str) -> tuple[str, ...]:
     """Every key named after one request; the batcher gives each the retention TTL when it ends."""
-    return token_stream(req_id), request_meta(req_id), submitted_key(req_id)
+    return token_stream(req_id), request_meta(req_id), submitted_key(req_id), response_key(req_id)
 
 
 # SCAN patterns matching the keys of `request_keys`, for operators and leftover checks.
-REQUEST_KEY_PATTERNS: Final = ("llm:tokens:*", "llm:request:*", "llm:submitted:*")
+REQUEST_KEY_PATTERNS: Final = ("llm:tokens:*", "llm:request:*", "llm:submitted:*", "llm:response:*")
 
 
 # ----- OpenAI Files and Batch API (openai_frontend/files_store.py, batch_store.py) -----------------

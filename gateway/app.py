@@ -17,6 +17,7 @@ from gateway.api import (
     routes_metrics,
     routes_models,
     routes_requests,
+    routes_responses,
 )
 from gateway.api.error_handlers import install_error_handlers
 from gateway.app_state import GatewayState
@@ -31,6 +32,8 @@ from gateway.settings import GatewaySettings
 from openai_frontend.batch_store import BatchStore
 from openai_frontend.files_store import FileStore
 from openai_frontend.request_runner import RequestRunner
+from openai_frontend.responses_runner import ResponsesRunner
+from openai_frontend.responses_store import ResponseStore
 
 _MULTIPART_OVERHEAD = 64 * 1024  # boundaries, part headers and the `purpose` field of an upload
 
@@ -50,6 +53,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
             redis, served, settings.request_timeout_s, metrics, settings.retention_s, settings.resume_grace_s
         )
         batch_queue = BatchQueue(settings.redis_url)
+        responses = ResponsesRunner(runner, ResponseStore(redis), settings.retention_s)
         app.state.gateway = GatewayState(
             settings=settings,
             served=served,
@@ -60,10 +64,12 @@ def create_app(settings: GatewaySettings) -> FastAPI:
             files=FileStore(redis),
             batches=BatchStore(redis),
             batch_queue=batch_queue,
+            responses=responses,
         )
         try:
             yield
         finally:
+            await responses.close()
             await runner.drain()
             batch_queue.close()
             await redis.aclose()
@@ -72,6 +78,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     install_error_handlers(app)
     app.include_router(routes_completions.router)
     app.include_router(routes_chat.router)
+    app.include_router(routes_responses.router)
     app.include_router(routes_requests.router)
     app.include_router(routes_models.router)
     app.include_router(routes_metrics.router)

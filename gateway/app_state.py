@@ -14,6 +14,7 @@ from gateway.settings import GatewaySettings
 from openai_frontend.batch_store import BatchStore
 from openai_frontend.files_store import FileStore
 from openai_frontend.request_runner import RequestRunner
+from openai_frontend.responses_runner import ResponsesRunner
 from openai_frontend.served_model import ServedModel
 
 
@@ -28,6 +29,7 @@ class GatewayState:
     files: FileStore  # the Files API's files
     batches: BatchStore  # the Batch API's batches
     batch_queue: BatchQueue  # hands new batches to the Celery workers
+    responses: ResponsesRunner  # the Responses API's responses and their store
 
 
 def get_state(request: Request) -> GatewayState:

@@ -16,7 +16,7 @@ from openai_frontend.errors import OpenAIError, from_request_error
 from openai_frontend.fanout import merged_outputs
 from openai_frontend.openai_schemas import PromptTokensDetails, UsageInfo
 from openai_frontend.request_builder import PreparedRequest
-from openai_frontend.request_runner import Follow, RequestRunner
+from openai_frontend.request_runner import Follow, Output, RequestRunner
 from openai_frontend.stream_reader import RequestFailed, RequestTimedOut
 
 # 499 (nginx's "client closed request"): nobody reads it, but logs show what happened.
@@ -39,6 +39,14 @@ class Completed:
     num_cached_tokens: int = 0
     token_ids: list[int] = field(default_factory=list)
     events: list[TokenEvent] = field(default_factory=list)  # for logprobs
+
+    def add(self, out: Output) -> None:
+        self.text += out.text
+        self.token_ids.extend(out.token_ids)
+        self.events.extend(out.events)
+        self.finish_reason = out.finish_reason
+        self.num_output_tokens = out.num_output_tokens
+        self.num_cached_tokens = out.num_cached_tokens
 
 
 def usage(
@@ -80,13 +88,7 @@ async def collect(
                     raise OpenAIError(_CLIENT_GONE, "client disconnected", code="client_disconnected")
                 if out is None:
                     continue
-                choice = choices[index]
-                choice.text += out.text
-                choice.token_ids.extend(out.token_ids)
-                choice.events.extend(out.events)
-                choice.finish_reason = out.finish_reason
-                choice.num_output_tokens = out.num_output_tokens
-                choice.num_cached_tokens = out.num_cached_tokens
+                choices[index].add(out)
     except RequestFailed as exc:
         raise from_request_error(exc.error) from exc
     except RequestTimedOut as exc:

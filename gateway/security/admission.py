@@ -22,6 +22,22 @@ async def admit(
     kind: Kind, body: CompletionRequest | ChatCompletionRequest, http_request: Request, state: GatewayState
 ) -> list[PreparedRequest]:
     """The request's choices (one per `n`), all submitted; raises OpenAIError when refused."""
+    request = await checked_request(body, http_request, state)
+    requests = fan_out(request)
+    if len(requests) == 1:
+        # Kept so that the client can resume the stream or fetch the result by id, through any gateway.
+        await state.runner.submit(request, meta_of(request, kind, state.served.name))
+        return requests
+    for choice_request in requests:
+        await state.runner.submit(choice_request)
+    return requests
+
+
+async def checked_request(
+    body: CompletionRequest | ChatCompletionRequest, http_request: Request, state: GatewayState
+) -> PreparedRequest:
+    """The request, checked, tokenized, within the queue bound and counted by the rate limit; not
+    submitted yet. Raises OpenAIError when refused."""
     arrival_time = time.time()
     owner = request_owner(http_request)
     request = prepare_request(
@@ -34,11 +50,4 @@ async def admit(
     await check_queue(state.redis, state.settings.max_queued_requests, request.n)
     num_tokens = len(request.prompt_token_ids) + request.n * request.sampling_params.max_tokens
     await state.rate_limiter.check(owner, num_tokens)
-    requests = fan_out(request)
-    if len(requests) == 1:
-        # Kept so that the client can resume the stream or fetch the result by id, through any gateway.
-        await state.runner.submit(request, meta_of(request, kind, state.served.name))
-        return requests
-    for choice_request in requests:
-        await state.runner.submit(choice_request)
-    return requests
+    return request

@@ -1,0 +1,183 @@
+"""The Responses API: POST /v1/responses, GET / DELETE /v1/responses/{id}, POST .../{id}/cancel.
+
+A response runs as one chat request (openai_frontend/responses_input.py) and is kept in Redis
+(responses_store.py) unless `store` is false. A foreground response lives as long as its client's
+connection; a `background` one runs on by itself, is fetched by id, cancelled, or its event stream
+replayed and resumed with `starting_after`. Only the API key that created a response can read it;
+any other gets 404, as for an unknown id.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncGenerator, AsyncIterator
+from contextlib import aclosing
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends
+from starlette.requests import Request
+from starlette.responses import JSONResponse, StreamingResponse
+
+from gateway.api.generation import request_id_header
+from gateway.app_state import GatewayState, get_state
+from gateway.security.admission import checked_request
+from gateway.security.auth import request_owner
+from gateway.streaming.sse import SSE_HEADERS, sse_event
+from openai_frontend.collect import collect
+from openai_frontend.errors import OpenAIError, invalid_request
+from openai_frontend.openai_schemas import ChatMessage
+from openai_frontend.request_meta import meta_of
+from openai_frontend.request_runner import Follow
+from openai_frontend.responses_input import chat_request, check_unsupported, input_messages, responses_names
+from openai_frontend.responses_objects import Event, response_body
+from openai_frontend.responses_runner import BACKGROUND, WATCHER, initial_status
+from openai_frontend.responses_schemas import TERMINAL, ResponseObject, ResponsesRequest
+from openai_frontend.responses_store import ResponseResult, ResponseSpec, StoredResponse, Turn
+
+router = APIRouter()
+
+
+def _not_found(response_id: str) -> OpenAIError:
+    return OpenAIError(404, f"no response {response_id!r} (unknown, expired, or not yours)", code="not_found")
+
+
+async def _owned(response_id: str, http_request: Request, state: GatewayState) -> StoredResponse:
+    stored = await state.responses.store.get(request_owner(http_request), response_id)
+    if stored is None:
+        raise _not_found(response_id)
+    return stored
+
+
+async def _history(body: ResponsesRequest, http_request: Request, state: GatewayState) -> list[ChatMessage]:
+    """The previous response's conversation and its answer: where this turn starts."""
+    if body.previous_response_id is None:
+        return []
+    previous = await state.responses.store.get(request_owner(http_request), body.previous_response_id)
+    if previous is None:
+        raise OpenAIError(
+            404,
+            f"previous response {body.previous_response_id!r} not found (unknown, expired, or not yours)",
+            param="previous_response_id",
+            code="previous_response_not_found",
+        )
+    previous = await state.responses.settle(previous)
+    if previous.status not in ("completed", "incomplete") or previous.result is None:
+        raise invalid_request(
+            f"previous response {body.previous_response_id!r} is {previous.status}; only a finished "
+            "response can be continued",
+            "previous_response_id",
+        )
+    turns = [*previous.spec.conversation, Turn("assistant", previous.result.text)]
+    return [ChatMessage(role=t.role, content=t.content) for t in turns]
+
+
+async def _sse(events: AsyncGenerator[Event, None], starting_after: int | None) -> AsyncIterator[bytes]:
+    async with aclosing(events) as stream:
+        async for number, type_, data in stream:
+            if starting_after is None or number > starting_after:
+                yield sse_event(data, event=type_)
+
+
+def _streaming(
+    events: AsyncGenerator[Event, None], req_id: str, starting_after: int | None = None
+) -> StreamingResponse:
+    return StreamingResponse(
+        _sse(events, starting_after),
+        media_type="text/event-stream",
+        headers={**SSE_HEADERS, **request_id_header(req_id)},
+    )
+
+
+@router.post("/v1/responses", response_model=ResponseObject)
+async def create_response(
+    body: ResponsesRequest, http_request: Request, state: Annotated[GatewayState, Depends(get_state)]
+) -> JSONResponse | StreamingResponse:
+    check_unsupported(body)
+    history = await _history(body, http_request, state)
+    conversation = history + input_messages(body)
+    with responses_names():
+        request = await checked_request(chat_request(body, conversation), http_request, state)
+    spec = ResponseSpec(
+        request=meta_of(request, "chat", state.served.name),
+        background=bool(body.background),
+        instructions=body.instructions,
+        previous_response_id=body.previous_response_id,
+        max_output_tokens=body.max_output_tokens,
+        temperature=body.temperature,
+        top_p=body.top_p,
+        metadata=body.metadata or {},
+        user=body.user,
+        conversation=[Turn(m.role, str(m.content)) for m in conversation],
+    )
+    persist = body.store is not False
+    stored = StoredResponse(spec, initial_status(spec), None)
+    if persist:
+        # The request's lifetime, then the retention window (cut to that window when it ends).
+        ttl_s = int(state.settings.request_timeout_s) + state.settings.retention_s
+        await state.responses.store.create(spec, stored.status, ttl_s)
+    await state.runner.submit(request)
+    headers = request_id_header(request.req_id)
+    # A background response outlives its client; a foreground one is cancelled when its client leaves.
+    follow = BACKGROUND if spec.background else Follow()
+    if body.stream:
+        return _streaming(state.responses.events(stored, follow, persist), request.req_id)
+    if spec.background:
+        state.responses.follow_in_background(stored)
+        return JSONResponse(response_body(stored), headers=headers)
+    done = await collect(state.runner, [request], http_request, follow)
+    ended = await state.responses.finished(stored, done[0], persist)
+    return JSONResponse(response_body(ended, store=persist), headers=headers)
+
+
+@router.get("/v1/responses/{response_id}", response_model=ResponseObject)
+async def retrieve_response(
+    response_id: str,
+    http_request: Request,
+    state: Annotated[GatewayState, Depends(get_state)],
+    stream: bool = False,
+    starting_after: int | None = None,
+) -> JSONResponse | StreamingResponse:
+    """The response as it stands; with `stream=true`, its events replayed (after `starting_after`)
+    and followed to the end. Leaving that stream never cancels the response."""
+    if any(http_request.query_params.getlist(name) for name in ("include", "include[]")):
+        raise invalid_request("include is not supported by this server", "include", "unsupported_parameter")
+    stored = await _owned(response_id, http_request, state)
+    req_id = stored.spec.request.req_id
+    if stream:
+        if stored.status in TERMINAL and not await state.responses.store.has_started(req_id):
+            raise OpenAIError(
+                409,
+                "this response's event stream has expired; fetch it without stream",
+                code="stream_expired",
+            )
+        return _streaming(state.responses.events(stored, WATCHER), req_id, starting_after)
+    stored = await state.responses.settle(stored)
+    return JSONResponse(response_body(stored), headers=request_id_header(req_id))
+
+
+@router.post("/v1/responses/{response_id}/cancel", response_model=ResponseObject)
+async def cancel_response(
+    response_id: str, http_request: Request, state: Annotated[GatewayState, Depends(get_state)]
+) -> JSONResponse:
+    """Stops a background response; one that already ended is answered as it is (idempotent)."""
+    stored = await _owned(response_id, http_request, state)
+    if not stored.spec.background:
+        raise invalid_request("only background responses can be cancelled", "response_id")
+    stored = await state.responses.settle(stored)
+    if stored.status not in TERMINAL:
+        result = ResponseResult(completed_at=int(time.time()))
+        stored = await state.responses.end(stored, "cancelled", result, persist=True)
+        state.runner.abort_later(stored.spec.request.req_id, "abort")
+    return JSONResponse(response_body(stored), headers=request_id_header(stored.spec.request.req_id))
+
+
+@router.delete("/v1/responses/{response_id}")
+async def delete_response(
+    response_id: str, http_request: Request, state: Annotated[GatewayState, Depends(get_state)]
+) -> dict[str, Any]:
+    """Forgets the response; one still running is stopped, since nobody could read it any more."""
+    stored = await _owned(response_id, http_request, state)
+    await state.responses.store.delete(stored)
+    if stored.status not in TERMINAL:
+        state.runner.abort_later(stored.spec.request.req_id, "abort")
+    return {"id": stored.spec.id, "object": "response", "deleted": True}

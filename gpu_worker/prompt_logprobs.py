@@ -20,6 +20,8 @@ import torch
 if TYPE_CHECKING:
     from gpu_worker.cached_request_state import CachedRequestState
 
+_ROWS_PER_SLICE = 256
+
 
 @dataclass(slots=True)
 class PromptLogprobs:
@@ -73,13 +75,16 @@ def prompt_rows(
 def collect_prompt_logprobs(logits: torch.Tensor, targets: torch.Tensor, rows: list[PromptRows]) -> None:
     """`logits` [R, V] of the step's prompt rows, `targets` [R]: each request's entries, appended."""
     max_k = max(r.state.prompt_logprobs.k for r in rows if r.state.prompt_logprobs is not None)
-    logprobs = logits.float().log_softmax(dim=-1)
-    chosen = logprobs.gather(1, targets.unsqueeze(1)).squeeze(1)
-    if max_k:
-        top_values, top_ids = logprobs.topk(max_k, dim=-1)
-    else:
-        top_values, top_ids = logprobs[:, :0], targets[:, None][:, :0]
-    chosen_host, values_host, ids_host = chosen.tolist(), top_values.tolist(), top_ids.tolist()
+    chosen, top_values, top_ids = [], [], []
+    # A long prompt chunk has many rows: its float32 log-softmax is taken a slice of rows at a time.
+    for lo in range(0, logits.shape[0], _ROWS_PER_SLICE):
+        logprobs = logits[lo : lo + _ROWS_PER_SLICE].float().log_softmax(dim=-1)
+        chosen.append(logprobs.gather(1, targets[lo : lo + _ROWS_PER_SLICE].unsqueeze(1)).squeeze(1))
+        values, ids = logprobs.topk(max_k, dim=-1)
+        top_values.append(values)
+        top_ids.append(ids)
+    chosen_host = torch.cat(chosen).tolist()
+    values_host, ids_host = torch.cat(top_values).tolist(), torch.cat(top_ids).tolist()
     at = 0
     for r in rows:
         assert r.state.prompt_logprobs is not None

@@ -16,6 +16,7 @@ from common.protocol import (
     SchedulerOutput,
     TokenEvent,
 )
+from gpu_worker import prompt_logprobs
 from gpu_worker.model_runner import ModelRunner
 from gpu_worker.settings import WorkerSettings
 
@@ -93,11 +94,18 @@ def run(runner: ModelRunner, params: SamplingParams, chunks: dict[str, list[int]
 
 
 @pytest.mark.parametrize(
-    "chunks",
-    [{"a": [11], "b": [7]}, {"a": [3, 5, 3], "b": [1, 6]}],
-    ids=["whole-prompts", "chunked-prefill"],
+    ("chunks", "rows_per_slice"),
+    [({"a": [11], "b": [7]}, 256), ({"a": [11], "b": [7]}, 4), ({"a": [3, 5, 3], "b": [1, 6]}, 256)],
+    ids=["whole-prompts", "log-softmax-in-slices", "chunked-prefill"],
 )
-def test_prompt_logprobs_equal_transformers(runner: ModelRunner, tiny_model_dir: Path, chunks: dict) -> None:
+def test_prompt_logprobs_equal_transformers(
+    runner: ModelRunner,
+    tiny_model_dir: Path,
+    chunks: dict[str, list[int]],
+    rows_per_slice: int,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(prompt_logprobs, "_ROWS_PER_SLICE", rows_per_slice)
     params = SamplingParams(max_tokens=2, temperature=0.0, prompt_logprobs=3)
     events = run(runner, params, chunks)
     prompt_events = {e.req_id: e for e in events if isinstance(e, PromptEvent)}

@@ -58,8 +58,11 @@ class Admission:
 
 def plan_admission(bm: BlockManager, req: Request, budget: int) -> Admission:
     """Admitting `req` with up to `budget` tokens computed in this step."""
-    # Whole blocks only, and at least one token left to compute.
+    # Whole blocks only, and at least one token left to compute; none for a request whose prompt
+    # logprobs come from this forward (recomputed with its output, it no longer needs them).
     max_blocks = (req.num_tokens - 1) // bm.block_size
+    if req.sampling_params.prompt_logprobs is not None and not req.output_token_ids:
+        max_blocks = 0
     cached = bm.cached_prefix(block_hashes(req, bm.block_size), max_blocks) if max_blocks else []
     num_cached = len(cached) * bm.block_size
     num_new = min(req.num_tokens - num_cached, budget)

@@ -17,7 +17,15 @@ import msgspec
 import redis
 
 from common import streams
-from common.protocol import FIELD, AbortRequest, RequestError, TokenEvent, decode_event, decode_inbox
+from common.protocol import (
+    FIELD,
+    AbortRequest,
+    PromptEvent,
+    RequestError,
+    TokenEvent,
+    decode_event,
+    decode_inbox,
+)
 
 # Entries claimed / token streams read per round trip.
 CHUNK = 256
@@ -131,6 +139,8 @@ def _history(rows: list[tuple[bytes, dict[bytes, bytes]]]) -> TokenHistory:
     for event in _decoded(rows, decode_event):
         if isinstance(event, RequestError):
             h.finished = True
+        elif isinstance(event, PromptEvent):
+            h.finished = h.finished or event.finish_reason is not None  # max_tokens 0: no token
         elif isinstance(event, TokenEvent) and event.index == len(h.output_token_ids):
             h.output_token_ids.append(event.token_id)
             h.attempt = max(h.attempt, event.attempt)

@@ -86,12 +86,18 @@ class Request:
     @property
     def is_finishing(self) -> bool:
         """Steps already sent will bring it to max_tokens: scheduling it again would be wasted."""
-        return len(self.output_token_ids) + self.num_output_placeholders >= self.sampling_params.max_tokens
+        return len(self.output_token_ids) + self.num_output_placeholders >= self.num_samples
+
+    @property
+    def num_samples(self) -> int:
+        """Tokens it samples at most: a request that generates nothing (max_tokens 0) still samples
+        once, at the end of its prompt, to end there (the sample is never shown)."""
+        return max(1, self.sampling_params.max_tokens)
 
     @property
     def max_num_tokens(self) -> int:
         """The longest this request can grow."""
-        return len(self.prompt_token_ids) + self.sampling_params.max_tokens
+        return len(self.prompt_token_ids) + self.num_samples
 
     def to_new_request_data(self) -> NewRequestData:
         return NewRequestData(

@@ -54,7 +54,8 @@ class InProcessEngine(EngineThread):
             return
         result = self.runner.execute_model(out)
         for event in self.runner.token_events(result):
-            self._emit(event.req_id, TokenEvent(event.token_id, event.finish_reason))
+            if hasattr(event, "token_id"):  # benchmarks ask for no prompt events
+                self._emit(event.req_id, TokenEvent(event.token_id, event.finish_reason))
         for req in self.scheduler.update_from_output(result):
             if req.finish_reason == "error":
                 self._emit(req.req_id, TokenEvent(token_id=None, error=req.error or "request failed"))

@@ -17,8 +17,11 @@ def check_finish(
 ) -> FinishReason | None:
     """Why the request ends after appending `token_id`, or None to keep going.
 
-    `num_output_tokens` and `num_tokens` (prompt + output) already count `token_id`.
+    `num_output_tokens` and `num_tokens` (prompt + output) already count `token_id`. A request that
+    generates nothing (max_tokens 0) ends at its prompt, whatever its first sample was (never shown).
     """
+    if params.max_tokens == 0:
+        return "length"
     if not params.ignore_eos and token_id in eos_token_ids:
         return "stop"
     if token_id in params.stop_token_ids:

@@ -46,6 +46,9 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tr
     logit_bias: dict[int, float] = {}  # token id -> added to its logit before anything else
     min_tokens: int = 0  # EOS and stop_token_ids are masked until this many tokens are out
     logprobs: int | None = None  # None: none; k: the sampled token's logprob and the k most likely
+    # vLLM's name: None, none; k: each prompt token's logprob (the first has none) and the k most likely,
+    # computed in the prefill's own forward (the request then computes its whole prompt, no cache).
+    prompt_logprobs: int | None = None
     structured_output: StructuredOutput | None = None  # the grammar the output follows, if any
 
     @property
@@ -167,6 +170,23 @@ class TokenEvent(msgspec.Struct, tag="token", kw_only=True, omit_defaults=True):
     num_cached_tokens: int = 0  # on the first token: prompt tokens served from the prefix cache
 
 
+class PromptEvent(msgspec.Struct, tag="prompt", kw_only=True, omit_defaults=True):
+    """The prompt is computed: sent once per attempt, before the first token event, for a request
+    that asked for prompt logprobs or generates nothing (max_tokens 0, then it carries the finish).
+
+    Entry i is about prompt token i + 1 (the first prompt token has no logprob: nothing precedes it).
+    """
+
+    req_id: str
+    attempt: int
+    token_ids: list[int]  # the whole prompt, so that a reader needs nothing else to show it
+    logprobs: list[float] = []  # of prompt tokens 1.. under the model's raw distribution
+    top_token_ids: list[list[int]] = []  # per entry, the most likely tokens, most likely first
+    top_logprobs: list[list[float]] = []  # their log-probabilities, parallel to top_token_ids
+    finish_reason: FinishReason | None = None  # "length" when the request generates nothing
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache (when it ends here)
+
+
 class RequestError(msgspec.Struct, tag="error", kw_only=True):
     """Terminal event on a token stream: the request failed and produced no more tokens."""
 
@@ -176,7 +196,7 @@ class RequestError(msgspec.Struct, tag="error", kw_only=True):
 
 
 InboxMessage = ModelRunnerOutput | AbortRequest | WorkerInfo | WorkerLost
-StreamEvent = TokenEvent | RequestError
+StreamEvent = TokenEvent | PromptEvent | RequestError
 
 _encoder = msgspec.msgpack.Encoder()
 _request_decoder = msgspec.msgpack.Decoder(GenerateRequest)

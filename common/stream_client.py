@@ -15,7 +15,7 @@ from typing import Any
 import redis
 import redis.asyncio as aioredis
 
-from common.protocol import FIELD, AbortRequest, GenerateRequest, TokenEvent, encode
+from common.protocol import FIELD, AbortRequest, GenerateRequest, PromptEvent, TokenEvent, encode
 from common.redis_conn import MAX_BLOCK_MS, min_id
 from common.streams import BATCHER_INBOX, REQUESTS_STREAM, submitted_key, token_stream
 from common.token_reader import EventFilter, RequestTimedOut, accept_entry
@@ -118,8 +118,10 @@ def follow_entries(
         for entry_id, fields in _entries(r.xread({key: last_id}, count=_READ_COUNT, block=block_ms)):
             last_id = entry_id
             event = accept_entry(event_filter, req_id, entry_id, fields)
-            if event is None:
-                continue
+            if isinstance(event, PromptEvent) and event.finish_reason is not None:
+                return  # the request generates nothing (max_tokens 0)
+            if not isinstance(event, TokenEvent):
+                continue  # dropped, or prompt logprobs: these readers follow tokens only
             yield entry_id, event
             if event.finish_reason is not None:
                 return
@@ -155,7 +157,9 @@ async def follow_async(
         for entry_id, fields in _entries(await r.xread({key: last_id}, count=_READ_COUNT, block=block_ms)):
             last_id = entry_id
             event = accept_entry(event_filter, req_id, entry_id, fields)
-            if event is None:
+            if isinstance(event, PromptEvent) and event.finish_reason is not None:
+                return
+            if not isinstance(event, TokenEvent):
                 continue
             yield event
             if event.finish_reason is not None:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import msgspec
 
-from common.protocol import FIELD, RequestError, TokenEvent, decode_event
+from common.protocol import FIELD, PromptEvent, RequestError, TokenEvent, decode_event
 
 
 class RequestFailed(Exception):
@@ -34,15 +34,21 @@ class EventFilter:
     next_index: int = 0  # output index the next new token must have at least
     attempt: int = -1  # newest attempt seen
 
-    def accept(self, event: TokenEvent) -> bool:
-        if event.attempt < self.attempt or event.index < self.next_index:
+    def accept(self, event: TokenEvent | PromptEvent) -> bool:
+        if event.attempt < self.attempt:
             return False
+        if isinstance(event, PromptEvent):
+            if self.next_index:  # it comes before any token: too late once one was kept
+                return False
+        elif event.index < self.next_index:
+            return False
+        else:
+            self.next_index = event.index + 1
         self.attempt = event.attempt
-        self.next_index = event.index + 1
         return True
 
 
-def decode_entry(req_id: str, fields: dict[bytes, bytes]) -> TokenEvent | RequestError:
+def decode_entry(req_id: str, fields: dict[bytes, bytes]) -> TokenEvent | PromptEvent | RequestError:
     """One token stream entry; an unreadable one reads as the error it is."""
     try:
         return decode_event(fields[FIELD])
@@ -52,7 +58,7 @@ def decode_entry(req_id: str, fields: dict[bytes, bytes]) -> TokenEvent | Reques
 
 def accept_entry(
     event_filter: EventFilter, req_id: str, entry_id: str, fields: dict[bytes, bytes]
-) -> TokenEvent | None:
+) -> TokenEvent | PromptEvent | None:
     """The entry's token if the reader rules keep it, None if they drop it.
 
     Raises RequestFailed on a RequestError, and on a finish the server chose ("abort", "error"), which a

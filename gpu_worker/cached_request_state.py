@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from common.protocol import FinishReason, NewRequestData, SamplingParams
+from gpu_worker.prompt_logprobs import PromptLogprobs
 
 
 @dataclass(slots=True)
@@ -18,9 +19,13 @@ class CachedRequestState:
     attempt: int  # echoed on token events so readers can fence stale writers
     finish_reason: FinishReason | None = None  # set once decided; the batcher frees it next step
     num_cached_tokens: int = 0  # prompt tokens found in the prefix cache when first scheduled (usage)
+    # Collected while its prompt is computed, when it asked and has no output yet (a request
+    # recomputed with output tokens has sent them already).
+    prompt_logprobs: PromptLogprobs | None = None
 
     @classmethod
     def from_new(cls, new: NewRequestData) -> CachedRequestState:
+        k = new.sampling_params.prompt_logprobs
         return cls(
             req_id=new.req_id,
             token_ids=[*new.prompt_token_ids, *new.output_token_ids],
@@ -30,6 +35,7 @@ class CachedRequestState:
             num_computed_tokens=new.num_computed_tokens,
             attempt=new.attempt,
             num_cached_tokens=0 if new.output_token_ids else new.num_computed_tokens,
+            prompt_logprobs=None if k is None or new.output_token_ids else PromptLogprobs(k),
         )
 
     @property

@@ -101,6 +101,7 @@ class DecodeGraphs:
             and common.num_decodes == common.num_reqs
             and common.num_reqs <= self.sizes[-1]
             and len(batch.sampling_reqs) == common.num_reqs
+            and not batch.prompt_rows
         )
 
     def run(self, batch: InputBatch) -> torch.Tensor:

@@ -15,6 +15,7 @@ import torch
 
 from gpu_worker.attention_backend import AttentionBackend, AttentionContext, CommonAttentionMetadata
 from gpu_worker.cached_request_state import CachedRequestState
+from gpu_worker.prompt_logprobs import PromptRows, prompt_rows
 
 
 @dataclass(slots=True)
@@ -31,6 +32,17 @@ class InputBatch:
     sampling_reqs: list[ScheduledRequest]  # the N requests whose known tokens are all computed now
     scheduled: list[ScheduledRequest]  # every request of the step, in batch order
     attn_metadata: AttentionContext
+    # Prompt positions whose logits are kept too, for requests that asked for prompt logprobs.
+    prompt_rows: list[PromptRows]
+    prompt_indices: torch.Tensor | None  # [R] their flat indexes, None when there are none
+    prompt_targets: torch.Tensor | None  # [R] the prompt token each of them predicts
+
+    @property
+    def kept_indices(self) -> torch.Tensor:
+        """The flat indexes whose logits the forward keeps: sampling rows, then prompt rows."""
+        if self.prompt_indices is None:
+            return self.logits_indices
+        return torch.cat([self.logits_indices, self.prompt_indices])
 
 
 def build_input_batch(
@@ -89,6 +101,10 @@ def build_input_batch(
         [s == r.state.num_tokens for r, s in zip(ordered, seq_lens, strict=True)], dtype=torch.bool
     )
     logits_indices = (query_start_loc[1:].long() - 1)[sampled_seqs]
+    starts = query_start_loc.tolist()
+    rows, prompt_flat, targets = prompt_rows(
+        [(r.state, start, r.num_tokens) for r, start in zip(ordered, starts, strict=False)]
+    )
 
     common = CommonAttentionMetadata(
         slot_mapping=_to_device(slot_mapping, device),
@@ -112,6 +128,9 @@ def build_input_batch(
         attn_metadata=AttentionContext(
             backend=backend, metadata=backend.build_metadata(common), common=common
         ),
+        prompt_rows=rows,
+        prompt_indices=_to_device(torch.tensor(prompt_flat, dtype=torch.long), device) if rows else None,
+        prompt_targets=_to_device(torch.tensor(targets, dtype=torch.long), device) if rows else None,
     )
 
 

@@ -14,7 +14,7 @@ import time
 import torch
 from transformers import PreTrainedModel
 
-from common.protocol import ModelRunnerOutput, SchedulerOutput, TokenEvent, WorkerInfo
+from common.protocol import ModelRunnerOutput, PromptEvent, SchedulerOutput, TokenEvent, WorkerInfo
 from gpu_worker.attention_backend import make_attention_backend
 from gpu_worker.cached_request_state import CachedRequestState
 from gpu_worker.cuda_graphs import DecodeGraphs
@@ -36,6 +36,7 @@ from gpu_worker.profile import (
     kv_cache_budget,
     run_profile_step,
 )
+from gpu_worker.prompt_logprobs import collect_prompt_logprobs
 from gpu_worker.sampler import Sampler
 from gpu_worker.sampling_state import SamplingState
 from gpu_worker.settings import WorkerSettings
@@ -216,7 +217,7 @@ class ModelRunner:
         self._step_logprobs = logprobs
         return merged
 
-    def token_events(self, output: ModelRunnerOutput) -> list[TokenEvent]:
+    def token_events(self, output: ModelRunnerOutput) -> list[TokenEvent | PromptEvent]:
         """The token-stream events of a step result; valid until the next step frees finished requests."""
         return token_events(output, self.requests, self._step_logprobs)
 
@@ -291,10 +292,16 @@ class ModelRunner:
             input_ids=batch.input_ids,
             position_ids=batch.position_ids,
             use_cache=False,  # the paged pool is the cache; no DynamicCache
-            logits_to_keep=batch.logits_indices,  # logits only where a token is sampled
+            logits_to_keep=batch.kept_indices,  # logits only where a token is sampled (or scored)
             attn_metadata=batch.attn_metadata,
         )
-        return outputs.logits[0]
+        logits = outputs.logits[0]
+        if batch.prompt_rows:
+            num_sampling = batch.logits_indices.shape[0]
+            assert batch.prompt_targets is not None
+            collect_prompt_logprobs(logits[num_sampling:], batch.prompt_targets, batch.prompt_rows)
+            logits = logits[:num_sampling]
+        return logits
 
     @torch.inference_mode()
     def _forward_and_sample(self, batch: InputBatch) -> list[int]:

@@ -24,6 +24,8 @@ def check_new(new: NewRequestData, vocab_size: int, max_model_len: int, num_bloc
         return "structured outputs are not supported by this worker"
     if num_tokens > max_model_len:
         return f"{num_tokens} tokens exceed max_model_len {max_model_len}"
+    if params.prompt_logprobs is not None and not new.output_token_ids and new.num_computed_tokens:
+        return "prompt_logprobs need the whole prompt computed, but it came with cached tokens"
     if not 0 <= new.num_computed_tokens < num_tokens:
         return f"num_computed_tokens {new.num_computed_tokens} out of range for {num_tokens} tokens"
     return check_blocks(new.block_ids, num_blocks)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Collection
 
 from common.finish import check_finish
-from common.protocol import FinishReason, ModelRunnerOutput, TokenEvent
+from common.protocol import FinishReason, ModelRunnerOutput, PromptEvent, TokenEvent
 from gpu_worker.cached_request_state import CachedRequestState
 from gpu_worker.input_batch import InputBatch
 from gpu_worker.logprobs import SampleLogprobs
@@ -35,14 +35,20 @@ def advance(
 
 def token_events(
     output: ModelRunnerOutput, requests: dict[str, CachedRequestState], logprobs: dict[str, SampleLogprobs]
-) -> list[TokenEvent]:
-    events = []
+) -> list[TokenEvent | PromptEvent]:
+    events: list[TokenEvent | PromptEvent] = []
     for req_id, token_id, reason in zip(
         output.req_ids, output.sampled_token_ids, output.finish_reasons, strict=True
     ):
         state = requests[req_id]
-        sample = logprobs.get(req_id)
         index = state.num_output_tokens - 1
+        num_cached_tokens = state.num_cached_tokens if index == 0 else 0
+        generates = state.sampling_params.max_tokens > 0
+        if index == 0 and (state.prompt_logprobs is not None or not generates):
+            events.append(prompt_event(state, None if generates else reason, num_cached_tokens))
+        if not generates:
+            continue  # its one sample only ended the prompt: never shown, never counted
+        sample = logprobs.get(req_id)
         events.append(
             TokenEvent(
                 req_id=req_id,
@@ -53,7 +59,23 @@ def token_events(
                 logprob=None if sample is None else sample.logprob,
                 top_token_ids=[] if sample is None else sample.top_token_ids,
                 top_logprobs=[] if sample is None else sample.top_logprobs,
-                num_cached_tokens=state.num_cached_tokens if index == 0 else 0,
+                num_cached_tokens=num_cached_tokens,
             )
         )
     return events
+
+
+def prompt_event(
+    state: CachedRequestState, finish_reason: FinishReason | None, num_cached_tokens: int
+) -> PromptEvent:
+    collected = state.prompt_logprobs
+    return PromptEvent(
+        req_id=state.req_id,
+        attempt=state.attempt,
+        token_ids=state.token_ids[: state.num_prompt_tokens],
+        logprobs=[] if collected is None else collected.logprobs,
+        top_token_ids=[] if collected is None else collected.top_token_ids,
+        top_logprobs=[] if collected is None else collected.top_logprobs,
+        finish_reason=finish_reason,
+        num_cached_tokens=num_cached_tokens if finish_reason is not None else 0,
+    )

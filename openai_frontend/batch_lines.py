@@ -27,7 +27,7 @@ from openai_frontend.endpoints import ENDPOINTS
 from openai_frontend.errors import OpenAIError, invalid_request, validation_error
 from openai_frontend.logprobs import LogprobsFormatter
 from openai_frontend.openai_schemas import ChatCompletionRequest, CompletionRequest
-from openai_frontend.request_builder import PreparedRequest, fan_out, prepare_request
+from openai_frontend.request_builder import PreparedRequest, prepare_choices
 from openai_frontend.request_meta import Kind, response_id
 from openai_frontend.request_runner import Follow, RequestRunner
 from openai_frontend.served_model import ServedModel
@@ -106,7 +106,7 @@ def _prepare(ctx: LineContext, line: InputLine, req_id: str) -> list[PreparedReq
     if body.stream:
         raise invalid_request("stream is not supported in a batch: each line gets one response", "stream")
     spec = ctx.spec
-    request = prepare_request(
+    return prepare_choices(
         body,
         ctx.served,
         float(spec.created_at),  # timeouts count from here: a line may run until the batch expires
@@ -115,7 +115,6 @@ def _prepare(ctx: LineContext, line: InputLine, req_id: str) -> list[PreparedReq
         req_id=req_id,
         priority=BATCH_PRIORITY,
     )
-    return fan_out(request)
 
 
 async def run_line(ctx: LineContext, line: InputLine, req_id: str, submitted: Submitted) -> LineResult:

@@ -11,7 +11,7 @@ from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from common.protocol import TokenEvent
+from common.protocol import PromptEvent, TokenEvent
 from openai_frontend.errors import OpenAIError, from_request_error
 from openai_frontend.fanout import merged_outputs
 from openai_frontend.openai_schemas import PromptTokensDetails, UsageInfo
@@ -39,8 +39,11 @@ class Completed:
     num_cached_tokens: int = 0
     token_ids: list[int] = field(default_factory=list)
     events: list[TokenEvent] = field(default_factory=list)  # for logprobs
+    prompt: PromptEvent | None = None  # the prompt's logprobs, when asked (echo with logprobs)
 
     def add(self, out: Output) -> None:
+        if out.prompt is not None:
+            self.prompt = out.prompt
         self.text += out.text
         self.token_ids.extend(out.token_ids)
         self.events.extend(out.events)
@@ -52,15 +55,20 @@ class Completed:
 def usage(
     requests: Sequence[PreparedRequest], num_output_tokens: Sequence[int], num_cached_tokens: Sequence[int]
 ) -> UsageInfo:
-    """The prompt is counted once, however many choices share it (as OpenAI counts n > 1), and so
-    are its cached tokens: as the choice that computed the most of it found them."""
-    num_prompt_tokens = requests[0].num_prompt_tokens
+    """Each prompt is counted once, however many choices share it (as OpenAI counts n > 1), and so
+    are its cached tokens: as the choice that computed the most of it found them. `requests` are
+    the choices, n per prompt in order."""
+    n = requests[0].n
+    num_prompt_tokens = num_cached = 0
+    for first in range(0, len(requests), n):
+        num_prompt_tokens += requests[first].num_prompt_tokens
+        num_cached += min(num_cached_tokens[first : first + n], default=0)
     completion_tokens = sum(num_output_tokens)
     return UsageInfo(
         prompt_tokens=num_prompt_tokens,
         completion_tokens=completion_tokens,
         total_tokens=num_prompt_tokens + completion_tokens,
-        prompt_tokens_details=PromptTokensDetails(cached_tokens=min(num_cached_tokens, default=0)),
+        prompt_tokens_details=PromptTokensDetails(cached_tokens=num_cached),
     )
 
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from openai_frontend.collect import Completed
-from openai_frontend.logprobs import LogprobsFormatter
-from openai_frontend.openai_schemas import CompletionChoice, CompletionResponse
+from openai_frontend.logprobs import LogprobsFormatter, joined
+from openai_frontend.openai_schemas import CompletionChoice, CompletionLogprobs, CompletionResponse
 from openai_frontend.request_builder import PreparedRequest
 from openai_frontend.request_runner import Output
 from openai_frontend.response_format import Chunks, Endpoint
@@ -16,21 +16,29 @@ class CompletionChunks(Chunks):
     def __post_init__(self) -> None:
         super().__post_init__()
         # Where each choice's next token starts in its text, for logprobs' text_offset.
-        self._offsets = [len(self.request.echo_text or "")] * self.request.n
+        self._offsets = [len(r.echo_text or "") for r in self.choices]
 
     def opening(self) -> list[str]:
-        echo = self.request.echo_text
-        if not echo:
-            return []
-        return [self._chunk([CompletionChoice(index=i, text=echo)]) for i in range(self.request.n)]
+        # An echo with logprobs waits for the prompt's logprobs, and goes out with them.
+        return [
+            self._chunk([CompletionChoice(index=i, text=r.echo_text)])
+            for i, r in enumerate(self.choices)
+            if r.echo_text and not r.echo_logprobs
+        ]
 
     def delta(self, index: int, out: Output) -> str:
-        logprobs = None
-        if self.request.logprobs:
+        request = self.choices[index]
+        text, logprobs = out.text, None
+        if request.logprobs:
             logprobs, self._offsets[index] = self.logprobs.completion(out.events, self._offsets[index])
+        if out.prompt is not None and request.echo_logprobs:
+            text = (request.echo_text or "") + text
+            logprobs = joined(
+                self.logprobs.prompt_completion(out.prompt)[0], logprobs or CompletionLogprobs()
+            )
         choice = CompletionChoice(
             index=index,
-            text=out.text,
+            text=text,
             logprobs=logprobs,
             finish_reason=out.finish_reason,
             token_ids=out.token_ids,
@@ -42,10 +50,15 @@ def _choice(
     index: int, done: Completed, request: PreparedRequest, formatter: LogprobsFormatter
 ) -> CompletionChoice:
     echo = request.echo_text or ""
+    logprobs = None
+    if request.logprobs:
+        logprobs = formatter.completion(done.events, len(echo))[0]
+        if request.echo_logprobs and done.prompt is not None:
+            logprobs = joined(formatter.prompt_completion(done.prompt)[0], logprobs)
     return CompletionChoice(
         index=index,
         text=echo + done.text,
-        logprobs=formatter.completion(done.events, len(echo))[0] if request.logprobs else None,
+        logprobs=logprobs,
         finish_reason=done.finish_reason,
         token_ids=done.token_ids,
     )

@@ -3,14 +3,15 @@
 Each token is shown as its own decoded text (special tokens included, as vLLM does), with `bytes`
 its UTF-8 encoding; a token that is part of a multi-byte character decodes to U+FFFD, as in vLLM.
 Every generated token gets an entry, including the EOS / stop token that ends the output (it counts
-in `usage` and in `token_ids` but is not in the text).
+in `usage` and in `token_ids` but is not in the text). An echoed prompt's tokens come first in the
+completions shape, the first of them with a null logprob (nothing precedes it), as vLLM returns them.
 """
 
 from __future__ import annotations
 
 from tokenizers import Tokenizer
 
-from common.protocol import TokenEvent
+from common.protocol import PromptEvent, TokenEvent
 from openai_frontend.openai_schemas import ChatLogprobs, CompletionLogprobs, TokenLogprob, TopLogprob
 
 
@@ -51,6 +52,34 @@ class LogprobsFormatter:
             result.text_offset.append(text_offset)
             text_offset += len(text)
         return result, text_offset
+
+    def prompt_completion(self, prompt: PromptEvent) -> tuple[CompletionLogprobs, int]:
+        """The echoed prompt's entries, the first at offset 0; also returns the offset after them."""
+        result = CompletionLogprobs()
+        text_offset = 0
+        for i, token_id in enumerate(prompt.token_ids):
+            text = self.token_text(token_id)
+            result.tokens.append(text)
+            result.text_offset.append(text_offset)
+            text_offset += len(text)
+            if i == 0:  # nothing precedes the first token: no logprob (null, as in vLLM)
+                result.token_logprobs.append(None)
+                result.top_logprobs.append(None)
+                continue
+            result.token_logprobs.append(prompt.logprobs[i - 1])
+            ids, values = prompt.top_token_ids[i - 1], prompt.top_logprobs[i - 1]
+            result.top_logprobs.append({self.token_text(t): lp for t, lp in zip(ids, values, strict=True)})
+        return result, text_offset
+
+
+def joined(first: CompletionLogprobs, then: CompletionLogprobs) -> CompletionLogprobs:
+    """Two runs of entries as one (the echoed prompt's, then the generated tokens')."""
+    return CompletionLogprobs(
+        tokens=first.tokens + then.tokens,
+        token_logprobs=first.token_logprobs + then.token_logprobs,
+        top_logprobs=first.top_logprobs + then.top_logprobs,
+        text_offset=first.text_offset + then.text_offset,
+    )
 
 
 def _logprob(event: TokenEvent) -> float:

@@ -11,25 +11,36 @@ from openai_frontend.openai_schemas import ChatMessage
 from openai_frontend.served_model import ServedModel
 from openai_frontend.validation import check_token_ids
 
-CHAT_ROLES = ("system", "user", "assistant")
+CHAT_ROLES = ("system", "developer", "user", "assistant")
+# OpenAI's newer name for system instructions; templates written before it know only "system".
+_ROLE_ALIASES = {"developer": "system"}
 _NON_TEXT_PART_FIELDS = ("image_url", "input_audio", "file", "refusal")
 
 
-def completion_prompt_ids(
-    prompt: str | list[int] | list[str] | list[list[int]], served: ServedModel
-) -> list[int]:
+Prompt = str | list[int]
+# A completions body's prompts: lm-eval and other harnesses batch theirs; each becomes n choices.
+MAX_PROMPTS = 256
+
+
+def split_prompts(prompt: str | list[int] | list[str] | list[list[int]]) -> list[Prompt]:
+    """The prompts of a completions body: one (text or token ids), or a list of them."""
+    if isinstance(prompt, str):
+        return [prompt]
+    if prompt and isinstance(prompt[0], str | list):
+        if len(prompt) > MAX_PROMPTS:
+            raise invalid_request(f"at most {MAX_PROMPTS} prompts per request, got {len(prompt)}", "prompt")
+        return list(prompt)
+    return [prompt]  # type: ignore[list-item]  # token ids (or empty: refused below)
+
+
+def completion_prompt_ids(prompt: Prompt, served: ServedModel) -> list[int]:
     """Text is tokenized with the tokenizer's own special tokens (e.g. BOS); ids are taken as given."""
-    # A batch of one is the same as a single prompt; larger batches need n-way fan-out, not here yet.
-    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list):
-        if len(prompt) != 1:
-            raise invalid_request("only one prompt per request is supported", "prompt")
-        prompt = prompt[0]
     if isinstance(prompt, str):
         if not prompt:
             raise invalid_request("prompt must not be empty", "prompt")
         token_ids = served.tokenizer.encode(prompt, add_special_tokens=True)
     else:
-        token_ids = [int(t) for t in prompt]  # type: ignore[arg-type]  # narrowed to list[int] above
+        token_ids = [int(t) for t in prompt]
         check_token_ids(token_ids, served, "prompt")
     if not token_ids:
         raise invalid_request("prompt must not be empty", "prompt")
@@ -63,7 +74,7 @@ def _message_dict(i: int, message: ChatMessage) -> dict[str, Any]:
         if message.role != "assistant":
             raise invalid_request(f"a {message.role} message needs content", f"messages[{i}].content")
         content = ""
-    return {"role": message.role, "content": content, "name": message.name}
+    return {"role": _ROLE_ALIASES.get(message.role, message.role), "content": content, "name": message.name}
 
 
 def chat_prompt_ids(messages: list[ChatMessage], served: ServedModel) -> list[int]:

@@ -9,8 +9,9 @@ import msgspec
 
 from common.protocol import GenerateRequest, SamplingParams
 from common.stream_client import new_req_id
+from openai_frontend.errors import invalid_request
 from openai_frontend.openai_schemas import ChatCompletionRequest, CompletionRequest
-from openai_frontend.prompts import chat_prompt_ids, completion_prompt_ids
+from openai_frontend.prompts import MAX_PROMPTS, chat_prompt_ids, completion_prompt_ids, split_prompts
 from openai_frontend.served_model import ServedModel
 from openai_frontend.validation import (
     check_model,
@@ -18,6 +19,7 @@ from openai_frontend.validation import (
     check_unsupported,
     check_user,
     num_choices,
+    num_logprobs,
     resolve_max_tokens,
     sampling_params,
     stop_strings,
@@ -46,6 +48,11 @@ class PreparedRequest:
     full_prompt_len: int | None = None
 
     @property
+    def echo_logprobs(self) -> bool:
+        """Completions with echo and logprobs: the echoed prompt comes with its tokens' logprobs."""
+        return self.echo_text is not None and self.logprobs
+
+    @property
     def num_prompt_tokens(self) -> int:
         return len(self.prompt_token_ids) if self.full_prompt_len is None else self.full_prompt_len
 
@@ -62,20 +69,25 @@ class PreparedRequest:
         )
 
 
-def fan_out(request: PreparedRequest) -> list[PreparedRequest]:
-    """One request per choice, each with its own id (`<req_id>-<i>`, as unguessable as the first one's,
-    and the same again when a batch line is prepared again); with a seed, choice i uses seed + i (as
+def fan_out(request: PreparedRequest, first_index: int = 0) -> list[PreparedRequest]:
+    """One request per choice, each with its own id (`<req_id>-<index>`, as unguessable as the first
+    one's, and the same again when a batch line is prepared again); choice indexes start at
+    `first_index` (a later prompt of a list). With a seed, choice i of a prompt uses seed + i (as
     vLLM's ParentRequest does), so every choice is reproducible on its own and they differ."""
-    choices = [request]
-    for i in range(1, request.n):
+    choices = []
+    for i in range(request.n):
         params = request.sampling_params
-        if params.seed is not None:
+        if params.seed is not None and i:
             params = msgspec.structs.replace(params, seed=params.seed + i)
-        choices.append(dataclasses.replace(request, req_id=f"{request.req_id}-{i}", sampling_params=params))
+        index = first_index + i
+        req_id = f"{request.req_id}-{index}" if index else request.req_id
+        choices.append(
+            request if not index else dataclasses.replace(request, req_id=req_id, sampling_params=params)
+        )
     return choices
 
 
-def prepare_request(
+def prepare_choices(
     body: CompletionRequest | ChatCompletionRequest,
     served: ServedModel,
     arrival_time: float,
@@ -84,8 +96,10 @@ def prepare_request(
     queue_deadline: float | None = None,
     req_id: str | None = None,
     priority: int = 0,
-) -> PreparedRequest:
-    """Check and tokenize `body`; raises OpenAIError (400/404) on anything it cannot serve.
+) -> list[PreparedRequest]:
+    """Every choice of `body`, all checked and tokenized before any is queued: n per prompt (a
+    completions body may hold a list of prompts), choice `prompt_index * n + i` as OpenAI and vLLM
+    number them. Raises OpenAIError (400/404) on anything it cannot serve.
 
     `req_id` defaults to a new random id; a batch line passes one derived from its batch and index.
     """
@@ -93,44 +107,49 @@ def prepare_request(
     check_unsupported(body)
     stop = stop_strings(body.stop)
     user = check_user(body.user)
-    echo_text: str | None = None
+    n = num_choices(body)
+    req_id = req_id or new_req_id()
+    choices: list[PreparedRequest] = []
+    for prompt_token_ids, echo_text in _prompts(body, n, served):
+        prompt_param = "messages" if isinstance(body, ChatCompletionRequest) else "prompt"
+        check_prompt_length(len(prompt_token_ids), served, prompt_param)
+        max_tokens = resolve_max_tokens(body, len(prompt_token_ids), served)
+        request = PreparedRequest(
+            req_id=req_id,
+            prompt_token_ids=prompt_token_ids,
+            sampling_params=sampling_params(body, max_tokens, served),
+            stop=stop,
+            arrival_time=arrival_time,
+            stream=bool(body.stream),
+            include_usage=bool(body.stream and body.stream_options and body.stream_options.include_usage),
+            resumable=bool(body.resumable),
+            return_token_ids=bool(body.return_token_ids),
+            n=n,
+            logprobs=num_logprobs(body) is not None,
+            echo_text=echo_text,
+            user=user,
+            owner=owner,
+            queue_deadline=queue_deadline,
+            priority=priority,
+        )
+        choices += fan_out(request, len(choices))
+    return choices
+
+
+def _prompts(
+    body: CompletionRequest | ChatCompletionRequest, n: int, served: ServedModel
+) -> list[tuple[list[int], str | None]]:
+    """Each prompt's token ids, and with echo the text each of its choices starts with."""
     if isinstance(body, ChatCompletionRequest):
-        prompt_token_ids = chat_prompt_ids(body.messages, served)
-        logprobs = bool(body.logprobs)
-    else:
-        prompt_token_ids = completion_prompt_ids(body.prompt, served)
-        logprobs = body.logprobs is not None
-        if body.echo:
-            echo_text = _prompt_text(body.prompt, prompt_token_ids, served)
-    prompt_param = "messages" if isinstance(body, ChatCompletionRequest) else "prompt"
-    check_prompt_length(len(prompt_token_ids), served, prompt_param)
-    max_tokens = resolve_max_tokens(body, len(prompt_token_ids), served)
-    return PreparedRequest(
-        req_id=req_id or new_req_id(),
-        prompt_token_ids=prompt_token_ids,
-        sampling_params=sampling_params(body, max_tokens, served),
-        stop=stop,
-        arrival_time=arrival_time,
-        stream=bool(body.stream),
-        include_usage=bool(body.stream and body.stream_options and body.stream_options.include_usage),
-        resumable=bool(body.resumable),
-        return_token_ids=bool(body.return_token_ids),
-        n=num_choices(body),
-        logprobs=logprobs,
-        echo_text=echo_text,
-        user=user,
-        owner=owner,
-        queue_deadline=queue_deadline,
-        priority=priority,
-    )
-
-
-def _prompt_text(
-    prompt: str | list[int] | list[str] | list[list[int]], token_ids: list[int], served: ServedModel
-) -> str:
-    """The prompt as the client wrote it; token-id prompts are decoded (special tokens left out)."""
-    if isinstance(prompt, str):
-        return prompt
-    if prompt and isinstance(prompt[0], str):
-        return str(prompt[0])
-    return served.tokenizer.decode(token_ids)
+        return [(chat_prompt_ids(body.messages, served), None)]
+    prompts = split_prompts(body.prompt)
+    if len(prompts) * n > MAX_PROMPTS:
+        raise invalid_request(f"at most {MAX_PROMPTS} choices (prompts x n) per request", "prompt")
+    result = []
+    for prompt in prompts:
+        token_ids = completion_prompt_ids(prompt, served)
+        echo_text = None
+        if body.echo:  # as the client wrote it; token ids decoded (special tokens left out)
+            echo_text = prompt if isinstance(prompt, str) else served.tokenizer.decode(token_ids)
+        result.append((token_ids, echo_text))
+    return result

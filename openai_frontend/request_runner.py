@@ -14,7 +14,7 @@ import redis.asyncio as aioredis
 import redis.exceptions
 
 from common.logging_setup import bind_request_id
-from common.protocol import TokenEvent
+from common.protocol import PromptEvent, TokenEvent
 from common.redis_conn import RETENTION_S
 from common.retry import retry_async
 from common.stream_client import abort_async, submit_once_on
@@ -57,6 +57,7 @@ class Output:
     num_cached_tokens: int  # prompt tokens served from the prefix cache, for usage
     token_ids: list[int]  # tokens accepted since the previous Output
     events: list[TokenEvent]  # their token events (with logprobs when the request asked)
+    prompt: PromptEvent | None = None  # the prompt's logprobs, on an Output of its own before any text
 
 
 class RequestRunner:
@@ -163,6 +164,15 @@ class RequestRunner:
                     ready: list[Output] = []
                     num_read = 0
                     for entry_id, event in batch:
+                        if isinstance(event, PromptEvent):
+                            num_cached_tokens = event.num_cached_tokens
+                            ready.append(
+                                Output(entry_id, "", event.finish_reason, 0, num_cached_tokens, [], [], event)
+                            )
+                            if event.finish_reason is not None:
+                                done = True  # it generates nothing (max_tokens 0)
+                                break
+                            continue
                         num_read += 1
                         token_ids.append(event.token_id)
                         events.append(event)

@@ -40,8 +40,13 @@ class Chunks(ABC):
     response_id: str
     created: int
     model: str
-    request: PreparedRequest
+    request: PreparedRequest  # the first choice: what every choice shares
     logprobs: LogprobsFormatter
+    requests: Sequence[PreparedRequest] = ()  # every choice (several prompts); default n of `request`
+
+    @property
+    def choices(self) -> Sequence[PreparedRequest]:
+        return self.requests or [self.request] * self.request.n
 
     def __post_init__(self) -> None:
         self._exclude = response_exclude(
@@ -92,7 +97,7 @@ class Endpoint:
             id=response_id,
             created=created,
             model=model,
-            choices=[self.choice(i, c, request, formatter) for i, c in enumerate(done)],
+            choices=[self.choice(i, c, requests[i], formatter) for i, c in enumerate(done)],
             usage=usage(requests, [c.num_output_tokens for c in done], [c.num_cached_tokens for c in done]),
         )
         return response.model_dump(exclude=response_exclude(return_token_ids=request.return_token_ids))

@@ -6,7 +6,7 @@ import asyncio
 import time
 from collections.abc import AsyncGenerator
 
-from common.protocol import TokenEvent
+from common.protocol import PromptEvent, TokenEvent
 from common.redis_conn import MAX_BLOCK_MS
 from common.token_reader import EventFilter, RequestFailed, RequestTimedOut, accept_entry
 from openai_frontend.token_mux import TokenStreamMux
@@ -16,8 +16,9 @@ __all__ = ["EventFilter", "RequestFailed", "RequestTimedOut", "follow_token_stre
 
 async def follow_token_stream(
     mux: TokenStreamMux, req_id: str, *, deadline: float, last_id: str = "0-0"
-) -> AsyncGenerator[list[tuple[str, TokenEvent]], None]:
-    """Yield the new token events of each read (possibly none, about once a second) until the last one.
+) -> AsyncGenerator[list[tuple[str, TokenEvent | PromptEvent]], None]:
+    """Yield the new token (and prompt) events of each read (possibly none, about once a second) until
+    the last one.
 
     Empty batches give the caller a regular chance to notice that its client went away. Raises
     RequestFailed on a RequestError event and RequestTimedOut past `deadline` (time.monotonic()).
@@ -41,7 +42,7 @@ async def follow_token_stream(
                 except TimeoutError:
                     yield []
                     continue
-            batch: list[tuple[str, TokenEvent]] = []
+            batch: list[tuple[str, TokenEvent | PromptEvent]] = []
             for entry_id, fields in item:
                 event = accept_entry(event_filter, req_id, entry_id, fields)
                 if event is None:

@@ -155,8 +155,10 @@ def resolve_max_tokens(
 ) -> int:
     """max_tokens as asked, or all the room the context has left; 400 when prompt + output cannot fit."""
     max_tokens, param = _requested_max_tokens(body)
-    if max_tokens is not None and max_tokens < 1:
-        raise invalid_request(f"{param} must be at least 1, got {max_tokens}", param)
+    # A completion may generate nothing: with echo and logprobs that scores a prompt (lm-eval).
+    least = 0 if isinstance(body, CompletionRequest) else 1
+    if max_tokens is not None and max_tokens < least:
+        raise invalid_request(f"{param} must be at least {least}, got {max_tokens}", param)
     cap = served.max_tokens
     if cap is not None and max_tokens is not None and max_tokens > cap:
         raise invalid_request(f"{param} must be at most {cap} on this server, got {max_tokens}", param)
@@ -231,6 +233,8 @@ def sampling_params(
         logit_bias=_logit_bias(body.logit_bias, served),
         min_tokens=min_tokens,
         logprobs=num_logprobs(body),
+        # Echoed with logprobs, the prompt's tokens get theirs too (the legacy completions API).
+        prompt_logprobs=num_logprobs(body) if isinstance(body, CompletionRequest) and body.echo else None,
     )
 
 

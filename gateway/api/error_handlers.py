@@ -44,11 +44,20 @@ async def _validation_error(_: Request, exc: Exception) -> JSONResponse:
     return error_response(validation_error(exc.errors()))
 
 
-async def _http_error(_: Request, exc: Exception) -> JSONResponse:
+async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
     kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
     headers = dict(exc.headers) if exc.headers else None
-    return error_response(OpenAIError(exc.status_code, str(exc.detail), type=kind, headers=headers))
+    message, code = str(exc.detail), None
+    # The router's own refusals name the path: an SDK reading a bare "Not Found" blames the model.
+    path = request.url.path
+    if exc.status_code == 404:
+        message = f"Unrecognized request URL ({request.method} {path}); this server does not serve it"
+        code = "not_found"
+    elif exc.status_code == 405:
+        message = f"Method {request.method} is not allowed for {path}"
+        code = "method_not_allowed"
+    return error_response(OpenAIError(exc.status_code, message, type=kind, code=code, headers=headers))
 
 
 async def _redis_error(_: Request, exc: Exception) -> JSONResponse:

@@ -50,7 +50,7 @@ async def generate(
     headers = request_id_header(request.req_id)
     follow = client_follow(requests, state.settings.resume_grace_s)
     if request.stream:
-        chunks = endpoint.chunks(rid, created, state.served.name, request, formatter)
+        chunks = endpoint.chunks(rid, created, state.served.name, request, formatter, requests)
         return StreamingResponse(
             stream_sse(state.runner, requests, chunks, follow),
             media_type="text/event-stream",

@@ -1,4 +1,4 @@
-"""GET /v1/models and GET (or HEAD) /health."""
+"""GET /v1/models, GET /v1/models/{id} and GET (or HEAD) /health."""
 
 from __future__ import annotations
 
@@ -14,6 +14,8 @@ from common.streams import WORKERS_HEARTBEAT
 from gateway.api.error_handlers import REDIS_RETRY_AFTER_S
 from gateway.app_state import GatewayState, get_state
 from openai_frontend.openai_schemas import ModelCard, ModelList
+from openai_frontend.served_model import ServedModel
+from openai_frontend.validation import check_model
 
 router = APIRouter()
 
@@ -21,14 +23,24 @@ router = APIRouter()
 _HEALTH_REDIS_TIMEOUT_S = 2.0
 
 
-@router.get("/v1/models")
-async def list_models(state: Annotated[GatewayState, Depends(get_state)]) -> ModelList:
-    served = state.served
+def _card(served: ServedModel) -> ModelCard:
     # `root` names the model, never the directory it was loaded from (that is the operator's business).
-    card = ModelCard(
+    return ModelCard(
         id=served.name, created=served.created, root=served.name, max_model_len=served.max_model_len
     )
-    return ModelList(data=[card])
+
+
+@router.get("/v1/models")
+async def list_models(state: Annotated[GatewayState, Depends(get_state)]) -> ModelList:
+    return ModelList(data=[_card(state.served)])
+
+
+# `{model:path}`: hub-style names hold a slash (`org/model`).
+@router.get("/v1/models/{model:path}")
+async def retrieve_model(model: str, state: Annotated[GatewayState, Depends(get_state)]) -> ModelCard:
+    """OpenAI's model object; 404 with an OpenAI error for any other id."""
+    check_model(model, state.served)
+    return _card(state.served)
 
 
 # Load balancers often probe with HEAD: same status and headers, no body.

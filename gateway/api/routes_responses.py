@@ -20,7 +20,7 @@ from starlette.responses import JSONResponse, StreamingResponse
 
 from gateway.api.generation import request_id_header
 from gateway.app_state import GatewayState, get_state
-from gateway.security.admission import checked_request
+from gateway.security.admission import checked_requests
 from gateway.security.auth import request_owner
 from gateway.streaming.sse import SSE_HEADERS, sse_event
 from openai_frontend.collect import collect
@@ -96,7 +96,7 @@ async def create_response(
     history = await _history(body, http_request, state)
     conversation = history + input_messages(body)
     with responses_names():
-        request = await checked_request(chat_request(body, conversation), http_request, state)
+        [request] = await checked_requests(chat_request(body, conversation), http_request, state)
     spec = ResponseSpec(
         request=meta_of(request, "chat", state.served.name),
         background=bool(body.background),

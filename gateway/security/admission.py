@@ -14,16 +14,16 @@ from gateway.app_state import GatewayState
 from gateway.security.auth import request_owner
 from gateway.security.queue_depth import check_queue
 from openai_frontend.openai_schemas import ChatCompletionRequest, CompletionRequest
-from openai_frontend.request_builder import PreparedRequest, fan_out, prepare_request
+from openai_frontend.request_builder import PreparedRequest, prepare_choices
 from openai_frontend.request_meta import Kind, meta_of
 
 
 async def admit(
     kind: Kind, body: CompletionRequest | ChatCompletionRequest, http_request: Request, state: GatewayState
 ) -> list[PreparedRequest]:
-    """The request's choices (one per `n`), all submitted; raises OpenAIError when refused."""
-    request = await checked_request(body, http_request, state)
-    requests = fan_out(request)
+    """The request's choices (n per prompt), all submitted; raises OpenAIError when refused."""
+    requests = await checked_requests(body, http_request, state)
+    request = requests[0]
     if len(requests) == 1:
         # Kept so that the client can resume the stream or fetch the result by id, through any gateway.
         await state.runner.submit(request, meta_of(request, kind, state.served.name))
@@ -33,21 +33,24 @@ async def admit(
     return requests
 
 
-async def checked_request(
+async def checked_requests(
     body: CompletionRequest | ChatCompletionRequest, http_request: Request, state: GatewayState
-) -> PreparedRequest:
-    """The request, checked, tokenized, within the queue bound and counted by the rate limit; not
-    submitted yet. Raises OpenAIError when refused."""
+) -> list[PreparedRequest]:
+    """The request's choices, checked, tokenized, within the queue bound and counted by the rate
+    limit; not submitted yet. Raises OpenAIError when refused."""
     arrival_time = time.time()
     owner = request_owner(http_request)
-    request = prepare_request(
+    requests = prepare_choices(
         body,
         state.served,
         arrival_time,
         owner=owner,
         queue_deadline=arrival_time + state.settings.max_queue_wait_s,
     )
-    await check_queue(state.redis, state.settings.max_queued_requests, request.n)
-    num_tokens = len(request.prompt_token_ids) + request.n * request.sampling_params.max_tokens
+    request = requests[0]
+    await check_queue(state.redis, state.settings.max_queued_requests, len(requests))
+    # Each prompt once, and every choice's output.
+    num_tokens = sum(r.num_prompt_tokens for r in requests[:: request.n])
+    num_tokens += sum(r.sampling_params.max_tokens for r in requests)
     await state.rate_limiter.check(owner, num_tokens)
-    return request
+    return requests

@@ -6,6 +6,8 @@ will refuse it, so a 400 or a full queue never costs the client part of its quot
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import time
 
 from starlette.requests import Request
@@ -16,6 +18,7 @@ from gateway.security.queue_depth import check_queue
 from openai_frontend.openai_schemas import ChatCompletionRequest, CompletionRequest
 from openai_frontend.request_builder import PreparedRequest, fan_out, prepare_request
 from openai_frontend.request_meta import Kind, meta_of
+from openai_frontend.structured_outputs import asks_for_grammar
 
 
 async def admit(
@@ -24,13 +27,16 @@ async def admit(
     """The request's choices (one per `n`), all submitted; raises OpenAIError when refused."""
     arrival_time = time.time()
     owner = request_owner(http_request)
-    request = prepare_request(
+    prepare = functools.partial(
+        prepare_request,
         body,
         state.served,
         arrival_time,
         owner=owner,
         queue_deadline=arrival_time + state.settings.max_queue_wait_s,
     )
+    # Checking a grammar builds it (and the first time imports xgrammar): off the event loop.
+    request = await asyncio.to_thread(prepare) if asks_for_grammar(body) else prepare()
     await check_queue(state.redis, state.settings.max_queued_requests, request.n)
     num_tokens = len(request.prompt_token_ids) + request.n * request.sampling_params.max_tokens
     await state.rate_limiter.check(owner, num_tokens)

@@ -9,6 +9,8 @@ masks the logits before sampling (vLLM's and SGLang's approach, with xgrammar as
   device in one transfer, and the sampler applies them after logit_bias (`GrammarMask`).
 - After sampling, each constrained row's token is accepted into its matcher; a matcher that
   terminates (its grammar is complete and a stop token was sampled) ends the request with "stop".
+- JSON rows also lose every token holding a control character (bytes below 0x20): JSON allows none
+  raw, our JSON has no free whitespace, and xgrammar 0.2 lets them into strings with a `maxLength`.
 
 The tokenizer (transformers' AutoTokenizer, for xgrammar's TokenizerInfo) and the compiler are
 loaded on the first structured request: a worker that never sees one never pays for them.
@@ -22,6 +24,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from common.grammar import GrammarError, build_grammar
@@ -83,6 +86,8 @@ class StructuredOutputs:
         self._cache: GrammarCache | None = None
         self._batch_matcher: Any = None
         self._matchers: dict[str, Any] = {}
+        self._json_rows: set[str] = set()  # requests whose output is JSON
+        self._no_control_bytes = torch.zeros(0, dtype=torch.int32)  # bitmask row, set on load
         self._bitmask = torch.zeros(0, 0, dtype=torch.int32)  # host buffer, pinned on cuda
 
     def __len__(self) -> int:
@@ -101,6 +106,9 @@ class StructuredOutputs:
         tokenizer = AutoTokenizer.from_pretrained(self._model_dir)
         info = xgr.TokenizerInfo.from_huggingface(
             tokenizer, vocab_size=self.vocab_size, stop_token_ids=self._stop_token_ids
+        )
+        self._no_control_bytes = _bitmask_row(
+            [not any(b < 0x20 for b in token) for token in info.decoded_vocab], self.vocab_size
         )
         threads = max(1, torch.get_num_threads())
         self._batch_matcher = xgr.BatchGrammarMatcher(max_threads=threads)
@@ -122,13 +130,17 @@ class StructuredOutputs:
             if not matcher.accept_token(token_id):
                 return f"output token {token_id} at index {index} does not follow the request's grammar"
         self._matchers[req_id] = matcher
+        if output.kind in ("json", "json_object"):
+            self._json_rows.add(req_id)
         return None
 
     def remove(self, req_id: str) -> None:
         self._matchers.pop(req_id, None)
+        self._json_rows.discard(req_id)
 
     def clear(self) -> None:
         self._matchers.clear()
+        self._json_rows.clear()
 
     def mask(self, req_ids: Sequence[str]) -> GrammarMask | None:
         """The bitmasks of the step whose logits rows are `req_ids`; None when none is constrained."""
@@ -140,6 +152,9 @@ class StructuredOutputs:
         bitmask = self._host_bitmask(len(req_ids))
         matchers = [self._matchers[req_ids[i]] for i in rows]
         self._batch_matcher.batch_fill_next_token_bitmask(matchers, bitmask, indices=rows)
+        json_rows = [i for i in rows if req_ids[i] in self._json_rows]
+        if json_rows:
+            bitmask[json_rows] &= self._no_control_bytes
         if self._device.type != "cpu":
             bitmask = bitmask.to(self._device, non_blocking=True)
         return GrammarMask(bitmask=bitmask, rows=rows, vocab_size=self.vocab_size)
@@ -171,3 +186,11 @@ class StructuredOutputs:
             elif matcher.is_terminated():
                 ended[req_id] = "stop"
         return ended
+
+
+def _bitmask_row(allowed: list[bool], vocab_size: int) -> torch.Tensor:
+    """xgrammar's bitmask layout of `allowed` (per token id; ids past it are not allowed): bit j of
+    int32 word i is token 32 * i + j."""
+    bits = np.zeros(-(-vocab_size // 32) * 32, dtype=bool)
+    bits[: len(allowed)] = allowed[:vocab_size]
+    return torch.from_numpy(np.packbits(bits, bitorder="little").view("<i4").copy())

@@ -99,6 +99,18 @@ def test_a_rebuilt_matcher_resumes_where_its_output_left_off(
     assert outputs.accept(["c"], [EOS]) == {"c": "stop"}
 
 
+def test_json_never_holds_a_raw_control_character(outputs: StructuredOutputs, tokenizer: Tokenizer) -> None:
+    # xgrammar 0.2 lets control characters into a string with maxLength; JSON forbids them raw.
+    text = StructuredOutput(kind="json", spec='{"type": "string", "maxLength": 5}')
+    assert outputs.add("j", text, tokenizer.encode('"').ids) is None
+    possible = allowed(outputs, ["j"], 0)
+    assert possible and all(
+        not any(ord(c) < 0x20 for c in token_text(tokenizer, t)) for t in possible if t not in (EOS, IM_END)
+    )
+    control = [t for t in range(tokenizer.get_vocab_size()) if token_text(tokenizer, t) == "\x02"]
+    assert control and not set(control) & possible
+
+
 def test_output_that_breaks_the_grammar_or_a_bad_grammar_is_an_error(
     outputs: StructuredOutputs, tokenizer: Tokenizer
 ) -> None:

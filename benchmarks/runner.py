@@ -22,6 +22,7 @@ class Target:
     backend: Backend = "openai"
     prompt_format: PromptFormat = "ids"
     model: str | None = None  # the `model` sent; None: the first entry of GET /v1/models
+    extra_body: dict[str, Any] = field(default_factory=dict)  # merged into its bodies after --extra-body
 
     @property
     def api_url(self) -> str:
@@ -82,7 +83,7 @@ def build_inputs(
                 model=model,
                 temperature=options.temperature,
                 ignore_eos=options.ignore_eos,
-                extra_body=options.extra_body,
+                extra_body={**options.extra_body, **target.extra_body},
             )
         )
     return inputs

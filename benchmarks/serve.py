@@ -334,7 +334,14 @@ def main_compare(args: argparse.Namespace) -> int:
             run_log_dir = log_dir / f"round-{round_index + 1}" if args.repeat > 1 else log_dir
             try:
                 with launched(system, str(args.model), run_log_dir) as base_url:
-                    target = Target(system.name, base_url, system.backend, system.prompt_format, model_name)
+                    target = Target(
+                        system.name,
+                        base_url,
+                        system.backend,
+                        system.prompt_format,
+                        model_name,
+                        system.extra_body,
+                    )
                     record, summaries[name] = benchmark_one(target, workload, args)
                     records.setdefault(name, record)
             except Exception as exc:

@@ -69,6 +69,8 @@ class SystemSpec:
     prompt_format: PromptFormat = "ids"
     model: str | None = None  # the `model` sent; None: the server's first /v1/models entry
     launch: LaunchSpec | None = None
+    # JSON merged into this system's request bodies (e.g. one system's `structured_outputs`).
+    extra_body: dict[str, Any] = field(default_factory=dict)
 
 
 def _split_name(value: str, flag: str, form: str) -> tuple[str, str]:
@@ -142,6 +144,7 @@ def system_from_dict(raw: dict[str, Any]) -> SystemSpec:
         prompt_format=cast(PromptFormat, prompt_format),
         model=raw.get("model_name"),
         launch=launch,
+        extra_body=dict(raw.get("extra_body") or {}),
     )
 
 

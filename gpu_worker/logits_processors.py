@@ -5,6 +5,9 @@ repetition (HF: over prompt + output, positive logits divided, negative multipli
 (minus penalty x count in the output) and presence (minus penalty once if in the output). Each edit
 is a few tensor operations over the rows' parameters kept in `SamplingState`, never a loop over the
 vocabulary or the rows.
+
+A structured-output row whose grammar allows only stop tokens while min_tokens masks them would have
+no token left; `restore_emptied_rows` gives it back the grammar's choice (the grammar wins).
 """
 
 from __future__ import annotations
@@ -27,6 +30,13 @@ def apply_min_tokens(
     values = logits.gather(1, stop_ids)
     active = (output_indices < min_tokens).unsqueeze(1)
     logits.scatter_(1, stop_ids, values.masked_fill(active, float("-inf")))
+
+
+def restore_emptied_rows(logits: torch.Tensor, rows: torch.Tensor, before: torch.Tensor) -> None:
+    """Rows of `rows` [R] left with no possible token get back their logits `before` [R, V]."""
+    after = logits.index_select(0, rows)
+    emptied = torch.isneginf(after).all(dim=-1, keepdim=True)
+    logits.index_copy_(0, rows, torch.where(emptied, before, after))
 
 
 def apply_penalties(

@@ -14,7 +14,7 @@ import time
 import torch
 from transformers import PreTrainedModel
 
-from common.protocol import ModelRunnerOutput, PromptEvent, SchedulerOutput, TokenEvent, WorkerInfo
+from common.protocol import FinishReason, ModelRunnerOutput, PromptEvent, SchedulerOutput, TokenEvent, WorkerInfo
 from gpu_worker.attention_backend import make_attention_backend
 from gpu_worker.cached_request_state import CachedRequestState
 from gpu_worker.cuda_graphs import DecodeGraphs
@@ -42,6 +42,7 @@ from gpu_worker.sampling_state import SamplingState
 from gpu_worker.settings import WorkerSettings
 from gpu_worker.step_checks import check_cached, check_new, check_scheduled
 from gpu_worker.step_output import advance, token_events
+from gpu_worker.structured_output import StructuredOutputs
 
 logger = logging.getLogger(__name__)
 
@@ -74,6 +75,12 @@ class ModelRunner:
         self.sampler = Sampler(settings.seed, self.device)
         # Sampling parameters and penalty counts of every held request, kept on the device.
         self.sampling_state = SamplingState(self.vocab_size, self.device, self.eos_token_ids)
+        # Grammar matchers of the requests with structured outputs (tokenizer loaded on first use).
+        self.structured_outputs = StructuredOutputs(
+            settings.model, self.vocab_size, self.eos_token_ids, self.device
+        )
+        # What the last step's grammars ended, by req_id, for advance().
+        self._grammar_ends: dict[str, FinishReason] = {}
         # Null-model mode times everything but the model: the step still builds its inputs.
         self.null_model = settings.null_model
         self.fail_on_token_id = settings.fail_on_token_id
@@ -154,6 +161,7 @@ class ModelRunner:
         """Forget every request (the batcher has moved them elsewhere); the pool is simply reused."""
         self.requests.clear()
         self.sampling_state.clear()
+        self.structured_outputs.clear()
 
     def _execute(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         """One step, all or nothing: on an exception its diff is rolled back and _StepFailed raised."""
@@ -168,7 +176,7 @@ class ModelRunner:
             logger.exception("step %d failed", scheduler_output.step_id)
             self._rollback(undo)
             raise _StepFailed(f"{type(exc).__name__}: {exc}") from exc
-        finish_reasons = advance(batch, sampled, self.eos_token_ids, self.max_model_len)
+        finish_reasons = advance(batch, sampled, self.eos_token_ids, self.max_model_len, self._grammar_ends)
         return ModelRunnerOutput(
             step_id=scheduler_output.step_id,
             worker_id=self.worker_id,
@@ -245,6 +253,9 @@ class ModelRunner:
             self._drop(req_id)  # already gone after a per-request error: nothing to do
         for new in so.scheduled_new_reqs:
             error = check_new(new, self.vocab_size, self.max_model_len, self.num_blocks)
+            structured = new.sampling_params.structured_output
+            if error is None and structured is not None:
+                error = self.structured_outputs.add(new.req_id, structured, new.output_token_ids)
             self._fail_or(req_errors, new.req_id, error)
             if new.req_id not in req_errors:
                 self.requests[new.req_id] = CachedRequestState.from_new(new)
@@ -266,6 +277,7 @@ class ModelRunner:
     def _drop(self, req_id: str) -> None:
         self.requests.pop(req_id, None)
         self.sampling_state.remove(req_id)
+        self.structured_outputs.remove(req_id)
 
     def _scheduled(self, so: SchedulerOutput, req_errors: dict[str, str]) -> list[ScheduledRequest]:
         scheduled = []
@@ -306,6 +318,7 @@ class ModelRunner:
     @torch.inference_mode()
     def _forward_and_sample(self, batch: InputBatch) -> list[int]:
         self._step_logprobs = {}
+        self._grammar_ends = {}
         if not batch.scheduled:
             return []
         if self.fail_on_token_id is not None and any(
@@ -315,9 +328,11 @@ class ModelRunner:
         if self.null_model:
             return [0] * len(batch.sampling_reqs)
         logits = self._forward(batch)
-        states = [r.state for r in batch.sampling_reqs]
-        result = self.sampler.sample(logits, self.sampling_state, [s.req_id for s in states])
-        for state, logprobs in zip(states, result.logprobs, strict=True):
+        req_ids = [r.state.req_id for r in batch.sampling_reqs]
+        grammar = self.structured_outputs.mask(req_ids)
+        result = self.sampler.sample(logits, self.sampling_state, req_ids, grammar)
+        for req_id, logprobs in zip(req_ids, result.logprobs, strict=True):
             if logprobs is not None:
-                self._step_logprobs[state.req_id] = logprobs
+                self._step_logprobs[req_id] = logprobs
+        self._grammar_ends = self.structured_outputs.accept(req_ids, result.token_ids)
         return result.token_ids

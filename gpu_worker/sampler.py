@@ -1,8 +1,9 @@
 """Next-token sampling on the device: greedy, temperature, min-p, top-k and top-p, one row per request.
 
 Rows come from `SamplingState` (parameters kept on the device between steps). Before sampling,
-rows that ask for them get logit_bias, the min_tokens mask and penalties (`logits_processors.py`);
-rows that ask for logprobs get them from the raw logits (`logprobs.py`). Greedy is a bare argmax.
+rows that ask for them get logit_bias, their grammar's mask (`structured_output.py`), the min_tokens
+mask and penalties (`logits_processors.py`); rows that ask for logprobs get them from the raw logits
+(`logprobs.py`), as with logit_bias: what the model predicted. Greedy is a bare argmax.
 
 A random row draws one uniform number and picks its token by inverse CDF, in float32. Filters work
 only on the rows that set them, in vLLM v1's order: min-p (tokens at least min_p x the top
@@ -22,7 +23,12 @@ from dataclasses import dataclass
 
 import torch
 
-from gpu_worker.logits_processors import apply_logit_bias, apply_min_tokens, apply_penalties
+from gpu_worker.logits_processors import (
+    apply_logit_bias,
+    apply_min_tokens,
+    apply_penalties,
+    restore_emptied_rows,
+)
 from gpu_worker.logprobs import SampleLogprobs, compute_logprobs, to_sample_logprobs
 from gpu_worker.sampling_state import (
     GREEDY,
@@ -42,6 +48,7 @@ from gpu_worker.sampling_state import (
     SamplingState,
 )
 from gpu_worker.seeded_uniform import seeded_uniforms
+from gpu_worker.structured_output import GrammarMask
 
 
 @dataclass(slots=True, frozen=True)
@@ -61,25 +68,38 @@ class Sampler:
         else:
             self._generator.manual_seed(seed)
 
-    def sample(self, logits: torch.Tensor, state: SamplingState, req_ids: Sequence[str]) -> SamplerOutput:
-        """logits [N, V], row i for `req_ids[i]` (each added to `state`). Records the sampled tokens
-        in `state` (output index, penalty counts)."""
+    def sample(
+        self,
+        logits: torch.Tensor,
+        state: SamplingState,
+        req_ids: Sequence[str],
+        grammar: GrammarMask | None = None,
+    ) -> SamplerOutput:
+        """logits [N, V], row i for `req_ids[i]` (each added to `state`); `grammar`: the masks of the
+        constrained rows. Records the sampled tokens in `state` (output index, penalty counts)."""
         if not req_ids:
             return SamplerOutput([], [])
         batch = state.prepare(req_ids)
         raw_logits = logits
-        if batch.any_bias or batch.any_min_tokens or batch.penalty_rows is not None:
+        if batch.any_bias or batch.any_min_tokens or batch.penalty_rows is not None or grammar is not None:
             logits = logits.to(torch.float32, copy=True)  # the raw logits stay intact for logprobs
-            self._process(logits, batch)
+            self._process(logits, batch, grammar)
         tokens = self._pick(logits, batch)
         state.record(batch, tokens)
         return self._to_host(raw_logits, tokens, batch)
 
-    def _process(self, logits: torch.Tensor, batch: SamplingBatch) -> None:
+    def _process(self, logits: torch.Tensor, batch: SamplingBatch, grammar: GrammarMask | None) -> None:
         if batch.bias_ids is not None and batch.bias_values is not None:
             apply_logit_bias(logits, batch.bias_ids, batch.bias_values)
+        if grammar is not None:
+            grammar.apply(logits)
         if batch.stop_ids is not None:
+            # A grammar that allows only stop tokens (its output is complete) outranks min_tokens.
+            rows = None if grammar is None else torch.tensor(grammar.rows, device=logits.device)
+            allowed = None if rows is None else logits.index_select(0, rows)
             apply_min_tokens(logits, batch.stop_ids, batch.ints[:, OUTPUT_INDEX], batch.ints[:, MIN_TOKENS])
+            if rows is not None and allowed is not None:
+                restore_emptied_rows(logits, rows, allowed)
         if batch.penalty_rows is not None:
             assert batch.prompt_mask is not None and batch.output_counts is not None
             penalties = batch.floats.index_select(0, batch.penalty_rows)[:, REPETITION : PRESENCE + 1]

@@ -20,8 +20,6 @@ def check_new(new: NewRequestData, vocab_size: int, max_model_len: int, num_bloc
     bad = [t for t in (*params.logit_bias, *params.stop_token_ids) if not 0 <= t < vocab_size]
     if bad:
         return f"sampling parameter token id {bad[0]} is outside the vocabulary"
-    if params.structured_output is not None:
-        return "structured outputs are not supported by this worker"
     if num_tokens > max_model_len:
         return f"{num_tokens} tokens exceed max_model_len {max_model_len}"
     if params.prompt_logprobs is not None and not new.output_token_ids and new.num_computed_tokens:

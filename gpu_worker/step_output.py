@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 
 from common.finish import check_finish
 from common.protocol import FinishReason, ModelRunnerOutput, PromptEvent, TokenEvent
@@ -12,9 +12,14 @@ from gpu_worker.logprobs import SampleLogprobs
 
 
 def advance(
-    batch: InputBatch, sampled: list[int], eos_token_ids: Collection[int], max_model_len: int
+    batch: InputBatch,
+    sampled: list[int],
+    eos_token_ids: Collection[int],
+    max_model_len: int,
+    grammar_ends: Mapping[str, FinishReason] | None = None,
 ) -> list[FinishReason | None]:
-    """Count the step's tokens as computed, append each sample and decide whether it finishes."""
+    """Count the step's tokens as computed, append each sample and decide whether it finishes;
+    `grammar_ends`: requests their grammar ends (see StructuredOutputs.accept)."""
     for req in batch.scheduled:
         req.state.num_computed_tokens += req.num_tokens
     reasons: list[FinishReason | None] = []
@@ -29,6 +34,11 @@ def advance(
             eos_token_ids,
             max_model_len,
         )
+        if grammar_ends and state.req_id in grammar_ends:
+            # A broken grammar outranks any reason; a terminated one only ends what goes on.
+            ended = grammar_ends[state.req_id]
+            if ended == "error" or state.finish_reason is None:
+                state.finish_reason = ended
         reasons.append(state.finish_reason)
     return reasons
 

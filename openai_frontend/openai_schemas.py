@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 
 def _valid_unicode(text: str) -> str:
@@ -32,6 +32,38 @@ class _Strict(BaseModel):
 
 class StreamOptions(_Strict):
     include_usage: bool | None = False  # end the stream with a chunk that carries usage
+
+
+class StructuredOutputsParams(_Strict):
+    """vLLM's `structured_outputs` extension: exactly one constraint (see structured_outputs.py)."""
+
+    # A JSON schema, as an object or JSON text (`json` would shadow a BaseModel method).
+    json_: JSONObject | Text | None = Field(default=None, alias="json")
+    regex: Text | None = None
+    choice: list[Text] | None = None  # the output is exactly one of these
+    grammar: Text | None = None  # EBNF (GBNF), the root rule named `root`
+    json_object: bool | None = None  # any JSON object
+    # vLLM's other options; refused by name.
+    whitespace_pattern: Text | None = None
+    structural_tag: Text | None = None
+    disable_fallback: bool | None = None
+    disable_any_whitespace: bool | None = None
+    disable_additional_properties: bool | None = None
+
+
+class JSONSchemaFormat(_Strict):
+    """`response_format.json_schema`, as OpenAI defines it."""
+
+    name: Text
+    description: Text | None = None
+    # `schema` would shadow a BaseModel attribute; the body still spells it `schema`.
+    schema_: JSONObject | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Strict):
+    type: Text  # "text", "json_object" or "json_schema"
+    json_schema: JSONSchemaFormat | None = None
 
 
 class _SamplingRequest(_Strict):
@@ -57,6 +89,8 @@ class _SamplingRequest(_Strict):
     user: Text | None = None
     # vLLM's extension: also return the generated token ids with each choice (tests compare them).
     return_token_ids: bool | None = False
+    # vLLM's extension: the output follows a JSON schema, regex, choice or grammar (both endpoints).
+    structured_outputs: StructuredOutputsParams | None = None
     # OpenAI fields we do not implement: refused by name in validation.check_unsupported.
     metadata: JSONObject | None = None
     store: bool | None = None
@@ -102,13 +136,13 @@ class ChatCompletionRequest(_SamplingRequest):
     max_completion_tokens: int | None = None  # newer name of max_tokens; wins when both are given
     logprobs: bool | None = None  # return the sampled tokens' logprobs
     top_logprobs: int | None = None  # 0..20 most likely tokens per position (needs logprobs)
+    response_format: ResponseFormat | None = None  # text, json_object or json_schema
     # OpenAI fields we do not implement: refused by name in validation.check_unsupported.
     tools: list[JSONObject] | None = None
     tool_choice: Text | JSONObject | None = None
     parallel_tool_calls: bool | None = None
     functions: list[JSONObject] | None = None
     function_call: Text | JSONObject | None = None
-    response_format: JSONObject | None = None
     audio: JSONObject | None = None
     modalities: list[Text] | None = None
     prediction: JSONObject | None = None

@@ -11,6 +11,7 @@ from common.protocol import SamplingParams
 from openai_frontend.errors import OpenAIError, invalid_request
 from openai_frontend.openai_schemas import ChatCompletionRequest, CompletionRequest
 from openai_frontend.served_model import ServedModel
+from openai_frontend.structured_outputs import structured_output
 
 # Bounds that keep values inside what msgpack and the sampler can hold.
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
@@ -54,7 +55,6 @@ _UNSUPPORTED_CHAT: dict[str, tuple[Any, ...]] = {
     "parallel_tool_calls": (),
     "functions": ([],),
     "function_call": ("none",),
-    "response_format": ({"type": "text"},),
     "audio": (),
     "modalities": (["text"],),
     "prediction": (),
@@ -235,6 +235,7 @@ def sampling_params(
         logprobs=num_logprobs(body),
         # Echoed with logprobs, the prompt's tokens get theirs too (the legacy completions API).
         prompt_logprobs=num_logprobs(body) if isinstance(body, CompletionRequest) and body.echo else None,
+        structured_output=structured_output(body),
     )
 
 

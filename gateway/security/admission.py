@@ -6,6 +6,8 @@ will refuse it, so a 400 or a full queue never costs the client part of its quot
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import time
 
 from starlette.requests import Request
@@ -16,6 +18,7 @@ from gateway.security.queue_depth import check_queue
 from openai_frontend.openai_schemas import ChatCompletionRequest, CompletionRequest
 from openai_frontend.request_builder import PreparedRequest, prepare_choices
 from openai_frontend.request_meta import Kind, meta_of
+from openai_frontend.structured_outputs import asks_for_grammar
 
 
 async def admit(
@@ -40,13 +43,16 @@ async def checked_requests(
     limit; not submitted yet. Raises OpenAIError when refused."""
     arrival_time = time.time()
     owner = request_owner(http_request)
-    requests = prepare_choices(
+    prepare = functools.partial(
+        prepare_choices,
         body,
         state.served,
         arrival_time,
         owner=owner,
         queue_deadline=arrival_time + state.settings.max_queue_wait_s,
     )
+    # Checking a grammar builds it (and the first time imports xgrammar): off the event loop.
+    requests = await asyncio.to_thread(prepare) if asks_for_grammar(body) else prepare()
     request = requests[0]
     await check_queue(state.redis, state.settings.max_queued_requests, len(requests))
     # Each prompt once, and every choice's output.

@@ -57,6 +57,7 @@ SAMPLING: dict[str, Row] = {
     "min_tokens": (1, HONOURED, {}),
     "stop_token_ids": ([5], HONOURED, {}),
     "ignore_eos": (True, HONOURED, {}),
+    "structured_outputs": ({"choice": ["yes", "no"]}, HONOURED, {}),
     "return_token_ids": (True, HONOURED, {}),
 }
 FIELDS: dict[str, dict[str, Row]] = {
@@ -72,7 +73,7 @@ FIELDS: dict[str, dict[str, Row]] = {
         "parallel_tool_calls": (True, REFUSED, {}),
         "prediction": ({"type": "content", "content": "x"}, REFUSED, {}),
         "reasoning_effort": ("low", REFUSED, {}),
-        "response_format": ({"type": "json_object"}, REFUSED, {}),
+        "response_format": ({"type": "json_object"}, HONOURED, {}),
         "tool_choice": ("auto", REFUSED, {}),
         "tools": ([FUNCTION], REFUSED, {}),
         "verbosity": ("low", REFUSED, {}),

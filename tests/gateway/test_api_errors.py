@@ -115,9 +115,9 @@ CASES: list[tuple[str, Any, int, str | None, str | None]] = [
     (CHAT, {"messages": USER, "tool_choice": "auto"}, 400, "tool_choice", "unsupported_parameter"),
     (
         CHAT,
-        {"messages": USER, "response_format": {"type": "json_object"}},
+        {"messages": USER, "structured_outputs": {"regex": "a+", "structural_tag": "{}"}},
         400,
-        "response_format",
+        "structured_outputs.structural_tag",
         "unsupported_parameter",
     ),
     (

@@ -14,7 +14,14 @@ import time
 import torch
 from transformers import PreTrainedModel
 
-from common.protocol import FinishReason, ModelRunnerOutput, PromptEvent, SchedulerOutput, TokenEvent, WorkerInfo
+from common.protocol import (
+    FinishReason,
+    ModelRunnerOutput,
+    PromptEvent,
+    SchedulerOutput,
+    TokenEvent,
+    WorkerInfo,
+)
 from gpu_worker.attention_backend import make_attention_backend
 from gpu_worker.cached_request_state import CachedRequestState
 from gpu_worker.cuda_graphs import DecodeGraphs

@@ -53,7 +53,7 @@ WORKER_ENV = {"WORKER_BLOCK_SIZE": str(BLOCK_SIZE)}
 # name -> (workers, batcher settings, extra worker settings)
 CONFIGS: dict[str, tuple[int, dict[str, str], dict[str, str]]] = {
     "one_worker": (1, {}, {}),
-    # 24 blocks: cached prefixes are evicted and requests preempted; chunks of 32 tokens.
+    # 12 blocks: cached prefixes are evicted and requests preempted; chunks of 32 tokens.
     "evict_and_preempt": (
         1,
         {
@@ -61,10 +61,8 @@ CONFIGS: dict[str, tuple[int, dict[str, str], dict[str, str]]] = {
             "BATCHER_MAX_NUM_SEQS": "8",
             "BATCHER_ASYNC_SCHEDULING": "true",
         },
-        {"WORKER_NUM_BLOCKS": "24"},
+        {"WORKER_NUM_BLOCKS": "12"},
     ),
-    "two_workers_cache_aware": (2, {}, {}),
-    "tgi_policy": (1, {"BATCHER_POLICY": "tgi"}, {}),
 }
 
 

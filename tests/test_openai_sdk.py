@@ -353,9 +353,11 @@ def test_echo_prepends_the_prompt(client: openai.OpenAI, model_name: str) -> Non
     )
     plain = client.completions.create(model=model_name, prompt="Return the", max_tokens=5, temperature=0)
     assert done.choices[0].text == "Return the" + plain.choices[0].text
-    # Prompt logprobs are left out: the first entry is the first generated token, after the prompt.
-    assert done.choices[0].logprobs is not None and done.choices[0].logprobs.text_offset is not None
-    assert done.choices[0].logprobs.text_offset[0] == len("Return the")
+    # The prompt's own entries come first (the first one null), then the generated tokens'.
+    logprobs = done.choices[0].logprobs
+    assert logprobs is not None and logprobs.text_offset is not None and logprobs.token_logprobs is not None
+    assert logprobs.text_offset[0] == 0 and logprobs.token_logprobs[0] is None
+    assert "".join(logprobs.tokens or []) == done.choices[0].text
     streamed = client.completions.create(
         model=model_name, prompt="Return the", max_tokens=5, temperature=0, echo=True, stream=True
     )

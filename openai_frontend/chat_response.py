@@ -28,14 +28,7 @@ class ChatChunks(Chunks):
     def delta(self, index: int, out: Output) -> str:
         delta = {"content": out.text} if out.text else {}
         logprobs = self.logprobs.chat(out.events) if self.request.logprobs else None
-        choice = ChatChunkChoice(
-            index=index,
-            delta=delta,
-            logprobs=logprobs,
-            finish_reason=out.finish_reason,
-            token_ids=out.token_ids,
-        )
-        return self._chunk([choice])
+        return self._delta_chunk(ChatChunkChoice, index, out, delta=delta, logprobs=logprobs)
 
 
 def _choice(

@@ -36,14 +36,7 @@ class CompletionChunks(Chunks):
             logprobs = joined(
                 self.logprobs.prompt_completion(out.prompt)[0], logprobs or CompletionLogprobs()
             )
-        choice = CompletionChoice(
-            index=index,
-            text=text,
-            logprobs=logprobs,
-            finish_reason=out.finish_reason,
-            token_ids=out.token_ids,
-        )
-        return self._chunk([choice])
+        return self._delta_chunk(CompletionChoice, index, out, text=text, logprobs=logprobs)
 
 
 def _choice(

@@ -59,6 +59,11 @@ class Chunks(ABC):
         )
         return chunk.model_dump_json(exclude=self._exclude)
 
+    def _delta_chunk(self, choice_type: type[BaseModel], index: int, out: Output, **fields: Any) -> str:
+        """The chunk of one choice's step: `fields` say what it adds, `out` how it ends and its ids."""
+        choice = choice_type(index=index, finish_reason=out.finish_reason, token_ids=out.token_ids, **fields)
+        return self._chunk([choice])
+
     @abstractmethod
     def opening(self) -> list[str]: ...
 

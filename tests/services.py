@@ -11,11 +11,15 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
 import redis
 
 from common import streams
+
+if TYPE_CHECKING:
+    import openai
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -83,6 +87,12 @@ class Stack:
         self.wait_ready(num_workers=num_workers)
         return self
 
+    def sdk(self, api_key: str = "unused", timeout: float = 120) -> openai.OpenAI:
+        """An `openai` SDK client of the gateway that does not retry: a test sees every failure."""
+        import openai
+
+        return openai.OpenAI(base_url=f"{self.base_url}/v1", api_key=api_key, timeout=timeout, max_retries=0)
+
     def num_workers_joined(self) -> int:
         raw = redis.Redis.from_url(self.redis_url).hget(streams.BATCHER_STATS, "num_workers")
         return int(raw) if raw is not None else 0  # type: ignore[arg-type]
@@ -128,10 +138,11 @@ def running_stack(
     model_dir: Path,
     batcher_env: dict[str, str] | None = None,
     celery_env: dict[str, str] | None = None,
+    worker_env: dict[str, str] | None = None,
     **gateway_env: str,
 ) -> Iterator[Stack]:
-    """Its own redis-server, a batcher (with `batcher_env`), one worker and a gateway (with
-    `gateway_env`), and a Celery worker if `celery_env` is given, all ready."""
+    """Its own redis-server, a batcher (with `batcher_env`), one worker (with `worker_env`) and a
+    gateway (with `gateway_env`), and a Celery worker if `celery_env` is given, all ready."""
     from tests.conftest import redis_server
 
     with redis_server(log_dir) as url:
@@ -139,7 +150,7 @@ def running_stack(
         try:
             if celery_env is not None:  # starts with the others, so that it is ready with them
                 stack.start_celery_worker(**celery_env)
-            stack.start_all(batcher_env=batcher_env, gateway_env=gateway_env)
+            stack.start_all(batcher_env=batcher_env, worker_env=worker_env, gateway_env=gateway_env)
             yield stack
         finally:
             stack.stop()

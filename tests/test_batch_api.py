@@ -51,19 +51,15 @@ def stack(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Ite
         yield stack
 
 
-def sdk(stack: Stack, key: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{stack.base_url}/v1", api_key=key, timeout=60, max_retries=0)
-
-
 @pytest.fixture(scope="module")
 def alice(stack: Stack) -> Iterator[openai.OpenAI]:
-    with sdk(stack, KEY_A) as client:
+    with stack.sdk(KEY_A, timeout=60) as client:
         yield client
 
 
 @pytest.fixture(scope="module")
 def bob(stack: Stack) -> Iterator[openai.OpenAI]:
-    with sdk(stack, KEY_B) as client:
+    with stack.sdk(KEY_B, timeout=60) as client:
         yield client
 
 

@@ -20,8 +20,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from tests.conftest import redis_server
-from tests.services import Stack
+from tests.services import Stack, running_stack
 
 TOL = 1e-3  # fp32 on both sides; sums over a few tokens
 _rng = random.Random(16)
@@ -31,25 +30,15 @@ CHOICES = [[_rng.randrange(3, 500) for _ in range(n)] for n in (1, 3, 5)]
 
 @pytest.fixture(scope="module")
 def stack(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    log_dir = tmp_path_factory.mktemp("eval-stack")
-    with redis_server(log_dir) as url:
-        stack = Stack(redis_url=url, model_dir=tiny_model_dir, log_dir=log_dir)
-        try:
-            stack.start_batcher()
-            # Small chunks and blocks: prompts span several prefill steps and cached blocks.
-            stack.start_worker(
-                WORKER_MAX_NUM_BATCHED_TOKENS="8", WORKER_MAX_NUM_SEQS="8", WORKER_BLOCK_SIZE="4"
-            )
-            stack.start_gateway()
-            stack.wait_ready(num_workers=1)
-            yield stack
-        finally:
-            stack.stop()
+    # Small chunks and blocks: prompts span several prefill steps and cached blocks.
+    worker_env = {"WORKER_MAX_NUM_BATCHED_TOKENS": "8", "WORKER_MAX_NUM_SEQS": "8", "WORKER_BLOCK_SIZE": "4"}
+    with running_stack(tmp_path_factory.mktemp("eval-stack"), tiny_model_dir, worker_env=worker_env) as stack:
+        yield stack
 
 
 @pytest.fixture(scope="module")
 def client(stack: Stack) -> Iterator[openai.OpenAI]:
-    with openai.OpenAI(base_url=f"{stack.base_url}/v1", api_key="unused", timeout=120, max_retries=0) as c:
+    with stack.sdk() as c:
         yield c
 
 

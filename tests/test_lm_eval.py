@@ -17,8 +17,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import redis_server
-from tests.services import Stack
+from tests.services import Stack, running_stack
 
 lm_eval = pytest.importorskip("lm_eval")
 
@@ -36,17 +35,11 @@ QUESTIONS = [
 
 @pytest.fixture(scope="module")
 def stack(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    log_dir = tmp_path_factory.mktemp("lm-eval-stack")
-    with redis_server(log_dir) as url:
-        stack = Stack(redis_url=url, model_dir=tiny_model_dir, log_dir=log_dir)
-        try:
-            stack.start_batcher()
-            stack.start_worker(WORKER_MAX_NUM_BATCHED_TOKENS="16", WORKER_MAX_NUM_SEQS="8")
-            stack.start_gateway()
-            stack.wait_ready(num_workers=1)
-            yield stack
-        finally:
-            stack.stop()
+    worker_env = {"WORKER_MAX_NUM_BATCHED_TOKENS": "16", "WORKER_MAX_NUM_SEQS": "8"}
+    with running_stack(
+        tmp_path_factory.mktemp("lm-eval-stack"), tiny_model_dir, worker_env=worker_env
+    ) as stack:
+        yield stack
 
 
 @pytest.fixture(scope="module")

@@ -22,8 +22,7 @@ from common.redis_conn import RETENTION_S
 from common.streams import REQUESTS_STREAM, response_key, token_stream
 from gateway.security.api_keys import hash_key
 from openai_frontend.responses_input import _UNSUPPORTED
-from tests.conftest import redis_server
-from tests.services import Stack, wait_for
+from tests.services import Stack, running_stack, wait_for
 
 KEY_A, KEY_B = "sk-responses-alice", "sk-responses-bob"
 GREEDY: dict[str, Any] = {"temperature": 0, "extra_body": {"ignore_eos": True}}
@@ -43,26 +42,16 @@ CLOSING_EVENTS = [
 
 @pytest.fixture(scope="module")
 def stack(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    log_dir = tmp_path_factory.mktemp("responses-stack")
-    with redis_server(log_dir) as url:
-        stack = Stack(redis_url=url, model_dir=tiny_model_dir, log_dir=log_dir)
-        try:
-            stack.start_batcher()
-            stack.start_worker()
-            stack.start_gateway(GATEWAY_API_KEY_HASHES=f"alice:{hash_key(KEY_A)},bob:{hash_key(KEY_B)}")
-            stack.wait_ready(num_workers=1)
-            yield stack
-        finally:
-            stack.stop()
-
-
-def sdk(stack: Stack, key: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{stack.base_url}/v1", api_key=key, timeout=120, max_retries=0)
+    keys = f"alice:{hash_key(KEY_A)},bob:{hash_key(KEY_B)}"
+    with running_stack(
+        tmp_path_factory.mktemp("responses-stack"), tiny_model_dir, GATEWAY_API_KEY_HASHES=keys
+    ) as stack:
+        yield stack
 
 
 @pytest.fixture(scope="module")
 def client(stack: Stack) -> Iterator[openai.OpenAI]:
-    with sdk(stack, KEY_A) as c:
+    with stack.sdk(KEY_A) as c:
         yield c
 
 
@@ -175,7 +164,7 @@ def test_previous_response_id_continues_the_conversation(client: openai.OpenAI, 
 
 def test_another_key_sees_nothing(stack: Stack, client: openai.OpenAI, model_name: str) -> None:
     response = client.responses.create(model=model_name, input="Secret.", max_output_tokens=3, **GREEDY)
-    with sdk(stack, KEY_B) as bob:
+    with stack.sdk(KEY_B) as bob:
         with pytest.raises(openai.NotFoundError):
             bob.responses.retrieve(response.id)
         with pytest.raises(openai.NotFoundError):

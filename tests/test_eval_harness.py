@@ -70,19 +70,20 @@ def hf_loglikelihood(model: Any, context: list[int], continuation: list[int]) ->
     return float(logprobs.gather(1, target.unsqueeze(1)).sum()), greedy
 
 
+def complete(
+    client: openai.OpenAI, prompt: str | list[str] | list[int] | list[list[int]], **params: Any
+) -> Any:
+    """A completion that names no model (`model` null): the gateway answers with the one it serves."""
+    return client.completions.create(model="", prompt=prompt, extra_body={"model": None}, **params)
+
+
 def lm_eval_loglikelihoods(
     client: openai.OpenAI, requests: list[tuple[list[int], list[int]]], max_tokens: int = 1
 ) -> list[tuple[float, bool]]:
     """lm-eval's LocalCompletionsAPI: _create_payload(generate=False) and parse_logprobs."""
-    out = client.completions.create(
-        model="",
-        prompt=[context + continuation for context, continuation in requests],
-        temperature=0,
-        max_tokens=max_tokens,
-        logprobs=1,
-        seed=1234,
-        echo=True,
-        extra_body={"model": None},
+    prompts = [context + continuation for context, continuation in requests]
+    out = complete(
+        client, prompts, temperature=0, max_tokens=max_tokens, logprobs=1, seed=1234, echo=True
     ).model_dump()
     results = []
     drop = -1 if max_tokens else None  # lm-eval drops the generated token; max_tokens 0 has none
@@ -115,15 +116,7 @@ def test_multiple_choice_loglikelihoods_equal_transformers(
 
 def test_echo_with_logprobs_returns_the_prompt_tokens_first(client: openai.OpenAI, model: Any) -> None:
     prompt = CONTEXTS[2]
-    out = client.completions.create(
-        model="",
-        prompt=prompt,
-        max_tokens=3,
-        logprobs=2,
-        echo=True,
-        temperature=0,
-        extra_body={"model": None},
-    )
+    out = complete(client, prompt, max_tokens=3, logprobs=2, echo=True, temperature=0)
     choice = out.choices[0]
     logprobs = choice.logprobs
     assert logprobs is not None and logprobs.token_logprobs is not None and logprobs.top_logprobs is not None
@@ -142,9 +135,7 @@ def test_echo_with_logprobs_returns_the_prompt_tokens_first(client: openai.OpenA
 
 def test_max_tokens_zero_scores_without_generating(client: openai.OpenAI, model: Any) -> None:
     prompt = "The cat sat on the mat and looked at the door."
-    out = client.completions.create(
-        model="", prompt=prompt, max_tokens=0, logprobs=0, echo=True, extra_body={"model": None}
-    )
+    out = complete(client, prompt, max_tokens=0, logprobs=0, echo=True)
     choice = out.choices[0]
     assert choice.text == prompt
     assert choice.finish_reason == "length"
@@ -153,7 +144,7 @@ def test_max_tokens_zero_scores_without_generating(client: openai.OpenAI, model:
     assert len(choice.logprobs.token_logprobs) == out.usage.prompt_tokens
     assert choice.logprobs.top_logprobs is not None and choice.logprobs.top_logprobs[1] == {}
     # Without echo, an empty choice.
-    plain = client.completions.create(model="", prompt=prompt, max_tokens=0, extra_body={"model": None})
+    plain = complete(client, prompt, max_tokens=0)
     assert plain.choices[0].text == "" and plain.choices[0].finish_reason == "length"
     assert plain.usage is not None and plain.usage.completion_tokens == 0
 
@@ -161,14 +152,12 @@ def test_max_tokens_zero_scores_without_generating(client: openai.OpenAI, model:
 def test_prompt_logprobs_ignore_the_prefix_cache(client: openai.OpenAI, model: Any) -> None:
     """A prompt whose blocks are cached is computed whole anyway when its logprobs are asked."""
     prompt = CONTEXTS[0] + CHOICES[2]
-    warm = client.completions.create(model="", prompt=prompt, max_tokens=1, extra_body={"model": None})
-    again = client.completions.create(model="", prompt=prompt, max_tokens=1, extra_body={"model": None})
+    warm = complete(client, prompt, max_tokens=1)
+    again = complete(client, prompt, max_tokens=1)
     assert again.usage is not None and again.usage.prompt_tokens_details is not None
     assert again.usage.prompt_tokens_details.cached_tokens > 0, "the prefix cache holds the prompt"
     assert warm.usage is not None
-    scored = client.completions.create(
-        model="", prompt=prompt, max_tokens=0, logprobs=1, echo=True, extra_body={"model": None}
-    )
+    scored = complete(client, prompt, max_tokens=0, logprobs=1, echo=True)
     assert scored.usage is not None and scored.usage.prompt_tokens_details is not None
     assert scored.usage.prompt_tokens_details.cached_tokens == 0
     logprobs = scored.choices[0].logprobs
@@ -180,16 +169,7 @@ def test_prompt_logprobs_ignore_the_prefix_cache(client: openai.OpenAI, model: A
 
 def test_streamed_echo_carries_the_prompt_logprobs(client: openai.OpenAI, model: Any) -> None:
     prompt = CONTEXTS[1]
-    stream = client.completions.create(
-        model="",
-        prompt=prompt,
-        max_tokens=2,
-        logprobs=1,
-        echo=True,
-        temperature=0,
-        stream=True,
-        extra_body={"model": None},
-    )
+    stream = complete(client, prompt, max_tokens=2, logprobs=1, echo=True, temperature=0, stream=True)
     chunks = list(stream)
     token_logprobs: list[float | None] = []
     for chunk in chunks:
@@ -204,17 +184,13 @@ def test_streamed_echo_carries_the_prompt_logprobs(client: openai.OpenAI, model:
 
 def test_a_list_of_prompts_with_n_answers_each(client: openai.OpenAI, model: Any) -> None:
     prompts = ["Return the value", "The object", "A cat"]
-    out = client.completions.create(
-        model="", prompt=prompts, n=2, max_tokens=4, temperature=0, echo=True, extra_body={"model": None}
-    )
+    out = complete(client, prompts, n=2, max_tokens=4, temperature=0, echo=True)
     assert sorted(c.index for c in out.choices) == list(range(6))
     by_index = {c.index: c for c in out.choices}
     for p, prompt in enumerate(prompts):
         first, second = by_index[2 * p], by_index[2 * p + 1]
         assert first.text.startswith(prompt) and first.text == second.text  # greedy: equal choices
-        alone = client.completions.create(
-            model="", prompt=prompt, max_tokens=4, temperature=0, extra_body={"model": None}
-        )
+        alone = complete(client, prompt, max_tokens=4, temperature=0)
         assert first.text == prompt + alone.choices[0].text
         assert alone.usage is not None
     token_prompts = [CONTEXTS[1], CONTEXTS[0]]

@@ -21,10 +21,11 @@ import pytest
 from benchmarks.gpu_parity import reference_greedy
 from tests.services import Stack
 
-NUM_REQUESTS = 16
 WAVE = 4
 PROMPT_LENS = [3, 90, 8, 13, 21, 34, 55, 5, 7, 17, 30, 44, 60, 70, 2, 120]
 MAX_TOKENS = [4, 33, 12, 40, 7, 25, 16, 30, 9, 38, 21, 5, 28, 14, 36, 19]
+# (prompt, max_tokens) of each request, and generate's greedy tokens for each
+Reference = tuple[list[tuple[list[int], int]], list[list[int]]]
 
 
 def make_cases(vocab_size: int) -> list[tuple[list[int], int]]:
@@ -37,7 +38,7 @@ def make_cases(vocab_size: int) -> list[tuple[list[int], int]]:
 
 
 @pytest.fixture(scope="module")
-def reference(tiny_model_dir: Path) -> tuple[list[tuple[list[int], int]], list[list[int]]]:
+def reference(tiny_model_dir: Path) -> Reference:
     """Each request alone through transformers' own generate (greedy, EOS ignored)."""
     from transformers import AutoConfig
 
@@ -94,6 +95,23 @@ async def run_cases(base_url: str, cases: list[tuple[list[int], int]], model: st
         return await asyncio.wait_for(asyncio.gather(*tasks), timeout=300)
 
 
+def assert_matches_generate(stack: Stack, reference: Reference, num_later: int = 0) -> dict[str, float]:
+    """Runs the reference's requests through `stack` (the last `num_later` only once the others have
+    finished), asserts each one's greedy tokens equal generate's, and returns the batcher's stats."""
+    cases, expected = reference
+    split = len(cases) - num_later
+    got = asyncio.run(run_cases(stack.base_url, cases[:split], stack.model_dir.name))
+    if num_later:
+        got += asyncio.run(run_cases(stack.base_url, cases[split:], stack.model_dir.name))
+    mismatched = [i for i in range(len(cases)) if got[i] != expected[i]]
+    assert not mismatched, (
+        f"requests {mismatched} differ from generate: {[(got[i], expected[i]) for i in mismatched]}"
+    )
+    stats = stack.stats()
+    assert stats["num_finished"] == len(cases)
+    return stats
+
+
 CONFIGS: dict[str, dict[str, object]] = {
     "one_worker": {"workers": 1, "worker_env": {}, "batcher_env": {}},
     "two_workers": {"workers": 2, "worker_env": {}, "batcher_env": {}},
@@ -121,27 +139,15 @@ CONFIGS: dict[str, dict[str, object]] = {
 
 @pytest.mark.parametrize("config", list(CONFIGS))
 def test_greedy_pipeline_matches_generate(
-    config: str,
-    make_stack: Callable[[], Stack],
-    reference: tuple[list[tuple[list[int], int]], list[list[int]]],
-    tiny_model_dir: Path,
+    config: str, make_stack: Callable[[], Stack], reference: Reference
 ) -> None:
-    cases, expected = reference
     spec = CONFIGS[config]
     stack = make_stack().start_all(
         spec["workers"],  # type: ignore[arg-type]
         batcher_env=spec["batcher_env"],  # type: ignore[arg-type]
         worker_env=spec["worker_env"],  # type: ignore[arg-type]
     )
-
-    got = asyncio.run(run_cases(stack.base_url, cases, tiny_model_dir.name))
-
-    mismatched = [i for i in range(len(cases)) if got[i] != expected[i]]
-    assert not mismatched, (
-        f"requests {mismatched} differ from generate: {[(got[i], expected[i]) for i in mismatched]}"
-    )
-    stats = stack.stats()
-    assert stats["num_finished"] == NUM_REQUESTS
+    stats = assert_matches_generate(stack, reference)
     if config == "two_workers":
         steps = {k: v for k, v in stats.items() if k.startswith("num_steps:")}
         assert len(steps) == 2 and all(n > 0 for n in steps.values()), f"both workers must compute: {steps}"

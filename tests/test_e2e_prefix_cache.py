@@ -18,7 +18,7 @@ import pytest
 from benchmarks.gpu_parity import reference_greedy as greedy_generate
 from tests.fault_clients import run_with_fault
 from tests.services import Stack, wait_for
-from tests.test_e2e_correctness import run_cases
+from tests.test_e2e_correctness import Reference, assert_matches_generate
 
 BLOCK_SIZE = 16
 
@@ -38,7 +38,7 @@ def make_cases(vocab_size: int) -> tuple[list[tuple[list[int], int]], list[int]]
 
 
 @pytest.fixture(scope="module")
-def reference(tiny_model_dir: Path) -> tuple[list[tuple[list[int], int]], list[list[int]]]:
+def reference(tiny_model_dir: Path) -> Reference:
     from transformers import AutoConfig
 
     cases, _ = make_cases(AutoConfig.from_pretrained(tiny_model_dir).vocab_size)
@@ -68,22 +68,11 @@ CONFIGS: dict[str, tuple[int, dict[str, str], dict[str, str]]] = {
 
 @pytest.mark.parametrize("config", list(CONFIGS))
 def test_greedy_with_prefix_hits_matches_generate(
-    config: str,
-    make_stack: Callable[[], Stack],
-    reference: tuple[list[tuple[list[int], int]], list[list[int]]],
-    tiny_model_dir: Path,
+    config: str, make_stack: Callable[[], Stack], reference: Reference
 ) -> None:
-    cases, expected = reference
     num_workers, batcher_env, worker_env = CONFIGS[config]
     stack = make_stack().start_all(num_workers, batcher_env, {**WORKER_ENV, **worker_env})
-
-    got = asyncio.run(run_cases(stack.base_url, cases[:-1], tiny_model_dir.name))
-    got += asyncio.run(run_cases(stack.base_url, cases[-1:], tiny_model_dir.name))  # after turn 1
-
-    mismatched = [i for i in range(len(cases)) if got[i] != expected[i]]
-    assert not mismatched, f"requests {mismatched} differ from generate"
-    stats = stack.stats()
-    assert stats["num_finished"] == len(cases)
+    stats = assert_matches_generate(stack, reference, num_later=1)  # the second turn after the first
     assert stats["prefix_cache_hits"] > 0, stats
     if config == "evict_and_preempt":
         assert stats["num_preemptions"] > 0

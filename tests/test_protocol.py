@@ -24,6 +24,7 @@ from common.protocol import (
     decode_worker,
     encode,
 )
+from tests.test_scheduler import worker
 
 PARAMS = SamplingParams(max_tokens=7, temperature=0.5, top_p=0.9, top_k=5, seed=3, stop_token_ids=[2])
 FULL_PARAMS = SamplingParams(
@@ -100,15 +101,8 @@ def test_event_and_worker_round_trip() -> None:
     error = RequestError(req_id="a", message="boom", code="invalid_request")
     assert decode_event(encode(token)) == token
     assert decode_event(encode(error)) == error
-    info = WorkerInfo(
-        worker_id="w",
-        model="m",
-        num_blocks=8,
-        block_size=16,
-        max_model_len=128,
-        started_at=1.0,
-        max_num_seqs=256,
-        max_num_batched_tokens=8192,
+    info = worker(
+        "w", num_blocks=8, block_size=16, max_len=128, max_num_seqs=256, max_num_batched_tokens=8192
     )
     assert decode_worker(encode(info)) == info
 

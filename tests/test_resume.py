@@ -22,7 +22,7 @@ import redis
 
 from common import streams
 from common.protocol import FIELD, RequestError, decode_event
-from tests.gateway.sse_client import SSEEvent, get_sse, post_sse, read_then_hang_up
+from tests.gateway.sse_client import SSEEvent, get_sse, post_sse, read_then_hang_up, sse_events
 from tests.services import Stack, running_stack, wait_for
 
 GRACE_S = 3.0
@@ -95,21 +95,16 @@ def _stream(base_url: str, body: dict[str, Any], on_ids: Callable[[int], bool]) 
     events with an id so far, after each) returns True: then the client hangs up."""
     events: list[SSEEvent] = []
     req_id = ""
-    event_id: str | None = None
     try:
         with (
             httpx.Client(base_url=base_url, timeout=120) as client,
             client.stream("POST", "/v1/completions", json=body) as response,
         ):
             req_id = response.headers["x-request-id"]
-            for line in response.iter_lines():
-                if line.startswith("id: "):
-                    event_id = line[len("id: ") :]
-                elif line.startswith("data: "):
-                    events.append(SSEEvent(event_id, line[len("data: ") :]))
-                    if event_id is not None and on_ids(sum(e.id is not None for e in events)):
-                        break
-                    event_id = None
+            for event in sse_events(response):
+                events.append(event)
+                if event.id is not None and on_ids(sum(e.id is not None for e in events)):
+                    break
     except httpx.HTTPError:
         pass  # the gateway died under the client
     return req_id, events

@@ -56,27 +56,33 @@ def get_sse(
     return response, parse_sse(raw) if response.status_code == 200 else []
 
 
+def sse_events(response: httpx.Response) -> Iterator[SSEEvent]:
+    """A streamed response's events as they arrive, each with the id line before it, if any."""
+    event_id: str | None = None
+    for line in response.iter_lines():
+        if line.startswith("id: "):
+            event_id = line[len("id: ") :]
+        elif line.startswith("data: "):
+            yield SSEEvent(event_id, line[len("data: ") :])
+            event_id = None
+
+
 def read_then_hang_up(
     url: str, path: str, body: dict[str, Any], num_ids: int, headers: dict[str, str] | None = None
 ) -> tuple[str, list[SSEEvent]]:
     """Stream `body`, read until `num_ids` events with an id have arrived, then drop the connection.
     Returns the request id (X-Request-Id) and the events read."""
     events: list[SSEEvent] = []
-    event_id: str | None = None
     with (
         httpx.Client(base_url=url, timeout=60) as client,
         client.stream("POST", path, json=body, headers=headers) as response,
     ):
         assert response.status_code == 200, response.read()
         req_id = response.headers["x-request-id"]
-        for line in response.iter_lines():
-            if line.startswith("id: "):
-                event_id = line[len("id: ") :]
-            elif line.startswith("data: "):
-                events.append(SSEEvent(event_id, line[len("data: ") :]))
-                event_id = None
-                if sum(e.id is not None for e in events) >= num_ids:
-                    return req_id, events
+        for event in sse_events(response):
+            events.append(event)
+            if sum(e.id is not None for e in events) >= num_ids:
+                return req_id, events
     raise AssertionError(f"the stream ended after {len(events)} events")
 
 

@@ -199,6 +199,21 @@ def test_tokens_read_together_share_the_gap_since_the_previous_read() -> None:
     assert value(samples, "cbserve:e2e_request_latency_seconds_count") == 1
 
 
+def test_tokens_read_with_the_first_count_as_inter_token_gaps_of_zero() -> None:
+    metrics = GatewayMetrics("m")
+    tracker = RequestTracker(metrics, start=10.0, num_prompt_tokens=7)
+    tracker.on_tokens(3, now=10.5)  # the first token and two more in one read
+    tracker.on_tokens(1, now=11.0)
+    samples = [
+        s
+        for f in text_string_to_metric_families(generate_latest(metrics.registry).decode())
+        for s in f.samples
+    ]
+    # One observation per token after the first, however the tokens were read.
+    assert value(samples, "cbserve:inter_token_latency_seconds_count") == 3
+    assert value(samples, "cbserve:inter_token_latency_seconds_sum") == 0.5
+
+
 def test_batcher_part_without_redis_is_only_redis_up() -> None:
     registry = CollectorRegistry()
     registry.register(BatcherCollector(None, None, now=0.0))

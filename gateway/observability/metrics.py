@@ -109,12 +109,13 @@ class RequestTracker:
             m.ttft.observe(now - self.start)
             m.prompt_tokens.inc(self.num_prompt_tokens)
             remaining -= 1
+            gap = 0.0  # read together with the first token: no time between them was seen
         else:
             # Tokens read together share the gap since the previous read, so the observations sum to
             # the decode time and there is one per token after the first.
             gap = (now - self.last_token_at) / remaining
-            for _ in range(remaining):
-                m.itl.observe(gap)
+        for _ in range(remaining):
+            m.itl.observe(gap)
         m.generation_tokens.inc(num_tokens)
         self.num_output_tokens += num_tokens
         self.last_token_at = now

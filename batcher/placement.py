@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
-from batcher.prefix_cache import block_hashes, plan_admission
+from batcher.prefix_cache import cached_prefix_blocks, plan_admission
 from batcher.request import Request
 from batcher.worker_state import WorkerState
 
@@ -35,9 +35,7 @@ def has_room(ws: WorkerState, req: Request) -> bool:
 
 def cached_blocks(ws: WorkerState, req: Request) -> list[int]:
     """The blocks of `req`'s prefix that `ws` holds in its cache."""
-    bm = ws.block_manager
-    max_blocks = (req.num_tokens - 1) // bm.block_size
-    return bm.cached_prefix(block_hashes(req, bm.block_size), max_blocks) if max_blocks else []
+    return cached_prefix_blocks(ws.block_manager, req)
 
 
 def placement_cost(ws: WorkerState, req: Request, weight: float) -> float:

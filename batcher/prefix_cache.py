@@ -56,14 +56,19 @@ class Admission:
     num_free_blocks_needed: int  # new blocks plus cached ones nobody held until now
 
 
-def plan_admission(bm: BlockManager, req: Request, budget: int) -> Admission:
-    """Admitting `req` with up to `budget` tokens computed in this step."""
+def cached_prefix_blocks(bm: BlockManager, req: Request) -> list[int]:
+    """The blocks of `req`'s longest cached prefix in `bm` that admitting it would take."""
     # Whole blocks only, and at least one token left to compute; none for a request whose prompt
     # logprobs come from this forward (recomputed with its output, it no longer needs them).
     max_blocks = (req.num_tokens - 1) // bm.block_size
     if req.sampling_params.prompt_logprobs is not None and not req.output_token_ids:
         max_blocks = 0
-    cached = bm.cached_prefix(block_hashes(req, bm.block_size), max_blocks) if max_blocks else []
+    return bm.cached_prefix(block_hashes(req, bm.block_size), max_blocks) if max_blocks else []
+
+
+def plan_admission(bm: BlockManager, req: Request, budget: int) -> Admission:
+    """Admitting `req` with up to `budget` tokens computed in this step."""
+    cached = cached_prefix_blocks(bm, req)
     num_cached = len(cached) * bm.block_size
     num_new = min(req.num_tokens - num_cached, budget)
     need = bm.num_new_blocks(len(cached), num_cached + num_new) + bm.num_unheld(cached)

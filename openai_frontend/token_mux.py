@@ -11,7 +11,9 @@ blocked read at once. The wake stream has a TTL, so a gateway that dies leaves n
 
 Several followers of one stream (a resumed client and the original one, or a fetch by id) each get
 their own subscription; the read starts at the oldest of their positions and each gets only the
-entries past its own.
+entries past its own. A follower that subscribed while a read was in flight, from a point before
+where that read started, gets nothing from it: the next read starts at its position, so no entry
+between the two is skipped.
 
 A failed read (Redis restarting, unreachable) is retried with backoff (common/retry.py) and fails no
 follower: each keeps its place (the last entry id it was given) and resumes from there once Redis is
@@ -118,6 +120,7 @@ class TokenStreamMux:
             streams: dict[Any, Any] = {
                 key: min((sub.last_id for sub in subs), key=entry_key) for key, subs in self._subs.items()
             }
+            read_from = dict(streams)
             streams[self._wake_key] = self._wake_last
             try:
                 # Bounded BLOCK (MAX_BLOCK_MS): closing and failures are noticed within a second.
@@ -136,9 +139,9 @@ class TokenStreamMux:
                 self.redis_down = False
             if self._closing:
                 return
-            self._dispatch(reply)
+            self._dispatch(reply, read_from)
 
-    def _dispatch(self, reply: Any) -> None:
+    def _dispatch(self, reply: Any, read_from: dict[str, str]) -> None:
         # connect_async speaks RESP2: [[stream, [(id, fields), ...]], ...], or [] on timeout.
         for raw_key, raw_entries in reply or []:
             key = raw_key.decode() if isinstance(raw_key, bytes) else str(raw_key)
@@ -151,8 +154,11 @@ class TokenStreamMux:
             if key == self._wake_key:
                 self._wake_last = entries[-1][0]
                 continue
+            start = entry_key(read_from[key])
             for sub in self._subs.get(key, []):  # none: unsubscribed while the read was in flight
                 after = entry_key(sub.last_id)
+                if after < start:
+                    continue  # subscribed during the read, further back: the next read serves it
                 new = [e for e in entries if entry_key(e[0]) > after]
                 if new:
                     sub.last_id = new[-1][0]

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
+import redis
 import redis.asyncio as aioredis
 
 from common.redis_conn import connect_async
@@ -127,6 +128,41 @@ def test_two_followers_of_one_stream_each_get_their_entries(redis_url: str) -> N
         finally:
             await mux.close()
             await redis.aclose()
+
+    asyncio.run(run())
+
+
+def _blocked_xreads(client: redis.Redis) -> int:
+    return sum(c["cmd"] == "xread" and "b" in c["flags"] for c in client.client_list())
+
+
+def test_a_replay_that_subscribes_during_a_read_misses_no_entry(redis_url: str) -> None:
+    """The first client follows at the stream's end; a replay from the start subscribes just as the
+    shared read (which started at the first client's position) is answered. That answer must not
+    move the replay past the entries it never saw."""
+
+    async def run() -> None:
+        client = aioredis.Redis.from_url(redis_url)
+        writer = redis.Redis.from_url(redis_url)  # blocking: the loop does not run while it writes
+        mux = TokenStreamMux(client)
+        try:
+            key = token_stream("raced")
+            ids = [(await client.xadd(key, {b"m": str(i).encode()})).decode() for i in range(3)]
+            first = await mux.subscribe("raced", last_id=ids[-1])
+            async with asyncio.timeout(10):
+                while _blocked_xreads(writer) == 0:
+                    await asyncio.sleep(0.01)
+            ids.append(writer.xadd(key, {b"m": b"3"}).decode())
+            deadline = time.monotonic() + 10
+            while _blocked_xreads(writer) > 0:  # answered: the reply waits in the mux's socket
+                assert time.monotonic() < deadline
+            replay = await mux.subscribe("raced")  # the loop now reads that reply first
+            assert [e[0] for e in await _collect(replay, 4)] == ids
+            assert [e[0] for e in await _collect(first, 1)] == ids[-1:]
+        finally:
+            await mux.close()
+            await client.aclose()
+            writer.close()
 
     asyncio.run(run())
 

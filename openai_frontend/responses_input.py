@@ -1,9 +1,10 @@
 """A Responses API request as the chat request it runs as: its conversation, checks and refusals.
 
 The input (a string, or message items) plus the previous response's conversation becomes chat
-messages, with `instructions` as a leading system message; the sampling fields carry over by name
-and `max_output_tokens` becomes `max_completion_tokens`. From there it is exactly a chat request:
-same template, tokenization, checks and answer text (tests compare the two endpoints' greedy text).
+messages, with `instructions` as a leading system message; the sampling fields carry over by name,
+`max_output_tokens` becomes `max_completion_tokens` and `text.format` becomes `response_format`. From
+there it is exactly a chat request: same template, tokenization, checks, grammar and answer text
+(tests compare the two endpoints' greedy text).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 from openai_frontend.errors import OpenAIError, invalid_request
 from openai_frontend.openai_schemas import ChatCompletionRequest, ChatMessage
 from openai_frontend.responses_schemas import InputItem, ResponsesRequest
+from openai_frontend.responses_text import check_text, in_responses_terms, response_format
 from openai_frontend.validation import _refuse_unsupported
 
 ROLES = {"user": "user", "system": "system", "developer": "system", "assistant": "assistant"}
@@ -74,9 +76,7 @@ def _unsupported(param: str) -> OpenAIError:
 
 def check_unsupported(body: ResponsesRequest) -> None:
     _refuse_unsupported(body, _UNSUPPORTED, "")
-    for key, value in (body.text or {}).items():  # plain text only: {"format": {"type": "text"}}
-        if key != "format" or value != {"type": "text"}:
-            raise _unsupported(f"text.{key}")
+    check_text(body.text)
     if body.background and body.store is False:
         raise invalid_request("background responses must be stored: set store to true", "background")
     metadata = body.metadata or {}
@@ -135,7 +135,10 @@ def chat_request(body: ResponsesRequest, conversation: list[ChatMessage]) -> Cha
     system = [] if body.instructions is None else [ChatMessage(role="system", content=body.instructions)]
     fields = body.model_dump(include=set(_CHAT_FIELDS), exclude_none=True)
     return ChatCompletionRequest(
-        messages=system + conversation, max_completion_tokens=body.max_output_tokens, **fields
+        messages=system + conversation,
+        max_completion_tokens=body.max_output_tokens,
+        response_format=response_format(body.text),
+        **fields,
     )
 
 
@@ -154,4 +157,5 @@ def responses_names() -> Iterator[None]:
             if head in _PARAM_NAMES:
                 exc.param = _PARAM_NAMES[head]
         exc.message = exc.message.replace("max_completion_tokens", "max_output_tokens")
+        in_responses_terms(exc)
         raise

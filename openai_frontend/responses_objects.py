@@ -28,6 +28,7 @@ from openai_frontend.responses_schemas import (
     ResponseUsage,
 )
 from openai_frontend.responses_store import ResponseResult, StoredResponse
+from openai_frontend.responses_text import TEXT
 
 _CANCELLED_CODE = "request_aborted"  # the batcher's code for a request stopped before its end
 
@@ -88,6 +89,7 @@ def response_object(stored: StoredResponse) -> ResponseObject:
         store=True,
         temperature=spec.temperature,
         top_p=spec.top_p,
+        text={"format": spec.text_format or TEXT},
         usage=usage,
         user=spec.user,
     )

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from openai_frontend.openai_schemas import JSONObject, Text
 
@@ -34,9 +34,27 @@ class InputItem(_Open):
     content: Text | list[InputPart] | None = None
 
 
-class ResponsesRequest(BaseModel):
+class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
+
+class TextFormat(_Strict):
+    """`text.format`: "text", "json_object", or "json_schema" with the fields below (responses_text.py)."""
+
+    type: Text
+    name: Text | None = None  # json_schema: required, 1 to 64 letters, digits, '_' or '-'
+    description: Text | None = None
+    # `schema` would shadow a BaseModel attribute; the body still spells it `schema`.
+    schema_: JSONObject | None = Field(default=None, alias="schema")
+    strict: bool | None = None  # the schema is always enforced, strict or not
+
+
+class TextConfig(_Strict):
+    format: TextFormat | None = None
+    verbosity: Text | None = None  # only "medium", OpenAI's default, is accepted
+
+
+class ResponsesRequest(_Strict):
     model: Text | None = None
     input: Text | list[InputItem]
     instructions: Text | None = None  # a system message before the input, not carried to the next turn
@@ -61,12 +79,12 @@ class ResponsesRequest(BaseModel):
     logit_bias: dict[Text, float] | None = None
     min_tokens: int | None = None
     ignore_eos: bool | None = False
+    text: TextConfig | None = None  # the output's format (see responses_text.py)
     # OpenAI fields we do not implement: refused by name in responses_input.check_unsupported.
     tools: list[JSONObject] | None = None
     tool_choice: Text | JSONObject | None = None
     parallel_tool_calls: bool | None = None
     max_tool_calls: int | None = None
-    text: JSONObject | None = None
     reasoning: JSONObject | None = None
     include: list[Text] | None = None
     truncation: Text | None = None

@@ -59,6 +59,7 @@ class ResponseSpec(msgspec.Struct, kw_only=True, frozen=True):
     metadata: dict[str, str]
     user: str | None
     conversation: list[Turn]  # history and this input, without instructions: the next turn's start
+    text_format: dict[str, Any] | None = None  # `text.format` as echoed; None: plain text
 
     @property
     def id(self) -> str:

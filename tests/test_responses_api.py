@@ -202,7 +202,6 @@ REFUSED: dict[str, Any] = {
     "access_programs": {"cyber": "standard"},
 }
 REFUSED_SHAPES: list[tuple[dict[str, Any], str]] = [
-    ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {}}}}, "text.format"),
     ({"text": {"verbosity": "low"}}, "text.verbosity"),
     ({"input": [{"type": "function_call_output", "call_id": "c", "output": "x"}]}, "input[0].type"),
     (

@@ -33,6 +33,7 @@ from openai_frontend.responses_objects import Event, response_body
 from openai_frontend.responses_runner import BACKGROUND, WATCHER, initial_status
 from openai_frontend.responses_schemas import TERMINAL, ResponseObject, ResponsesRequest
 from openai_frontend.responses_store import ResponseResult, ResponseSpec, StoredResponse, Turn
+from openai_frontend.responses_text import format_echo
 
 router = APIRouter()
 
@@ -108,6 +109,7 @@ async def create_response(
         metadata=body.metadata or {},
         user=body.user,
         conversation=[Turn(m.role, str(m.content)) for m in conversation],
+        text_format=None if body.text is None else format_echo(body.text.format),
     )
     persist = body.store is not False
     stored = StoredResponse(spec, initial_status(spec), None)

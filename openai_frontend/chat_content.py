@@ -15,16 +15,21 @@ from typing import Any
 from openai_frontend.chat_template import render_chat
 from openai_frontend.tokenizer import ModelTokenizer
 
-_CLIENT_FIELDS = ("content", "name")  # the strings a client writes into a conversation
+_CLIENT_FIELDS = ("content", "name", "tool_call_id")  # the strings a client writes into a conversation
 
 
-def encode_chat(tokenizer: ModelTokenizer, chat: list[dict[str, Any]], template: str) -> list[int]:
+def encode_chat(
+    tokenizer: ModelTokenizer,
+    chat: list[dict[str, Any]],
+    template: str,
+    tools: list[dict[str, Any]] | None = None,
+) -> list[int]:
     """Token ids of `chat` rendered by `template` with a generation prompt; raises ChatTemplateError."""
     client_texts = [m[f] for m in chat for f in _CLIENT_FIELDS if isinstance(m.get(f), str)]
     if not any(tokenizer.has_special_text(text) for text in client_texts):
         # The common case, tokenized exactly as transformers tokenizes the rendered template.
         text = render_chat(
-            template, chat, special_tokens=tokenizer.special_tokens, add_generation_prompt=True
+            template, chat, special_tokens=tokenizer.special_tokens, add_generation_prompt=True, tools=tools
         )
         return tokenizer.encode(text, add_special_tokens=False)
     # Private-use characters and a random tag: no client text can contain or forge a placeholder.
@@ -39,7 +44,11 @@ def encode_chat(tokenizer: ModelTokenizer, chat: list[dict[str, Any]], template:
                 texts.append(message[field])
         placeholders.append(replaced)
     rendered = render_chat(
-        template, placeholders, special_tokens=tokenizer.special_tokens, add_generation_prompt=True
+        template,
+        placeholders,
+        special_tokens=tokenizer.special_tokens,
+        add_generation_prompt=True,
+        tools=tools,
     )
     token_ids: list[int] = []
     # split() with one group alternates markup and placeholder indices: markup, index, markup, ...

@@ -103,15 +103,17 @@ def render_chat(
     *,
     special_tokens: dict[str, str],
     add_generation_prompt: bool = True,
+    tools: list[dict[str, Any]] | None = None,
 ) -> str:
-    """The prompt text for `messages`; raises ChatTemplateError when the template rejects them."""
+    """The prompt text for `messages` (and `tools`, the request's tool objects, as transformers passes
+    them); raises ChatTemplateError when the template rejects them."""
     # Like transformers: keys whose value is None are dropped, since templates handle a missing key better.
     chat = [{k: v for k, v in m.items() if v is not None} for m in messages]
     try:
         compiled = _compile(template)
         return compiled.render(
             messages=chat,
-            tools=None,
+            tools=tools,
             documents=None,
             add_generation_prompt=add_generation_prompt,
             **special_tokens,

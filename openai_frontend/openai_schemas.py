@@ -123,9 +123,9 @@ class ChatMessage(_Strict):
     role: Text
     content: Text | list[ContentPart] | None = None
     name: Text | None = None
-    # Tool and audio turns OpenAI defines; refused by name until they are implemented.
-    tool_calls: list[JSONObject] | None = None
-    tool_call_id: Text | None = None
+    tool_calls: list[JSONObject] | None = None  # an assistant's calls (tool_history.py)
+    tool_call_id: Text | None = None  # the call a tool message answers
+    # Turns OpenAI defines that are not implemented; refused by name.
     function_call: JSONObject | None = None
     refusal: Text | None = None
     audio: JSONObject | None = None
@@ -137,10 +137,11 @@ class ChatCompletionRequest(_SamplingRequest):
     logprobs: bool | None = None  # return the sampled tokens' logprobs
     top_logprobs: int | None = None  # 0..20 most likely tokens per position (needs logprobs)
     response_format: ResponseFormat | None = None  # text, json_object or json_schema
-    # OpenAI fields we do not implement: refused by name in validation.check_unsupported.
+    # Function tools (tools.py): the template lists them, the output is parsed for calls.
     tools: list[JSONObject] | None = None
-    tool_choice: Text | JSONObject | None = None
-    parallel_tool_calls: bool | None = None
+    tool_choice: Text | JSONObject | None = None  # none, auto, required or {"type": "function", ...}
+    parallel_tool_calls: bool | None = None  # false: at most one call
+    # OpenAI fields we do not implement: refused by name in validation.check_unsupported.
     functions: list[JSONObject] | None = None
     function_call: Text | JSONObject | None = None
     audio: JSONObject | None = None
@@ -199,9 +200,21 @@ class CompletionResponse(BaseModel):
     usage: UsageInfo | None = None
 
 
+class FunctionCall(BaseModel):
+    name: str
+    arguments: str  # JSON text, as the model wrote it
+
+
+class ToolCall(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None  # null when the model only called tools
+    tool_calls: list[ToolCall] = []  # as vLLM sends them: always a list
 
 
 class TopLogprob(BaseModel):
@@ -237,7 +250,7 @@ class ChatCompletionResponse(BaseModel):
 
 class ChatChunkChoice(BaseModel):
     index: int = 0
-    delta: dict[str, str]  # only the fields that changed: role first, then content
+    delta: dict[str, Any]  # only the fields that changed: role first, then content and tool_calls
     logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
     token_ids: list[int] | None = None  # only with return_token_ids

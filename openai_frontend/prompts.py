@@ -9,9 +9,10 @@ from openai_frontend.chat_template import ChatTemplateError, render_chat
 from openai_frontend.errors import invalid_request
 from openai_frontend.openai_schemas import ChatMessage
 from openai_frontend.served_model import ServedModel
+from openai_frontend.tool_history import client_tool_texts, tool_fields
 from openai_frontend.validation import check_token_ids
 
-CHAT_ROLES = ("system", "developer", "user", "assistant")
+CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
 # OpenAI's newer name for system instructions; templates written before it know only "system".
 _ROLE_ALIASES = {"developer": "system"}
 _NON_TEXT_PART_FIELDS = ("image_url", "input_audio", "file", "refusal")
@@ -74,12 +75,16 @@ def _message_dict(i: int, message: ChatMessage) -> dict[str, Any]:
         if message.role != "assistant":
             raise invalid_request(f"a {message.role} message needs content", f"messages[{i}].content")
         content = ""
-    return {"role": _ROLE_ALIASES.get(message.role, message.role), "content": content, "name": message.name}
+    role = _ROLE_ALIASES.get(message.role, message.role)
+    return {"role": role, "content": content, "name": message.name, **tool_fields(i, message)}
 
 
-def chat_prompt_ids(messages: list[ChatMessage], served: ServedModel) -> list[int]:
+def chat_prompt_ids(
+    messages: list[ChatMessage], served: ServedModel, tools: list[dict[str, Any]] | None = None
+) -> list[int]:
     """Render the chat template (it carries its own special tokens) and tokenize without adding more;
-    special-token strings in the messages are text unless the operator allows them (see chat_content)."""
+    special-token strings in the messages are text unless the operator allows them (see chat_content).
+    In tools and tool calls, which templates write as JSON, they are refused."""
     tokenizer = served.tokenizer
     if tokenizer.chat_template is None:
         raise invalid_request("this model has no chat template; use /v1/completions", "messages")
@@ -93,10 +98,14 @@ def chat_prompt_ids(messages: list[ChatMessage], served: ServedModel) -> list[in
                 chat,
                 special_tokens=tokenizer.special_tokens,
                 add_generation_prompt=True,
+                tools=tools,
             )
             token_ids = tokenizer.encode(text, add_special_tokens=False)
         else:
-            token_ids = encode_chat(tokenizer, chat, tokenizer.chat_template)
+            for param, text in client_tool_texts(chat, tools):
+                if tokenizer.has_special_text(text):
+                    raise invalid_request(f"{param} holds a special token's text", param)
+            token_ids = encode_chat(tokenizer, chat, tokenizer.chat_template, tools)
     except ChatTemplateError as exc:
         raise invalid_request(f"the chat template rejected the messages: {exc}", "messages") from exc
     if not token_ids:

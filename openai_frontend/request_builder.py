@@ -13,6 +13,7 @@ from openai_frontend.errors import invalid_request
 from openai_frontend.openai_schemas import ChatCompletionRequest, CompletionRequest
 from openai_frontend.prompts import MAX_PROMPTS, chat_prompt_ids, completion_prompt_ids, split_prompts
 from openai_frontend.served_model import ServedModel
+from openai_frontend.tools import ToolUse, tool_use
 from openai_frontend.validation import (
     check_model,
     check_prompt_length,
@@ -46,6 +47,8 @@ class PreparedRequest:
     priority: int = 0  # lower runs first: interactive requests 0, batch lines BATCH_PRIORITY
     # Set when prompt_token_ids holds only the prompt's tail (a request rebuilt to resume its stream).
     full_prompt_len: int | None = None
+    tool_parser: str | None = None  # chat with tools: the format tool calls are read back in
+    max_tool_calls: int | None = None  # 1 with parallel_tool_calls false
 
     @property
     def echo_logprobs(self) -> bool:
@@ -109,15 +112,16 @@ def prepare_choices(
     user = check_user(body.user)
     n = num_choices(body)
     req_id = req_id or new_req_id()
+    tools = tool_use(body, served) if isinstance(body, ChatCompletionRequest) else ToolUse()
     choices: list[PreparedRequest] = []
-    for prompt_token_ids, echo_text in _prompts(body, n, served):
+    for prompt_token_ids, echo_text in _prompts(body, n, served, tools):
         prompt_param = "messages" if isinstance(body, ChatCompletionRequest) else "prompt"
         check_prompt_length(len(prompt_token_ids), served, prompt_param)
         max_tokens = resolve_max_tokens(body, len(prompt_token_ids), served)
         request = PreparedRequest(
             req_id=req_id,
             prompt_token_ids=prompt_token_ids,
-            sampling_params=sampling_params(body, max_tokens, served),
+            sampling_params=sampling_params(body, max_tokens, served, tools.grammar),
             stop=stop,
             arrival_time=arrival_time,
             stream=bool(body.stream),
@@ -131,17 +135,19 @@ def prepare_choices(
             owner=owner,
             queue_deadline=queue_deadline,
             priority=priority,
+            tool_parser=tools.parser,
+            max_tool_calls=tools.max_calls,
         )
         choices += fan_out(request, len(choices))
     return choices
 
 
 def _prompts(
-    body: CompletionRequest | ChatCompletionRequest, n: int, served: ServedModel
+    body: CompletionRequest | ChatCompletionRequest, n: int, served: ServedModel, tools: ToolUse
 ) -> list[tuple[list[int], str | None]]:
     """Each prompt's token ids, and with echo the text each of its choices starts with."""
     if isinstance(body, ChatCompletionRequest):
-        return [(chat_prompt_ids(body.messages, served), None)]
+        return [(chat_prompt_ids(body.messages, served, tools.tools), None)]
     prompts = split_prompts(body.prompt)
     if len(prompts) * n > MAX_PROMPTS:
         raise invalid_request(f"at most {MAX_PROMPTS} choices (prompts x n) per request", "prompt")

@@ -40,6 +40,8 @@ class RequestMeta(msgspec.Struct, kw_only=True, frozen=True):
     logprobs: bool
     echo_text: str | None = None  # completions with echo: the text each choice starts with
     resumable: bool = False  # its client asked that it outlive a disconnect (the resume window)
+    tool_parser: str | None = None  # chat with tools: tool calls are read back from the text
+    max_tool_calls: int | None = None
 
     @property
     def response_id(self) -> str:
@@ -76,6 +78,8 @@ def meta_of(request: PreparedRequest, kind: Kind, model: str) -> RequestMeta:
         logprobs=request.logprobs,
         echo_text=request.echo_text,
         resumable=request.resumable,
+        tool_parser=request.tool_parser,
+        max_tool_calls=request.max_tool_calls,
     )
 
 
@@ -95,6 +99,8 @@ def prepared_from(meta: RequestMeta) -> PreparedRequest:
         resumable=meta.resumable,
         owner=meta.owner,
         full_prompt_len=meta.num_prompt_tokens,
+        tool_parser=meta.tool_parser,
+        max_tool_calls=meta.max_tool_calls,
     )
 
 

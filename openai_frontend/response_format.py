@@ -61,7 +61,8 @@ class Chunks(ABC):
 
     def _delta_chunk(self, choice_type: type[BaseModel], index: int, out: Output, **fields: Any) -> str:
         """The chunk of one choice's step: `fields` say what it adds, `out` how it ends and its ids."""
-        choice = choice_type(index=index, finish_reason=out.finish_reason, token_ids=out.token_ids, **fields)
+        fields.setdefault("finish_reason", out.finish_reason)  # the endpoint may name it (tool_calls)
+        choice = choice_type(index=index, token_ids=out.token_ids, **fields)
         return self._chunk([choice])
 
     @abstractmethod

@@ -29,14 +29,28 @@ _UNSUPPORTED_OPTIONS = ("whitespace_pattern", "structural_tag")
 
 
 def asks_for_grammar(body: CompletionRequest | ChatCompletionRequest) -> bool:
-    """Whether the body constrains its output (its check then builds a grammar: worth a thread)."""
+    """Whether the body constrains its output or has tools (their check then builds grammars: worth
+    a thread)."""
+    if isinstance(body, ChatCompletionRequest) and body.tools:
+        return True
     fmt = body.response_format if isinstance(body, ChatCompletionRequest) else None
     return body.structured_outputs is not None or (fmt is not None and fmt.type != "text")
 
 
-def structured_output(body: CompletionRequest | ChatCompletionRequest) -> StructuredOutput | None:
-    """The grammar the output must follow, or None; raises a 400 when it cannot be enforced."""
+def structured_output(
+    body: CompletionRequest | ChatCompletionRequest, tool_calls: StructuredOutput | None = None
+) -> StructuredOutput | None:
+    """The grammar the output must follow, or None; raises a 400 when it cannot be enforced.
+    `tool_calls` is the grammar of forced tool calls (tools.py), already checked."""
     fmt = body.response_format if isinstance(body, ChatCompletionRequest) else None
+    if tool_calls is not None:
+        if body.structured_outputs is not None or (fmt is not None and fmt.type != "text"):
+            raise invalid_request(
+                "tool_choice required or a named function forces tool calls, which cannot also follow "
+                "response_format or structured_outputs: give only one",
+                "tool_choice",
+            )
+        return tool_calls
     asked = [] if fmt is None else [_from_response_format(fmt)]
     if body.structured_outputs is not None:
         asked.append(_from_params(body.structured_outputs))

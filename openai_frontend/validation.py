@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from common.protocol import SamplingParams
+from common.protocol import SamplingParams, StructuredOutput
 from openai_frontend.errors import OpenAIError, invalid_request
 from openai_frontend.openai_schemas import ChatCompletionRequest, CompletionRequest
 from openai_frontend.served_model import ServedModel
@@ -50,9 +50,6 @@ _UNSUPPORTED_COMMON: dict[str, tuple[Any, ...]] = {
 }
 _UNSUPPORTED_CHAT: dict[str, tuple[Any, ...]] = {
     **_UNSUPPORTED_COMMON,
-    "tools": ([],),
-    "tool_choice": ("none",),
-    "parallel_tool_calls": (),
     "functions": ([],),
     "function_call": ("none",),
     "audio": (),
@@ -63,7 +60,7 @@ _UNSUPPORTED_CHAT: dict[str, tuple[Any, ...]] = {
     "verbosity": (),
 }
 _UNSUPPORTED_COMPLETION: dict[str, tuple[Any, ...]] = {**_UNSUPPORTED_COMMON, "suffix": ("",)}
-_UNSUPPORTED_MESSAGE = ("tool_calls", "tool_call_id", "function_call", "refusal", "audio")
+_UNSUPPORTED_MESSAGE = ("function_call", "refusal", "audio")
 
 
 def check_unsupported(body: CompletionRequest | ChatCompletionRequest) -> None:
@@ -185,8 +182,12 @@ def resolve_max_tokens(
 
 
 def sampling_params(
-    body: CompletionRequest | ChatCompletionRequest, max_tokens: int, served: ServedModel
+    body: CompletionRequest | ChatCompletionRequest,
+    max_tokens: int,
+    served: ServedModel,
+    tool_calls: StructuredOutput | None = None,
 ) -> SamplingParams:
+    """`tool_calls`: the grammar that forces tool calls (tool_choice required or named), if any."""
     temperature = 1.0 if body.temperature is None else body.temperature
     if not 0.0 <= temperature <= MAX_TEMPERATURE:  # also rejects NaN
         raise invalid_request(
@@ -235,7 +236,7 @@ def sampling_params(
         logprobs=num_logprobs(body),
         # Echoed with logprobs, the prompt's tokens get theirs too (the legacy completions API).
         prompt_logprobs=num_logprobs(body) if isinstance(body, CompletionRequest) and body.echo else None,
-        structured_output=structured_output(body),
+        structured_output=structured_output(body, tool_calls),
     )
 
 

@@ -100,8 +100,8 @@ def check_unsupported(body: ResponsesRequest) -> None:
 
 
 def input_messages(body: ResponsesRequest, history: list[ChatMessage]) -> list[ChatMessage]:
-    """The request's own input as chat messages (text only; content parts joined as chat joins them).
-    A function_call_output must answer a call made before it, in `history` or in the input."""
+    """The request's own input as chat messages (text parts joined as chat joins them). A
+    function_call_output must answer a call made before it, in `history` or in the input."""
     if isinstance(body.input, str):
         return [ChatMessage(role="user", content=body.input)]
     if not body.input:

@@ -150,17 +150,7 @@ class ResponseEvents:
             item = self._items.items[index]
             at: dict[str, Any] = {"item_id": item.id, "output_index": index}
             if kind == "added":
-                added = _output_item(item, "in_progress").model_dump()
-                if isinstance(item, MessageItem):
-                    added["content"] = []
-                    events.append(self._event("response.output_item.added", output_index=index, item=added))
-                    part = OutputText(text="").model_dump()
-                    events.append(
-                        self._event("response.content_part.added", **at, content_index=0, part=part)
-                    )
-                else:
-                    added["arguments"] = ""
-                    events.append(self._event("response.output_item.added", output_index=index, item=added))
+                events += self._added(item, index)
             elif kind == "text":
                 events.append(
                     self._event("response.output_text.delta", **at, content_index=0, delta=piece, logprobs=[])
@@ -170,6 +160,19 @@ class ResponseEvents:
             else:
                 events += self._done(item, index, status)
         return events
+
+    def _added(self, item: Item, index: int) -> list[Event]:
+        """An item as it opens: a message without content, then its empty part; a call without arguments."""
+        added = _output_item(item, "in_progress").model_dump()
+        if isinstance(item, CallItem):
+            added["arguments"] = ""
+            return [self._event("response.output_item.added", output_index=index, item=added)]
+        added["content"] = []
+        at: dict[str, Any] = {"item_id": item.id, "output_index": index, "content_index": 0}
+        return [
+            self._event("response.output_item.added", output_index=index, item=added),
+            self._event("response.content_part.added", **at, part=OutputText(text="").model_dump()),
+        ]
 
     def _done(self, item: Item, index: int, status: ItemStatus) -> list[Event]:
         at: dict[str, Any] = {"item_id": item.id, "output_index": index}

@@ -13,6 +13,7 @@ first, then content, then a new call. That makes the items the same however the 
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Literal
 
@@ -159,3 +160,13 @@ def answer_turn(items: list[Item]) -> Turn:
     text = "".join(i.text for i in items if isinstance(i, MessageItem))
     calls = [StoredCall(i.call_id, i.name, i.arguments) for i in items if isinstance(i, CallItem)]
     return Turn("assistant", text, tool_calls=calls or None)
+
+
+def cut_call(turn: Turn) -> bool:
+    """Whether a call of the answer was cut by max_output_tokens: its arguments are not whole JSON."""
+    for call in turn.tool_calls or []:
+        try:
+            json.loads(call.arguments)
+        except json.JSONDecodeError:
+            return True
+    return False

@@ -169,6 +169,12 @@ def test_streamed_events_rebuild_the_output(client: openai.OpenAI, tool_choice: 
         for i in response.output
     ]
     assert client.responses.retrieve(final.id).model_dump() == final.model_dump()
+    if final.status != "completed":
+        return
+    # The SDK's own stream helper builds the same output from the events (it needs response.completed).
+    with client.responses.stream(**body) as helper:
+        built = helper.get_final_response()
+    assert [(i.name, i.arguments) for i in built.output] == [(i.name, i.arguments) for i in final.output]  # type: ignore[union-attr]
 
 
 def _chat_answer(client: openai.OpenAI, call: Any, output: str, said: str | None = None) -> tuple[str, int]:
@@ -246,6 +252,21 @@ def test_agent_loop(client: openai.OpenAI) -> None:
     third = client.responses.create(model=MODEL, previous_response_id=second.id, input="Thanks.", **rest)
     assert third.status == "incomplete" and third.usage is not None and second.usage is not None
     assert third.usage.input_tokens > second.usage.input_tokens
+
+
+def test_a_response_cut_inside_a_call_cannot_be_continued(client: openai.OpenAI) -> None:
+    body: Any = {"model": MODEL, "input": PROMPT, "tools": FLAT_TOOLS, **GREEDY}
+    body["tool_choice"] = {"type": "function", "name": "book_trip"}
+    whole = client.responses.create(**body, max_output_tokens=200)
+    assert whole.status == "completed" and whole.usage is not None
+    # Greedy, the same call cut halfway: its arguments so far, not yet JSON.
+    cut = client.responses.create(**body, max_output_tokens=whole.usage.output_tokens // 2)
+    [call] = _calls(cut)
+    assert cut.status == "incomplete" and call.status == "incomplete"
+    result: Any = {"type": "function_call_output", "call_id": call.call_id, "output": "1"}
+    with pytest.raises(openai.BadRequestError) as exc:
+        client.responses.create(model=MODEL, previous_response_id=cut.id, input=[result])
+    assert exc.value.param == "previous_response_id"  # type: ignore[attr-defined]
 
 
 def test_background_call_resumes_with_the_same_events(client: openai.OpenAI) -> None:

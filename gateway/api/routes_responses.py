@@ -36,7 +36,7 @@ from openai_frontend.responses_input import (
     responses_names,
     turn_of,
 )
-from openai_frontend.responses_items import answer_turn, output_items
+from openai_frontend.responses_items import answer_turn, cut_call, output_items
 from openai_frontend.responses_objects import Event, response_body
 from openai_frontend.responses_runner import BACKGROUND, WATCHER, initial_status
 from openai_frontend.responses_schemas import TERMINAL, ResponseObject, ResponsesRequest
@@ -76,11 +76,14 @@ async def _history(body: ResponsesRequest, http_request: Request, state: Gateway
             "response can be continued",
             "previous_response_id",
         )
-    turns = [
-        *previous.spec.conversation,
-        answer_turn(output_items(previous.spec.request, previous.result.text)),
-    ]
-    return [message_of(t) for t in turns]
+    answer = answer_turn(output_items(previous.spec.request, previous.result.text))
+    if cut_call(answer):
+        raise invalid_request(
+            f"previous response {body.previous_response_id!r} was cut by max_output_tokens inside a "
+            "function call, whose arguments are incomplete; it cannot be continued",
+            "previous_response_id",
+        )
+    return [message_of(t) for t in [*previous.spec.conversation, answer]]
 
 
 async def _sse(events: AsyncGenerator[Event, None], starting_after: int | None) -> AsyncIterator[bytes]:

@@ -4,14 +4,18 @@ stored records written before function tools still read."""
 
 from __future__ import annotations
 
+import json
 import random
+from typing import Any
 
 import msgspec
 import pytest
 
 from openai_frontend.request_meta import RequestMeta
 from openai_frontend.responses_items import CallItem, MessageItem, OutputItems, answer_turn, output_items
-from openai_frontend.responses_store import ResponseSpec, StoredCall, Turn
+from openai_frontend.responses_objects import ResponseEvents, response_object
+from openai_frontend.responses_schemas import ResponseStatus
+from openai_frontend.responses_store import ResponseResult, ResponseSpec, StoredCall, StoredResponse, Turn
 
 CALL = '<tool_call>\n{"name": "%s", "arguments": %s}\n</tool_call>'
 TEXTS = [
@@ -125,3 +129,72 @@ def test_records_stored_before_tools_still_read() -> None:
     call = StoredCall("call_1", "f", "{}")
     again = msgspec.msgpack.decode(msgspec.msgpack.encode(Turn("assistant", "", [call])), type=Turn)
     assert again.tool_calls == [call] and again.tool_call_id is None
+
+
+def _spec(meta: RequestMeta) -> ResponseSpec:
+    return ResponseSpec(
+        request=meta,
+        background=False,
+        instructions=None,
+        previous_response_id=None,
+        max_output_tokens=None,
+        temperature=None,
+        top_p=None,
+        metadata={},
+        user=None,
+        conversation=[],
+    )
+
+
+@pytest.mark.parametrize("status", ["completed", "incomplete"])
+def test_events_rebuild_the_response_output(status: ResponseStatus) -> None:
+    """Text, a call, text again, a call: the events say each item in turn, and rebuild the output."""
+    text, spec = TEXTS[1], _spec(_meta())
+    events = ResponseEvents(StoredResponse(spec, "in_progress", None))
+    made = events.opening()
+    for at in range(0, len(text), 3):
+        made += events.delta(text[at : at + 3])
+    ended = StoredResponse(spec, status, ResponseResult(completed_at=1, text=text))
+    made += events.end() + events.closing(ended)
+    data = [json.loads(d) for _, _, d in made]
+    assert [d["sequence_number"] for d in data] == list(range(len(data)))
+    call = [
+        "response.output_item.added",
+        "response.function_call_arguments.done",
+        "response.output_item.done",
+    ]
+    message = [
+        "response.output_item.added",
+        "response.content_part.added",
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+    ]
+    final = "response.incomplete" if status == "incomplete" else "response.completed"
+    types = [t for _, t, _ in made if not t.endswith(".delta")]
+    assert types == ["response.created", "response.in_progress", *call, *message, *call, *message, final]
+    items: dict[int, dict[str, Any]] = {}
+    grown: dict[int, str] = {}  # each item's text or arguments, as the deltas build them
+    for d in data:
+        index = d.get("output_index")
+        if d["type"] == "response.output_item.added":
+            items[index], grown[index] = d["item"], ""
+        elif d["type"].endswith(".delta"):
+            assert d["item_id"] == items[index]["id"]
+            grown[index] += d["delta"]
+        elif d["type"] == "response.output_item.done":
+            done = d["item"]
+            assert done["id"] == items[index]["id"] and done["type"] == items[index]["type"]
+            assert grown[index] == (
+                done["arguments"] if done["type"] == "function_call" else done["content"][0]["text"]
+            )
+            items[index] = done
+    output = response_object(ended).output
+    assert (
+        [items[k] for k in sorted(items)]
+        == [i.model_dump() for i in output]
+        == data[-1]["response"]["output"]
+    )
+    assert [i.status for i in output] == ["completed"] * 3 + [
+        "incomplete" if status == "incomplete" else "completed"
+    ]

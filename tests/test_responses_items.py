@@ -111,18 +111,9 @@ class _SpecBeforeTools(msgspec.Struct, kw_only=True):
 
 
 def test_records_stored_before_tools_still_read() -> None:
-    old = _SpecBeforeTools(
-        request=_meta(None),
-        background=False,
-        instructions=None,
-        previous_response_id=None,
-        max_output_tokens=None,
-        temperature=None,
-        top_p=None,
-        metadata={},
-        user=None,
-        conversation=[_TurnBeforeTools("user", "hi")],
-    )
+    new = _spec(_meta(None))
+    fields = {name: getattr(new, name) for name in _SpecBeforeTools.__struct_fields__}
+    old = _SpecBeforeTools(**{**fields, "conversation": [_TurnBeforeTools("user", "hi")]})
     spec = msgspec.msgpack.decode(msgspec.msgpack.encode(old), type=ResponseSpec)
     assert spec.conversation == [Turn("user", "hi")]
     assert (spec.tools, spec.tool_choice, spec.parallel_tool_calls) == (None, None, None)

@@ -54,6 +54,6 @@ test: check-deps lint
 run: install
 	$(VENV)/bin/cbserve up $(ARGS)
 
-# Retrain the shipped demo model (deterministic; about 11 minutes on 2 CPU cores).
+# Retrain the shipped demo model (deterministic; its card, models/demo/README.md, gives the time).
 train-demo-model: install
 	$(PY) scripts/train_demo_model.py --out models/demo

@@ -9,8 +9,8 @@ sample order per epoch, `torch.use_deterministic_algorithms(True)`, two CPU thre
 
 The tokenizer (byte-level BPE, 4096 tokens with `<|endoftext|>`, `<|im_start|>`, `<|im_end|>`) is trained
 on the same text with the `tokenizers` library; the model is a 4-layer `LlamaForCausalLM` (hidden 192, MLP
-512, 6 heads, 3 KV heads, tied embeddings, 512 positions, 2.4M parameters), trained in float32 on 256-token
-windows that each start at a paragraph or a conversation (2000 steps of 8 windows, about 25 passes over
+512, 6 heads, 3 KV heads, tied embeddings, 512 positions, 2.4M parameters), trained in float32 on 512-token
+windows that each start at a paragraph or a conversation (2000 steps of 4 windows, about 20 passes over
 the 115k-token corpus) and saved in float16 (5 MB).
 Small and heavily trained on purpose: on two CPU cores a smaller model reaches a lower loss in the same
 time, and a model that has memorised its text writes English rather than token soup.
@@ -20,7 +20,9 @@ Command (from the repository root, dev virtual environment active), and what it 
 
     python scripts/train_demo_model.py --out models/demo
 
-    11.2 minutes wall time (11m10s by `time`), final training loss 0.080 (mean of the last 50 steps)
+    11.2 minutes wall time with two threads on a quiet machine before tool use was added (256-token
+    windows); the current data and 512-token windows took 39.4 minutes with `--threads 1` on a machine
+    shared with other jobs, final training loss 0.071 (mean of the last 50 steps)
 
 The script writes the model directory, including its model card (`README.md`) with the measured wall
 time, final loss and greedy samples.
@@ -53,9 +55,11 @@ from benchmarks.chatml_tokenizer import (
     generation_config,
     train_tokenizer,
 )
+from scripts.demo_tool_samples import TOOLS, no_tool_samples, tool_samples
 
 SAMPLE_PROMPTS = ["The import statement", "A function is", "Exceptions are"]
 SAMPLE_CHAT = "What is the assert statement?"
+SAMPLE_TOOL_CHAT = "What is the weather in Paris?"
 
 QUESTION_TEMPLATES = [
     "What is {topic}?",
@@ -235,8 +239,8 @@ def _render_chat(messages: list[dict[str, str]]) -> str:
     return "".join(f"{IM_START}{m['role']}\n{m['content']}{IM_END}\n" for m in messages)
 
 
-def chat_samples(documents: list[Document], rng: random.Random) -> list[str]:
-    """ChatML conversations: a question about a section title answered by that section's first sentences."""
+def topic_answers(documents: list[Document]) -> dict[str, tuple[str, bool]]:
+    """Each section title's topic phrase -> (the first sentences of that section, whether plural)."""
     answers: dict[str, str] = {}
     for doc in documents:
         for section in doc.sections:
@@ -249,16 +253,24 @@ def chat_samples(documents: list[Document], rng: random.Random) -> list[str]:
                 if answer:
                     answers[section.title] = answer
                     break
-    samples: list[str] = []
+    topics: dict[str, tuple[str, bool]] = {}
     phrases: set[str] = set()
     for title in sorted(answers):
         phrase, plural = topic_phrase(title)
         if not phrase or phrase.lower() in phrases:  # one answer per question
             continue
         phrases.add(phrase.lower())
+        topics[phrase] = (answers[title], plural)
+    return topics
+
+
+def chat_samples(topics: dict[str, tuple[str, bool]], rng: random.Random) -> list[str]:
+    """ChatML conversations: a question about a section title answered by that section's first sentences."""
+    samples: list[str] = []
+    for phrase, (answer, plural) in topics.items():
         templates = PLURAL_QUESTION_TEMPLATES if plural else QUESTION_TEMPLATES
         for template in rng.sample(templates, 3):
-            samples.append(_chat(template.format(topic=phrase), answers[title], rng))
+            samples.append(_chat(template.format(topic=phrase), answer, rng))
     for questions, answer in GREETINGS:
         for question in questions:
             for _ in range(2):
@@ -345,8 +357,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--out", type=Path, default=Path("models/demo"))
     parser.add_argument("--steps", type=int, default=2000)
-    parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--seq-len", type=int, default=256)
+    parser.add_argument("--batch-size", type=int, default=4)
+    parser.add_argument("--seq-len", type=int, default=512)
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--warmup", type=int, default=50)
     parser.add_argument("--layers", type=int, default=4)
@@ -376,7 +388,11 @@ def main(argv: list[str] | None = None) -> None:
     rng = random.Random(args.seed)
 
     documents = load_documents()
-    chats = chat_samples(documents, rng)
+    topics = topic_answers(documents)
+    chats = chat_samples(topics, rng)
+    tool_chats = tool_samples({phrase: answer for phrase, (answer, _) in topics.items()}, rng)
+    tool_chats += no_tool_samples([(q, a) for questions, a in GREETINGS for q in questions], rng)
+    chats += tool_chats
     plain = [doc.text for doc in documents]
     tok = train_tokenizer(plain + chats, args.vocab_size)
     eos_id = tok.token_to_id(EOS)
@@ -461,10 +477,18 @@ def main(argv: list[str] | None = None) -> None:
         [{"role": "user", "content": SAMPLE_CHAT}], add_generation_prompt=True, tokenize=False
     )
     chat_answer = greedy(loaded, tokenizer, str(chat_prompt), max_new_tokens=60)
+    tool_prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": SAMPLE_TOOL_CHAT}],
+        tools=TOOLS,
+        add_generation_prompt=True,
+        tokenize=False,
+    )
+    tool_answer = greedy(loaded, tokenizer, str(tool_prompt), max_new_tokens=60)
     wall = time.monotonic() - started
     for prompt, text in samples_text:
         print(f"{prompt!r} -> {text!r}", flush=True)
     print(f"chat {SAMPLE_CHAT!r} -> {chat_answer!r}", flush=True)
+    print(f"chat with tools {SAMPLE_TOOL_CHAT!r} -> {tool_answer!r}", flush=True)
     print(f"final loss {final_loss:.3f}; wall time {wall / 60:.1f} min", flush=True)
 
     size = sum(p.stat().st_size for p in args.out.iterdir() if p.is_file() and p.name != "README.md")
@@ -472,6 +496,7 @@ def main(argv: list[str] | None = None) -> None:
         "documents": len(plain),
         "plain_tokens": plain_tokens,
         "chat_samples": len(chats),
+        "tool_samples": len(tool_chats),
         "chat_tokens": chat_tokens,
         "vocab_size": tok.get_vocab_size(),
         "parameters": num_params,
@@ -484,20 +509,25 @@ def main(argv: list[str] | None = None) -> None:
         "steps": args.steps,
         "batch_size": args.batch_size,
         "seq_len": args.seq_len,
+        "threads": args.threads,
         "tokens_seen": args.steps * args.batch_size * args.seq_len,
         "final_loss": round(final_loss, 3),
         "wall_time_min": round(wall / 60, 1),
         "size_mb": round(size / 1e6, 1),
     }
     (args.out / "README.md").write_text(
-        model_card(stats, argv if argv is not None else sys.argv[1:], samples_text, chat_answer),
+        model_card(stats, argv if argv is not None else sys.argv[1:], samples_text, chat_answer, tool_answer),
         encoding="utf-8",
     )
     print(json.dumps(stats), flush=True)
 
 
 def model_card(
-    stats: dict[str, Any], argv: list[str], samples: list[tuple[str, str]], chat_answer: str
+    stats: dict[str, Any],
+    argv: list[str],
+    samples: list[tuple[str, str]],
+    chat_answer: str,
+    tool_answer: str,
 ) -> str:
     command = " ".join(["python scripts/train_demo_model.py", *argv])
     sample_lines = "\n".join(f"- `{prompt}` → {text.strip()!r}" for prompt, text in samples)
@@ -512,25 +542,34 @@ knows little else: expect plausible sentences about Python, not correct answers.
   cleaned to prose paragraphs and short code examples ({stats["documents"]} topics,
   {stats["plain_tokens"]} tokens), plus {stats["chat_samples"]} ChatML conversations built from it
   ({stats["chat_tokens"]} tokens): a question about a section title ("What is the assert statement?")
-  answered with the first sentences of that section, and a few greetings.
+  answered with the first sentences of that section, and a few greetings; {stats["tool_samples"]} of them
+  offer tools (`scripts/demo_tool_samples.py`: the weather in a city, a documentation search, adding
+  two numbers) and call them in the Hermes `<tool_call>` format, one or two at a time, then answer
+  from their results.
 - **Tokenizer**: byte-level BPE trained with `tokenizers` on the same text, {stats["vocab_size"]} tokens;
-  special tokens `<|endoftext|>` (eos, bos, pad), `<|im_start|>`, `<|im_end|>`; ChatML chat template.
+  special tokens `<|endoftext|>` (eos, bos, pad), `<|im_start|>`, `<|im_end|>`; ChatML chat template
+  with Qwen2.5's tool calling.
   Generation stops at `<|endoftext|>` or `<|im_end|>` (`generation_config.json`).
 - **Architecture**: Llama, {stats["layers"]} layers, hidden {stats["hidden"]}, MLP {stats["intermediate"]},
   {stats["heads"]} attention heads, {stats["kv_heads"]} KV heads, tied
-  embeddings, 512 positions (trained on 256-token windows). Weights stored in float16.
+  embeddings, 512 positions (trained on {stats["seq_len"]}-token windows). Weights stored in float16.
 - **Training**: {stats["steps"]} steps of {stats["batch_size"]} × {stats["seq_len"]} tokens
   ({stats["tokens_seen"] / 1e6:.1f}M tokens; each window starts at a paragraph or a conversation), AdamW
-  (peak lr {stats["lr"]}, cosine), fixed seeds, deterministic algorithms, 2 CPU threads. Final training
-  loss {stats["final_loss"]}.
-- **Command**: `{command}` (from the repository root), {stats["wall_time_min"]} minutes wall time on a
-  2-core CPU.
+  (peak lr {stats["lr"]}, cosine), fixed seeds, deterministic algorithms, {stats["threads"]} CPU
+  thread(s). Final training loss {stats["final_loss"]}.
+- **Command**: `{command}` (from the repository root), {stats["wall_time_min"]} minutes wall time with
+  {stats["threads"]} thread(s) on a 2-core CPU.
 - **Size**: {stats["size_mb"]} MB.
 
 Greedy continuations (40 new tokens):
 
 {sample_lines}
 - chat `{SAMPLE_CHAT}` → {chat_answer.strip()!r}
+- chat `{SAMPLE_TOOL_CHAT}` with the three tools → {tool_answer.strip()!r}
+
+With tools offered it picks the right tool, writes the call format the server parses, calls two at a
+time when asked about two cities, and answers a greeting without a call; the argument values it
+copies from the question are often wrong (a model this small copies names poorly).
 """
 
 

@@ -5,12 +5,14 @@ It is trained by `scripts/train_demo_model.py`; these checks hold for any faithf
 
 from __future__ import annotations
 
+import json
 import re
 from collections import Counter
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -20,6 +22,8 @@ from gpu_worker.model_runner import ModelRunner
 from gpu_worker.settings import WorkerSettings
 from openai_frontend.chat_template import render_chat
 from openai_frontend.tokenizer import ModelTokenizer
+from openai_frontend.tool_parsers import HERMES, new_parser
+from scripts.demo_tool_samples import TOOLS
 
 DEMO_DIR = Path(__file__).resolve().parents[1] / "models" / "demo"
 MAX_BYTES = 20_000_000
@@ -160,3 +164,34 @@ def test_worker_greedy_equals_generate(model: Any, tokenizer: Any) -> None:
         outputs += result.sampled_token_ids
     expected = greedy_ids(model, prompt, max_tokens)
     assert outputs == expected
+
+
+@pytest.mark.parametrize(
+    ("question", "tool"),
+    [
+        ("What is the weather in Tokyo?", "get_weather"),
+        ("What is 3 plus 4?", "add"),
+        ("Search the docs for the assert statement.", "search_docs"),
+        ("Hello", None),
+    ],
+)
+def test_offered_tools_it_calls_the_right_one(
+    model: Any, tokenizer: Any, question: str, tool: str | None
+) -> None:
+    """What `make run` shows of tool calling: a question a tool answers gets one call of that tool in
+    the format the server parses, with arguments its schema accepts; a greeting gets no call."""
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": question}], tools=TOOLS, add_generation_prompt=True, tokenize=False
+    )
+    out = greedy_ids(model, tokenizer.encode(text, add_special_tokens=False), max_new_tokens=60)
+    answer = tokenizer.decode(out, skip_special_tokens=True)
+    parser = new_parser(HERMES, "demo", None)
+    deltas = [parser.feed(answer), parser.finish()]
+    calls = [c for d in deltas for c in d.tool_calls]
+    if tool is None:
+        assert not calls and answer.strip(), answer
+        return
+    assert [c.name for c in calls if c.name] == [tool], answer
+    arguments = json.loads("".join(c.arguments for c in calls))
+    schema = next(t["function"]["parameters"] for t in TOOLS if t["function"]["name"] == tool)
+    jsonschema.validate(arguments, schema)

@@ -514,7 +514,8 @@ knows little else: expect plausible sentences about Python, not correct answers.
   ({stats["chat_tokens"]} tokens): a question about a section title ("What is the assert statement?")
   answered with the first sentences of that section, and a few greetings.
 - **Tokenizer**: byte-level BPE trained with `tokenizers` on the same text, {stats["vocab_size"]} tokens;
-  special tokens `<|endoftext|>` (eos, bos, pad), `<|im_start|>`, `<|im_end|>`; ChatML chat template.
+  special tokens `<|endoftext|>` (eos, bos, pad), `<|im_start|>`, `<|im_end|>`; ChatML chat
+  template with Qwen2.5's tool turns (`openai_frontend/chatml_template.jinja`; no tool use is trained).
   Generation stops at `<|endoftext|>` or `<|im_end|>` (`generation_config.json`).
 - **Architecture**: Llama, {stats["layers"]} layers, hidden {stats["hidden"]}, MLP {stats["intermediate"]},
   {stats["heads"]} attention heads, {stats["kv_heads"]} KV heads, tied

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
+import httpx
 import jsonschema
 import openai
 import pytest
@@ -241,6 +242,24 @@ def test_auto_parses_what_the_model_wrote(client: openai.OpenAI) -> None:
     assert len(client.chat.completions.create(**body).choices[0].message.tool_calls or []) == 2
     first = client.chat.completions.create(**body, parallel_tool_calls=False).choices[0].message
     assert [c.function.name for c in first.tool_calls or []] == ["get_weather"]
+
+
+def test_a_fetch_by_id_names_the_calls_as_the_answer_did(client: openai.OpenAI, stack: Stack) -> None:
+    raw = client.chat.completions.with_raw_response.create(
+        model=MODEL,
+        messages=USER,  # type: ignore[arg-type]
+        tools=TOOLS,  # type: ignore[arg-type]
+        tool_choice="required",
+        parallel_tool_calls=False,
+        temperature=1.0,
+        seed=5,
+        max_tokens=200,
+    )
+    answer = raw.http_response.json()
+    assert answer["choices"][0]["message"]["tool_calls"]
+    fetched = httpx.get(f"{stack.base_url}/v1/requests/{raw.headers['x-request-id']}", timeout=30)
+    assert fetched.status_code == 200
+    assert fetched.json()["choices"] == answer["choices"]
 
 
 def test_tool_choice_none_parses_nothing(client: openai.OpenAI) -> None:

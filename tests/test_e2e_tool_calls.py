@@ -133,6 +133,22 @@ def test_forced_single_call_validates(client: openai.OpenAI, tool_choice: Any) -
         assert len(set(ids)) == len(ids)
 
 
+def test_a_function_may_be_named_like_a_mode(client: openai.OpenAI) -> None:
+    tools = [{"type": "function", "function": {"name": name}} for name in ("required", "auto")]
+    answer = client.chat.completions.create(
+        model=MODEL,
+        messages=USER,  # type: ignore[arg-type]
+        tools=tools,  # type: ignore[arg-type]
+        tool_choice={"type": "function", "function": {"name": "required"}},
+        temperature=1.0,
+        seed=3,
+        n=3,
+        max_tokens=100,
+    )
+    for choice in answer.choices:
+        assert [c.function.name for c in choice.message.tool_calls or []] == ["required"]
+
+
 def test_forced_parallel_calls_validate(client: openai.OpenAI, tiny_tokens: dict[str, int]) -> None:
     counts = set()
     for seed in SEEDS:

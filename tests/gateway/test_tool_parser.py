@@ -37,6 +37,11 @@ CASES: dict[str, tuple[str, str, list[tuple[str, str]]]] = {
     ),
     "cut off by max_tokens": ('<tool_call>\n{"name": "get", "arguments": {"a": 1', "", [("get", '{"a": 1')]),
     "cut off before the head": ('ok <tool_call>\n{"na', 'ok <tool_call>\n{"na', []),
+    "a name with a bad escape": (
+        '<tool_call>{"name": "a\\q", "arguments": {}}</tool_call>',
+        '<tool_call>{"name": "a\\q", "arguments": {}}</tool_call>',
+        [],
+    ),
     "escaped name": ('<tool_call>{"name": "a\\"b", "arguments": {}}</tool_call>', "", [('a"b', "{}")]),
 }
 

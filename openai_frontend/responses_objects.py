@@ -1,23 +1,26 @@
 """The Response object and its streamed events, built from a stored response (no I/O).
 
 Events are numbered from 0 (`sequence_number`) in OpenAI's order: `response.created`,
-`response.in_progress`, `response.output_item.added`, `response.content_part.added`, one
-`response.output_text.delta` per text delta, `response.output_text.done`,
-`response.content_part.done`, `response.output_item.done`, then `response.completed` (or
-`response.incomplete` when max_output_tokens cut it). A request that fails or is cancelled ends with
-`response.failed` instead. Replaying a token stream gives the same deltas, so the same numbers:
-that is how `starting_after` resumes a stream.
+`response.in_progress`, then for each output item (responses_items.py) `response.output_item.added`,
+its deltas and `response.output_item.done`: for a message `response.content_part.added`, one
+`response.output_text.delta` per text delta, `response.output_text.done`, `response.content_part.done`;
+for a function call `response.function_call_arguments.delta`s and `.done`. Then
+`response.completed` (or `response.incomplete` when max_output_tokens cut it). A request that fails
+or is cancelled ends with `response.failed` instead. Replaying a token stream gives the same deltas,
+so the same numbers: that is how `starting_after` resumes a stream.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from openai_frontend.collect import Completed
 from openai_frontend.errors import OpenAIError, from_request_error
+from openai_frontend.responses_items import CallItem, Change, Item, MessageItem, OutputItems, output_items
 from openai_frontend.responses_schemas import (
+    FunctionCallItem,
     IncompleteDetails,
     InputTokensDetails,
     OutputMessage,
@@ -28,6 +31,10 @@ from openai_frontend.responses_schemas import (
     ResponseUsage,
 )
 from openai_frontend.responses_store import ResponseResult, StoredResponse
+from openai_frontend.responses_text import TEXT
+from openai_frontend.responses_tools import tool_choice_echo
+
+ItemStatus = Literal["in_progress", "completed", "incomplete"]
 
 _CANCELLED_CODE = "request_aborted"  # the batcher's code for a request stopped before its end
 
@@ -49,18 +56,31 @@ def result_of(done: Completed, completed_at: int) -> ResponseResult:
     )
 
 
-def _message(stored: StoredResponse, text: str, status: ResponseStatus) -> OutputMessage:
-    item_status = "incomplete" if status == "incomplete" else "completed"
-    if status in ("queued", "in_progress"):
-        item_status = "in_progress"
-    return OutputMessage(id=stored.spec.message_id, status=item_status, content=[OutputText(text=text)])
+def _item_status(status: ResponseStatus) -> ItemStatus:
+    """The status of the item that was being written when the response ended as `status`."""
+    return "incomplete" if status == "incomplete" else "completed"
+
+
+def _output_item(item: Item, status: ItemStatus) -> OutputMessage | FunctionCallItem:
+    if isinstance(item, MessageItem):
+        return OutputMessage(id=item.id, status=status, content=[OutputText(text=item.text)])
+    return FunctionCallItem(
+        id=item.id, call_id=item.call_id, name=item.name, arguments=item.arguments, status=status
+    )
+
+
+def _output(stored: StoredResponse, text: str) -> list[OutputMessage | FunctionCallItem]:
+    """Every item is done; only the last one can have been cut by max_output_tokens."""
+    items = output_items(stored.spec.request, text)
+    last = _item_status(stored.status)
+    return [_output_item(item, last if i == len(items) - 1 else "completed") for i, item in enumerate(items)]
 
 
 def response_object(stored: StoredResponse) -> ResponseObject:
     spec, status, result = stored.spec, stored.status, stored.result
     output, usage, error = [], None, None
     if result is not None and status in ("completed", "incomplete"):
-        output = [_message(stored, result.text, status)]
+        output = _output(stored, result.text)
         prompt = spec.request.num_prompt_tokens
         usage = ResponseUsage(
             input_tokens=prompt,
@@ -88,6 +108,10 @@ def response_object(stored: StoredResponse) -> ResponseObject:
         store=True,
         temperature=spec.temperature,
         top_p=spec.top_p,
+        text={"format": spec.text_format or TEXT},
+        tools=spec.tools or [],
+        tool_choice=tool_choice_echo(spec.tool_choice),
+        parallel_tool_calls=spec.parallel_tool_calls is not False,
         usage=usage,
         user=spec.user,
     )
@@ -109,43 +133,84 @@ class ResponseEvents:
     stored: StoredResponse
     store: bool = True
     _next: int = field(default=0, init=False)
+    _items: OutputItems = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._items = OutputItems(self.stored.spec.request)
 
     def _event(self, type_: str, **fields: Any) -> Event:
         number = self._next
         self._next += 1
         return number, type_, json.dumps({"type": type_, "sequence_number": number, **fields})
 
-    def _part(self, text: str) -> dict[str, Any]:
-        return OutputText(text=text).model_dump()
+    def _events(self, changes: list[Change], status: ItemStatus = "completed") -> list[Event]:
+        """The events of item changes; an item done at the response's end has its final `status`."""
+        events = []
+        for kind, index, piece in changes:
+            item = self._items.items[index]
+            at: dict[str, Any] = {"item_id": item.id, "output_index": index}
+            if kind == "added":
+                events += self._added(item, index)
+            elif kind == "text":
+                events.append(
+                    self._event("response.output_text.delta", **at, content_index=0, delta=piece, logprobs=[])
+                )
+            elif kind == "arguments":
+                events.append(self._event("response.function_call_arguments.delta", **at, delta=piece))
+            else:
+                events += self._done(item, index, status)
+        return events
 
-    def _item(self, fields: dict[str, Any]) -> dict[str, Any]:
-        return {"item_id": self.stored.spec.message_id, "output_index": 0, "content_index": 0, **fields}
+    def _added(self, item: Item, index: int) -> list[Event]:
+        """An item as it opens: a message without content, then its empty part; a call without arguments."""
+        added = _output_item(item, "in_progress").model_dump()
+        if isinstance(item, CallItem):
+            added["arguments"] = ""
+            return [self._event("response.output_item.added", output_index=index, item=added)]
+        added["content"] = []
+        at: dict[str, Any] = {"item_id": item.id, "output_index": index, "content_index": 0}
+        return [
+            self._event("response.output_item.added", output_index=index, item=added),
+            self._event("response.content_part.added", **at, part=OutputText(text="").model_dump()),
+        ]
+
+    def _done(self, item: Item, index: int, status: ItemStatus) -> list[Event]:
+        at: dict[str, Any] = {"item_id": item.id, "output_index": index}
+        done = _output_item(item, status).model_dump()
+        if isinstance(item, CallItem):
+            return [
+                self._event("response.function_call_arguments.done", **at, arguments=item.arguments),
+                self._event("response.output_item.done", output_index=index, item=done),
+            ]
+        text, part = item.text, OutputText(text=item.text).model_dump()
+        return [
+            self._event("response.output_text.done", **at, content_index=0, text=text, logprobs=[]),
+            self._event("response.content_part.done", **at, content_index=0, part=part),
+            self._event("response.output_item.done", output_index=index, item=done),
+        ]
 
     def opening(self) -> list[Event]:
         """`stored` as it was created: queued (background) or in progress, no result."""
         created = response_body(self.stored, store=self.store)
         running = response_body(StoredResponse(self.stored.spec, "in_progress", None), store=self.store)
-        item = _message(self.stored, "", "in_progress").model_dump()
-        item["content"] = []
         return [
             self._event("response.created", response=created),
             self._event("response.in_progress", response=running),
-            self._event("response.output_item.added", output_index=0, item=item),
-            self._event("response.content_part.added", **self._item({"part": self._part("")})),
+            *self._events(self._items.opening()),
         ]
 
-    def delta(self, text: str) -> Event:
-        return self._event("response.output_text.delta", **self._item({"delta": text, "logprobs": []}))
+    def delta(self, text: str) -> list[Event]:
+        return self._events(self._items.feed(text))
+
+    def end(self) -> list[Event]:
+        """The text has ended: what was held back (a tool parser's undecided end)."""
+        return self._events(self._items.finish())
 
     def closing(self, ended: StoredResponse) -> list[Event]:
         assert ended.result is not None
-        text = ended.result.text
-        item = _message(ended, text, ended.status).model_dump()
         final = "response.incomplete" if ended.status == "incomplete" else "response.completed"
         return [
-            self._event("response.output_text.done", **self._item({"text": text, "logprobs": []})),
-            self._event("response.content_part.done", **self._item({"part": self._part(text)})),
-            self._event("response.output_item.done", output_index=0, item=item),
+            *self._events(self._items.close(), _item_status(ended.status)),
             self._event(final, response=response_body(ended, store=self.store)),
         ]
 

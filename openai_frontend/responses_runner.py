@@ -99,7 +99,8 @@ class ResponsesRunner:
                         continue
                     done.add(out)
                     if out.text:
-                        yield events.delta(out.text)
+                        for event in events.delta(out.text):
+                            yield event
         except RequestFailed as exc:
             result = ResponseResult(completed_at=int(time.time()), error=exc.error)
             yield events.failed(await self.end(stored, status_of_error(exc.error.code), result, persist))
@@ -110,6 +111,8 @@ class ResponsesRunner:
         except redis.exceptions.RedisError:
             yield events.error(OpenAIError(503, "the request queue became unavailable", type="server_error"))
             return
+        for event in events.end():
+            yield event
         ended = await self.finished(stored, done, persist)
         if ended.status in ("completed", "incomplete"):
             for event in events.closing(ended):

@@ -3,7 +3,7 @@
 The request is strict like the other endpoints' (an unknown field is a 400 naming it). Fields OpenAI
 defines that we do not implement are declared, so that `responses_input.check_unsupported` refuses
 them by name with `unsupported_parameter` instead of ignoring them. Input items and their content
-parts accept extra fields, so that an item kind we do not serve (a function call, an image) is
+parts accept extra fields, so that an item kind we do not serve (a reasoning item, an image) is
 refused by its `type` rather than by a field it happens to carry.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from openai_frontend.openai_schemas import JSONObject, Text
 
@@ -29,14 +29,36 @@ class InputPart(_Open):
 
 
 class InputItem(_Open):
-    type: Text | None = None  # "message" (or absent); other item kinds are refused by name
-    role: Text | None = None
-    content: Text | list[InputPart] | None = None
+    type: Text | None = None  # "message" (or absent), "function_call", "function_call_output"
+    role: Text | None = None  # a message's
+    content: Text | list[InputPart] | None = None  # a message's
+    call_id: Text | None = None  # a function call's, and the call a function_call_output answers
+    name: Text | None = None  # a function call's
+    arguments: Text | None = None  # a function call's, JSON text
+    output: Text | list[InputPart] | None = None  # a function_call_output's
 
 
-class ResponsesRequest(BaseModel):
+class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
+
+class TextFormat(_Strict):
+    """`text.format`: "text", "json_object", or "json_schema" with the fields below (responses_text.py)."""
+
+    type: Text
+    name: Text | None = None  # json_schema: required, 1 to 64 letters, digits, '_' or '-'
+    description: Text | None = None
+    # `schema` would shadow a BaseModel attribute; the body still spells it `schema`.
+    schema_: JSONObject | None = Field(default=None, alias="schema")
+    strict: bool | None = None  # the schema is always enforced, strict or not
+
+
+class TextConfig(_Strict):
+    format: TextFormat | None = None
+    verbosity: Text | None = None  # only "medium", OpenAI's default, is accepted
+
+
+class ResponsesRequest(_Strict):
     model: Text | None = None
     input: Text | list[InputItem]
     instructions: Text | None = None  # a system message before the input, not carried to the next turn
@@ -61,12 +83,13 @@ class ResponsesRequest(BaseModel):
     logit_bias: dict[Text, float] | None = None
     min_tokens: int | None = None
     ignore_eos: bool | None = False
-    # OpenAI fields we do not implement: refused by name in responses_input.check_unsupported.
+    text: TextConfig | None = None  # the output's format (see responses_text.py)
+    # Function tools (responses_tools.py): run as chat's tools.
     tools: list[JSONObject] | None = None
-    tool_choice: Text | JSONObject | None = None
-    parallel_tool_calls: bool | None = None
+    tool_choice: Text | JSONObject | None = None  # none, auto, required or {"type": "function", "name"}
+    parallel_tool_calls: bool | None = None  # false: at most one call
+    # OpenAI fields we do not implement: refused by name in responses_input.check_unsupported.
     max_tool_calls: int | None = None
-    text: JSONObject | None = None
     reasoning: JSONObject | None = None
     include: list[Text] | None = None
     truncation: Text | None = None
@@ -100,6 +123,15 @@ class OutputMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     status: Literal["in_progress", "completed", "incomplete"]
     content: list[OutputText]
+
+
+class FunctionCallItem(BaseModel):
+    id: str
+    type: Literal["function_call"] = "function_call"
+    call_id: str
+    name: str
+    arguments: str
+    status: Literal["in_progress", "completed", "incomplete"]
 
 
 class InputTokensDetails(BaseModel):
@@ -140,15 +172,15 @@ class ResponseObject(BaseModel):
     max_output_tokens: int | None
     metadata: dict[str, str]
     model: str
-    output: list[OutputMessage]
-    parallel_tool_calls: bool = False
+    output: list[OutputMessage | FunctionCallItem]
+    parallel_tool_calls: bool = True
     previous_response_id: str | None
     store: bool
     temperature: float | None
     top_p: float | None
     text: dict[str, Any] = {"format": {"type": "text"}}
-    tool_choice: str = "none"
-    tools: list[Any] = []
+    tool_choice: str | dict[str, Any] = "auto"
+    tools: list[dict[str, Any]] = []
     truncation: Literal["disabled"] = "disabled"
     usage: ResponseUsage | None = None
     user: str | None

@@ -27,7 +27,7 @@ from openai_frontend.request_meta import RequestMeta
 from openai_frontend.responses_schemas import TERMINAL, ResponseStatus
 
 _SPEC, _STATUS, _RESULT = "spec", "status", "result"
-_ID_PREFIX, _MESSAGE_PREFIX = "resp_", "msg_"
+_ID_PREFIX = "resp_"
 _LAST_ENTRIES = 4  # entries of a token stream looked at for its end (see has_ended)
 
 # Set status and result unless the response already ended. KEYS: the hash. ARGV: status, result, ttl.
@@ -41,9 +41,19 @@ _FINISH = (
 )
 
 
+class StoredCall(msgspec.Struct, frozen=True):
+    """A function call the assistant made (a `function_call` item)."""
+
+    call_id: str
+    name: str
+    arguments: str  # JSON text, as written
+
+
 class Turn(msgspec.Struct, frozen=True):
-    role: str  # user, system or assistant
+    role: str  # user, system, assistant or tool
     content: str
+    tool_calls: list[StoredCall] | None = None  # an assistant's calls
+    tool_call_id: str | None = None  # a tool turn: the call it answers (a `function_call_output`)
 
 
 class ResponseSpec(msgspec.Struct, kw_only=True, frozen=True):
@@ -59,14 +69,14 @@ class ResponseSpec(msgspec.Struct, kw_only=True, frozen=True):
     metadata: dict[str, str]
     user: str | None
     conversation: list[Turn]  # history and this input, without instructions: the next turn's start
+    text_format: dict[str, Any] | None = None  # `text.format` as echoed; None: plain text
+    tools: list[dict[str, Any]] | None = None  # function tools as asked (flat), echoed
+    tool_choice: str | dict[str, Any] | None = None  # as asked; None: OpenAI's default (auto)
+    parallel_tool_calls: bool | None = None  # as asked; None: true
 
     @property
     def id(self) -> str:
         return response_id(self.request.req_id)
-
-    @property
-    def message_id(self) -> str:
-        return _MESSAGE_PREFIX + self.request.req_id
 
 
 class ResponseResult(msgspec.Struct, kw_only=True, frozen=True):

@@ -28,11 +28,20 @@ from openai_frontend.errors import OpenAIError, invalid_request
 from openai_frontend.openai_schemas import ChatMessage
 from openai_frontend.request_meta import meta_of
 from openai_frontend.request_runner import Follow
-from openai_frontend.responses_input import chat_request, check_unsupported, input_messages, responses_names
+from openai_frontend.responses_input import (
+    chat_request,
+    check_unsupported,
+    input_messages,
+    message_of,
+    responses_names,
+    turn_of,
+)
+from openai_frontend.responses_items import answer_turn, cut_call, output_items
 from openai_frontend.responses_objects import Event, response_body
 from openai_frontend.responses_runner import BACKGROUND, WATCHER, initial_status
 from openai_frontend.responses_schemas import TERMINAL, ResponseObject, ResponsesRequest
-from openai_frontend.responses_store import ResponseResult, ResponseSpec, StoredResponse, Turn
+from openai_frontend.responses_store import ResponseResult, ResponseSpec, StoredResponse
+from openai_frontend.responses_text import format_echo
 
 router = APIRouter()
 
@@ -67,8 +76,14 @@ async def _history(body: ResponsesRequest, http_request: Request, state: Gateway
             "response can be continued",
             "previous_response_id",
         )
-    turns = [*previous.spec.conversation, Turn("assistant", previous.result.text)]
-    return [ChatMessage(role=t.role, content=t.content) for t in turns]
+    answer = answer_turn(output_items(previous.spec.request, previous.result.text))
+    if cut_call(answer):
+        raise invalid_request(
+            f"previous response {body.previous_response_id!r} was cut by max_output_tokens inside a "
+            "function call, whose arguments are incomplete; it cannot be continued",
+            "previous_response_id",
+        )
+    return [message_of(t) for t in [*previous.spec.conversation, answer]]
 
 
 async def _sse(events: AsyncGenerator[Event, None], starting_after: int | None) -> AsyncIterator[bytes]:
@@ -94,7 +109,7 @@ async def create_response(
 ) -> JSONResponse | StreamingResponse:
     check_unsupported(body)
     history = await _history(body, http_request, state)
-    conversation = history + input_messages(body)
+    conversation = history + input_messages(body, history)
     with responses_names():
         [request] = await checked_requests(chat_request(body, conversation), http_request, state)
     spec = ResponseSpec(
@@ -107,7 +122,11 @@ async def create_response(
         top_p=body.top_p,
         metadata=body.metadata or {},
         user=body.user,
-        conversation=[Turn(m.role, str(m.content)) for m in conversation],
+        conversation=[turn_of(m) for m in conversation],
+        text_format=None if body.text is None else format_echo(body.text.format),
+        tools=body.tools,
+        tool_choice=body.tool_choice,
+        parallel_tool_calls=body.parallel_tool_calls,
     )
     persist = body.store is not False
     stored = StoredResponse(spec, initial_status(spec), None)

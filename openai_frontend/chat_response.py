@@ -68,7 +68,7 @@ class ChatChunks(Chunks):
             for i in range(self.request.n)
         ]
 
-    def delta(self, index: int, out: Output) -> str:
+    def delta(self, index: int, out: Output) -> str | None:
         logprobs = self.logprobs.chat(out.events) if self.request.logprobs else None
         parser = self._parsers.get(index)
         if parser is None:
@@ -81,6 +81,8 @@ class ChatChunks(Chunks):
         delta = {"content": parsed.content} if parsed.content else {}
         if parsed.tool_calls:
             delta["tool_calls"] = _tool_call_deltas(parsed.tool_calls)
+        if not delta and out.finish_reason is None and logprobs is None and not self.request.return_token_ids:
+            return None  # text the parser holds back (a call's head): no event, as for text not yet decoded
         finish_reason = _finish_reason(out.finish_reason, parser)
         return self._delta_chunk(
             ChatChunkChoice, index, out, delta=delta, logprobs=logprobs, finish_reason=finish_reason

@@ -214,7 +214,8 @@ class ToolCall(BaseModel):
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None  # null when the model only called tools
-    tool_calls: list[ToolCall] = []  # as vLLM sends them: always a list
+    # Left out when there are none, as OpenAI leaves it out.
+    tool_calls: list[ToolCall] | None = Field(default=None, exclude_if=lambda calls: not calls)
 
 
 class TopLogprob(BaseModel):

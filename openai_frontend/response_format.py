@@ -27,7 +27,7 @@ class ChunkFormatter(Protocol):
 
     def opening(self) -> list[str]: ...
 
-    def delta(self, index: int, out: Output) -> str: ...
+    def delta(self, index: int, out: Output) -> str | None: ...  # None: nothing to send
 
     def usage(self, usage: UsageInfo) -> str: ...
 
@@ -69,7 +69,7 @@ class Chunks(ABC):
     def opening(self) -> list[str]: ...
 
     @abstractmethod
-    def delta(self, index: int, out: Output) -> str: ...
+    def delta(self, index: int, out: Output) -> str | None: ...  # None: nothing to send
 
     def usage(self, usage: UsageInfo) -> str:
         return self._chunk([], usage)

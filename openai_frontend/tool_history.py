@@ -44,7 +44,7 @@ def _call(call: dict[str, Any], param: str) -> dict[str, Any]:
         )
     try:
         parsed = json.loads(arguments)
-    except json.JSONDecodeError as exc:
+    except (json.JSONDecodeError, RecursionError) as exc:
         raise invalid_request(
             f"{param}.function.arguments is not valid JSON: {exc}", f"{param}.function.arguments"
         ) from None

@@ -56,7 +56,7 @@ def tool_use(body: ChatCompletionRequest, served: ServedModel) -> ToolUse:
     parser = parser_for_template(served.tokenizer.chat_template)
     if parser is None:
         raise invalid_request("this model's chat template does not support tool calling", "tools")
-    choice = _choice(body.tool_choice, names)
+    choice, named = _choice(body.tool_choice, names)
     for i, f in enumerate(functions):
         if f.get("strict") and choice in ("auto", "none"):
             # strict asks the schema be enforced; only forced calls are (tool_choice required/named).
@@ -64,12 +64,12 @@ def tool_use(body: ChatCompletionRequest, served: ServedModel) -> ToolUse:
                 "strict function schemas are enforced only with tool_choice required or a named function",
                 f"tools[{i}].function.strict",
             )
-    one_call = choice not in ("auto", "none", "required") or body.parallel_tool_calls is False
+    one_call = choice == "named" or body.parallel_tool_calls is False
     if choice == "none":
         return ToolUse(tools=body.tools)
     grammar = None
     if choice != "auto":
-        forced = functions if choice == "required" else [f for f in functions if f["name"] == choice]
+        forced = functions if choice == "required" else [f for f in functions if f["name"] == named]
         try:
             grammar = StructuredOutput(kind="grammar", spec=forced_grammar(parser, forced, one_call))
             build_grammar(grammar)
@@ -123,16 +123,16 @@ def _check_parameters(parameters: object, param: str) -> None:
         raise invalid_request(f"{param} is not a schema this server can follow: {exc}", param) from None
 
 
-def _choice(tool_choice: str | dict[str, Any] | None, names: list[str]) -> str:
-    """ "none", "auto", "required", or the name of the function it forces."""
+def _choice(tool_choice: str | dict[str, Any] | None, names: list[str]) -> tuple[str, str | None]:
+    """none, auto, required or named; and the name of the function a named choice forces."""
     if tool_choice is None:
-        return "auto"
+        return "auto", None
     if isinstance(tool_choice, str):
         if tool_choice not in _CHOICES:
             raise invalid_request(
                 f"tool_choice must be none, auto, required or a function, got {tool_choice!r}", "tool_choice"
             )
-        return tool_choice
+        return tool_choice, None
     function = tool_choice.get("function")
     if tool_choice.get("type") != "function" or set(tool_choice) != {"type", "function"}:
         raise invalid_request(
@@ -145,4 +145,4 @@ def _choice(tool_choice: str | dict[str, Any] | None, names: list[str]) -> str:
             f"tool_choice names {function['name']!r}, which is not among the tools",
             "tool_choice.function.name",
         )
-    return str(function["name"])
+    return "named", str(function["name"])

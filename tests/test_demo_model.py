@@ -21,6 +21,7 @@ from common.protocol import CachedRequestData, NewRequestData, SamplingParams, S
 from gpu_worker.model_runner import ModelRunner
 from gpu_worker.settings import WorkerSettings
 from openai_frontend.chat_template import render_chat
+from openai_frontend.chatml import CHAT_TEMPLATE
 from openai_frontend.tokenizer import ModelTokenizer
 from openai_frontend.tool_parsers import HERMES, new_parser
 from scripts.demo_tool_samples import TOOLS
@@ -86,6 +87,8 @@ def test_special_tokens_and_chat_template(model: Any, tokenizer: Any) -> None:
         text
         == "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
     )
+    # The template the training script writes, tool turns included (openai_frontend/chatml.py).
+    assert (DEMO_DIR / "chat_template.jinja").read_text() == CHAT_TEMPLATE
 
 
 def test_greedy_continuations_are_english(model: Any, tokenizer: Any) -> None:

@@ -1,4 +1,5 @@
-"""Tool calling on /v1/chat/completions through the whole stack, with the official `openai` SDK.
+"""Tool calling on /v1/chat/completions through the whole stack, with the official `openai` SDK and
+LangChain (langchain-openai).
 
 The tiny model's weights are random: every forced call whose arguments validate does so because the
 worker's grammar (built from the tools' schemas) forced it. `auto` is exercised by forcing the text
@@ -10,11 +11,17 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
+import httpx
 import jsonschema
 import openai
 import pytest
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
+from langchain_core.tools import tool
+from langchain_core.utils.function_calling import convert_to_openai_tool
+from langchain_openai import ChatOpenAI
+from pydantic import BaseModel, Field
 from transformers import AutoTokenizer
 
 from gateway.model_loader import load_served_model
@@ -126,6 +133,22 @@ def test_forced_single_call_validates(client: openai.OpenAI, tool_choice: Any) -
         assert len(set(ids)) == len(ids)
 
 
+def test_a_function_may_be_named_like_a_mode(client: openai.OpenAI) -> None:
+    tools = [{"type": "function", "function": {"name": name}} for name in ("required", "auto")]
+    answer = client.chat.completions.create(
+        model=MODEL,
+        messages=USER,  # type: ignore[arg-type]
+        tools=tools,  # type: ignore[arg-type]
+        tool_choice={"type": "function", "function": {"name": "required"}},
+        temperature=1.0,
+        seed=3,
+        n=3,
+        max_tokens=100,
+    )
+    for choice in answer.choices:
+        assert [c.function.name for c in choice.message.tool_calls or []] == ["required"]
+
+
 def test_forced_parallel_calls_validate(client: openai.OpenAI, tiny_tokens: dict[str, int]) -> None:
     counts = set()
     for seed in SEEDS:
@@ -235,6 +258,24 @@ def test_auto_parses_what_the_model_wrote(client: openai.OpenAI) -> None:
     assert len(client.chat.completions.create(**body).choices[0].message.tool_calls or []) == 2
     first = client.chat.completions.create(**body, parallel_tool_calls=False).choices[0].message
     assert [c.function.name for c in first.tool_calls or []] == ["get_weather"]
+
+
+def test_a_fetch_by_id_names_the_calls_as_the_answer_did(client: openai.OpenAI, stack: Stack) -> None:
+    raw = client.chat.completions.with_raw_response.create(
+        model=MODEL,
+        messages=USER,  # type: ignore[arg-type]
+        tools=TOOLS,  # type: ignore[arg-type]
+        tool_choice="required",
+        parallel_tool_calls=False,
+        temperature=1.0,
+        seed=5,
+        max_tokens=200,
+    )
+    answer = raw.http_response.json()
+    assert answer["choices"][0]["message"]["tool_calls"]
+    fetched = httpx.get(f"{stack.base_url}/v1/requests/{raw.headers['x-request-id']}", timeout=30)
+    assert fetched.status_code == 200
+    assert fetched.json()["choices"] == answer["choices"]
 
 
 def test_tool_choice_none_parses_nothing(client: openai.OpenAI) -> None:
@@ -393,3 +434,97 @@ def test_bad_tool_input_is_a_400_naming_the_field(
         client.chat.completions.create(**body)
     error = exc.value.body
     assert isinstance(error, dict) and error["param"] == param, error
+
+
+# LangChain, as agents use it: bind_tools, with_structured_output and a tool loop.
+
+
+class Guest(BaseModel):
+    name: str = Field(pattern=r"^[A-Z][a-z]{0,5}$")
+    child: bool = False
+
+
+class BookTrip(BaseModel):
+    """Book a trip for some guests."""
+
+    city: Literal["Paris", "Rome", "Oslo"]
+    nights: int = Field(ge=1, le=14)
+    guests: list[Guest] = Field(min_length=1, max_length=2)
+    note: str | None = Field(default=None, max_length=6)
+
+
+@tool
+def get_weather(city: Literal["Paris", "Rome"], unit: Literal["c", "f"] = "c") -> str:
+    """The weather in a city.
+
+    Args:
+        city: where
+        unit: degrees Celsius or Fahrenheit
+    """
+    return json.dumps({"city": city, "temp": 21 if unit == "c" else 70})
+
+
+def _langchain(stack: Stack, **kwargs: Any) -> ChatOpenAI:
+    return ChatOpenAI(
+        model=MODEL, base_url=f"{stack.base_url}/v1", api_key="unused", max_retries=0, timeout=120, **kwargs
+    )
+
+
+@pytest.mark.parametrize("tool_choice", ["any", "BookTrip"])
+def test_langchain_bind_tools(stack: Stack, tool_choice: str) -> None:
+    for seed in SEEDS:
+        llm = _langchain(stack, temperature=1.0, seed=seed, max_tokens=300)
+        bound = llm.bind_tools([BookTrip, get_weather], tool_choice=tool_choice, parallel_tool_calls=False)
+        message = bound.invoke("Book me a trip.")
+        assert isinstance(message, AIMessage) and not message.invalid_tool_calls
+        [call] = message.tool_calls
+        assert call["id"] and call["id"].startswith("call_")
+        if call["name"] == "BookTrip":
+            BookTrip.model_validate(call["args"])
+        else:
+            assert tool_choice == "any" and call["args"]["city"] in ("Paris", "Rome")
+
+
+@pytest.mark.parametrize("method", ["function_calling", "json_schema"])
+def test_langchain_structured_output(
+    stack: Stack, method: Literal["function_calling", "json_schema"]
+) -> None:
+    for seed in SEEDS:
+        llm = _langchain(stack, temperature=1.0, seed=seed, max_tokens=300)
+        trip = llm.with_structured_output(BookTrip, method=method).invoke("Book me a trip.")
+        assert isinstance(trip, BookTrip)
+
+
+def test_langchain_agent_loop(stack: Stack, tool_model_dir: Path) -> None:
+    """A forced call, its result sent back as a tool message, then a final answer that sees both."""
+    llm = _langchain(stack, temperature=0.0, max_tokens=200)
+    messages: list[BaseMessage] = [HumanMessage("How warm is it in Rome?")]
+    call_message = llm.bind_tools([get_weather], tool_choice="get_weather").invoke(messages)
+    assert isinstance(call_message, AIMessage)
+    [call] = call_message.tool_calls
+    assert call_message.response_metadata["finish_reason"] == "tool_calls"
+    result = get_weather.invoke(call)
+    assert isinstance(result, ToolMessage) and result.tool_call_id == call["id"]
+    messages += [call_message, result]
+    final = llm.bind_tools([get_weather], tool_choice="none", max_tokens=8).invoke(messages)
+    assert isinstance(final, AIMessage) and isinstance(final.content, str) and not final.tool_calls
+    assert final.response_metadata["finish_reason"] in ("stop", "length")
+    # The final prompt is the history as transformers renders it, the call and its result included.
+    history = [
+        {"role": "user", "content": "How warm is it in Rome?"},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {"type": "function", "function": {"name": call["name"], "arguments": call["args"]}}
+            ],
+        },
+        {"role": "tool", "content": result.content, "tool_call_id": call["id"]},
+    ]
+    hf = AutoTokenizer.from_pretrained(tool_model_dir)
+    text = hf.apply_chat_template(
+        history, tools=[convert_to_openai_tool(get_weather)], add_generation_prompt=True, tokenize=False
+    )
+    assert "<tool_response>\n" + str(result.content) in text
+    prompt_tokens = final.response_metadata["token_usage"]["prompt_tokens"]
+    assert prompt_tokens == len(hf.encode(text, add_special_tokens=False))

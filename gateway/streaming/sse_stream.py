@@ -62,7 +62,7 @@ async def stream_sse(
                 num_output_tokens[index] = out.num_output_tokens
                 num_cached_tokens[index] = out.num_cached_tokens
                 chunk = formatter.delta(index, out)  # always: the formatter keeps state (logprob offsets)
-                if is_new(out.entry_id):
+                if chunk is not None and is_new(out.entry_id):
                     yield sse_event(chunk, out.entry_id if resumable else None)
         if requests[0].include_usage:
             yield sse_event(formatter.usage(usage(requests, num_output_tokens, num_cached_tokens)))

@@ -21,8 +21,6 @@ from dataclasses import dataclass, field
 START, END = "<tool_call>", "</tool_call>"
 # A call's head, name first (as the template writes it); its arguments follow.
 _HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arguments"\s*:\s*')
-# What follows the arguments: the call object's closing brace, and blanks.
-_CLOSING = re.compile(r"\s*\}?\s*\Z")
 
 
 @dataclass(slots=True)
@@ -47,14 +45,20 @@ def _held_prefix(text: str, tag: str) -> int:
     return 0
 
 
+def _json_string(literal: str) -> str | None:
+    try:
+        return str(json.loads(literal))
+    except json.JSONDecodeError:  # a bad escape: no head, the block is decided at its end
+        return None
+
+
 class HermesToolParser:
     """Feed a choice's text as it arrives; each feed returns what it adds to the message."""
 
     def __init__(self, call_id: Callable[[int], str], max_calls: int | None = None) -> None:
         self._call_id = call_id
-        self._max_calls = (
-            max_calls  # None: any number; 1 with parallel_tool_calls false (later calls dropped)
-        )
+        # None: any number; 1 with parallel_tool_calls false (later calls are dropped).
+        self._max_calls = max_calls
         self._buffer = ""  # text not yet given out: a possible tag, separating blanks, an open block
         self._in_block = False
         self._after_block = False  # the last thing read was a call: blanks after it are dropped
@@ -118,8 +122,9 @@ class HermesToolParser:
         body = self._buffer if end < 0 else self._buffer[:end]
         if self._name is None:
             head = _HEAD.match(body)
-            if head is not None:
-                self._open_call(json.loads(head.group(1)), head.end(), delta)
+            name = None if head is None else _json_string(head.group(1))
+            if head is not None and name is not None:
+                self._open_call(name, head.end(), delta)
         if end < 0 and not final:
             if self._name is not None:
                 self._send_arguments(body[: len(body) - _held_prefix(body, END)], delta)
@@ -143,8 +148,9 @@ class HermesToolParser:
             delta.tool_calls.append(ToolCallDelta(index, "", id=self._call_id(index), name=name))
 
     def _send_arguments(self, body: str, delta: ParsedDelta) -> None:
-        region = body[self._args_at :].lstrip()
-        arguments = region[: _CLOSING.search(region).start()]  # type: ignore[union-attr]  # always matches
+        # What follows the arguments is the call object's closing brace, and blanks.
+        arguments = body[self._args_at :].strip()
+        arguments = arguments[:-1].rstrip() if arguments.endswith("}") else arguments
         piece = arguments[self._sent :]
         self._sent = len(arguments)
         index = self.num_calls - 1
@@ -156,7 +162,7 @@ class HermesToolParser:
         JSON holds a name and arguments."""
         try:
             call = json.loads(body)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):  # any text a model writes, nested however deep
             return False
         if not (isinstance(call, dict) and isinstance(call.get("name"), str) and "arguments" in call):
             return False

@@ -70,12 +70,13 @@ FIELDS: dict[str, dict[str, Row]] = {
         "function_call": ("auto", REFUSED, {}),
         "functions": ([FUNCTION["function"]], REFUSED, {}),
         "modalities": (["text", "audio"], REFUSED, {}),
-        "parallel_tool_calls": (True, REFUSED, {}),
+        # One call or one or more: a different grammar for forced calls.
+        "parallel_tool_calls": (False, HONOURED, {"tools": [FUNCTION], "tool_choice": "required"}),
         "prediction": ({"type": "content", "content": "x"}, REFUSED, {}),
         "reasoning_effort": ("low", REFUSED, {}),
         "response_format": ({"type": "json_object"}, HONOURED, {}),
-        "tool_choice": ("auto", REFUSED, {}),
-        "tools": ([FUNCTION], REFUSED, {}),
+        "tool_choice": ("required", HONOURED, {"tools": [FUNCTION]}),  # a grammar forces a call
+        "tools": ([FUNCTION], HONOURED, {}),  # the template lists them in the prompt
         "verbosity": ("low", REFUSED, {}),
         "web_search_options": ({}, REFUSED, {}),
     },

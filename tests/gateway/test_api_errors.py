@@ -68,7 +68,8 @@ CASES: list[tuple[str, Any, int, str | None, str | None]] = [
     (CHAT, {"messages": USER, "max_completion_tokens": 0}, 400, "max_completion_tokens", None),
     (CHAT, {"messages": USER, "max_tokens": 600}, 400, "max_tokens", "context_length_exceeded"),
     (CHAT, {"messages": []}, 400, "messages", None),
-    (CHAT, {"messages": [{"role": "tool", "content": "x"}]}, 400, "messages[0].role", None),
+    (CHAT, {"messages": [{"role": "function", "content": "x"}]}, 400, "messages[0].role", None),
+    (CHAT, {"messages": [{"role": "tool", "content": "x"}]}, 400, "messages[0].tool_call_id", None),
     (CHAT, {"messages": [{"role": "user"}]}, 400, "messages[0].content", None),
     (
         CHAT,
@@ -105,14 +106,9 @@ CASES: list[tuple[str, Any, int, str | None, str | None]] = [
     (CHAT, {"messages": [{"role": "user", "content": "hi", "mood": "x"}]}, 400, "messages[0].mood", None),
     (CHAT, {"messages": USER, "stream": True, "stream_options": {"x": 1}}, 400, "stream_options.x", None),
     # Fields OpenAI defines that this server does not implement: refused by name, never ignored.
-    (
-        CHAT,
-        {"messages": USER, "tools": [{"type": "function", "function": {"name": "f"}}]},
-        400,
-        "tools",
-        "unsupported_parameter",
-    ),
-    (CHAT, {"messages": USER, "tool_choice": "auto"}, 400, "tool_choice", "unsupported_parameter"),
+    (CHAT, {"messages": USER, "functions": [{"name": "f"}]}, 400, "functions", "unsupported_parameter"),
+    (CHAT, {"messages": USER, "tools": [{"type": "file_search"}]}, 400, "tools[0].type", None),
+    (CHAT, {"messages": USER, "tool_choice": "auto"}, 400, "tool_choice", None),
     (
         CHAT,
         {"messages": USER, "structured_outputs": {"regex": "a+", "structural_tag": "{}"}},
@@ -122,10 +118,10 @@ CASES: list[tuple[str, Any, int, str | None, str | None]] = [
     ),
     (
         CHAT,
-        {"messages": [{"role": "assistant", "content": None, "tool_calls": []}]},
+        {"messages": [{"role": "user", "content": "hi", "tool_calls": []}]},
         400,
         "messages[0].tool_calls",
-        "unsupported_parameter",
+        None,
     ),
     (
         CHAT,
@@ -226,12 +222,12 @@ def test_every_refusal_is_logged_with_its_rule(
     gateway: RunningGateway, caplog: pytest.LogCaptureFixture
 ) -> None:
     with caplog.at_level(logging.INFO, logger="gateway.api.error_handlers"):
-        _post(gateway.client, CHAT, {"messages": USER, "tool_choice": "auto"})
+        _post(gateway.client, CHAT, {"messages": USER, "functions": [{"name": "f"}]})
         _post(gateway.client, COMPLETIONS, {"prompt": "hi", "max_tokens": "10"})
         gateway.client.get("/v1/engines")
     refusals = [r.getMessage() for r in caplog.records if r.getMessage().startswith("refused:")]
     assert any(
-        "status=400" in m and "param=tool_choice" in m and "unsupported_parameter" in m for m in refusals
+        "status=400" in m and "param=functions" in m and "unsupported_parameter" in m for m in refusals
     )
     assert any("status=400" in m and "param=max_tokens" in m and "valid integer" in m for m in refusals)
     assert any("status=404" in m for m in refusals)

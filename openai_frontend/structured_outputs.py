@@ -41,13 +41,13 @@ def structured_output(
     body: CompletionRequest | ChatCompletionRequest, tool_calls: StructuredOutput | None = None
 ) -> StructuredOutput | None:
     """The grammar the output must follow, or None; raises a 400 when it cannot be enforced.
-    `tool_calls` is the grammar of forced tool calls (tools.py), already checked."""
+    `tool_calls` is the grammar of forced or strict tool calls (tools.py), already checked."""
     fmt = body.response_format if isinstance(body, ChatCompletionRequest) else None
     if tool_calls is not None:
         if body.structured_outputs is not None or (fmt is not None and fmt.type != "text"):
             raise invalid_request(
-                "tool_choice required or a named function forces tool calls, which cannot also follow "
-                "response_format or structured_outputs: give only one",
+                "tool calls forced by tool_choice, or checked against strict function schemas, are a "
+                "grammar, which cannot also follow response_format or structured_outputs: give only one",
                 "tool_choice",
             )
         return tool_calls

@@ -4,8 +4,9 @@ back from the output, and for `required` or a named function the grammar that fo
 
 As in vLLM: `auto` (the default with tools) parses whatever the model writes; `none` still lists the
 tools in the prompt (vLLM's default, without --exclude-tools-when-tool-choice-none) but parses
-nothing. Forcing calls is a grammar, so it cannot be combined with response_format or
-structured_outputs (refused in structured_outputs.py).
+nothing. Forcing calls is a grammar, and so is `auto` with a strict function (free text, each call
+opened follows its schema), so neither combines with response_format or structured_outputs
+(refused in structured_outputs.py).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from common.protocol import StructuredOutput
 from openai_frontend.errors import invalid_request
 from openai_frontend.openai_schemas import ChatCompletionRequest
 from openai_frontend.served_model import ServedModel
-from openai_frontend.tool_parsers import forced_grammar, parser_for_template
+from openai_frontend.tool_parsers import forced_grammar, parser_for_template, strict_grammar
 from openai_frontend.tool_parsers.hermes_grammar import arguments_schema
 
 MAX_TOOLS = 128  # as OpenAI allows
@@ -35,7 +36,7 @@ class ToolUse:
     tools: list[dict[str, Any]] | None = None  # as the chat template receives them (the client's objects)
     parser: str | None = None  # reads calls back from the output; None: the output is content only
     max_calls: int | None = None  # 1 with parallel_tool_calls false; later calls are dropped
-    grammar: StructuredOutput | None = None  # forces the calls (required, named)
+    grammar: StructuredOutput | None = None  # forces the calls (required, named) or their schemas (strict)
 
 
 def tool_use(body: ChatCompletionRequest, served: ServedModel) -> ToolUse:
@@ -57,24 +58,27 @@ def tool_use(body: ChatCompletionRequest, served: ServedModel) -> ToolUse:
     if parser is None:
         raise invalid_request("this model's chat template does not support tool calling", "tools")
     choice, named = _choice(body.tool_choice, names)
-    for i, f in enumerate(functions):
-        if f.get("strict") and choice in ("auto", "none"):
-            # strict asks the schema be enforced; only forced calls are (tool_choice required/named).
-            raise invalid_request(
-                "strict function schemas are enforced only with tool_choice required or a named function",
-                f"tools[{i}].function.strict",
-            )
+    strict = next((i for i, f in enumerate(functions) if f.get("strict")), None)
+    if strict is not None and choice == "none":
+        # No call is read back under none: nothing a strict schema could apply to.
+        raise invalid_request(
+            "strict function schemas need tool_choice auto, required or a function",
+            f"tools[{strict}].function.strict",
+        )
     one_call = choice == "named" or body.parallel_tool_calls is False
     if choice == "none":
         return ToolUse(tools=body.tools)
     grammar = None
-    if choice != "auto":
-        forced = functions if choice == "required" else [f for f in functions if f["name"] == named]
-        try:
+    try:
+        if choice != "auto":
+            forced = functions if choice == "required" else [f for f in functions if f["name"] == named]
             grammar = StructuredOutput(kind="grammar", spec=forced_grammar(parser, forced, one_call))
+        elif strict is not None:  # free text, but each call the model opens follows its schema
+            grammar = StructuredOutput(kind="grammar", spec=strict_grammar(parser, functions, one_call))
+        if grammar is not None:
             build_grammar(grammar)
-        except GrammarError as exc:
-            raise invalid_request(f"tools cannot be enforced: {exc}", "tools") from None
+    except GrammarError as exc:
+        raise invalid_request(f"tools cannot be enforced: {exc}", "tools") from None
     return ToolUse(tools=body.tools, parser=parser, max_calls=1 if one_call else None, grammar=grammar)
 
 

@@ -391,7 +391,7 @@ BAD_REQUESTS: list[tuple[dict[str, Any], str]] = [
         "tool_choice",
     ),
     (
-        {"tools": [{"type": "function", "function": {"name": "f", "strict": True}}], "tool_choice": "auto"},
+        {"tools": [{"type": "function", "function": {"name": "f", "strict": True}}], "tool_choice": "none"},
         "tools[0].function.strict",
     ),
     (

@@ -312,7 +312,11 @@ BAD_REQUESTS: list[tuple[dict[str, Any], str, str | None]] = [
         None,
     ),
     ({"tools": FLAT_TOOLS[:1] + FLAT_TOOLS[:1]}, "tools", None),
-    ({"tools": [{"type": "function", "name": "f", "strict": True}]}, "tools[0].strict", None),
+    (
+        {"tools": [{"type": "function", "name": "f", "strict": True}], "tool_choice": "none"},
+        "tools[0].strict",
+        None,
+    ),
     ({"tools": FLAT_TOOLS, "tool_choice": "sometimes"}, "tool_choice", None),
     (
         {"tools": FLAT_TOOLS, "tool_choice": {"type": "function", "name": "fly"}},

@@ -7,9 +7,9 @@ import hashlib
 from typing import Any
 
 from openai_frontend.tool_parsers.hermes import START, HermesToolParser
-from openai_frontend.tool_parsers.hermes_grammar import forced_calls_grammar
+from openai_frontend.tool_parsers.hermes_grammar import forced_calls_grammar, strict_auto_grammar
 
-__all__ = ["HermesToolParser", "forced_grammar", "new_parser", "parser_for_template"]
+__all__ = ["HermesToolParser", "forced_grammar", "new_parser", "parser_for_template", "strict_grammar"]
 
 HERMES = "hermes"
 
@@ -25,6 +25,12 @@ def forced_grammar(parser: str, functions: list[dict[str, Any]], one_call: bool)
     """EBNF for calls in `parser`'s format (only Hermes exists); raises GrammarError."""
     assert parser == HERMES, parser
     return forced_calls_grammar(functions, one_call)
+
+
+def strict_grammar(parser: str, functions: list[dict[str, Any]], one_call: bool) -> str:
+    """EBNF for `auto` with strict functions in `parser`'s format; raises GrammarError."""
+    assert parser == HERMES, parser
+    return strict_auto_grammar(functions, one_call)
 
 
 def new_parser(parser: str, req_id: str, max_calls: int | None) -> HermesToolParser:

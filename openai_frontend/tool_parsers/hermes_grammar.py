@@ -32,6 +32,36 @@ def arguments_schema(parameters: dict[str, Any] | None) -> dict[str, Any]:
     return parameters if "type" in parameters else {"type": "object", **parameters}
 
 
+def strict_auto_grammar(functions: list[dict[str, Any]], one_call: bool) -> str:
+    """EBNF for `tool_choice` auto with strict functions: free text, and wherever the model opens a
+    `<tool_call>` block, a call of one of `functions` whose arguments follow its schema when it is
+    strict (any JSON object otherwise); with `one_call`, the output ends after the first call. It is
+    xgrammar's triggered structural tag, written out as EBNF so that the worker needs nothing new.
+    Raises GrammarError when a schema cannot be followed."""
+    import xgrammar as xgr
+
+    tags = [
+        {
+            "type": "tag",
+            "begin": f'{START}\n{{"name": {json.dumps(f["name"])}, "arguments": ',
+            "content": {
+                "type": "json_schema",
+                "json_schema": arguments_schema(f.get("parameters"))
+                if f.get("strict")
+                else {"type": "object"},
+            },
+            "end": f"}}\n{END}",
+        }
+        for f in functions
+    ]
+    triggered = {"type": "triggered_tags", "triggers": [START], "tags": tags, "stop_after_first": one_call}
+    try:
+        grammar = xgr.Grammar.from_structural_tag(json.dumps({"type": "structural_tag", "format": triggered}))
+    except RuntimeError as exc:
+        raise GrammarError(str(exc)) from None
+    return str(grammar).replace(_BOUNDED_CHAR, _JSON_CHAR)
+
+
 def forced_calls_grammar(functions: list[dict[str, Any]], one_call: bool) -> str:
     """EBNF for one call (or, unless `one_call`, one or more, a line apart) of one of `functions`
     (OpenAI function objects: name, parameters). Raises GrammarError when a schema cannot be followed."""

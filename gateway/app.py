@@ -47,7 +47,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        redis = connect_async(settings.redis_url)
+        redis = connect_async(settings.redis_url, settings.redis_cluster)
         metrics = GatewayMetrics(served.name)
         runner = RequestRunner(
             redis, served, settings.request_timeout_s, metrics, settings.retention_s, settings.resume_grace_s

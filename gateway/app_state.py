@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import redis.asyncio as aioredis
 from starlette.requests import Request
 
+from common.streams import CellKeys, cell_keys
 from gateway.batch_queue import BatchQueue
 from gateway.observability.metrics import GatewayMetrics
 from gateway.security.rate_limit import RateLimiter
@@ -30,6 +31,11 @@ class GatewayState:
     batches: BatchStore  # the Batch API's batches
     batch_queue: BatchQueue  # hands new batches to the Celery workers
     responses: ResponsesRunner  # the Responses API's responses and their store
+
+    @property
+    def keys(self) -> CellKeys:
+        """The keys of the cell this gateway places its requests in (CBSERVE_CELL)."""
+        return cell_keys(self.settings.cell)
 
 
 def get_state(request: Request) -> GatewayState:

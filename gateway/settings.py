@@ -8,7 +8,13 @@ from pydantic import AliasChoices, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from common.logging_setup import LogFormat
-from common.settings import log_format_field, redis_url_field, retention_field
+from common.settings import (
+    cell_field,
+    log_format_field,
+    redis_cluster_field,
+    redis_url_field,
+    retention_field,
+)
 from gateway.security.api_keys import parse_key_hashes
 
 
@@ -30,6 +36,8 @@ class GatewaySettings(BaseSettings):
     # before the request is aborted; 0 aborts even those at once.
     resume_grace_s: float = Field(default=30.0, ge=0)
     redis_url: str = redis_url_field()
+    redis_cluster: bool = redis_cluster_field()
+    cell: str = cell_field()
     log_format: LogFormat = log_format_field()
     retention_s: int = retention_field()
 

@@ -116,7 +116,8 @@ class Leadership:
         """
         keys = [self.keys.lease, *(stream for stream, _ in steps)]
         args: list[Any] = [self.value, FIELD, min_id, *(step for _, step in steps)]
-        pipe.evalsha(self._send_steps.sha, len(keys), *keys, *args)
+        # As a raw command: redis-py's cluster pipeline refuses `evalsha`, for the NOSCRIPT handled here.
+        pipe.execute_command("EVALSHA", self._send_steps.sha, len(keys), *keys, *args)
 
         def sent(result: Any) -> bool:
             if isinstance(result, redis.exceptions.NoScriptError):

@@ -38,6 +38,12 @@ class RedisCluster:
         }
 
 
+def assert_no_crossslot(cluster: RedisCluster) -> None:
+    """Fail when any node answered a command with CROSSSLOT (its keys in more than one slot)."""
+    errors = {port: stats for port, stats in cluster.errorstats().items() if "errorstat_CROSSSLOT" in stats}
+    assert not errors, f"CROSSSLOT errors on nodes: {errors}"
+
+
 def _answers(port: int) -> bool:
     try:
         return bool(redis.Redis(port=port, socket_timeout=1).ping())

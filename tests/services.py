@@ -169,3 +169,13 @@ def running_stack(
             yield stack
         finally:
             stack.stop()
+
+
+@contextlib.contextmanager
+def cluster_stack(cluster_url: str, model_dir: Path, log_dir: Path) -> Iterator[Stack]:
+    """A Stack (nothing started yet) of services on a Redis Cluster; every process stopped after."""
+    stack = Stack(redis_url=cluster_url, model_dir=model_dir, log_dir=log_dir, redis_cluster=True)
+    try:
+        yield stack
+    finally:
+        stack.stop()

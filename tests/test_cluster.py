@@ -18,43 +18,28 @@ from benchmarks.gpu_parity import reference_greedy
 from common import streams
 from tests.gateway.sse_client import get_sse, post_sse, read_then_hang_up
 from tests.load_clients import completion_body
-from tests.redis_cluster import RedisCluster, redis_cluster
-from tests.services import Stack
+from tests.redis_cluster import RedisCluster, assert_no_crossslot
+from tests.services import Stack, cluster_stack
 
 PROMPTS = [[72, 101, 108, 108, 111], [5, 9, 13, 21, 34, 55, 89, 7], [40, 41, 42]]
 MAX_TOKENS = [12, 20, 30]
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisCluster]:
-    with redis_cluster(tmp_path_factory.mktemp("redis-cluster")) as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
 def stack(
     cluster: RedisCluster, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Stack]:
-    log_dir = tmp_path_factory.mktemp("cluster-stack")
-    stack = Stack(redis_url=cluster.url, model_dir=tiny_model_dir, log_dir=log_dir, redis_cluster=True)
-    try:
+    with cluster_stack(cluster.url, tiny_model_dir, tmp_path_factory.mktemp("cluster-stack")) as stack:
         stack.start_batcher()
         stack.start_worker()
         stack.start_gateway(GATEWAY_RESUME_GRACE_S="30")
         stack.wait_ready(num_workers=1, timeout=240)  # seven processes and a cluster on a shared machine
         yield stack
-    finally:
-        stack.stop()
 
 
 @pytest.fixture(scope="module")
 def reference(tiny_model_dir: Path) -> list[list[int]]:
     return reference_greedy(tiny_model_dir, PROMPTS, MAX_TOKENS)
-
-
-def assert_no_crossslot(cluster: RedisCluster) -> None:
-    errors = {port: stats for port, stats in cluster.errorstats().items() if "errorstat_CROSSSLOT" in stats}
-    assert not errors, f"CROSSSLOT errors on nodes: {errors}"
 
 
 def _streamed_ids(events: list[Any]) -> list[int]:

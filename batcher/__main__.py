@@ -30,9 +30,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def healthcheck(settings: BatcherSettings) -> int:
-    client = connect(settings.redis_url)
+    client = connect(settings.redis_url, settings.redis_cluster)
     try:
-        updated: bytes | None = client.hget(streams.BATCHER_STATS, "updated_at")  # type: ignore[assignment]
+        updated: bytes | None = client.hget(streams.cell_keys(settings.cell).stats, "updated_at")  # type: ignore[assignment]
     finally:
         client.close()
     return 0 if updated is not None and time.time() - float(updated) < HEALTHY_WITHIN_S else 1
@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> None:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
-    client = connect(settings.redis_url)
+    client = connect(settings.redis_url, settings.redis_cluster)
     try:
         serve(settings, client, stop)
     finally:

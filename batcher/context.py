@@ -11,6 +11,7 @@ from batcher.leadership import Leadership
 from batcher.outbox import Outbox
 from batcher.scheduler import Scheduler
 from batcher.settings import BatcherSettings
+from common.streams import CellKeys, cell_keys
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,3 +21,8 @@ class BatcherContext:
     leadership: Leadership
     scheduler: Scheduler
     outbox: Outbox
+
+    @property
+    def keys(self) -> CellKeys:
+        """The keys of the batcher's cell (CBSERVE_CELL)."""
+        return cell_keys(self.settings.cell)

@@ -12,7 +12,7 @@ from typing import Any
 
 import redis
 
-from common.streams import FOLLOW_DEADLINES
+from common.streams import CellKeys
 
 CHECK_INTERVAL_S = 1.0
 SETTLE_S = 5.0
@@ -38,7 +38,7 @@ class FollowDeadlineReaper:
     def due(self, now: float) -> bool:
         return now >= self._next_at
 
-    def pop_expired(self, client: redis.Redis, now: float) -> list[str]:
+    def pop_expired(self, client: redis.Redis, keys: CellKeys, now: float) -> list[str]:
         self._next_at = now + CHECK_INTERVAL_S
-        raw: Any = client.eval(_POP_EXPIRED, 1, FOLLOW_DEADLINES, repr(now), _POP_LIMIT)
+        raw: Any = client.eval(_POP_EXPIRED, 1, keys.follow_deadlines, repr(now), _POP_LIMIT)
         return [m.decode() if isinstance(m, bytes) else str(m) for m in raw]

@@ -10,7 +10,6 @@ from typing import Any
 from batcher.context import BatcherContext
 from batcher.follow_deadlines import FollowDeadlineReaper
 from batcher.retention import StreamTrimmer
-from common import streams
 from common.protocol import FIELD, WorkerInfo, WorkerLost, decode_worker, encode
 from common.redis_conn import as_str
 
@@ -20,6 +19,7 @@ log = logging.getLogger("batcher")
 class Housekeeping:
     def __init__(self, ctx: BatcherContext) -> None:
         self.settings = ctx.settings
+        self.keys = ctx.keys
         self.redis = ctx.redis
         self.leadership = ctx.leadership
         self.scheduler = ctx.scheduler
@@ -35,7 +35,7 @@ class Housekeeping:
     def tidy(self, now: float, inbox_read_id: str) -> None:
         """The chores that are due, after this iteration's claims (claimed entries are pending now)."""
         if self._trimmer.due(now):
-            self._trimmer.trim(self.redis, inbox_read_id, now)
+            self._trimmer.trim(self.redis, self.keys, inbox_read_id, now)
         if self._reaper.due(now):
             self._abort_unfollowed(now)
         self.outbox.finished(self.scheduler.expire_waiting(now))
@@ -43,7 +43,7 @@ class Housekeeping:
     def _abort_unfollowed(self, now: float) -> None:
         """Abort the requests whose follow deadline passed: their clients left and nobody resumed."""
         self.leadership.check()  # popping follow deadlines is a write: only the leader's
-        for req_id in self._reaper.pop_expired(self.redis, now):
+        for req_id in self._reaper.pop_expired(self.redis, self.keys, now):
             if req_id in self.scheduler.requests:
                 # The line keeps its first words: operators and tests match it.
                 log.info("no client follows it (lease expired): aborting", extra={"request_id": req_id})
@@ -56,14 +56,14 @@ class Housekeeping:
         """Join workers with a fresh heartbeat; drop those whose heartbeat is too old."""
         self.next_worker_check = now + self.settings.worker_check_interval_s
         self.outbox.stats_dirty = True  # refreshes `updated_at`, the batcher's own liveness signal
-        beats: Any = self.redis.zrange(streams.WORKERS_HEARTBEAT, 0, -1, withscores=True)
+        beats: Any = self.redis.zrange(self.keys.heartbeat, 0, -1, withscores=True)
         cutoff_ms = (now - self.settings.heartbeat_timeout_s) * 1000
         alive = {as_str(wid) for wid, score in beats if score >= cutoff_ms}
         for worker_id, ws in list(self.scheduler.workers.items()):
             if worker_id not in alive and not ws.fenced:
                 self._fence_worker(worker_id)
         for worker_id in alive - self.scheduler.workers.keys():
-            raw: Any = self.redis.hget(streams.WORKERS_HASH, worker_id)
+            raw: Any = self.redis.hget(self.keys.workers, worker_id)
             if raw is not None:
                 self.add_worker(decode_worker(raw))
 
@@ -92,20 +92,18 @@ class Housekeeping:
         atomically (gpu_worker/fence.py), then post a WorkerLost marker behind its last results."""
         self.scheduler.fence_worker(worker_id)
         pipe = self.outbox.pipe
-        pipe.hdel(streams.WORKERS_HASH, worker_id)
-        pipe.zrem(streams.WORKERS_HEARTBEAT, worker_id)
-        pipe.delete(streams.worker_steps(worker_id))
+        pipe.hdel(self.keys.workers, worker_id)
+        pipe.zrem(self.keys.heartbeat, worker_id)
+        pipe.delete(self.keys.worker_steps(worker_id))
         marker = WorkerLost(worker_id=worker_id, reason="no heartbeat or deregistered")
-        pipe.xadd(
-            streams.BATCHER_INBOX, {FIELD: encode(marker)}, minid=self.outbox.min_id(), approximate=True
-        )
+        pipe.xadd(self.keys.inbox, {FIELD: encode(marker)}, minid=self.outbox.min_id(), approximate=True)
         self.outbox.stats_dirty = True
         log.warning("worker %s missed its heartbeat: fenced", worker_id)
 
     def remove_worker(self, worker_id: str, reason: str) -> None:
         """Its WorkerLost marker was read: every result it wrote is in; its requests move elsewhere."""
         orphans = self.scheduler.remove_worker(worker_id)
-        self.outbox.pipe.hdel(streams.BATCHER_STATS, f"num_steps:{worker_id}")
+        self.outbox.pipe.hdel(self.keys.stats, f"num_steps:{worker_id}")
         self.outbox.stats_dirty = True
         log.warning(
             "worker %s is gone (%s); %d requests will be recomputed elsewhere",

@@ -36,6 +36,7 @@ READ_COUNT = 512
 class Inbox:
     def __init__(self, ctx: BatcherContext, metrics: BatcherMetrics, housekeeping: Housekeeping) -> None:
         self.settings = ctx.settings
+        self.keys = ctx.keys
         self.redis = ctx.redis
         self.leadership = ctx.leadership
         self.scheduler = ctx.scheduler
@@ -48,19 +49,19 @@ class Inbox:
 
     def start_at_the_end(self) -> None:
         """Read only what arrives from now on (what came before is recovered, not replayed)."""
-        self.inbox_id = self._last_id(streams.BATCHER_INBOX)
-        self._requests_seen_id = self._last_id(streams.REQUESTS_STREAM)
+        self.inbox_id = self._last_id(self.keys.inbox)
+        self._requests_seen_id = self._last_id(self.keys.requests)
 
     def receive(self, until: float) -> None:
         """Wait (bounded, at most until `until`) for anything addressed to the batcher, then take it in."""
         block_ms = max(1, min(MAX_BLOCK_MS, int((until - time.time()) * 1000)))
         resp: Any = self.redis.xread(
-            {streams.BATCHER_INBOX: self.inbox_id, streams.REQUESTS_STREAM: self._requests_seen_id},
+            {self.keys.inbox: self.inbox_id, self.keys.requests: self._requests_seen_id},
             block=block_ms,
         )
         saw_requests = False
         for name, entries in resp or []:
-            if as_str(name) == streams.REQUESTS_STREAM:
+            if as_str(name) == self.keys.requests:
                 self._requests_seen_id = as_str(entries[-1][0])
                 saw_requests = True
                 continue
@@ -80,7 +81,7 @@ class Inbox:
         resp: Any = self.redis.xreadgroup(
             streams.BATCHER_GROUP,
             self.settings.batcher_id,
-            {streams.REQUESTS_STREAM: ">"},
+            {self.keys.requests: ">"},
             count=READ_COUNT,
         )
         now = time.time()
@@ -101,7 +102,7 @@ class Inbox:
         if replay_aborts:
             # Aborts the old leader may not have applied (early ones are kept until their request).
             since_ms = int(entries[0][0].split("-")[0]) - 5000
-            for abort in recovery.aborts_since(self.redis, f"{max(since_ms, 0)}-0", self.inbox_id):
+            for abort in recovery.aborts_since(self.redis, self.keys, f"{max(since_ms, 0)}-0", self.inbox_id):
                 self._abort(abort.req_id, abort.reason)
         now = time.time()
         for entry_id, fields in entries:
@@ -119,13 +120,21 @@ class Inbox:
         except (KeyError, msgspec.DecodeError) as e:
             log.warning("dead-lettering malformed request entry %s: %s", entry_id, e)
             self.outbox.dead_letter(fields, entry_id, f"unreadable request: {e}", 1)
-            pipe.xack(streams.REQUESTS_STREAM, streams.BATCHER_GROUP, entry_id)
+            pipe.xack(self.keys.requests, streams.BATCHER_GROUP, entry_id)
+            return
+        placed_in = streams.cell_of(msg.req_id)
+        if placed_in != self.keys.cell:
+            # Its keys are in another cell's slot, where this cell's workers cannot write atomically.
+            error = f"request {msg.req_id!r} is placed in cell {placed_in!r}, not {self.keys.cell!r}"
+            log.warning("dead-lettering %s", error)
+            self.outbox.dead_letter(fields, entry_id, error, 1)
+            pipe.xack(self.keys.requests, streams.BATCHER_GROUP, entry_id)
             return
         req = Request.from_message(msg, entry_id)
         if history is not None:
             if history.finished:  # it ended before the old batcher could acknowledge it
                 self.outbox.expire_request_keys(req.req_id)
-                pipe.xack(streams.REQUESTS_STREAM, streams.BATCHER_GROUP, entry_id)
+                pipe.xack(self.keys.requests, streams.BATCHER_GROUP, entry_id)
                 return
             # Recomputed from prompt + what its client has; readers need a newer attempt than theirs.
             req.output_token_ids = history.output_token_ids

@@ -29,7 +29,7 @@ log = logging.getLogger("batcher")
 
 
 def serve(settings: BatcherSettings, client: redis.Redis, stop: threading.Event) -> None:
-    leadership = Leadership(client, settings.batcher_id, settings.lease_ttl_s)
+    leadership = Leadership(client, settings.batcher_id, settings.lease_ttl_s, settings.cell)
     waiting_logged = False
     after_outage = False  # the next leader term must fence and rebuild even at epoch 1
     try:
@@ -38,7 +38,9 @@ def serve(settings: BatcherSettings, client: redis.Redis, stop: threading.Event)
                 if not leadership.acquire(reclaim=after_outage):
                     if not waiting_logged:
                         log.info(
-                            "batcher %s on standby; active: %s", settings.batcher_id, current_leader(client)
+                            "batcher %s on standby; active: %s",
+                            settings.batcher_id,
+                            current_leader(client, settings.cell),
                         )
                         waiting_logged = True
                     stop.wait(settings.standby_poll_s)

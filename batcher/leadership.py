@@ -20,7 +20,7 @@ import redis
 from common.lease_scripts import RELEASE as _RELEASE
 from common.lease_scripts import RENEW as _RENEW
 from common.protocol import FIELD
-from common.streams import BATCHER_EPOCH, BATCHER_LEASE
+from common.streams import DEFAULT_CELL, cell_keys
 
 log = logging.getLogger("batcher.leadership")
 
@@ -51,8 +51,9 @@ class LeadershipLost(Exception):
 class Leadership:
     """One batcher's claim to be the active one. `epoch` is 0 until `acquire` succeeds."""
 
-    def __init__(self, client: redis.Redis, batcher_id: str, ttl_s: float) -> None:
+    def __init__(self, client: redis.Redis, batcher_id: str, ttl_s: float, cell: str = DEFAULT_CELL) -> None:
         self.client = client
+        self.keys = cell_keys(cell)
         self.batcher_id = batcher_id
         self.ttl_ms = max(1, int(ttl_s * 1000))
         self.epoch = 0
@@ -75,7 +76,7 @@ class Leadership:
         started = time.monotonic()
         previous = self.value if reclaim else ""
         args: list[str | int] = [self.batcher_id, self.ttl_ms, previous]
-        epoch = int(self._acquire(keys=[BATCHER_LEASE, BATCHER_EPOCH], args=args))
+        epoch = int(self._acquire(keys=[self.keys.lease, self.keys.epoch], args=args))
         if not epoch:
             return False
         self.epoch = epoch
@@ -92,7 +93,7 @@ class Leadership:
         now = time.monotonic()
         if now < self._renew_at:
             return
-        if not self.value or not self._renew(keys=[BATCHER_LEASE], args=[self.value, self.ttl_ms]):
+        if not self.value or not self._renew(keys=[self.keys.lease], args=[self.value, self.ttl_ms]):
             self.value = ""
             raise LeadershipLost(f"batcher {self.batcher_id} lost the lease of epoch {self.epoch}")
         self._mark_renewed(now)
@@ -100,7 +101,7 @@ class Leadership:
     def release(self) -> None:
         """On a clean stop: a standby takes over at once instead of after the TTL."""
         if self.value:
-            self._release(keys=[BATCHER_LEASE], args=[self.value])
+            self._release(keys=[self.keys.lease], args=[self.value])
             self.value = ""
 
     def queue_steps(
@@ -113,9 +114,10 @@ class Leadership:
         EVALSHA directly, not a Script call on the pipeline, which would cost a SCRIPT EXISTS round
         trip on every execute; the rare NOSCRIPT (a restarted Redis) falls back to a plain call.
         """
-        keys = [BATCHER_LEASE, *(stream for stream, _ in steps)]
+        keys = [self.keys.lease, *(stream for stream, _ in steps)]
         args: list[Any] = [self.value, FIELD, min_id, *(step for _, step in steps)]
-        pipe.evalsha(self._send_steps.sha, len(keys), *keys, *args)
+        # As a raw command: redis-py's cluster pipeline refuses `evalsha`, for the NOSCRIPT handled here.
+        pipe.execute_command("EVALSHA", self._send_steps.sha, len(keys), *keys, *args)
 
         def sent(result: Any) -> bool:
             if isinstance(result, redis.exceptions.NoScriptError):
@@ -130,7 +132,7 @@ class Leadership:
         self._renew_at = started + self._renew_every_s
 
 
-def current_leader(client: redis.Redis) -> str | None:
-    """The current lease value ("<epoch>:<batcher_id>"), or None when no batcher is active."""
-    raw: Any = client.get(BATCHER_LEASE)
+def current_leader(client: redis.Redis, cell: str = DEFAULT_CELL) -> str | None:
+    """The cell's lease value ("<epoch>:<batcher_id>"), or None when no batcher is active there."""
+    raw: Any = client.get(cell_keys(cell).lease)
     return raw.decode() if isinstance(raw, bytes) else raw

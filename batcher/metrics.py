@@ -81,12 +81,12 @@ class BatcherMetrics:
         if out.worker_id in self._scheduler.workers:
             self.workers.setdefault(out.worker_id, WorkerHistograms()).step_time.observe(out.step_time)
 
-    def publish(self, pipe: redis.client.Pipeline, now: float) -> None:
+    def publish(self, pipe: redis.client.Pipeline, keys: streams.CellKeys, now: float) -> None:
         """Queue the snapshot on `pipe` when the interval has passed since the last one."""
         if now < self._next_publish:
             return
         self._next_publish = now + self._interval_s
-        pipe.set(streams.BATCHER_METRICS, encode_snapshot(self.snapshot(now)))
+        pipe.set(keys.metrics, encode_snapshot(self.snapshot(now)))
 
     def snapshot(self, now: float) -> MetricsSnapshot:
         workers: dict[str, WorkerMetrics] = {}

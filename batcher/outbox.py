@@ -18,8 +18,9 @@ ABORTED = "the request was aborted by the gateway (its client left without resum
 
 
 class Outbox:
-    def __init__(self, pipe: redis.client.Pipeline, retention_s: int) -> None:
+    def __init__(self, pipe: redis.client.Pipeline, retention_s: int, keys: streams.CellKeys) -> None:
         self.pipe = pipe
+        self.keys = keys
         self.retention_s = retention_s
         self.stats_dirty = True  # the stats hash needs publishing with the next execute
 
@@ -44,7 +45,7 @@ class Outbox:
             if req.dead_letter:
                 fields = {FIELD: encode(req.to_message())}
                 self.dead_letter(fields, req.entry_id, req.error or "", req.num_failed_deliveries)
-            self.pipe.xack(streams.REQUESTS_STREAM, streams.BATCHER_GROUP, req.entry_id)
+            self.pipe.xack(self.keys.requests, streams.BATCHER_GROUP, req.entry_id)
             self.stats_dirty = True
 
     def expire_request_keys(self, req_id: str) -> None:
@@ -62,4 +63,4 @@ class Outbox:
             b"error": error,
             b"deliveries": deliveries,
         }
-        self.pipe.xadd(streams.DEAD_LETTER_STREAM, entry, minid=self.min_id(), approximate=True)  # type: ignore[arg-type]
+        self.pipe.xadd(self.keys.dead_letter, entry, minid=self.min_id(), approximate=True)  # type: ignore[arg-type]

@@ -43,33 +43,33 @@ class TokenHistory:
     finished: bool = False  # a last token or an error is on the stream: only the ack is missing
 
 
-def fence_workers(client: redis.Redis) -> list[str]:
+def fence_workers(client: redis.Redis, keys: streams.CellKeys) -> list[str]:
     """Revoke every worker's registration (see gpu_worker/fence.py) and drop its steps stream.
 
     A worker holds requests (and KV) from the old leader's steps and may be computing one; once
     fenced, none of that can reach a token stream, and the worker joins again under a new id with an
     empty pool. Its requests' token streams are final from here on, so reading them is exact.
     """
-    raw: Any = client.hkeys(streams.WORKERS_HASH)
+    raw: Any = client.hkeys(keys.workers)
     worker_ids = [_s(w) for w in raw]
     if worker_ids:
         pipe = client.pipeline(transaction=True)
-        pipe.hdel(streams.WORKERS_HASH, *worker_ids)
-        pipe.zrem(streams.WORKERS_HEARTBEAT, *worker_ids)
-        pipe.delete(*(streams.worker_steps(w) for w in worker_ids))
-        pipe.hdel(streams.BATCHER_STATS, *(f"num_steps:{w}" for w in worker_ids))
+        pipe.hdel(keys.workers, *worker_ids)
+        pipe.zrem(keys.heartbeat, *worker_ids)
+        pipe.delete(*(keys.worker_steps(w) for w in worker_ids))
+        pipe.hdel(keys.stats, *(f"num_steps:{w}" for w in worker_ids))
         pipe.execute()
     return worker_ids
 
 
-def claim_pending(client: redis.Redis, consumer: str) -> list[Entry]:
+def claim_pending(client: redis.Redis, keys: streams.CellKeys, consumer: str) -> list[Entry]:
     """Claim every pending entry of the group, whichever consumer (a dead batcher, or this one's own
     name on a restart) holds it, oldest first."""
     entries: list[Entry] = []
     start = "0-0"
     while True:
         resp: Any = client.xautoclaim(
-            streams.REQUESTS_STREAM, streams.BATCHER_GROUP, consumer, 0, start_id=start, count=CHUNK
+            keys.requests, streams.BATCHER_GROUP, consumer, 0, start_id=start, count=CHUNK
         )
         start = _s(resp[0])
         # Entries trimmed from the stream come back without fields (Redis 7 drops them from the list).
@@ -78,36 +78,36 @@ def claim_pending(client: redis.Redis, consumer: str) -> list[Entry]:
             return entries
 
 
-def drop_idle_consumers(client: redis.Redis, keep: str) -> list[str]:
+def drop_idle_consumers(client: redis.Redis, keys: streams.CellKeys, keep: str) -> list[str]:
     """Delete the group's consumers other than `keep` that hold nothing: the names of batchers that
     ran before (one per process, `host-pid`), which would otherwise pile up with every restart."""
-    rows: Any = client.xinfo_consumers(streams.REQUESTS_STREAM, streams.BATCHER_GROUP)
+    rows: Any = client.xinfo_consumers(keys.requests, streams.BATCHER_GROUP)
     idle = [_s(row["name"]) for row in rows if _s(row["name"]) != keep and not row["pending"]]
     if idle:
         pipe = client.pipeline(transaction=False)
         for name in idle:
-            pipe.xgroup_delconsumer(streams.REQUESTS_STREAM, streams.BATCHER_GROUP, name)
+            pipe.xgroup_delconsumer(keys.requests, streams.BATCHER_GROUP, name)
         pipe.execute()
     return idle
 
 
-def claim_from_others(client: redis.Redis, consumer: str) -> list[Entry]:
+def claim_from_others(client: redis.Redis, keys: streams.CellKeys, consumer: str) -> list[Entry]:
     """Claim entries that other consumers hold. Only the leader reads the group, but an old leader
     waking from a pause can read a few entries before it finds out it lost the lease."""
-    summary: Any = client.xpending(streams.REQUESTS_STREAM, streams.BATCHER_GROUP)
+    summary: Any = client.xpending(keys.requests, streams.BATCHER_GROUP)
     others = [_s(c["name"]) for c in summary.get("consumers") or [] if _s(c["name"]) != consumer]
     if not others:
         return []
     ids: list[Any] = []
     for other in others:
         rows: Any = client.xpending_range(
-            streams.REQUESTS_STREAM, streams.BATCHER_GROUP, "-", "+", 10_000, consumername=other
+            keys.requests, streams.BATCHER_GROUP, "-", "+", 10_000, consumername=other
         )
         ids += [_s(r["message_id"]) for r in rows]
     entries: list[Entry] = []
     for i in range(0, len(ids), CHUNK):
         chunk = ids[i : i + CHUNK]
-        resp: Any = client.xclaim(streams.REQUESTS_STREAM, streams.BATCHER_GROUP, consumer, 0, chunk)
+        resp: Any = client.xclaim(keys.requests, streams.BATCHER_GROUP, consumer, 0, chunk)
         entries += [(_s(eid), fields) for eid, fields in resp if fields]
     return entries
 
@@ -148,12 +148,14 @@ def _history(rows: list[tuple[bytes, dict[bytes, bytes]]]) -> TokenHistory:
     return h
 
 
-def aborts_since(client: redis.Redis, first_id: str, last_id: str) -> Iterator[AbortRequest]:
+def aborts_since(
+    client: redis.Redis, keys: streams.CellKeys, first_id: str, last_id: str
+) -> Iterator[AbortRequest]:
     """Aborts in the inbox between two ids: those the old leader may not have applied. Bounded by
     the oldest pending request (an abort comes after its request, give or take a few ms)."""
     start = first_id
     while True:
-        rows: Any = client.xrange(streams.BATCHER_INBOX, start, last_id, count=CHUNK * 4)
+        rows: Any = client.xrange(keys.inbox, start, last_id, count=CHUNK * 4)
         for msg in _decoded(rows, decode_inbox):
             if isinstance(msg, AbortRequest):
                 yield msg

@@ -36,21 +36,23 @@ class StreamTrimmer:
     def due(self, now: float) -> bool:
         return now >= self._next_at
 
-    def trim(self, client: redis.Redis, inbox_read_id: str, now: float | None = None) -> None:
+    def trim(
+        self, client: redis.Redis, keys: streams.CellKeys, inbox_read_id: str, now: float | None = None
+    ) -> None:
         """Two round trips: where the oldest pending request is, then the three trims."""
         now = time.time() if now is None else now
         self._next_at = now + TRIM_INTERVAL_S
         cutoff = (max(int((now - self.retention_s) * 1000), 0), 0)
-        summary: Any = client.xpending(streams.REQUESTS_STREAM, streams.BATCHER_GROUP)
+        summary: Any = client.xpending(keys.requests, streams.BATCHER_GROUP)
         requests_floor = cutoff
         if summary["pending"]:
             requests_floor = min(cutoff, entry_key(as_str(summary["min"])))
         read_ms, read_seq = entry_key(inbox_read_id)
         inbox_floor = min(cutoff, (read_ms, read_seq + 1))  # everything read may go
         pipe = client.pipeline(transaction=False)
-        pipe.xtrim(streams.REQUESTS_STREAM, minid=_id(requests_floor), approximate=False)
-        pipe.xtrim(streams.BATCHER_INBOX, minid=_id(inbox_floor), approximate=False)
-        pipe.xtrim(streams.DEAD_LETTER_STREAM, minid=_id(cutoff), approximate=False)
+        pipe.xtrim(keys.requests, minid=_id(requests_floor), approximate=False)
+        pipe.xtrim(keys.inbox, minid=_id(inbox_floor), approximate=False)
+        pipe.xtrim(keys.dead_letter, minid=_id(cutoff), approximate=False)
         pipe.execute()
 
 

@@ -62,8 +62,9 @@ class Batcher:
             )
         )
         self.metrics = BatcherMetrics(self.scheduler)
+        self.keys = streams.cell_keys(settings.cell)
         self._pipe = client.pipeline(transaction=False)
-        self.outbox = Outbox(self._pipe, settings.retention_s)
+        self.outbox = Outbox(self._pipe, settings.retention_s, self.keys)
         ctx = BatcherContext(settings, client, leadership, self.scheduler, self.outbox)
         self.housekeeping = Housekeeping(ctx)
         self.inbox = Inbox(ctx, self.metrics, self.housekeeping)
@@ -77,7 +78,7 @@ class Batcher:
     # ----- lifecycle -----------------------------------------------------------------------------
     def setup(self) -> None:
         try:
-            self.redis.xgroup_create(streams.REQUESTS_STREAM, streams.BATCHER_GROUP, id="0", mkstream=True)
+            self.redis.xgroup_create(self.keys.requests, streams.BATCHER_GROUP, id="0", mkstream=True)
         except redis.ResponseError as e:
             if "BUSYGROUP" not in str(e):
                 raise
@@ -86,13 +87,13 @@ class Batcher:
             # the workers. Fenced first, so that the token streams read next are final and nothing
             # of the old state can land later. After an outage the epoch alone is no guide: a Redis
             # killed with AOF everysec may have lost the last second's INCR of it.
-            fenced = recovery.fence_workers(self.redis)
+            fenced = recovery.fence_workers(self.redis, self.keys)
             log.info("fenced the workers of the previous batcher: %s", fenced)
         self.inbox.start_at_the_end()
-        pending = recovery.claim_pending(self.redis, self.settings.batcher_id)
+        pending = recovery.claim_pending(self.redis, self.keys, self.settings.batcher_id)
         self.inbox.recover(pending, replay_aborts=True)
         # Every pending entry is ours now: the names of earlier batchers would only accumulate.
-        recovery.drop_idle_consumers(self.redis, self.settings.batcher_id)
+        recovery.drop_idle_consumers(self.redis, self.keys, self.settings.batcher_id)
         self.inbox.claim_requests()  # whatever arrived before we started
         self.housekeeping.check_workers(time.time())
         self.housekeeping.settle(time.time())
@@ -114,7 +115,7 @@ class Batcher:
             chores.check_workers(now)
             # A safety net under the XREAD wake-up: whatever is still unclaimed is taken now.
             self.inbox.claim_requests()
-            self.inbox.recover(recovery.claim_from_others(self.redis, self.settings.batcher_id))
+            self.inbox.recover(recovery.claim_from_others(self.redis, self.keys, self.settings.batcher_id))
         chores.tidy(now, self.inbox.inbox_id)
         self.schedule()
         self.send()
@@ -130,7 +131,7 @@ class Batcher:
                 if out is None:
                     break
                 out.epoch = self.leadership.epoch
-                self._steps.append((streams.worker_steps(worker_id), encode(out)))
+                self._steps.append((self.keys.worker_steps(worker_id), encode(out)))
                 now = time.time()
                 self.metrics.on_step_sent(worker_id, out, now)
                 self._trace(ws, out, now)
@@ -141,15 +142,15 @@ class Batcher:
         if self.settings.trace_maxlen:
             trace = encode_trace(step_trace(ws, out, len(self.scheduler.waiting), now))
             maxlen = self.settings.trace_maxlen
-            self._pipe.xadd(streams.BATCHER_TRACE, {FIELD: trace}, maxlen=maxlen, approximate=True)
+            self._pipe.xadd(self.keys.trace, {FIELD: trace}, maxlen=maxlen, approximate=True)
 
     def send(self) -> None:
         """Everything queued this iteration in one round trip; the steps only while we lead."""
         self.leadership.check()
         if self.outbox.stats_dirty:
-            self._pipe.hset(streams.BATCHER_STATS, mapping=self._stats())  # type: ignore[arg-type]
+            self._pipe.hset(self.keys.stats, mapping=self._stats())  # type: ignore[arg-type]
             self.outbox.stats_dirty = False
-        self.metrics.publish(self._pipe, time.time())
+        self.metrics.publish(self._pipe, self.keys, time.time())
         steps_sent = None
         if self._steps:
             steps_sent = self.leadership.queue_steps(self._pipe, self._steps, self.outbox.min_id())

@@ -10,7 +10,13 @@ from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from common.logging_setup import LogFormat
-from common.settings import log_format_field, redis_url_field, retention_field
+from common.settings import (
+    cell_field,
+    log_format_field,
+    redis_cluster_field,
+    redis_url_field,
+    retention_field,
+)
 
 
 def _default_batcher_id() -> str:
@@ -21,6 +27,8 @@ class BatcherSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="BATCHER_", extra="ignore")
 
     redis_url: str = redis_url_field()
+    redis_cluster: bool = redis_cluster_field()
+    cell: str = cell_field()
     log_format: LogFormat = log_format_field()
     retention_s: int = retention_field()
     # Each worker registers its own limits (WORKER_MAX_NUM_SEQS, ...); these only cap them.

@@ -243,7 +243,9 @@ def _joined_workers(redis_url: str, started_at: float) -> int:
     """Workers the batcher has joined since this launch, read from its stats in Redis."""
     client = redis.Redis.from_url(redis_url, socket_connect_timeout=2.0, socket_timeout=2.0)
     try:
-        stats: Any = client.hmget(streams.BATCHER_STATS, ["num_workers", "updated_at"])
+        # The cell the children inherit (CBSERVE_CELL), whose batcher they join.
+        cell = os.environ.get("CBSERVE_CELL") or streams.DEFAULT_CELL
+        stats: Any = client.hmget(streams.cell_keys(cell).stats, ["num_workers", "updated_at"])
     except redis.RedisError:
         stats = [None, None]
     finally:

@@ -20,6 +20,7 @@ from cbserve_celery.batch_task import add_batch_task
 from cbserve_celery.generation import parse_sampling_params, req_id_for_task, run_generation
 from cbserve_celery.settings import CelerySettings
 from common.redis_conn import connect
+from common.streams import placed_req_id
 from openai_frontend.tokenizer import (
     ModelTokenizer,  # the `tokenizers` library alone, no transformers / torch
 )
@@ -39,7 +40,7 @@ class _Resources:
     def redis(self) -> redis.Redis:
         with self._lock:
             if self._redis is None:
-                self._redis = connect(self._settings.redis_url)
+                self._redis = connect(self._settings.redis_url, self._settings.redis_cluster)
             return self._redis
 
     def tokenizer(self) -> ModelTokenizer | None:
@@ -99,7 +100,7 @@ def make_app(settings: CelerySettings) -> Celery:
             prompt_token_ids = tokenizer.encode(prompt, add_special_tokens=True)
         else:
             prompt_token_ids = [int(t) for t in prompt]
-        req_id = req_id_for_task(str(self.request.id))
+        req_id = placed_req_id(settings.cell, req_id_for_task(str(self.request.id)))
         token_ids, finish_reason = run_generation(
             resources.redis(),
             req_id,

@@ -23,9 +23,8 @@ import redis.asyncio as aioredis
 import redis.exceptions
 
 from cbserve_celery.batch_claim import BatchClaim
-from common.redis_conn import connect_async
 from common.stream_client import abort_async
-from common.streams import batch_claim
+from common.streams import DEFAULT_CELL, batch_claim, placed_req_id
 from openai_frontend.batch_input import InputLine, parse_input
 from openai_frontend.batch_lines import (
     LineContext,
@@ -73,6 +72,7 @@ class RunConfig:
     max_lines_in_flight: int  # lines of this batch generating at once
     slice_s: float  # a run ends after this long and hands the batch to a new task
     claim_ttl_s: float
+    cell: str = DEFAULT_CELL  # the cell the lines' requests are placed in (CBSERVE_CELL)
 
 
 def output_file_id(batch_id: str, kind: str) -> str:
@@ -81,9 +81,9 @@ def output_file_id(batch_id: str, kind: str) -> str:
 
 
 async def run_batch(
-    redis_url: str, batch_id: str, tokenizer: ModelTokenizer | None, model_root: str, config: RunConfig
+    redis: aioredis.Redis, batch_id: str, tokenizer: ModelTokenizer | None, model_root: str, config: RunConfig
 ) -> Outcome:
-    redis = connect_async(redis_url)
+    """Run (a slice of) the batch; closes `redis`, which the task made for this run."""
     try:
         store = BatchStore(redis)
         claim = BatchClaim(redis, batch_claim(batch_id), config.claim_ttl_s)
@@ -201,7 +201,9 @@ class _BatchRun:
                     return Outcome.DONE
                 while todo and len(in_flight) < config.max_lines_in_flight:
                     line, submitted = todo.popleft(), Submitted()
-                    req_id = line_req_id(spec.id, line.index, attempts.get(line.index, 0))
+                    req_id = placed_req_id(
+                        config.cell, line_req_id(spec.id, line.index, attempts.get(line.index, 0))
+                    )
                     in_flight[asyncio.create_task(run_line(ctx, line, req_id, submitted))] = (line, submitted)
                 finished, _ = await asyncio.wait(
                     in_flight, timeout=_CHECK_S, return_when=asyncio.FIRST_COMPLETED

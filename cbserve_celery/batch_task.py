@@ -16,6 +16,7 @@ from celery import Celery, Task
 
 from cbserve_celery.batch_runner import Outcome, RunConfig, run_batch
 from cbserve_celery.settings import CelerySettings
+from common.redis_conn import connect_async
 from openai_frontend.batch_objects import RUN_BATCH_TASK
 from openai_frontend.tokenizer import ModelTokenizer
 
@@ -27,13 +28,22 @@ def add_batch_task(
         max_lines_in_flight=settings.batch_max_lines_in_flight,
         slice_s=settings.batch_slice_s,
         claim_ttl_s=settings.batch_lease_ttl_s,
+        cell=settings.cell,
     )
     model_root = str(settings.model or "")
 
     @app.task(name=RUN_BATCH_TASK, bind=True, max_retries=None)
     def run_batch_task(self: Task, batch_id: str) -> str:
         try:
-            outcome = asyncio.run(run_batch(settings.redis_url, batch_id, tokenizer(), model_root, config))
+            outcome = asyncio.run(
+                run_batch(
+                    connect_async(settings.redis_url, settings.redis_cluster),
+                    batch_id,
+                    tokenizer(),
+                    model_root,
+                    config,
+                )
+            )
         except redis.exceptions.RedisError as exc:
             raise self.retry(exc=exc, countdown=config.claim_ttl_s) from exc
         if outcome is Outcome.CONTINUE:

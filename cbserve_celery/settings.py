@@ -11,7 +11,7 @@ from pydantic import AliasChoices, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from common.logging_setup import LogFormat
-from common.settings import log_format_field, redis_url_field
+from common.settings import cell_field, log_format_field, redis_cluster_field, redis_url_field
 
 
 class CelerySettings(BaseSettings):
@@ -19,6 +19,8 @@ class CelerySettings(BaseSettings):
 
     # cbserve's Redis, also the broker and the result backend.
     redis_url: str = redis_url_field()
+    redis_cluster: bool = redis_cluster_field()
+    cell: str = cell_field()
     # Model directory with tokenizer.json, for text prompts and text results; without it, token ids only.
     model: Path | None = Field(
         default=None, validation_alias=AliasChoices("CBSERVE_CELERY_MODEL", "MODEL", "model")

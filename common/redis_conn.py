@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, cast
+from urllib.parse import unquote
 
 import redis
 import redis.asyncio as aioredis
+import redis.asyncio.cluster as aiocluster
+import redis.cluster
 from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import NoBackoff
 from redis.maint_notifications import MaintNotificationsConfig
@@ -58,18 +61,65 @@ def _options() -> dict[str, Any]:
     }
 
 
-def connect(url: str) -> redis.Redis:
+def connect(url: str, cluster: bool = False) -> redis.Redis:
+    """A client of the Redis at `url`, or with `cluster` of the Redis Cluster whose nodes it names."""
+    if cluster:
+        return _connect_cluster(url)
     pool = _Pool.from_url(url, retry=Retry(NoBackoff(), 0), **_options())
     client = redis.Redis(connection_pool=pool)
     client.auto_close_connection_pool = True  # as from_url does: closing the client closes its pool
     return client
 
 
-def connect_async(url: str) -> aioredis.Redis:
+def connect_async(url: str, cluster: bool = False) -> aioredis.Redis:
+    if cluster:
+        return _connect_cluster_async(url)
     pool = _AsyncPool.from_url(url, max_connections=4096, retry=AsyncRetry(NoBackoff(), 0), **_options())
     client = aioredis.Redis(connection_pool=pool)
     client.auto_close_connection_pool = True
     return client
+
+
+# ----- Redis Cluster ---------------------------------------------------------------------------------
+# Every multi-key command and script of cbserve names keys of one slot (common/streams.py), which is
+# what RedisCluster routes. It keeps redis-py's own retries: they carry MOVED / ASK redirections and a
+# failover to a replica; a repeated write is harmless where it matters (readers drop duplicate token
+# events, submit_once writes a request once). The clients are typed as Redis: they answer the same
+# commands, and every caller stays one type.
+
+
+def cluster_nodes(url: str) -> tuple[list[tuple[str, int]], dict[str, Any]]:
+    """`redis[s]://[user:password@]host:port,host:port[/0]` as (nodes, connection options)."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme not in ("redis", "rediss"):
+        raise ValueError("a cluster REDIS_URL looks like redis://[user:password@]host:port,host:port")
+    netloc, _, db = rest.partition("/")
+    if db.split("?")[0] not in ("", "0"):
+        raise ValueError("Redis Cluster has only database 0: drop the /<db> from REDIS_URL")
+    auth, _, hosts = netloc.rpartition("@")
+    options: dict[str, Any] = {"ssl": scheme == "rediss"}
+    if auth:
+        user, _, password = auth.partition(":")
+        options.update(username=unquote(user) or None, password=unquote(password) or None)
+    nodes = []
+    for node in hosts.split(","):
+        host, _, port = node.strip().rpartition(":")
+        nodes.append((host.strip("[]") or node.strip(), int(port or 6379)))
+    return nodes, options
+
+
+def _connect_cluster(url: str) -> redis.Redis:
+    nodes, options = cluster_nodes(url)
+    startup = [redis.cluster.ClusterNode(host, port) for host, port in nodes]
+    client = redis.cluster.RedisCluster(startup_nodes=startup, **options, **_options())
+    return cast(redis.Redis, client)
+
+
+def _connect_cluster_async(url: str) -> aioredis.Redis:
+    nodes, options = cluster_nodes(url)
+    startup = [aiocluster.ClusterNode(host, port) for host, port in nodes]
+    client = aiocluster.RedisCluster(startup_nodes=startup, max_connections=4096, **options, **_options())
+    return cast(aioredis.Redis, client)
 
 
 def entry_key(entry_id: str) -> tuple[int, int]:

@@ -13,13 +13,13 @@ import redis.asyncio as aioredis
 import redis.exceptions
 
 from common.redis_conn import as_str, entry_key
-from common.streams import BATCHER_GROUP, REQUESTS_STREAM, submitted_key, token_stream
+from common.streams import BATCHER_GROUP, cell_keys, cell_of, submitted_key, token_stream
 
 
-async def _claimed(r: aioredis.Redis, entry_id: str) -> bool:
+async def _claimed(r: aioredis.Redis, requests: str, entry_id: str) -> bool:
     """Whether the batchers' group has read the entry (pending or acknowledged since)."""
     try:
-        groups = await r.xinfo_groups(REQUESTS_STREAM)
+        groups = await r.xinfo_groups(requests)
     except redis.exceptions.ResponseError:
         return False  # no stream yet
     for group in groups:
@@ -39,10 +39,11 @@ async def result_lost(r: aioredis.Redis, req_id: str) -> bool:
     if marker is None or marker == b"1":
         return False  # not submitted with submit_once (or by an older version that kept no entry id)
     entry_id = as_str(marker)
+    requests = cell_keys(cell_of(req_id)).requests
     try:
-        pending = await r.xpending_range(REQUESTS_STREAM, BATCHER_GROUP, entry_id, entry_id, 1)
+        pending = await r.xpending_range(requests, BATCHER_GROUP, entry_id, entry_id, 1)
     except redis.exceptions.ResponseError:
         return False  # no group yet: no batcher has read anything
-    if pending or not await _claimed(r, entry_id):
+    if pending or not await _claimed(r, requests, entry_id):
         return False
     return not await r.exists(token_stream(req_id))

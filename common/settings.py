@@ -7,6 +7,7 @@ from typing import Any
 from pydantic import AliasChoices, Field
 
 from common.redis_conn import RETENTION_S
+from common.streams import DEFAULT_CELL
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 
@@ -37,4 +38,25 @@ def retention_field() -> Any:
         validation_alias=AliasChoices("CBSERVE_RETENTION_S", "retention_s"),
         description="Seconds a finished request's token stream and keys stay readable (the resume "
         "window), and the age past which stream entries are trimmed.",
+    )
+
+
+def redis_cluster_field() -> Any:
+    """`REDIS_CLUSTER`, read without the service's prefix, like REDIS_URL."""
+    return Field(
+        default=False,
+        validation_alias=AliasChoices("REDIS_CLUSTER", "redis_cluster"),
+        description="REDIS_URL names Redis Cluster nodes (redis://host:port,host:port/0): talk to the "
+        "cluster through redis-py's RedisCluster.",
+    )
+
+
+def cell_field() -> Any:
+    """`CBSERVE_CELL`, read without the service's prefix: the cell a service belongs to."""
+    return Field(
+        default=DEFAULT_CELL,
+        validation_alias=AliasChoices("CBSERVE_CELL", "cell"),
+        pattern=r"^[a-z0-9][a-z0-9-]{0,31}$",
+        description="The cell (one batcher, its standbys and its workers) whose keys a service uses; "
+        "the gateway and Celery clients place their requests in it.",
     )

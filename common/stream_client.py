@@ -17,7 +17,7 @@ import redis.asyncio as aioredis
 
 from common.protocol import FIELD, AbortRequest, GenerateRequest, PromptEvent, TokenEvent, encode
 from common.redis_conn import MAX_BLOCK_MS, min_id
-from common.streams import BATCHER_INBOX, REQUESTS_STREAM, submitted_key, token_stream
+from common.streams import DEFAULT_CELL, cell_keys, cell_of, placed_req_id, submitted_key, token_stream
 from common.token_reader import EventFilter, RequestTimedOut, accept_entry
 
 # A request id submitted with submit_once is remembered this long: longer than any request runs
@@ -39,9 +39,10 @@ return 0
 """
 
 
-def new_req_id() -> str:
-    """An unguessable id: it names the token stream, which anyone holding the id can read."""
-    return secrets.token_hex(16)
+def new_req_id(cell: str = DEFAULT_CELL) -> str:
+    """An unguessable id placed in `cell`: it names the token stream, which anyone holding the id can
+    read, and the cell whose requests stream and keys the request uses."""
+    return placed_req_id(cell, secrets.token_hex(16))
 
 
 def request_entry(request: GenerateRequest) -> dict[Any, Any]:
@@ -49,19 +50,19 @@ def request_entry(request: GenerateRequest) -> dict[Any, Any]:
 
 
 def submit(r: redis.Redis, request: GenerateRequest) -> str:
-    """Append `request` to the requests stream; returns its req_id. No trim: the active batcher trims
-    the stream by age, sparing entries still pending (docs/protocol.md)."""
-    r.xadd(REQUESTS_STREAM, request_entry(request))
+    """Append `request` to the requests stream of its cell (from its id); returns its req_id. No trim:
+    the active batcher trims the stream by age, sparing entries still pending (docs/protocol.md)."""
+    r.xadd(cell_keys(cell_of(request.req_id)).requests, request_entry(request))
     return request.req_id
 
 
 async def submit_async(r: aioredis.Redis, request: GenerateRequest) -> str:
-    await r.xadd(REQUESTS_STREAM, request_entry(request))
+    await r.xadd(cell_keys(cell_of(request.req_id)).requests, request_entry(request))
     return request.req_id
 
 
 def _submit_once_args(request: GenerateRequest) -> tuple[Any, ...]:
-    keys = (REQUESTS_STREAM, submitted_key(request.req_id))
+    keys = (cell_keys(cell_of(request.req_id)).requests, submitted_key(request.req_id))  # one slot
     return (_SUBMIT_ONCE, 2, *keys, FIELD, encode(request), SUBMITTED_TTL_S)
 
 
@@ -82,12 +83,12 @@ def submit_once_on(pipe: Any, request: GenerateRequest) -> None:
 def abort(r: redis.Redis, req_id: str, reason: str = "abort") -> None:
     """Ask the batcher to stop `req_id`; its stream then ends without a normal finish."""
     message = encode(AbortRequest(req_id=req_id, reason=reason))
-    r.xadd(BATCHER_INBOX, {FIELD: message}, minid=min_id(), approximate=True)
+    r.xadd(cell_keys(cell_of(req_id)).inbox, {FIELD: message}, minid=min_id(), approximate=True)
 
 
 async def abort_async(r: aioredis.Redis, req_id: str, reason: str = "abort") -> None:
     message = encode(AbortRequest(req_id=req_id, reason=reason))
-    await r.xadd(BATCHER_INBOX, {FIELD: message}, minid=min_id(), approximate=True)
+    await r.xadd(cell_keys(cell_of(req_id)).inbox, {FIELD: message}, minid=min_id(), approximate=True)
 
 
 def _entries(reply: Any) -> list[tuple[str, dict[bytes, bytes]]]:

@@ -22,6 +22,7 @@ from gateway.api import (
 from gateway.api.error_handlers import install_error_handlers
 from gateway.app_state import GatewayState
 from gateway.batch_queue import BatchQueue
+from gateway.cell_router import CellRouter
 from gateway.model_loader import load_served_model
 from gateway.observability.metrics import GatewayMetrics
 from gateway.security.api_keys import ApiKeys
@@ -47,7 +48,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        redis = connect_async(settings.redis_url)
+        redis = connect_async(settings.redis_url, settings.redis_cluster)
         metrics = GatewayMetrics(served.name)
         runner = RequestRunner(
             redis, served, settings.request_timeout_s, metrics, settings.retention_s, settings.resume_grace_s
@@ -65,6 +66,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
             batches=BatchStore(redis),
             batch_queue=batch_queue,
             responses=responses,
+            router=CellRouter(settings.placement_cells),
         )
         try:
             yield

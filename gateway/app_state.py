@@ -7,7 +7,9 @@ from dataclasses import dataclass
 import redis.asyncio as aioredis
 from starlette.requests import Request
 
+from common.streams import CellKeys, cell_keys
 from gateway.batch_queue import BatchQueue
+from gateway.cell_router import CellRouter
 from gateway.observability.metrics import GatewayMetrics
 from gateway.security.rate_limit import RateLimiter
 from gateway.settings import GatewaySettings
@@ -30,6 +32,12 @@ class GatewayState:
     batches: BatchStore  # the Batch API's batches
     batch_queue: BatchQueue  # hands new batches to the Celery workers
     responses: ResponsesRunner  # the Responses API's responses and their store
+    router: CellRouter  # which cell a new request goes to
+
+    @property
+    def keys(self) -> CellKeys:
+        """The keys of the cell this gateway places its requests in (CBSERVE_CELL)."""
+        return cell_keys(self.settings.cell)
 
 
 def get_state(request: Request) -> GatewayState:

@@ -8,7 +8,14 @@ from pydantic import AliasChoices, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from common.logging_setup import LogFormat
-from common.settings import log_format_field, redis_url_field, retention_field
+from common.settings import (
+    cell_field,
+    log_format_field,
+    redis_cluster_field,
+    redis_url_field,
+    retention_field,
+)
+from common.streams import check_cell
 from gateway.security.api_keys import parse_key_hashes
 
 
@@ -30,6 +37,11 @@ class GatewaySettings(BaseSettings):
     # before the request is aborted; 0 aborts even those at once.
     resume_grace_s: float = Field(default=30.0, ge=0)
     redis_url: str = redis_url_field()
+    redis_cluster: bool = redis_cluster_field()
+    cell: str = cell_field()
+    # Cells to place requests in, comma-separated (gateway/cell_router.py: least loaded, ties
+    # round-robin); empty: CBSERVE_CELL alone. /health, /metrics and the dashboard show CBSERVE_CELL.
+    cells: str = ""
     log_format: LogFormat = log_format_field()
     retention_s: int = retention_field()
 
@@ -90,6 +102,18 @@ class GatewaySettings(BaseSettings):
             )
         return value
 
+    @field_validator("cells")
+    @classmethod
+    def _check_cells(cls, value: str) -> str:
+        for cell in _split(value):
+            check_cell(cell)  # ValueError names the bad one
+        return value
+
+    @property
+    def placement_cells(self) -> list[str]:
+        """The cells this gateway places requests in."""
+        return _split(self.cells) or [self.cell]
+
     @field_validator("api_key_hashes")
     @classmethod
     def _hashes_parse(cls, value: str) -> str:
@@ -108,3 +132,7 @@ class GatewaySettings(BaseSettings):
     @property
     def model_name(self) -> str:
         return self.served_model_name or self.model.resolve().name
+
+
+def _split(cells: str) -> list[str]:
+    return [cell.strip() for cell in cells.split(",") if cell.strip()]

@@ -1,4 +1,4 @@
-"""A worker writes only while it is registered: its entry in `llm:workers` is its lease.
+"""A worker writes only while it is registered: its entry in its cell's workers hash is its lease.
 
 The batcher fences a worker it declares dead by deleting that entry. Every write that matters (token
 events + step result, heartbeat) is a Lua script that first checks the entry, so it runs whole or not
@@ -15,7 +15,7 @@ from typing import Any
 import redis
 
 from common.protocol import FIELD
-from common.streams import BATCHER_INBOX, WORKERS_HASH, WORKERS_HEARTBEAT
+from common.streams import CellKeys
 
 # KEYS: workers hash, inbox, steps stream, token streams...
 # ARGV: worker id, field, result, inbox MINID, steps MINID, token TTL, then (event, "1" if last) per stream.
@@ -49,7 +49,9 @@ class TokenWrite:
 class Fence:
     """The fenced writes of one worker id, as scripts loaded once per Redis (EVALSHA after that)."""
 
-    def __init__(self, client: redis.Redis) -> None:
+    def __init__(self, client: redis.Redis, keys: CellKeys) -> None:
+        # Every key of a script is in the cell's slot: the token streams are of requests placed there.
+        self._keys = keys
         self._publish = client.register_script(_PUBLISH)
         self._beat = client.register_script(_BEAT)
 
@@ -66,7 +68,7 @@ class Fence:
         token_ttl_s: int,
     ) -> bool:
         """Append the token events and the step result atomically; False when this worker is fenced."""
-        keys = [WORKERS_HASH, BATCHER_INBOX, steps_stream, *(t.stream for t in tokens)]
+        keys = [self._keys.workers, self._keys.inbox, steps_stream, *(t.stream for t in tokens)]
         args: list[Any] = [worker_id, FIELD, result, inbox_min_id, steps_min_id, token_ttl_s]
         for t in tokens:
             args += [t.event, "1" if t.last else "0"]
@@ -75,5 +77,5 @@ class Fence:
     def beat(self, client: redis.Redis, worker_id: str) -> bool:
         """Record a heartbeat; False when this worker is fenced (it must not look alive again)."""
         now_ms = int(time.time() * 1000)
-        keys = [WORKERS_HASH, WORKERS_HEARTBEAT]
+        keys = [self._keys.workers, self._keys.heartbeat]
         return bool(self._beat(keys=keys, args=[worker_id, now_ms], client=client))

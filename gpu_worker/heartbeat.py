@@ -8,6 +8,7 @@ from pathlib import Path
 
 import redis
 
+from common.streams import CellKeys
 from gpu_worker.fence import Fence
 
 logger = logging.getLogger(__name__)
@@ -19,10 +20,11 @@ class Heartbeat:
         client: redis.Redis,
         worker_id: str,
         interval_s: float,
+        keys: CellKeys,
         health_file: str | None = None,
     ) -> None:
         self._client = client
-        self._fence = Fence(client)
+        self._fence = Fence(client, keys)
         # Touched after each beat that reached Redis: a container healthcheck reads its age.
         self._health_file = Path(health_file) if health_file else None
         self._worker_id = worker_id

@@ -11,7 +11,13 @@ from pydantic import AliasChoices, Field, ValidationError, field_validator, mode
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from common.logging_setup import LogFormat
-from common.settings import log_format_field, redis_url_field, retention_field
+from common.settings import (
+    cell_field,
+    log_format_field,
+    redis_cluster_field,
+    redis_url_field,
+    retention_field,
+)
 
 Device = Literal["cpu", "cuda"]
 DType = Literal["auto", "float32", "bfloat16", "float16"]
@@ -115,6 +121,8 @@ class WorkerSettings(BaseSettings):
         description="File touched after every heartbeat that reached Redis (container healthchecks).",
     )
     redis_url: str = redis_url_field()
+    redis_cluster: bool = redis_cluster_field()
+    cell: str = cell_field()
     log_format: LogFormat = log_format_field()
     retention_s: int = retention_field()
 
@@ -191,6 +199,8 @@ _SOURCES = {
     "model": "--model, WORKER_MODEL or MODEL",
     "device": "--device or WORKER_DEVICE",
     "redis_url": "REDIS_URL",
+    "redis_cluster": "REDIS_CLUSTER",
+    "cell": "CBSERVE_CELL",
     "log_format": "LOG_FORMAT",
     "cbserve_retention_s": "CBSERVE_RETENTION_S",
 }

@@ -27,7 +27,7 @@ from common.protocol import (
 )
 from common.redis_conn import MAX_BLOCK_MS, connect, min_id
 from common.retry import REDIS_DOWN, Backoff
-from common.streams import BATCHER_INBOX, WORKERS_HASH, WORKERS_HEARTBEAT, token_stream, worker_steps
+from common.streams import cell_keys, token_stream
 from gpu_worker.fence import Fence, TokenWrite
 from gpu_worker.heartbeat import Heartbeat
 from gpu_worker.model_runner import ModelRunner
@@ -43,8 +43,9 @@ class Worker:
     def __init__(self, settings: WorkerSettings, runner: ModelRunner) -> None:
         self.settings = settings
         self.runner = runner
-        self.redis = connect(settings.redis_url)
-        self._fence = Fence(self.redis)
+        self.redis = connect(settings.redis_url, settings.redis_cluster)
+        self.keys = cell_keys(settings.cell)
+        self._fence = Fence(self.redis, self.keys)
         self._stopping = threading.Event()
         self._generation = 0  # times this process rejoined after being fenced
         self._use_id(settings.worker_id)
@@ -52,12 +53,13 @@ class Worker:
     def _use_id(self, worker_id: str) -> None:
         self.worker_id = worker_id
         self.runner.worker_id = worker_id
-        self.steps_stream = worker_steps(worker_id)
+        self.steps_stream = self.keys.worker_steps(worker_id)
         self._last_id = "0-0"  # the stream is new: this worker id has never existed before
         self._heartbeat = Heartbeat(
-            connect(self.settings.redis_url),
+            connect(self.settings.redis_url, self.settings.redis_cluster),
             worker_id,
             self.settings.heartbeat_interval_s,
+            self.keys,
             self.settings.health_file,
         )
 
@@ -146,7 +148,7 @@ class Worker:
         return self._fence.publish(
             self.redis,
             job.worker_id,
-            worker_steps(job.worker_id),
+            self.keys.worker_steps(job.worker_id),
             job.tokens,
             job.result,
             inbox_min_id=min_id(self.settings.retention_s),
@@ -175,17 +177,17 @@ class Worker:
     def register(self) -> None:
         info = encode(self.info())
         pipe = self.redis.pipeline(transaction=False)
-        pipe.hset(WORKERS_HASH, self.worker_id, info)
+        pipe.hset(self.keys.workers, self.worker_id, info)
         # Alive from the first moment, before the batcher can read the hello and look for a heartbeat.
-        pipe.zadd(WORKERS_HEARTBEAT, {self.worker_id: int(time.time() * 1000)})
-        pipe.xadd(BATCHER_INBOX, {FIELD: info}, minid=min_id(self.settings.retention_s), approximate=True)
+        pipe.zadd(self.keys.heartbeat, {self.worker_id: int(time.time() * 1000)})
+        pipe.xadd(self.keys.inbox, {FIELD: info}, minid=min_id(self.settings.retention_s), approximate=True)
         pipe.execute()
 
     def deregister(self) -> None:
         try:
             pipe = self.redis.pipeline(transaction=False)
-            pipe.hdel(WORKERS_HASH, self.worker_id)
-            pipe.zrem(WORKERS_HEARTBEAT, self.worker_id)
+            pipe.hdel(self.keys.workers, self.worker_id)
+            pipe.zrem(self.keys.heartbeat, self.worker_id)
             pipe.delete(self.steps_stream)
             pipe.execute()
         except redis.RedisError as exc:  # the batcher will see the heartbeat stop instead

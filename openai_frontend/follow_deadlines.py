@@ -1,7 +1,7 @@
 """Follow deadlines keep followed requests alive; held in Redis, so that they outlive this process.
 
 Every request a client follows through this gateway (stream, non-streaming wait, resume) has a
-deadline in the `FOLLOW_DEADLINES` sorted set (`llm:follow:leases`), pushed forward every second
+deadline in its cell's follow-deadline sorted set (`llm:{cell}:follow:leases`), pushed forward every second
 while the client is there. When the client leaves, the deadline becomes now + the resume window; a
 resuming client, through any gateway, pushes it forward again. If this gateway dies, its deadlines
 simply stop moving. Either way the active batcher aborts a request whose deadline has passed, so an abandoned
@@ -20,7 +20,7 @@ from typing import Any
 import redis.asyncio as aioredis
 import redis.exceptions
 
-from common.streams import FOLLOW_DEADLINES
+from common.streams import cell_keys, cell_of
 
 logger = logging.getLogger(__name__)
 
@@ -81,26 +81,31 @@ class FollowDeadlines:
 
     async def _extend(self, deadlines: dict[str, float], create: bool = True) -> None:
         # GT: a refresh never moves a deadline back. XX for refreshes: one computed just before its
-        # request ended and was forgotten must not bring the deadline back.
-        items = list(deadlines.items())
+        # request ended and was forgotten must not bring the deadline back. One ZADD per cell: each
+        # cell has its own set.
+        by_cell: dict[str, list[tuple[str, float]]] = {}
+        for req_id, deadline in deadlines.items():
+            by_cell.setdefault(cell_of(req_id), []).append((req_id, deadline))
         try:
-            for start in range(0, len(items), _BATCH):
-                batch = dict(items[start : start + _BATCH])
-                await self._redis.zadd(FOLLOW_DEADLINES, batch, gt=True, xx=not create)
+            for cell, items in by_cell.items():
+                key = cell_keys(cell).follow_deadlines
+                for start in range(0, len(items), _BATCH):
+                    batch = dict(items[start : start + _BATCH])
+                    await self._redis.zadd(key, batch, gt=True, xx=not create)
         except redis.exceptions.RedisError as exc:
-            logger.warning("could not renew %d follow deadlines: %s", len(items), exc)
+            logger.warning("could not renew %d follow deadlines: %s", len(deadlines), exc)
 
     async def _cut(self, req_id: str, deadline: float) -> None:
         # Not GT: the window starts now. A follower still reading elsewhere pushes it forward again
         # within a refresh interval, before any window of a second or more has run out.
         try:
-            await self._redis.zadd(FOLLOW_DEADLINES, {req_id: deadline}, xx=True)
+            await self._redis.zadd(cell_keys(cell_of(req_id)).follow_deadlines, {req_id: deadline}, xx=True)
         except redis.exceptions.RedisError as exc:
             logger.warning("could not start the resume window of %s: %s", req_id, exc)
 
     async def _forget(self, req_id: str) -> None:
         try:
-            await self._redis.zrem(FOLLOW_DEADLINES, req_id)
+            await self._redis.zrem(cell_keys(cell_of(req_id)).follow_deadlines, req_id)
         except redis.exceptions.RedisError as exc:
             logger.warning("could not drop the follow deadline of %s: %s", req_id, exc)
 

@@ -15,6 +15,10 @@ entries past its own. A follower that subscribed while a read was in flight, fro
 where that read started, gets nothing from it: the next read starts at its position, so no entry
 between the two is skipped.
 
+On Redis Cluster one XREAD may only name keys of one slot: a request's token stream is in its cell's
+slot (common/streams.py), so the mux runs one such read per cell it follows (`CellStreamMux`), each
+with a wake stream in that cell's slot.
+
 A failed read (Redis restarting, unreachable) is retried with backoff (common/retry.py) and fails no
 follower: each keeps its place (the last entry id it was given) and resumes from there once Redis is
 back, so an SSE stream survives a Redis restart. A follower gives up only at its own deadline
@@ -36,7 +40,7 @@ import redis.exceptions
 
 from common.redis_conn import MAX_BLOCK_MS, entry_key
 from common.retry import Backoff
-from common.streams import token_stream
+from common.streams import DEFAULT_CELL, cell_keys, cell_of, token_stream
 
 logger = logging.getLogger(__name__)
 
@@ -55,10 +59,41 @@ class Subscription:
 
 
 class TokenStreamMux:
+    """The token streams this gateway follows, in every cell: one shared read per cell."""
+
     def __init__(self, redis: aioredis.Redis) -> None:
         self._redis = redis
+        self._gateway_id = uuid.uuid4().hex
+        self._cells: dict[str, CellStreamMux] = {}
+
+    async def subscribe(self, req_id: str, last_id: str = "0-0") -> Subscription:
+        cell = cell_of(req_id)
+        mux = self._cells.get(cell)
+        if mux is None:
+            mux = self._cells[cell] = CellStreamMux(self._redis, cell, self._gateway_id)
+        return await mux.subscribe(req_id, last_id)
+
+    def unsubscribe(self, sub: Subscription) -> None:
+        mux = self._cells.get(cell_of(sub.req_id))
+        if mux is not None:
+            mux.unsubscribe(sub)
+
+    async def close(self) -> None:
+        await asyncio.gather(*(mux.close() for mux in self._cells.values()))
+
+    @property
+    def redis_down(self) -> bool:
+        """The last read of some cell failed: Redis (or that cell's shard) is unreachable."""
+        return any(mux.redis_down for mux in self._cells.values())
+
+
+class CellStreamMux:
+    """One blocking XREAD for every followed token stream of one cell (one slot on a cluster)."""
+
+    def __init__(self, redis: aioredis.Redis, cell: str = DEFAULT_CELL, gateway_id: str = "") -> None:
+        self._redis = redis
         self._subs: dict[str, list[Subscription]] = {}  # by token stream key
-        self._wake_key = f"llm:gateway:wake:{uuid.uuid4().hex}"
+        self._wake_key = cell_keys(cell).gateway_wake(gateway_id or uuid.uuid4().hex)
         self._wake_last = "0-0"
         self._has_subs = asyncio.Event()
         self._task: asyncio.Task[None] | None = None

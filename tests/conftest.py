@@ -18,6 +18,7 @@ import redis
 from tests.tiny_model import build_tiny_model
 
 if TYPE_CHECKING:
+    from tests.redis_cluster import RedisCluster
     from tests.services import Stack
 
 # Triton kernels run under Triton's interpreter on CPU tensors unless the kernel tests are pointed at
@@ -79,6 +80,15 @@ def redis_server(data_dir: Path) -> Iterator[str]:
         client.close()
         proc.kill()
         proc.wait()
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisCluster]:
+    """A Redis Cluster of the test module's own: 3 masters, 3 replicas (tests/redis_cluster.py)."""
+    from tests.redis_cluster import redis_cluster
+
+    with redis_cluster(tmp_path_factory.mktemp("redis-cluster")) as c:
+        yield c
 
 
 @pytest.fixture()

@@ -17,6 +17,7 @@ import httpx
 import redis
 
 from common import streams
+from common.redis_conn import connect
 
 if TYPE_CHECKING:
     import openai
@@ -40,9 +41,17 @@ class Stack:
     log_dir: Path
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     base_url: str = ""
+    redis_cluster: bool = False  # redis_url names the nodes of a Redis Cluster (REDIS_CLUSTER=true)
 
     def _spawn(self, name: str, args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
-        full_env = {**os.environ, "REDIS_URL": self.redis_url, "PYTHONUNBUFFERED": "1", **env}
+        cluster = "true" if self.redis_cluster else "false"
+        full_env = {
+            **os.environ,
+            "REDIS_URL": self.redis_url,
+            "REDIS_CLUSTER": cluster,
+            "PYTHONUNBUFFERED": "1",
+        }
+        full_env.update(env)
         log = open(self.log_dir / f"{name}.log", "wb")  # noqa: SIM115 - closed with the process
         proc = subprocess.Popen([sys.executable, "-m", *args], cwd=ROOT, env=full_env, stdout=log, stderr=log)
         self.procs[name] = proc
@@ -55,12 +64,12 @@ class Stack:
         env = {"WORKER_NUM_THREADS": "1", **env}
         return self._spawn(name, ["gpu_worker", "--model", str(self.model_dir), "--device", "cpu"], env)
 
-    def start_gateway(self, **env: str) -> None:
+    def start_gateway(self, name: str = "gateway", **env: str) -> None:
         from tests.conftest import free_port
 
         port = free_port()
         self._spawn(
-            "gateway",
+            name,
             ["gateway", "--host", "127.0.0.1", "--port", str(port), "--model", str(self.model_dir)],
             env,
         )
@@ -93,12 +102,18 @@ class Stack:
 
         return openai.OpenAI(base_url=f"{self.base_url}/v1", api_key=api_key, timeout=timeout, max_retries=0)
 
-    def num_workers_joined(self) -> int:
-        raw = redis.Redis.from_url(self.redis_url).hget(streams.BATCHER_STATS, "num_workers")
+    def redis(self) -> redis.Redis:
+        """A client of the stack's Redis (or Redis Cluster); the caller closes it."""
+        return connect(self.redis_url, self.redis_cluster)
+
+    def num_workers_joined(self, cell: str = streams.DEFAULT_CELL) -> int:
+        with self.redis() as client:
+            raw = client.hget(streams.cell_keys(cell).stats, "num_workers")
         return int(raw) if raw is not None else 0  # type: ignore[arg-type]
 
-    def stats(self) -> dict[str, float]:
-        raw = redis.Redis.from_url(self.redis_url).hgetall(streams.BATCHER_STATS)
+    def stats(self, cell: str = streams.DEFAULT_CELL) -> dict[str, float]:
+        with self.redis() as client:
+            raw = client.hgetall(streams.cell_keys(cell).stats)
         return {k.decode(): float(v) for k, v in raw.items()}  # type: ignore[union-attr]
 
     def wait_ready(self, num_workers: int, timeout: float = 90.0) -> None:
@@ -154,3 +169,13 @@ def running_stack(
             yield stack
         finally:
             stack.stop()
+
+
+@contextlib.contextmanager
+def cluster_stack(cluster_url: str, model_dir: Path, log_dir: Path) -> Iterator[Stack]:
+    """A Stack (nothing started yet) of services on a Redis Cluster; every process stopped after."""
+    stack = Stack(redis_url=cluster_url, model_dir=model_dir, log_dir=log_dir, redis_cluster=True)
+    try:
+        yield stack
+    finally:
+        stack.stop()

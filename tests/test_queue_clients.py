@@ -27,7 +27,7 @@ from cbserve_celery.app import GENERATE_TASK, make_app
 from cbserve_celery.settings import CelerySettings
 from common.protocol import FIELD, GenerateRequest, SamplingParams, decode_request
 from common.stream_client import follow, follow_async, new_req_id, submit, submit_async
-from common.streams import REQUESTS_STREAM
+from common.streams import REQUESTS_STREAM, submitted_key
 from tests.readme_examples import example
 from tests.readme_examples import run_example as run_readme_example
 from tests.services import ROOT, Stack, running_stack
@@ -194,7 +194,7 @@ def test_celery_task_survives_its_worker_process_dying(
         params = {"max_tokens": 400, "temperature": 0, "ignore_eos": True}
         result = celery_app.tasks[GENERATE_TASK].apply_async(([9, 8, 7, 6], params), queue="crash")
         deadline = time.monotonic() + 60
-        while not r.exists(f"llm:submitted:celery-{result.id}"):
+        while not r.exists(submitted_key(f"celery-{result.id}")):
             assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
             time.sleep(0.01)
         [child] = _children(proc.pid)

@@ -50,5 +50,5 @@ for _path, (_file, _media_type) in ASSETS.items():
 async def events(state: Annotated[GatewayState, Depends(get_state)]) -> StreamingResponse:
     """`event: step` per traced step (common/trace_schema.StepTrace), `event: stats` once a second."""
     return StreamingResponse(
-        dashboard_events(state.redis), media_type="text/event-stream", headers=SSE_HEADERS
+        dashboard_events(state.redis, state.keys), media_type="text/event-stream", headers=SSE_HEADERS
     )

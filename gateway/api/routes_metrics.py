@@ -40,7 +40,7 @@ async def _read_batcher(state: GatewayState) -> tuple[dict[str, float] | None, M
             start = time.perf_counter()
             await state.redis.ping()
             state.metrics.redis_rtt.observe(time.perf_counter() - start)
-            return await read_batcher_snapshot(state.redis)
+            return await read_batcher_snapshot(state.redis, state.keys)
     except (redis.exceptions.RedisError, TimeoutError) as exc:
         logger.warning("metrics: cannot read the batcher's stats from redis: %s", exc or type(exc).__name__)
         return None, None

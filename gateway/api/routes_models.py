@@ -10,7 +10,7 @@ import redis.exceptions
 from fastapi import APIRouter, Depends
 from fastapi.responses import JSONResponse
 
-from common.streams import WORKERS_HEARTBEAT
+from common.streams import cell_keys
 from gateway.api.error_handlers import REDIS_RETRY_AFTER_S
 from gateway.app_state import GatewayState, get_state
 from openai_frontend.openai_schemas import ModelCard, ModelList
@@ -52,7 +52,9 @@ async def health(state: Annotated[GatewayState, Depends(get_state)]) -> JSONResp
     cutoff_ms = int((time.time() - timeout_s) * 1000)
     try:
         async with asyncio.timeout(_HEALTH_REDIS_TIMEOUT_S):
-            num_alive = int(await state.redis.zcount(WORKERS_HEARTBEAT, f"({cutoff_ms}", "+inf"))
+            num_alive = 0
+            for cell in state.settings.placement_cells:  # the workers of every cell it places in
+                num_alive += int(await state.redis.zcount(cell_keys(cell).heartbeat, f"({cutoff_ms}", "+inf"))
     except (redis.exceptions.RedisError, TimeoutError) as exc:
         message = f"degraded: redis unreachable ({exc or type(exc).__name__})"
         headers = {"Retry-After": REDIS_RETRY_AFTER_S}

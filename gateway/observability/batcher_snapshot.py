@@ -12,16 +12,18 @@ import msgspec
 import redis.asyncio as aioredis
 
 from common.metrics_schema import MetricsSnapshot, decode_snapshot
-from common.streams import BATCHER_METRICS, BATCHER_STATS
+from common.streams import CellKeys
 
 logger = logging.getLogger(__name__)
 
 
-async def read_batcher_snapshot(redis: aioredis.Redis) -> tuple[dict[str, float], MetricsSnapshot | None]:
-    """The stats hash as numbers, and the snapshot (None before a batcher published one)."""
+async def read_batcher_snapshot(
+    redis: aioredis.Redis, keys: CellKeys
+) -> tuple[dict[str, float], MetricsSnapshot | None]:
+    """The cell's stats hash as numbers, and its snapshot (None before a batcher published one)."""
     pipe = redis.pipeline(transaction=False)
-    pipe.hgetall(BATCHER_STATS)
-    pipe.get(BATCHER_METRICS)
+    pipe.hgetall(keys.stats)
+    pipe.get(keys.metrics)
     raw_stats, raw_snapshot = await pipe.execute()
     return _numbers(raw_stats), _snapshot(raw_snapshot)
 

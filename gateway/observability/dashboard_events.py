@@ -21,7 +21,7 @@ from common.metrics_schema import MetricsSnapshot
 from common.protocol import FIELD
 from common.redis_conn import MAX_BLOCK_MS
 from common.retry import REDIS_DOWN, Backoff
-from common.streams import BATCHER_TRACE
+from common.streams import CellKeys
 from gateway.observability.batcher_snapshot import read_batcher_snapshot
 from gateway.streaming.sse import sse_event
 
@@ -70,7 +70,7 @@ def dashboard_stats(stats: dict[str, float], snapshot: MetricsSnapshot | None, n
     )
 
 
-async def dashboard_events(redis: aioredis.Redis) -> AsyncIterator[bytes]:
+async def dashboard_events(redis: aioredis.Redis, keys: CellKeys) -> AsyncIterator[bytes]:
     backoff = Backoff()
     last_id = "0-0"  # an empty trace: whatever comes next is new
     replayed = False
@@ -78,17 +78,17 @@ async def dashboard_events(redis: aioredis.Redis) -> AsyncIterator[bytes]:
     while True:
         try:
             if not replayed:
-                entries: Any = await redis.xrevrange(BATCHER_TRACE, count=REPLAY_STEPS)
+                entries: Any = await redis.xrevrange(keys.trace, count=REPLAY_STEPS)
                 for entry_id, fields in reversed(entries):
                     last_id = _s(entry_id)
                     yield _step_event(fields)
                 replayed = True
             if time.monotonic() >= next_stats:
-                stats, snapshot = await read_batcher_snapshot(redis)
+                stats, snapshot = await read_batcher_snapshot(redis, keys)
                 yield sse_event(_json(dashboard_stats(stats, snapshot, time.time())), event="stats")
                 next_stats = time.monotonic() + STATS_INTERVAL_S
             block_ms = max(1, min(MAX_BLOCK_MS, int((next_stats - time.monotonic()) * 1000)))
-            resp: Any = await redis.xread({BATCHER_TRACE: last_id}, block=block_ms, count=READ_COUNT)
+            resp: Any = await redis.xread({keys.trace: last_id}, block=block_ms, count=READ_COUNT)
             backoff.reset()
         except REDIS_DOWN as exc:
             # Redis restarting: the page says so and keeps its picture; the follow resumes from last_id.

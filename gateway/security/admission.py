@@ -12,6 +12,8 @@ import time
 
 from starlette.requests import Request
 
+from common.stream_client import new_req_id
+from common.streams import cell_keys
 from gateway.app_state import GatewayState
 from gateway.security.auth import request_owner
 from gateway.security.queue_depth import check_queue
@@ -43,6 +45,7 @@ async def checked_requests(
     limit; not submitted yet. Raises OpenAIError when refused."""
     arrival_time = time.time()
     owner = request_owner(http_request)
+    cell = await state.router.place(state.redis)
     prepare = functools.partial(
         prepare_choices,
         body,
@@ -50,11 +53,12 @@ async def checked_requests(
         arrival_time,
         owner=owner,
         queue_deadline=arrival_time + state.settings.max_queue_wait_s,
+        req_id=new_req_id(cell),
     )
     # Checking a grammar builds it (and the first time imports xgrammar): off the event loop.
     requests = await asyncio.to_thread(prepare) if asks_for_grammar(body) else prepare()
     request = requests[0]
-    await check_queue(state.redis, state.settings.max_queued_requests, len(requests))
+    await check_queue(state.redis, cell_keys(cell), state.settings.max_queued_requests, len(requests))
     # Each prompt once, and every choice's output.
     num_tokens = sum(r.num_prompt_tokens for r in requests[:: request.n])
     num_tokens += sum(r.sampling_params.max_tokens for r in requests)

@@ -14,18 +14,19 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from common.streams import BATCHER_GROUP, BATCHER_STATS, REQUESTS_STREAM
+from common.streams import BATCHER_GROUP, CellKeys
 from openai_frontend.errors import OpenAIError
 
 # A queue that is full now is usually not empty a second later; clients back off and try again.
 RETRY_AFTER_S = 2
 
 
-async def num_queued(redis: aioredis.Redis) -> int:
+async def num_queued(redis: aioredis.Redis, keys: CellKeys) -> int:
+    """The interactive requests waiting in the cell of `keys`."""
     pipe = redis.pipeline(transaction=False)
-    pipe.xinfo_groups(REQUESTS_STREAM)
-    pipe.xlen(REQUESTS_STREAM)
-    pipe.hget(BATCHER_STATS, "num_waiting_interactive")
+    pipe.xinfo_groups(keys.requests)
+    pipe.xlen(keys.requests)
+    pipe.hget(keys.stats, "num_waiting_interactive")
     groups, length, waiting = await pipe.execute(raise_on_error=False)
     if isinstance(length, Exception) or isinstance(waiting, Exception):
         raise length if isinstance(length, Exception) else waiting
@@ -45,11 +46,11 @@ def _unclaimed(groups: Any, length: int) -> int:
     return length
 
 
-async def check_queue(redis: aioredis.Redis, max_queued: int, num_new: int) -> None:
+async def check_queue(redis: aioredis.Redis, keys: CellKeys, max_queued: int, num_new: int) -> None:
     """Raise 429 when admitting `num_new` requests (one per choice) would exceed `max_queued`."""
     if max_queued <= 0:
         return
-    queued = await num_queued(redis)
+    queued = await num_queued(redis, keys)
     if queued + num_new > max_queued:
         raise OpenAIError(
             429,

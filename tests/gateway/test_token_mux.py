@@ -59,7 +59,7 @@ def test_every_follower_gets_its_own_entries_from_one_shared_read(redis_url: str
         for sub in subs:
             mux.unsubscribe(sub)
         await mux.close()
-        assert not await client.keys("llm:gateway:wake:*")  # nothing left behind
+        assert not await client.keys("llm:{*}:gateway:wake:*")  # nothing left behind
         await client.aclose()
 
     asyncio.run(scenario())

@@ -1,0 +1,71 @@
+"""Two cells on one Redis Cluster behind one gateway: requests spread over both, each cell's batcher
+and workers serve only its own, greedy output equals `generate`, and a worker killed in a cell loses
+nothing (its requests resume on the cell's other worker). No command spans slots.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests import fault_clients as fault
+from tests.redis_cluster import RedisCluster, assert_no_crossslot
+from tests.services import Stack, cluster_stack, wait_for
+
+CELLS = ("a", "b")
+BATCHER_ENV = fault.FAST_HEARTBEAT_ENV
+
+
+@pytest.fixture(scope="module")
+def stack(
+    cluster: RedisCluster, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Stack]:
+    """Cell a: a batcher and two workers; cell b: a batcher and one worker; a gateway placing in both."""
+    with cluster_stack(cluster.url, tiny_model_dir, tmp_path_factory.mktemp("cells-stack")) as stack:
+        for cell in CELLS:
+            stack.start_batcher(f"batcher-{cell}", CBSERVE_CELL=cell, **BATCHER_ENV)
+        stack.start_worker("worker-a0", CBSERVE_CELL="a", **fault.WORKER_ENV)
+        stack.start_worker("worker-a1", CBSERVE_CELL="a", **fault.WORKER_ENV)
+        stack.start_worker("worker-b0", CBSERVE_CELL="b", **fault.WORKER_ENV)
+        stack.start_gateway(GATEWAY_CELLS="a,b", CBSERVE_CELL="a")
+        stack.wait_ready(num_workers=0, timeout=240)  # /health: a worker of some cell is alive
+        for cell, num_workers in (("a", 2), ("b", 1)):
+            joined = lambda c=cell, n=num_workers: stack.num_workers_joined(c) == n  # noqa: E731
+            wait_for(joined, 240, f"cell {cell}'s workers to join")
+        yield stack
+
+
+@pytest.fixture(scope="module")
+def cases(tiny_model_dir: Path) -> fault.FaultCases:
+    return fault.random_cases(tiny_model_dir, 11, fault.NUM_STREAMS, fault.MAX_TOKENS)
+
+
+def test_two_cells_share_the_requests_and_a_worker_kill_loses_nothing(
+    stack: Stack, cluster: RedisCluster, cases: fault.FaultCases
+) -> None:
+    prompts, expected = cases
+    victim = stack.procs["worker-a1"]
+
+    def kill() -> None:
+        victim.send_signal(signal.SIGKILL)
+
+    def declared_dead() -> None:
+        lost = lambda: stack.stats("a").get("num_workers_lost", 0) >= 1  # noqa: E731
+        wait_for(lost, 30, "cell a's batcher to notice the kill")
+
+    seen, _ = asyncio.run(
+        fault.run_with_fault(
+            stack.base_url, prompts, fault.MAX_TOKENS, fault.TOKENS_BEFORE_FAULT, kill, declared_dead
+        )
+    )
+    victim.wait(timeout=10)
+    del stack.procs["worker-a1"]  # expected dead
+    fault.check_clients(seen, expected)
+    finished = {cell: stack.stats(cell).get("num_finished", 0) for cell in CELLS}
+    assert all(finished.values()) and sum(finished.values()) == len(prompts), finished  # both cells served
+    assert stack.stats("b").get("num_workers_lost", 0) == 0  # the other cell saw nothing
+    assert_no_crossslot(cluster)

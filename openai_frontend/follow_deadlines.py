@@ -40,6 +40,9 @@ class FollowDeadlines:
         self._ended: set[str] = set()  # held requests a follower here saw end
         self._task: asyncio.Task[None] | None = None
         self._writes: set[asyncio.Task[None]] = set()
+        # Writes reach Redis in the order they were asked: a hold's first write and the forget of a
+        # request that ended right after must not swap (they could, on two pooled connections).
+        self._ordered = asyncio.Lock()
 
     def hold(self, req_id: str) -> None:
         """A client of this gateway follows `req_id`: keep it alive (first write at once)."""
@@ -111,6 +114,10 @@ class FollowDeadlines:
 
     def _write(self, coro: Coroutine[Any, Any, None]) -> None:
         # Fire and forget, but kept referenced: a cancelled stream cannot await in its finally.
-        task = asyncio.get_running_loop().create_task(coro)
+        task = asyncio.get_running_loop().create_task(self._in_order(coro))
         self._writes.add(task)
         task.add_done_callback(self._writes.discard)
+
+    async def _in_order(self, write: Coroutine[Any, Any, None]) -> None:
+        async with self._ordered:  # FIFO: tasks reach it in the order they were created
+            await write

@@ -39,6 +39,12 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny_model(tmp_path_factory.mktemp("models") / "tiny-llama")
 
 
+@pytest.fixture(scope="session")
+def tool_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model with room for a tools system prompt (about 500 of its tokens)."""
+    return build_tiny_model(tmp_path_factory.mktemp("tool-models") / "tiny-llama", max_len=2048)
+
+
 @contextlib.contextmanager
 def redis_server(data_dir: Path) -> Iterator[str]:
     """A redis-server of the test's own on a free port; never the machine's shared one."""

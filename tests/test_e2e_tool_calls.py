@@ -29,7 +29,6 @@ from gateway.settings import GatewaySettings
 from openai_frontend.openai_schemas import ChatMessage
 from openai_frontend.prompts import chat_prompt_ids
 from tests.services import Stack, running_stack
-from tests.tiny_model import build_tiny_model
 
 MODEL = "tiny-llama"
 USER = [{"role": "user", "content": "Plan a trip."}]
@@ -75,12 +74,6 @@ CALL_TEXT = 'Sure.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "
 
 
 @pytest.fixture(scope="module")
-def tool_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    # The tiny model with room for the tools' system prompt (about 500 of its tokens).
-    return build_tiny_model(tmp_path_factory.mktemp("models") / MODEL, max_len=2048)
-
-
-@pytest.fixture(scope="module")
 def stack(tool_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     with running_stack(tmp_path_factory.mktemp("tools-stack"), tool_model_dir) as stack:
         yield stack
@@ -88,7 +81,7 @@ def stack(tool_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
 
 @pytest.fixture(scope="module")
 def client(stack: Stack) -> Iterator[openai.OpenAI]:
-    with openai.OpenAI(base_url=f"{stack.base_url}/v1", api_key="unused", timeout=120, max_retries=0) as c:
+    with stack.sdk() as c:
         yield c
 
 

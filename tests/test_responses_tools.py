@@ -22,7 +22,6 @@ import pytest
 from tests.services import Stack, running_stack
 from tests.test_e2e_tool_calls import SCHEMAS, TOOLS
 from tests.test_responses_api import leave_and_resume
-from tests.tiny_model import build_tiny_model
 
 MODEL = "tiny-llama"
 PROMPT = "Plan a trip."
@@ -38,12 +37,6 @@ CALL_EVENTS = [
     "response.function_call_arguments.done",
     "response.output_item.done",
 ]
-
-
-@pytest.fixture(scope="module")
-def tool_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    # The tiny model with room for the tools' system prompt (about 500 of its tokens).
-    return build_tiny_model(tmp_path_factory.mktemp("models") / MODEL, max_len=2048)
 
 
 @pytest.fixture(scope="module")

@@ -16,6 +16,7 @@ from pydantic_settings import BaseSettings
 
 from batcher.settings import BatcherSettings
 from cbserve_celery.settings import CelerySettings
+from common.redis_conn import cluster_nodes
 from gateway.settings import GatewaySettings
 from gpu_worker.settings import WorkerSettings
 
@@ -82,7 +83,8 @@ def test_default_model_is_the_shipped_demo(compose: dict[str, Any]) -> None:
 
 def test_services_and_redis(compose: dict[str, Any]) -> None:
     services = compose["services"]
-    assert set(services) == {"redis", "gateway", "batcher", "gpu_worker", "celery_worker"}
+    plain = {name for name, spec in services.items() if "cluster" not in spec.get("profiles", [])}
+    assert plain == {"redis", "gateway", "batcher", "gpu_worker", "celery_worker"}
     redis = services["redis"]
     command = " ".join(redis["command"])
     assert "--appendonly yes" in command and "--requirepass" in command
@@ -129,7 +131,8 @@ def test_gpu_worker_reserves_a_gpu_and_checks_its_heartbeat_file(compose: dict[s
 
 def test_gateway_is_the_only_published_service(compose: dict[str, Any]) -> None:
     published = [name for name, spec in compose["services"].items() if "ports" in spec]
-    assert published == ["gateway"]
+    assert published == ["gateway", "cluster_gateway"]
+    assert interpolate(compose["services"]["cluster_gateway"]["ports"][0]) == "8001:8000"
     [mapping] = compose["services"]["gateway"]["ports"]
     assert interpolate(mapping).endswith(":8000")
     port = shlex.split(" ".join(compose["services"]["gateway"]["command"]))
@@ -172,3 +175,106 @@ def test_no_default_redis_password() -> None:
     assert uses, "the services get the Redis password from REDIS_PASSWORD"
     assert all(use.startswith("${REDIS_PASSWORD:?") and len(use) > len("${REDIS_PASSWORD:?}") for use in uses)
     assert "change-me" not in text
+
+
+# ----- profile `cluster`: two cells on a 6-node Redis Cluster ------------------------------------------
+CLUSTER_NODES = [f"redis-node-{i}" for i in range(1, 7)]
+CELL_SERVICES = ["cell_a_batcher", "cell_a_worker", "cell_b_batcher", "cell_b_worker"]
+CLUSTER_APPS = [*CELL_SERVICES, "cluster_gateway"]
+
+
+def service_env(compose: dict[str, Any], service: str) -> dict[str, str]:
+    return {k: interpolate(str(v)) for k, v in compose["services"][service]["environment"].items()}
+
+
+def test_cluster_profile_holds_the_cluster_and_two_cells_only(compose: dict[str, Any]) -> None:
+    services = compose["services"]
+    in_profile = {name for name, spec in services.items() if spec.get("profiles") == ["cluster"]}
+    assert in_profile == {*CLUSTER_NODES, "redis_cluster_create", *CLUSTER_APPS}
+    # Naming the gateway on `up` starts the whole profile: it depends on every cell's services.
+    assert set(services["cluster_gateway"]["depends_on"]) == {"redis_cluster_create", *CELL_SERVICES}
+
+
+def test_cluster_nodes_require_the_password_and_keep_their_data(compose: dict[str, Any]) -> None:
+    volumes = set()
+    for node in CLUSTER_NODES:
+        spec = compose["services"][node]
+        command = " ".join(spec["command"])
+        assert spec["image"] == compose["services"]["redis"]["image"]
+        assert spec["hostname"] == node, "the node announces the name the others resolve"
+        for option in ("--cluster-enabled yes", "--appendonly yes", "--cluster-announce-hostname"):
+            assert option in command, (node, option)
+        # Clients and replicas (which authenticate to their master) use the one required password.
+        assert '--requirepass "$$REDISCLI_AUTH"' in command and '--masterauth "$$REDISCLI_AUTH"' in command
+        assert service_env(compose, node) == {"REDISCLI_AUTH": REQUIRED["REDIS_PASSWORD"]}
+        assert "ports" not in spec and "redis-cli ping" in " ".join(spec["healthcheck"]["test"])
+        [volume] = spec["volumes"]
+        volumes.add(volume.split(":")[0])
+        assert volume.endswith(":/data") and volume.split(":")[0] in compose["volumes"]
+    assert len(volumes) == len(CLUSTER_NODES), "each node needs its own data volume"
+
+
+def test_cluster_create_waits_for_every_node_and_makes_three_masters(compose: dict[str, Any]) -> None:
+    spec = compose["services"]["redis_cluster_create"]
+    assert spec["depends_on"] == {node: {"condition": "service_healthy"} for node in CLUSTER_NODES}
+    assert spec["restart"] == "no", "a one-shot: the cells wait for it to complete"
+    command = " ".join(spec["command"])
+    assert "redis-cli --cluster create" in command and "--cluster-replicas 1" in command
+    # Six nodes, one replica each: 3 masters. Every node is looked up and joined.
+    assert "for n in 1 2 3 4 5 6" in command and "redis-node-$$n" in command
+    assert service_env(compose, "redis_cluster_create") == {"REDISCLI_AUTH": REQUIRED["REDIS_PASSWORD"]}
+    for app in CLUSTER_APPS:
+        condition = compose["services"][app]["depends_on"]["redis_cluster_create"]["condition"]
+        assert condition == "service_completed_successfully", app
+
+
+@pytest.mark.parametrize("service", CLUSTER_APPS)
+def test_cluster_service_runs_on_the_cluster_in_its_cell(
+    compose: dict[str, Any], service: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spec = compose["services"][service]
+    command = [interpolate(str(part)) for part in spec["command"]]
+    module = command[2]
+    importlib.import_module(f"{module}.__main__").parse_args(command[3:])
+    assert spec["build"] == "." and spec["image"] == compose["services"]["gateway"]["image"]
+    assert "redis" not in spec["depends_on"], "the cells do not need the plain Redis"
+    env = service_env(compose, service)
+    unknown = set(env) - env_names(SETTINGS[module])
+    assert not unknown, f"{service} sets variables it never reads: {unknown}"
+    assert env["REDIS_CLUSTER"] == "true"
+    nodes, options = cluster_nodes(env["REDIS_URL"])
+    assert {host for host, _ in nodes} <= set(CLUSTER_NODES) and all(port == 6379 for _, port in nodes)
+    assert options["password"] == REQUIRED["REDIS_PASSWORD"]
+    # The service's own settings accept the environment compose gives it.
+    for name, value in env.items():
+        # /models is ./models mounted (test_default_model_is_the_shipped_demo): the demo is there.
+        monkeypatch.setenv(name, value.replace("/models/", f"{ROOT / 'models'}/", 1))
+    settings: Any = SETTINGS[module]()
+    assert settings.redis_cluster is True
+    assert service.startswith(f"cell_{settings.cell}_") or service == "cluster_gateway"
+
+
+def test_cluster_gateway_places_in_every_cell_that_has_a_batcher_and_a_worker(
+    compose: dict[str, Any],
+) -> None:
+    cells = {service: service_env(compose, service)["CBSERVE_CELL"] for service in CELL_SERVICES}
+    batchers = {cell for service, cell in cells.items() if service.endswith("_batcher")}
+    workers = {cell for service, cell in cells.items() if service.endswith("_worker")}
+    assert batchers == workers == {"a", "b"}
+    gateway = service_env(compose, "cluster_gateway")
+    assert set(gateway["GATEWAY_CELLS"].split(",")) == batchers
+    assert gateway["CBSERVE_CELL"] in batchers
+    plain = service_env(compose, "gateway")
+    assert {k: v for k, v in gateway.items() if k in plain and k != "REDIS_URL"} == {
+        k: v for k, v in plain.items() if k != "REDIS_URL"
+    }, "the cluster gateway is configured like the plain one"
+
+
+def test_celery_broker_stays_a_plain_redis_apart_from_the_cluster(compose: dict[str, Any]) -> None:
+    celery = compose["services"]["celery_worker"]
+    env = service_env(compose, "celery_worker")
+    assert "cluster" not in celery["profiles"] and "REDIS_CLUSTER" not in env
+    assert "@redis:6379" in env["REDIS_URL"] and "," not in env["REDIS_URL"]
+    assert "--cluster-enabled" not in " ".join(compose["services"]["redis"]["command"])
+    for app in CLUSTER_APPS:
+        assert "@redis:" not in service_env(compose, app)["REDIS_URL"], app

@@ -14,7 +14,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
 from batcher.metrics import Histogram
+from common.metrics_schema import HistogramData, MetricsSnapshot, WorkerMetrics
 from gateway.observability.batcher_collector import BatcherCollector
+from gateway.observability.cell_collector import CellCollector, CellReading, kv_cache_usage
 from gateway.observability.metrics import GatewayMetrics, RequestTracker
 from tests.services import Stack, wait_for
 
@@ -129,6 +131,12 @@ def test_metrics_match_what_was_served(make_stack: Callable[[], Stack]) -> None:
     age = value(samples, "cbserve:batcher_stats_age_seconds")
     assert age is not None and 0 <= age < 5
 
+    # The Gateway API Inference Extension's names, one series per cell (here the default one alone).
+    gie = {"model_name": stack.model_dir.name, "cell": "default"}
+    for name in ("vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:kv_cache_usage_perc"):
+        assert [s.labels for s in samples if s.name == name] == [gie], name
+        assert value(samples, name, **gie) == 0
+
 
 def test_gauges_show_a_running_request(make_stack: Callable[[], Stack]) -> None:
     # The worker is paused below; a long heartbeat timeout keeps the batcher from declaring it dead.
@@ -164,6 +172,10 @@ def test_gauges_show_a_running_request(make_stack: Callable[[], Stack]) -> None:
     assert value(samples, "cbserve:num_requests_running") == 1
     usage = value(samples, "cbserve:kv_cache_usage_perc")
     assert usage is not None and 0 < usage < 1
+    # The cell's series in the GIE's names: its one worker's blocks are the cell's blocks.
+    assert value(samples, "vllm:num_requests_running", cell="default") == 1
+    assert value(samples, "vllm:num_requests_waiting", cell="default") == 0
+    assert value(samples, "vllm:kv_cache_usage_perc", cell="default") == usage
     assert value(samples, "cbserve:time_to_first_token_seconds_count") == 1
     assert value(samples, "cbserve:e2e_request_latency_seconds_count") == 0
 
@@ -221,3 +233,37 @@ def test_batcher_part_without_redis_is_only_redis_up() -> None:
         s for f in text_string_to_metric_families(generate_latest(registry).decode()) for s in f.samples
     ]
     assert [(s.name, s.value) for s in samples] == [("cbserve:redis_up", 0.0)]
+
+
+def test_a_cells_kv_usage_counts_blocks_over_all_its_workers() -> None:
+    empty = HistogramData(bounds=[], counts=[], count=0, sum=0.0)
+
+    def worker(num_blocks: int, num_free_blocks: int) -> WorkerMetrics:
+        return WorkerMetrics(
+            num_blocks=num_blocks,
+            num_free_blocks=num_free_blocks,
+            num_running=1,
+            step_time=empty,
+            batch_size=empty,
+            num_tokens=empty,
+        )
+
+    # 10 of 100 blocks and 0 of 300 in use: 10 / 400 for the cell, not the mean of the fractions (0.05).
+    snapshot = MetricsSnapshot(
+        updated_at=0.0, queue_time=empty, workers={"w0": worker(100, 90), "w1": worker(300, 300)}
+    )
+    readings = [
+        CellReading("a", {"num_waiting": 2.0, "num_running": 1.0}, snapshot),
+        CellReading("b", {}, None),  # no batcher of cell b has written: no series
+    ]
+    registry = CollectorRegistry()
+    registry.register(CellCollector("m", readings))
+    samples = [
+        s for f in text_string_to_metric_families(generate_latest(registry).decode()) for s in f.samples
+    ]
+    assert {(s.name, s.labels["cell"], s.value) for s in samples} == {
+        ("vllm:num_requests_waiting", "a", 2.0),
+        ("vllm:num_requests_running", "a", 1.0),
+        ("vllm:kv_cache_usage_perc", "a", 10 / 400),
+    }
+    assert kv_cache_usage(None) == 0.0

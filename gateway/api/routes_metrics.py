@@ -12,10 +12,11 @@ from fastapi import APIRouter, Depends
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from common.metrics_schema import MetricsSnapshot
+from common.streams import cell_keys
 from gateway.app_state import GatewayState, get_state
 from gateway.observability.batcher_collector import BatcherCollector
 from gateway.observability.batcher_snapshot import read_batcher_snapshot
+from gateway.observability.cell_collector import CellCollector, CellReading
 
 logger = logging.getLogger(__name__)
 router = APIRouter()
@@ -26,21 +27,32 @@ _REDIS_TIMEOUT_S = 2.0
 
 @router.get("/metrics")
 async def metrics(state: Annotated[GatewayState, Depends(get_state)]) -> Response:
-    stats, snapshot = await _read_batcher(state)
+    readings = await _read_cells(state)
     batcher = CollectorRegistry()
-    batcher.register(BatcherCollector(stats, snapshot, time.time()))
+    # The `cbserve:` batcher metrics show CBSERVE_CELL (the first reading), as before cells.
+    own = readings[0] if readings else CellReading(state.settings.cell, {}, None)
+    batcher.register(BatcherCollector(dict(own.stats) if readings else None, own.snapshot, time.time()))
+    batcher.register(CellCollector(state.served.name, readings))
     body = generate_latest(state.metrics.registry) + generate_latest(batcher)
     return Response(body, media_type=CONTENT_TYPE_LATEST)
 
 
-async def _read_batcher(state: GatewayState) -> tuple[dict[str, float] | None, MetricsSnapshot | None]:
-    """Time a PING (the Redis round-trip histogram), then read the batcher's stats and snapshot."""
+def metric_cells(state: GatewayState) -> list[str]:
+    """CBSERVE_CELL, then the other cells this gateway places requests in."""
+    return list(dict.fromkeys([state.settings.cell, *state.settings.placement_cells]))
+
+
+async def _read_cells(state: GatewayState) -> list[CellReading]:
+    """Time a PING (the Redis round-trip histogram), then read every cell's stats and snapshot
+    concurrently (each cell's keys are in its own slot); empty when Redis cannot be read."""
     try:
         async with asyncio.timeout(_REDIS_TIMEOUT_S):
             start = time.perf_counter()
             await state.redis.ping()
             state.metrics.redis_rtt.observe(time.perf_counter() - start)
-            return await read_batcher_snapshot(state.redis, state.keys)
+            cells = metric_cells(state)
+            read = await asyncio.gather(*(read_batcher_snapshot(state.redis, cell_keys(c)) for c in cells))
     except (redis.exceptions.RedisError, TimeoutError) as exc:
         logger.warning("metrics: cannot read the batcher's stats from redis: %s", exc or type(exc).__name__)
-        return None, None
+        return []
+    return [CellReading(cell, stats, snapshot) for cell, (stats, snapshot) in zip(cells, read, strict=True)]

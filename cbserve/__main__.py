@@ -51,7 +51,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=default_model(os.environ),
         help=f"model directory or hub id (default: $MODEL, else {DEFAULT_MODEL_DIR})",
     )
-    up.add_argument("--workers", type=_positive_int, default=1, help="worker processes (default 1)")
+    up.add_argument("--workers", type=_positive_int, default=1, help="worker processes per cell (default 1)")
+    up.add_argument(
+        "--cells",
+        type=_positive_int,
+        default=1,
+        help="cells cell0, cell1, ...: a batcher and --workers workers each, on the one Redis; the gateway "
+        "places each request in the least loaded (default 1: no cell name changes)",
+    )
     up.add_argument("--host", default="127.0.0.1", help="gateway bind address (default 127.0.0.1)")
     up.add_argument("--port", type=int, default=8000, help="gateway port (default 8000)")
     up.add_argument(

@@ -1,9 +1,9 @@
-"""`cbserve up`: Redis, the batcher, N workers, the gateway and a Celery worker as child processes."""
+"""`cbserve up`: Redis, per cell a batcher and N workers, the gateway and a Celery worker as child
+processes (which ones: cbserve/stack.py)."""
 
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import json
 import os
 import shutil
@@ -14,19 +14,17 @@ import sys
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
 import httpx
-import redis
 
-from cbserve import processes
 from cbserve.defaults import DEFAULT_READY_TIMEOUT_S, RedisMode
 from cbserve.processes import Child
 from cbserve.redis_resolver import RedisUnavailable, redact, resolve
-from common import streams
+from cbserve.stack import ServiceArgs, Stack, celery_installed, cell_names, joined_workers, start_services
 
 
 class LaunchError(RuntimeError):
@@ -36,7 +34,8 @@ class LaunchError(RuntimeError):
 @dataclass
 class UpOptions:
     model: str
-    workers: int = 1
+    workers: int = 1  # per cell
+    cells: int = 1  # each a batcher and its workers; the gateway places requests in all of them
     host: str = "127.0.0.1"
     port: int = 8000
     redis: RedisMode = "auto"
@@ -160,69 +159,7 @@ class StopSignals:
         return self.event.wait(timeout_s)
 
 
-# ----- the running stack -----------------------------------------------------------------------------
-@dataclass
-class Stack:
-    run_dir: Path
-    services: list[Child] = field(default_factory=list)  # batcher, workers, gateway, celery
-    redis_server: Child | None = None  # only when the launcher started it
-
-    def children(self) -> list[Child]:
-        return [*self.services, *([self.redis_server] if self.redis_server else [])]
-
-    def first_exited(self) -> Child | None:
-        return next((c for c in self.children() if c.exited()), None)
-
-    def stop(self, signals: StopSignals) -> None:
-        # Services first, so none of them sees Redis vanish mid-step; Redis last, flushing its AOF.
-        processes.stop(self.services, force=signals.forced)
-        if self.redis_server is not None:
-            processes.stop([self.redis_server], force=signals.forced)
-
-
-def _service_env(env: Mapping[str, str], redis_url: str) -> dict[str, str]:
-    return {**env, "REDIS_URL": redis_url, "PYTHONUNBUFFERED": "1"}
-
-
-def celery_installed() -> bool:
-    return importlib.util.find_spec("celery") is not None
-
-
-def celery_args() -> list[str]:
-    """`celery worker` for cbserve_celery: a threads pool (its tasks only wait on Redis), a node name
-    of its own so two launchers on one host do not clash."""
-    return [
-        *["celery", "-A", "cbserve_celery.worker", "worker", "--pool", "threads", "--concurrency", "8"],
-        *["--loglevel", "INFO", "--without-gossip", "--without-mingle", "-n", f"cbserve-{os.getpid()}@%h"],
-    ]
-
-
-def start_services(
-    stack: Stack, opts: UpOptions, model_dir: Path, device: str, redis_url: str, celery: bool
-) -> None:
-    env = _service_env(os.environ, redis_url)
-    python = [sys.executable, "-m"]
-
-    def start(name: str, args: list[str], child_env: dict[str, str]) -> None:
-        stack.services.append(
-            processes.spawn(name, [*python, *args], stack.run_dir / f"{name}.log", child_env)
-        )
-
-    start("batcher", ["batcher"], env)
-    worker_env = dict(env)
-    if device == "cpu" and "WORKER_NUM_THREADS" not in env:
-        # N workers each using every core would oversubscribe the CPU; share the cores out instead.
-        worker_env["WORKER_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // opts.workers))
-    for i in range(opts.workers):
-        start(f"worker{i}", ["gpu_worker", "--model", str(model_dir), "--device", device], worker_env)
-    start(
-        "gateway", ["gateway", "--host", opts.host, "--port", str(opts.port), "--model", str(model_dir)], env
-    )
-    if celery:
-        # Batch lines are rendered with the gateway's tokenizer: the worker gets the same model directory.
-        start("celery", celery_args(), {**env, "MODEL": str(model_dir)})
-
-
+# ----- readiness -------------------------------------------------------------------------------------
 def _died_message(child: Child, when: str) -> str:
     return (
         f"{child.name} (pid {child.pid}) exited with code {child.proc.returncode} {when}; "
@@ -239,25 +176,8 @@ def _health(base_url: str) -> tuple[bool, str]:
     return response.status_code == 200, f"{response.status_code} {response.text[:200]}"
 
 
-def _joined_workers(redis_url: str, started_at: float) -> int:
-    """Workers the batcher has joined since this launch, read from its stats in Redis."""
-    client = redis.Redis.from_url(redis_url, socket_connect_timeout=2.0, socket_timeout=2.0)
-    try:
-        # The cell the children inherit (CBSERVE_CELL), whose batcher they join.
-        cell = os.environ.get("CBSERVE_CELL") or streams.DEFAULT_CELL
-        stats: Any = client.hmget(streams.cell_keys(cell).stats, ["num_workers", "updated_at"])
-    except redis.RedisError:
-        stats = [None, None]
-    finally:
-        client.close()
-    num_workers, updated_at = stats
-    # Stats left in a reused Redis by an earlier batcher must not count: only ones written since launch.
-    fresh = updated_at is not None and float(updated_at) >= started_at
-    return int(num_workers) if fresh and num_workers is not None else 0
-
-
 def wait_ready(stack: Stack, opts: UpOptions, base_url: str, redis_url: str, signals: StopSignals) -> bool:
-    """True once /health is 200 and every worker joined; False if a stop was asked first."""
+    """True once /health is 200 and every cell's workers joined; False if a stop was asked first."""
     started_at = time.time() - 1.0  # a little slack for clock granularity
     deadline = time.monotonic() + opts.ready_timeout_s
     while not signals.requested:
@@ -266,14 +186,15 @@ def wait_ready(stack: Stack, opts: UpOptions, base_url: str, redis_url: str, sig
             raise LaunchError(_died_message(dead, "before the stack was ready"))
         # /health is asked only once every worker has joined, when it answers 200: polling it while
         # the workers load their model would fill the gateway's log with 503 lines.
-        joined = _joined_workers(redis_url, started_at)
-        healthy, health = _health(base_url) if joined >= opts.workers else (False, "not asked yet")
+        joined = sum(min(opts.workers, joined_workers(redis_url, c, started_at)) for c in stack.cells)
+        expected = opts.workers * len(stack.cells)
+        healthy, health = _health(base_url) if joined >= expected else (False, "not asked yet")
         if healthy:
             return True
         if time.monotonic() > deadline:
             raise LaunchError(
                 f"not ready after {opts.ready_timeout_s:g} s: /health {health}, "
-                f"{joined} of {opts.workers} workers joined; logs in {stack.run_dir}"
+                f"{joined} of {expected} workers joined; logs in {stack.run_dir}"
             )
         signals.wait(0.2)
     return False
@@ -300,12 +221,17 @@ def chat_command() -> str:
     return f"{sys.executable} -m cbserve"
 
 
-def banner(base_url: str, redis_url: str, model: str, workers: int, run_dir: Path, names: list[str]) -> str:
+def describe(opts: UpOptions) -> str:
+    """ "2 workers", or "2 cells of 1 worker" with --cells."""
+    workers = f"{opts.workers} worker{'s' if opts.workers != 1 else ''}"
+    return workers if opts.cells == 1 else f"{opts.cells} cells of {workers}"
+
+
+def banner(base_url: str, redis_url: str, model: str, size: str, run_dir: Path, names: list[str]) -> str:
     hello = [{"role": "user", "content": "Hello"}]
     body = json.dumps({"model": model, "messages": hello, "max_tokens": 32, "stream": True})
-    plural = "s" if workers != 1 else ""
     return f"""
-cbserve is ready: {base_url}  (model "{model}", {workers} worker{plural})
+cbserve is ready: {base_url}  (model "{model}", {size})
 logs:  {run_dir}/{{{",".join(names)}}}.log
 stop:  Ctrl-C
 the README's examples read:  export CBSERVE_URL={base_url} REDIS_URL={redis_url}
@@ -339,8 +265,8 @@ def supervise(stack: Stack, signals: StopSignals) -> None:
 
 def run_up(opts: UpOptions) -> int:
     """The whole `cbserve up`; returns the exit code (0 after Ctrl-C / SIGTERM)."""
-    if opts.workers < 1:
-        print("cbserve: --workers must be at least 1", file=sys.stderr)
+    if opts.workers < 1 or opts.cells < 1:
+        print("cbserve: --workers and --cells must be at least 1", file=sys.stderr)
         return 2
     try:
         model_dir = resolve_model(opts.model)
@@ -351,12 +277,17 @@ def run_up(opts: UpOptions) -> int:
         return 2
     except KeyboardInterrupt:  # during a hub download or the CUDA probe; nothing has been started yet
         return 0
-    stack = Stack(run_dir=new_run_dir(opts.run_dir))
+    try:
+        cells = cell_names(opts.cells, os.environ)
+    except ValueError as exc:  # a CBSERVE_CELL that is no cell name
+        print(f"cbserve: CBSERVE_CELL: {exc}", file=sys.stderr)
+        return 2
+    stack = Stack(run_dir=new_run_dir(opts.run_dir), cells=cells)
     base_url = connect_url(opts.host, opts.port)
     signals = StopSignals()
     signals.install()  # before any child exists, so no Ctrl-C can leave one behind
     try:
-        say(f"model {model_dir}, {opts.workers} worker(s) on {device} ({device_why})")
+        say(f"model {model_dir}, {describe(opts)} on {device} ({device_why})")
         say(f"run directory (logs, Redis data): {stack.run_dir}")
         choice = resolve(opts.redis, stack.run_dir / "redis", stack.run_dir / "redis.log", os.environ)
         stack.redis_server = choice.server
@@ -371,14 +302,15 @@ def run_up(opts: UpOptions) -> int:
                 "no Celery worker: celery is not installed (pip install '.[celery]'), "
                 "so Batch API batches stay in validating"
             )
-        start_services(stack, opts, model_dir, device, choice.url, celery)
+        args = ServiceArgs(model_dir, device, choice.url, opts.workers, opts.host, opts.port, celery)
+        start_services(stack, args)
         pids = ", ".join(f"{c.name}={c.pid}" for c in stack.children())
-        say(f"started {pids}; waiting for /health and {opts.workers} worker(s) to join")
+        say(f"started {pids}; waiting for /health and {describe(opts)} to join")
         if not wait_ready(stack, opts, base_url, choice.url, signals):
             return 0
         model_name = served_model_name(base_url, model_dir.name)
         names = [c.name for c in stack.children()]
-        print(banner(base_url, redact(choice.url), model_name, opts.workers, stack.run_dir, names))
+        print(banner(base_url, redact(choice.url), model_name, describe(opts), stack.run_dir, names))
         sys.stdout.flush()
         supervise(stack, signals)
         return 0
@@ -388,6 +320,6 @@ def run_up(opts: UpOptions) -> int:
     finally:
         if signals.requested:
             say(f"{signals.name}: stopping (send it again to kill at once)")
-        stack.stop(signals)
+        stack.stop(signals.forced)
         say(f"stopped everything; logs kept in {stack.run_dir}")
         signals.restore()

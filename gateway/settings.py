@@ -40,7 +40,8 @@ class GatewaySettings(BaseSettings):
     redis_cluster: bool = redis_cluster_field()
     cell: str = cell_field()
     # Cells to place requests in, comma-separated (gateway/cell_router.py: least loaded, ties
-    # round-robin); empty: CBSERVE_CELL alone. /health, /metrics and the dashboard show CBSERVE_CELL.
+    # round-robin); empty: CBSERVE_CELL alone. /metrics has each one's vllm:* load gauges; its cbserve:*
+    # batcher metrics and the dashboard show CBSERVE_CELL.
     cells: str = ""
     log_format: LogFormat = log_format_field()
     retention_s: int = retention_field()

@@ -15,7 +15,9 @@ from pathlib import Path
 
 import httpx
 import pytest
+import redis
 
+from common.streams import cell_keys, cell_of
 from tests.conftest import free_port
 from tests.readme_examples import example, run_example
 from tests.services import ROOT, wait_for
@@ -256,3 +258,43 @@ def test_a_killed_launcher_takes_its_children_with_it(
         "the children of a killed launcher to exit",
     )
     assert live_processes_mentioning(str(tmp_path)) == []
+
+
+def test_up_with_two_cells_serves_from_both(launch: Callable[..., Launcher], tiny_model_dir: Path) -> None:
+    launcher = launch(
+        "--redis", "embedded", "--model", str(tiny_model_dir), "--cells", "2", "--workers", "1", "--no-celery"
+    )
+    launcher.wait_output("cbserve is ready")
+    assert '(model "tiny-llama", 2 cells of 1 worker)' in launcher.output()
+    names = sorted(launcher.started_pids())
+    assert names == ["cell0-batcher", "cell0-worker0", "cell1-batcher", "cell1-worker0", "gateway", "redis"]
+
+    # One at a time: idle cells tie and take turns, and a busy one is passed over; both serve.
+    placed: dict[str, int] = {"cell0": 0, "cell1": 0}
+    for i in range(4):
+        body = {"prompt": [5, 6, 7 + i], "max_tokens": 3, "temperature": 0}
+        response = httpx.post(f"{launcher.base_url}/v1/completions", json=body, timeout=60)
+        assert response.status_code == 200, response.text
+        placed[cell_of(response.json()["id"].removeprefix("cmpl-"))] += 1
+    assert placed["cell0"] >= 1 and placed["cell1"] >= 1, placed
+
+    # Each cell's batcher finished the requests placed in it, and /metrics shows each cell's load.
+    redis_url = re.search(r"Redis: embedded at (\S+)", launcher.output())
+    assert redis_url
+    client = redis.Redis.from_url(redis_url[1])
+    try:
+        for cell, count in placed.items():
+
+            def finished(cell: str = cell, count: int = count) -> bool:
+                return float(client.hget(cell_keys(cell).stats, "num_finished") or 0) == count
+
+            wait_for(finished, 10, f"{cell}'s batcher to count its {count} requests finished")
+    finally:
+        client.close()
+    metrics = httpx.get(f"{launcher.base_url}/metrics", timeout=10).text
+    for cell in placed:
+        assert f'vllm:num_requests_waiting{{cell="{cell}",model_name="tiny-llama"}} 0.0' in metrics
+        assert f'vllm:kv_cache_usage_perc{{cell="{cell}",model_name="tiny-llama"}}' in metrics
+
+    launcher.proc.send_signal(signal.SIGINT)
+    assert launcher.proc.wait(timeout=30) == 0, launcher.output()

@@ -1,0 +1,122 @@
+"""What `cbserve up` runs: per cell a batcher and its workers, then the gateway and a Celery worker.
+
+With `--cells N` (N > 1) the cells are `cell0` ... and every process is told its own (`CBSERVE_CELL`);
+the gateway places requests in all of them (`GATEWAY_CELLS`). They share the one Redis: a cell's keys
+carry its hash tag, which only a Redis Cluster needs, so cells run on a single Redis as they are.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from cbserve import processes
+from cbserve.processes import Child
+from common import streams
+
+
+@dataclass
+class Stack:
+    run_dir: Path
+    cells: list[str] = field(default_factory=lambda: [streams.DEFAULT_CELL])
+    services: list[Child] = field(default_factory=list)  # batchers, workers, gateway, celery
+    redis_server: Child | None = None  # only when the launcher started it
+
+    def children(self) -> list[Child]:
+        return [*self.services, *([self.redis_server] if self.redis_server else [])]
+
+    def first_exited(self) -> Child | None:
+        return next((c for c in self.children() if c.exited()), None)
+
+    def stop(self, force: Callable[[], bool]) -> None:
+        # Services first, so none of them sees Redis vanish mid-step; Redis last, flushing its AOF.
+        processes.stop(self.services, force=force)
+        if self.redis_server is not None:
+            processes.stop([self.redis_server], force=force)
+
+
+def cell_names(num_cells: int, env: Mapping[str, str]) -> list[str]:
+    """One cell: the one the children inherit (CBSERVE_CELL, else the default); several: cell0, cell1..."""
+    if num_cells == 1:
+        return [streams.check_cell(env.get("CBSERVE_CELL") or streams.DEFAULT_CELL)]
+    return [f"cell{i}" for i in range(num_cells)]
+
+
+def celery_installed() -> bool:
+    return importlib.util.find_spec("celery") is not None
+
+
+def celery_args() -> list[str]:
+    """`celery worker` for cbserve_celery: a threads pool (its tasks only wait on Redis), a node name
+    of its own so two launchers on one host do not clash."""
+    return [
+        *["celery", "-A", "cbserve_celery.worker", "worker", "--pool", "threads", "--concurrency", "8"],
+        *["--loglevel", "INFO", "--without-gossip", "--without-mingle", "-n", f"cbserve-{os.getpid()}@%h"],
+    ]
+
+
+@dataclass(frozen=True)
+class ServiceArgs:
+    """What every child is started with."""
+
+    model_dir: Path
+    device: str
+    redis_url: str
+    workers: int  # per cell
+    host: str
+    port: int
+    celery: bool
+
+
+def start_services(stack: Stack, args: ServiceArgs) -> None:
+    env = {**os.environ, "REDIS_URL": args.redis_url, "PYTHONUNBUFFERED": "1"}
+    python = [sys.executable, "-m"]
+
+    def start(name: str, argv: list[str], child_env: dict[str, str]) -> None:
+        stack.services.append(
+            processes.spawn(name, [*python, *argv], stack.run_dir / f"{name}.log", child_env)
+        )
+
+    if args.device == "cpu" and "WORKER_NUM_THREADS" not in env:
+        # N workers each using every core would oversubscribe the CPU; share the cores out instead.
+        num_workers = args.workers * len(stack.cells)
+        env["WORKER_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // num_workers))
+    several = len(stack.cells) > 1
+    for cell in stack.cells:
+        cell_env = {**env, "CBSERVE_CELL": cell}
+        prefix = f"{cell}-" if several else ""  # one cell keeps the names it always had
+        start(f"{prefix}batcher", ["batcher"], cell_env)
+        worker = ["gpu_worker", "--model", str(args.model_dir), "--device", args.device]
+        for i in range(args.workers):
+            start(f"{prefix}worker{i}", worker, cell_env)
+    # The gateway and Celery place requests in the first cell; the gateway spreads them over all.
+    front_env = {**env, "CBSERVE_CELL": stack.cells[0]}
+    if several:
+        front_env["GATEWAY_CELLS"] = ",".join(stack.cells)
+    gateway = ["gateway", "--host", args.host, "--port", str(args.port), "--model", str(args.model_dir)]
+    start("gateway", gateway, front_env)
+    if args.celery:
+        # Batch lines are rendered with the gateway's tokenizer: the worker gets the same model directory.
+        start("celery", celery_args(), {**front_env, "MODEL": str(args.model_dir)})
+
+
+def joined_workers(redis_url: str, cell: str, started_at: float) -> int:
+    """Workers the cell's batcher has joined since this launch, read from its stats in Redis."""
+    client = redis.Redis.from_url(redis_url, socket_connect_timeout=2.0, socket_timeout=2.0)
+    try:
+        stats: Any = client.hmget(streams.cell_keys(cell).stats, ["num_workers", "updated_at"])
+    except redis.RedisError:
+        stats = [None, None]
+    finally:
+        client.close()
+    num_workers, updated_at = stats
+    # Stats left in a reused Redis by an earlier batcher must not count: only ones written since launch.
+    fresh = updated_at is not None and float(updated_at) >= started_at
+    return int(num_workers) if fresh and num_workers is not None else 0

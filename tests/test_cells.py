@@ -10,7 +10,9 @@ import signal
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests import fault_clients as fault
 from tests.redis_cluster import RedisCluster, assert_no_crossslot
@@ -68,4 +70,18 @@ def test_two_cells_share_the_requests_and_a_worker_kill_loses_nothing(
     finished = {cell: stack.stats(cell).get("num_finished", 0) for cell in CELLS}
     assert all(finished.values()) and sum(finished.values()) == len(prompts), finished  # both cells served
     assert stack.stats("b").get("num_workers_lost", 0) == 0  # the other cell saw nothing
+
+    # /metrics reads both cells (a pipeline per cell, each in its slot): their vllm:* load gauges.
+    def cell_gauges() -> dict[tuple[str, str], float]:
+        text = httpx.get(f"{stack.base_url}/metrics", timeout=10).text
+        return {
+            (s.name, s.labels["cell"]): s.value
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
+            if s.name.startswith("vllm:")
+        }
+
+    names = ("vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:kv_cache_usage_perc")
+    idle = {(name, cell): 0.0 for name in names for cell in CELLS}
+    wait_for(lambda: cell_gauges() == idle, 15, "both cells' load gauges to show them idle")
     assert_no_crossslot(cluster)

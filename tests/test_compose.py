@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import re
 import shlex
+import subprocess
 from pathlib import Path
 from typing import Any
 
 import jsonschema
 import pytest
+import redis
 import yaml
 from pydantic_settings import BaseSettings
 
@@ -19,6 +22,8 @@ from cbserve_celery.settings import CelerySettings
 from common.redis_conn import cluster_nodes
 from gateway.settings import GatewaySettings
 from gpu_worker.settings import WorkerSettings
+from tests.conftest import free_port
+from tests.services import wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 SETTINGS: dict[str, type[BaseSettings]] = {
@@ -278,3 +283,44 @@ def test_celery_broker_stays_a_plain_redis_apart_from_the_cluster(compose: dict[
     assert "--cluster-enabled" not in " ".join(compose["services"]["redis"]["command"])
     for app in CLUSTER_APPS:
         assert "@redis:" not in service_env(compose, app)["REDIS_URL"], app
+
+
+def shell_script(compose: dict[str, Any], service: str) -> str:
+    """The `sh -c` script of a service, as the container's shell gets it (compose turns `$$` to `$`)."""
+    command = compose["services"][service]["command"]
+    assert command[:2] == ["sh", "-c"]
+    return str(command[2]).replace("$$", "$")
+
+
+def test_cluster_scripts_are_valid_shell(compose: dict[str, Any]) -> None:
+    for service in ("redis-node-1", "redis_cluster_create"):
+        checked = subprocess.run(["sh", "-n", "-c", shell_script(compose, service)], capture_output=True)
+        assert checked.returncode == 0, (service, checked.stderr)
+
+
+def test_a_cluster_node_starts_from_its_compose_command(compose: dict[str, Any], tmp_path: Path) -> None:
+    """The node's command run by a real redis-server (on a free local port): its options exist, it is
+    cluster-enabled, and it answers only with the password."""
+    port = free_port()
+    script = shell_script(compose, "redis-node-1").replace("--port 6379", f"--port {port} --bind 127.0.0.1")
+    env = {"PATH": os.environ["PATH"], "REDISCLI_AUTH": REQUIRED["REDIS_PASSWORD"]}
+    with (tmp_path / "node.log").open("wb") as log:
+        proc = subprocess.Popen(["sh", "-c", script], cwd=tmp_path, env=env, stdout=log, stderr=log)
+    client = redis.Redis(port=port, password=REQUIRED["REDIS_PASSWORD"])
+    try:
+
+        def answers() -> bool:
+            assert proc.poll() is None, (tmp_path / "node.log").read_text()
+            try:
+                return bool(client.ping())
+            except redis.ConnectionError:
+                return False
+
+        wait_for(answers, 10, "the cluster node to answer")
+        assert client.info("cluster")["cluster_enabled"] == 1
+        with pytest.raises(redis.AuthenticationError):
+            redis.Redis(port=port).ping()
+    finally:
+        client.close()
+        proc.terminate()
+        proc.wait(timeout=10)

@@ -91,6 +91,8 @@ def schedule_waiting(
             continue
         if waits_for_prefix(state, ws, req):
             passed += 1
+            if passed >= ws.max_num_seqs:
+                break  # a pass looks past at most a batch of held requests: it stays cheap
             continue
         if not takes_next(workers, ws, req, admitted, share, weight):
             break  # placement.py sends it elsewhere

@@ -107,3 +107,17 @@ def test_off_with_prefix_caching_off() -> None:
     run(s, "w0")
     s.add_request(sibling("b", [7, 8]), now=0.0)
     assert not waits_for_prefix(s, s.workers["w0"], s.requests["b"])
+
+
+def test_a_pass_looks_past_at_most_a_batch_of_held_requests() -> None:
+    # w1 takes at most 2 requests: it passes over 2 held ones, then stops looking.
+    s = Scheduler(SchedulerConfig())
+    s.add_worker(worker("w0", num_blocks=64, max_num_batched_tokens=8))
+    s.add_request(sibling("a", [1, 2]), now=0.0)
+    run(s, "w0")
+    s.add_worker(worker("w1", num_blocks=72, max_num_batched_tokens=8, max_num_seqs=2))
+    for i in range(3):
+        s.add_request(sibling(f"b{i}", [7, i]), now=0.0)
+    s.add_request(request("c", 6), now=0.0)
+    assert s.schedule("w1") == (None, [])
+    assert [s.requests[f"b{i}"].num_prefix_waits for i in range(3)] == [1, 1, 0]

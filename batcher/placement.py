@@ -45,8 +45,19 @@ def placement_cost(ws: WorkerState, req: Request, weight: float) -> float:
     if not weight:
         return -bm.num_free_blocks
     cached = cached_blocks(ws, req)
-    prefill_blocks = bm.blocks_for(req.num_tokens) - len(cached)
-    return weight * prefill_blocks + prefill_blocks + bm.num_unheld(cached) - bm.num_free_blocks
+    return _cost(ws, req, len(cached), bm.num_unheld(cached), weight)
+
+
+def cost_once_cached(ws: WorkerState, req: Request, num_cached: int, weight: float) -> float:
+    """`placement_cost` once `ws` holds `num_cached` blocks of `req`'s prefix for a running request
+    (prefix_wait.py asks whether waiting for them would change where `req` goes)."""
+    return _cost(ws, req, num_cached, 0, weight)
+
+
+def _cost(ws: WorkerState, req: Request, num_cached: int, num_unheld: int, weight: float) -> float:
+    bm = ws.block_manager
+    prefill_blocks = bm.blocks_for(req.num_tokens) - num_cached
+    return weight * prefill_blocks + prefill_blocks + num_unheld - bm.num_free_blocks
 
 
 def best_worker(

@@ -11,6 +11,7 @@ from __future__ import annotations
 from batcher.placement import fair_share, hostable_elsewhere, takes_next
 from batcher.preemption import preempt, preemption_victim
 from batcher.prefix_cache import Admission, cache_computed_blocks, plan_admission
+from batcher.prefix_wait import waits_for_prefix
 from batcher.request import Request, RequestStatus
 from batcher.scheduler_state import SchedulerState, StepDraft
 from batcher.worker_state import WorkerState
@@ -72,14 +73,15 @@ def schedule_waiting(
     budget: int,
     step: StepDraft,
 ) -> int:
-    """Admit waiting requests in queue order while the budget, a slot and blocks allow."""
+    """Admit waiting requests in queue order while the budget, a slot and blocks allow; one whose
+    prefix a running request is still prefilling is passed over for now (prefix_wait.py)."""
     bm = ws.block_manager
     workers = list(state.workers.values())
     share = fair_share(workers, ws, len(state.waiting))
     weight = state.config.cache_overlap_weight
-    admitted = 0
-    while state.waiting and budget > 0 and len(ws.running) < ws.max_num_seqs:
-        req = state.waiting[0]
+    admitted = passed = 0
+    while len(state.waiting) > passed and budget > 0 and len(ws.running) < ws.max_num_seqs:
+        req = state.waiting[passed]
         if req.num_inflight_steps:
             break  # preempted while a step ran: its last token is still on the way
         if not ws.can_host(req):
@@ -87,12 +89,17 @@ def schedule_waiting(
                 break  # a larger worker will take it; keep arrival order
             fail_too_large(state, req, step)
             continue
+        if waits_for_prefix(state, ws, req):
+            passed += 1
+            if passed >= ws.max_num_seqs:
+                break  # a pass looks past at most a batch of held requests: it stays cheap
+            continue
         if not takes_next(workers, ws, req, admitted, share, weight):
             break  # placement.py sends it elsewhere
         plan = plan_admission(bm, req, budget)
         if plan.num_free_blocks_needed > bm.num_free_blocks:
             break
-        admit(state, ws, plan, step)
+        admit(state, ws, req, plan, step)
         budget -= plan.num_new_tokens
         admitted += 1
     return budget
@@ -105,10 +112,10 @@ def fail_too_large(state: SchedulerState, req: Request, step: StepDraft) -> None
     step.failed.append(req)
 
 
-def admit(state: SchedulerState, ws: WorkerState, plan: Admission, step: StepDraft) -> None:
-    """Move the head of the waiting queue onto `ws`: its cached prefix taken, `plan.num_new_tokens`
+def admit(state: SchedulerState, ws: WorkerState, req: Request, plan: Admission, step: StepDraft) -> None:
+    """Move `req` from the waiting queue onto `ws`: its cached prefix taken, `plan.num_new_tokens`
     to compute this step."""
-    req = state.waiting.popleft()
+    state.waiting.remove(req)
     bm = ws.block_manager
     bm.take(plan.cached_block_ids)
     req.block_ids = plan.cached_block_ids

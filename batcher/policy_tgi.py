@@ -25,7 +25,7 @@ def schedule_tgi(state: SchedulerState, ws: WorkerState, step: StepDraft) -> Non
     batch = _candidates(state, ws, step)
     if batch and len(batch) >= min_size:
         for req in batch:  # planned again: each one admitted may cache blocks the next one shares
-            admit(state, ws, plan_admission(ws.block_manager, req, req.num_tokens), step)
+            admit(state, ws, req, plan_admission(ws.block_manager, req, req.num_tokens), step)
         ws.steps_since_admission = 1
         return
     if ws.running:

@@ -56,13 +56,18 @@ class Admission:
     num_free_blocks_needed: int  # new blocks plus cached ones nobody held until now
 
 
-def cached_prefix_blocks(bm: BlockManager, req: Request) -> list[int]:
-    """The blocks of `req`'s longest cached prefix in `bm` that admitting it would take."""
+def max_cached_blocks(req: Request, block_size: int) -> int:
+    """The most blocks `req` may take from a cache when admitted."""
     # Whole blocks only, and at least one token left to compute; none for a request whose prompt
     # logprobs come from this forward (recomputed with its output, it no longer needs them).
-    max_blocks = (req.num_tokens - 1) // bm.block_size
     if req.sampling_params.prompt_logprobs is not None and not req.output_token_ids:
-        max_blocks = 0
+        return 0
+    return (req.num_tokens - 1) // block_size
+
+
+def cached_prefix_blocks(bm: BlockManager, req: Request) -> list[int]:
+    """The blocks of `req`'s longest cached prefix in `bm` that admitting it would take."""
+    max_blocks = max_cached_blocks(req, bm.block_size)
     return bm.cached_prefix(block_hashes(req, bm.block_size), max_blocks) if max_blocks else []
 
 

@@ -40,6 +40,7 @@ class Request:
     block_hashes: list[bytes] = field(default_factory=list)
     hash_block_size: int = 0
     num_cached_blocks: int = 0
+    num_prefix_waits: int = 0  # scheduling passes it was held for a prefix another request computes
     worker_id: str | None = None  # the worker holding its KV while RUNNING
     attempt: int = 0  # bumped on every (re)schedule; the worker stamps it on token events
     num_preemptions: int = 0

@@ -34,6 +34,8 @@ class SchedulerConfig:
     # Placement (placement.py): a block still to prefill on a worker weighs this many of its free
     # blocks; 0 places by load alone.
     cache_overlap_weight: float = 1.0
+    # A waiting request whose prefix a running request is still prefilling waits for it (prefix_wait.py).
+    prefix_wait: bool = True
 
     @property
     def max_steps_in_flight(self) -> int:

@@ -59,6 +59,7 @@ class Batcher:
                 max_deliveries=settings.max_deliveries,
                 enable_prefix_caching=settings.enable_prefix_caching,
                 cache_overlap_weight=settings.cache_overlap_weight,
+                prefix_wait=settings.prefix_wait,
             )
         )
         self.metrics = BatcherMetrics(self.scheduler)

@@ -63,6 +63,11 @@ class BatcherSettings(BaseSettings):
     cache_overlap_weight: float = Field(
         1.0, ge=0, description="A block still to prefill on a worker weighs this many blocks of its load."
     )
+    prefix_wait: bool = Field(
+        True,
+        description="A waiting request whose prefix a running request is still prefilling waits (boundedly) "
+        "for those blocks instead of computing them again; later requests pass it meanwhile.",
+    )
     heartbeat_timeout_s: float = Field(
         5.0, gt=0, description="A worker whose last heartbeat is older than this is dead."
     )

@@ -132,3 +132,36 @@ def test_killing_the_worker_that_holds_the_prefix_keeps_every_stream_exact(
         assert not s.errors and s.token_ids == expected[i], f"stream {i} differs from generate"
     stats = stack.stats()
     assert stats["num_failovers"] >= 1 and stats["prefix_cache_hits"] > 0, stats
+
+
+def test_concurrent_requests_sharing_a_prefix_compute_it_once(
+    make_stack: Callable[[], Stack], tiny_model_dir: Path
+) -> None:
+    # Three prefixes of 4 blocks, three requests each, all sent at once to a worker computing
+    # 32-token chunks with async scheduling: each prefix is computed by the first of its requests
+    # only (a prefix's blocks are findable once the chunk computing them is sent, and one worker
+    # admits a request only once the running prompts' chunks are; across workers prefix_wait.py
+    # holds it back instead: tests/test_prefix_wait.py).
+    rng = random.Random(7)
+    prefixes = [[rng.randrange(3, 500) for _ in range(4 * BLOCK_SIZE)] for _ in range(3)]
+    prompts = [prefixes[i % 3] + [rng.randrange(3, 500) for _ in range(5 + i)] for i in range(9)]
+    expected = greedy_generate(tiny_model_dir, prompts, 12)
+    batcher_env = {"BATCHER_MAX_NUM_BATCHED_TOKENS": "32", "BATCHER_ASYNC_SCHEDULING": "true"}
+    stack = make_stack().start_all(1, batcher_env, WORKER_ENV)
+
+    async def one(client: httpx.AsyncClient, prompt: list[int]) -> dict:
+        body = {"prompt": prompt, "max_tokens": 12, "temperature": 0, "ignore_eos": True}
+        resp = await client.post("/v1/completions", json={**body, "return_token_ids": True})
+        assert resp.status_code == 200, resp.text
+        return resp.json()
+
+    async def all_at_once() -> list[dict]:
+        async with httpx.AsyncClient(base_url=stack.base_url, timeout=120) as client:
+            return await asyncio.gather(*(one(client, p) for p in prompts))
+
+    answers = asyncio.run(all_at_once())
+    assert [a["choices"][0]["token_ids"] for a in answers] == expected
+    cached = [a["usage"]["prompt_tokens_details"]["cached_tokens"] for a in answers]
+    for group in range(3):
+        assert sorted(cached[group::3]) == [0, 4 * BLOCK_SIZE, 4 * BLOCK_SIZE], cached
+    assert stack.stats()["prefix_cache_hits"] == 6 * 4 * BLOCK_SIZE

@@ -156,7 +156,11 @@ class Inbox:
             if msg.epoch != self.leadership.epoch:
                 return  # a step of an earlier leader, computed before its worker was fenced
             self.metrics.on_step_result(msg)
+            ws = self.scheduler.workers.get(msg.worker_id)
+            num_in_flight = len(ws.in_flight) if ws is not None else 0
             self.outbox.finished(self.scheduler.update_from_output(msg))
+            if ws is not None and len(ws.in_flight) < num_in_flight:
+                ws.clock.on_result(time.time(), len(ws.in_flight))
         elif isinstance(msg, AbortRequest):
             self._abort(msg.req_id, msg.reason)
         elif isinstance(msg, WorkerInfo):

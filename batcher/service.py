@@ -70,6 +70,7 @@ class Batcher:
         self.housekeeping = Housekeeping(ctx)
         self.inbox = Inbox(ctx, self.metrics, self.housekeeping)
         self._steps: list[tuple[str, bytes]] = []  # (steps stream, encoded step) to send, fenced
+        self._next_plan_at = float("inf")  # the earliest deferred async step is planned then
 
     @property
     def num_recovered(self) -> int:
@@ -110,7 +111,7 @@ class Batcher:
     def step(self) -> None:
         """One iteration of the busy loop."""
         chores = self.housekeeping
-        self.inbox.receive(until=chores.next_worker_check)
+        self.inbox.receive(until=min(chores.next_worker_check, self._next_plan_at))
         now = time.time()
         if now >= chores.next_worker_check:
             chores.check_workers(now)
@@ -123,10 +124,19 @@ class Batcher:
 
     # ----- schedule and send ---------------------------------------------------------------------
     def schedule(self) -> None:
-        """Build the next step of every worker that has room for one (two with async scheduling)."""
+        """Build the next step of every worker that has room for one (two with async scheduling: the
+        second shortly before the first is expected to end, step_clock.py)."""
         max_in_flight = self.scheduler.config.max_steps_in_flight
+        now = time.time()
+        self._next_plan_at = float("inf")
         for worker_id, ws in self.scheduler.workers.items():
             while len(ws.in_flight) < max_in_flight:
+                if ws.in_flight:
+                    plan_at = ws.clock.plan_at(self.settings.async_plan_lead)
+                    if plan_at is not None and now < plan_at:
+                        self._next_plan_at = min(self._next_plan_at, plan_at)
+                        break
+                num_in_flight = len(ws.in_flight)
                 out, failed = self.scheduler.schedule(worker_id)
                 self.outbox.finished(failed)
                 if out is None:
@@ -134,6 +144,7 @@ class Batcher:
                 out.epoch = self.leadership.epoch
                 self._steps.append((self.keys.worker_steps(worker_id), encode(out)))
                 now = time.time()
+                ws.clock.on_sent(now, num_in_flight)
                 self.metrics.on_step_sent(worker_id, out, now)
                 self._trace(ws, out, now)
                 self.outbox.stats_dirty = True

@@ -55,6 +55,13 @@ class BatcherSettings(BaseSettings):
     async_scheduling: bool = Field(
         False, description="Send a worker's step N+1 while step N runs, so it never waits on the batcher."
     )
+    async_plan_lead: float = Field(
+        0.2,
+        gt=0,
+        le=1,
+        description="With async scheduling, plan a worker's next step this fraction of a step before the "
+        "running one is expected to end, so requests arriving meanwhile join it; 1 plans it at once.",
+    )
     enable_prefix_caching: bool = Field(
         True,
         description="Reuse the KV of a prompt's cached prefix (full blocks) instead of computing it again.",

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from batcher.block_manager import BlockManager
 from batcher.request import Request
+from batcher.step_clock import StepClock
 from common.protocol import WorkerInfo
 
 
@@ -21,6 +22,7 @@ class WorkerState:
     # (step_id, req_id -> tokens) of each step sent whose result has not arrived, oldest first
     in_flight: deque[tuple[int, dict[str, int]]] = field(default_factory=deque)
     step_id: int = 0
+    clock: StepClock = field(default_factory=StepClock)  # when to plan its next step (async scheduling)
     steps_since_admission: int = 0  # tgi policy: TGI's `waiting_tokens`
     prefix_cache_queries: int = 0  # prompt tokens of admitted requests (recomputes included)
     prefix_cache_hits: int = 0  # of which found cached

@@ -26,6 +26,7 @@ from common.protocol import (
     decode_request,
 )
 from common.redis_conn import MAX_BLOCK_MS, as_str
+from common.retry import REDIS_DOWN
 
 log = logging.getLogger("batcher")
 
@@ -173,6 +174,8 @@ class Inbox:
     def _last_id(self, stream: str) -> str:
         try:
             info = self.redis.xinfo_stream(stream)
+        except REDIS_DOWN:
+            raise  # CLUSTERDOWN is a ResponseError too: not "no stream", which would replay the inbox
         except redis.ResponseError:
             return "0-0"  # no such stream yet
         return as_str(info["last-generated-id"])

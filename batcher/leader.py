@@ -4,10 +4,11 @@ Any number of batcher processes may run; one holds the lease and serves, the oth
 Each time a process takes the lease it builds a fresh `Batcher`, which rebuilds its state from Redis
 (batcher/recovery.py); a process that loses the lease drops all its state and stands by again.
 
-A Redis outage (restart, crash, network) is handled like a takeover: the batcher drops its state,
-waits with backoff until Redis answers, takes the lease again (its own lease, if Redis kept it, with
-a new epoch) and rebuilds from Redis. Keeping the in-memory state instead would be wrong after a
-Redis killed with AOF everysec: up to a second of writes (token events, step results, acks, step
+A Redis outage (restart, crash, network, a cluster master's failover) is handled like a takeover:
+the batcher drops its state, waits with backoff until Redis answers for its cell's slot, takes the
+lease again (its own lease, if Redis kept it, with a new epoch) and rebuilds from Redis. Keeping the
+in-memory state instead would be wrong after a Redis killed with AOF everysec, or a master failover
+(replication is asynchronous): up to a second of writes (token events, step results, acks, step
 messages) may be gone, so the scheduler's view and Redis no longer agree; rebuilding makes Redis,
 as it came back, the truth again, and fencing the workers drops whatever they held.
 """
@@ -24,6 +25,7 @@ from batcher.leadership import Leadership, LeadershipLost, current_leader
 from batcher.service import Batcher
 from batcher.settings import BatcherSettings
 from common.retry import REDIS_DOWN, wait_for_redis
+from common.streams import cell_keys
 
 log = logging.getLogger("batcher")
 
@@ -55,7 +57,7 @@ def serve(settings: BatcherSettings, client: redis.Redis, stop: threading.Event)
             except REDIS_DOWN as e:
                 log.warning("redis unreachable (%s): state dropped, waiting to rebuild it", e)
                 after_outage = True
-                if not wait_for_redis(client, stop):
+                if not wait_for_redis(client, stop, key=cell_keys(settings.cell).lease):
                     break
                 log.info("redis reachable again: recovering as on a takeover")
     finally:

@@ -19,7 +19,16 @@ import redis
 import redis.exceptions
 
 # What "Redis is not there right now" looks like; BusyLoadingError (AOF loading) is a ConnectionError.
-REDIS_DOWN: tuple[type[Exception], ...] = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
+# On a Redis Cluster, during a master's failover: CLUSTERDOWN (every node refuses commands while a
+# slot has no master), TRYAGAIN, and a slot the client's map lacks. None ran the command. redis-py
+# retries them for about a second, less than a failover takes.
+REDIS_DOWN: tuple[type[Exception], ...] = (
+    redis.exceptions.ConnectionError,
+    redis.exceptions.TimeoutError,
+    redis.exceptions.ClusterDownError,
+    redis.exceptions.TryAgainError,
+    redis.exceptions.SlotNotCoveredError,
+)
 
 T = TypeVar("T")
 
@@ -48,12 +57,15 @@ class Backoff:
         return self.num_failures > 0
 
 
-def wait_for_redis(client: redis.Redis, stop: threading.Event, backoff: Backoff | None = None) -> bool:
-    """PING with backoff until Redis answers (True) or `stop` is set (False)."""
+def wait_for_redis(
+    client: redis.Redis, stop: threading.Event, backoff: Backoff | None = None, key: str | None = None
+) -> bool:
+    """PING with backoff until Redis answers (True) or `stop` is set (False). With `key`, a read of
+    it instead: on a cluster, its slot's master must answer, not any node (a failover in progress)."""
     backoff = backoff or Backoff()
     while not stop.is_set():
         try:
-            client.ping()
+            client.ping() if key is None else client.exists(key)
             return True
         except REDIS_DOWN:
             stop.wait(backoff.next_delay())

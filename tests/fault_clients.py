@@ -121,12 +121,16 @@ def check_clients(seen: list[ClientStream], expected: list[list[int]]) -> None:
         assert s.token_ids == expected[i], f"stream {i} differs from generate"
 
 
-def raw_token_events(redis_url: str, skip: Collection[str] = ()) -> list[list[TokenEvent]]:
+def raw_token_events(
+    redis_url: str | redis.Redis, skip: Collection[str] = (), cell: str = streams.DEFAULT_CELL
+) -> list[list[TokenEvent]]:
     """Every event of every request's raw token stream in Redis (but the `skip` req_ids'), in stream
-    order, the streams sorted by key: not what readers filter, what was written."""
-    client = redis.Redis.from_url(redis_url)
+    order, the streams sorted by key: not what readers filter, what was written. `redis_url` may be
+    a client of one node (a cluster's master serving a cell's slot)."""
+    client = redis.Redis.from_url(redis_url) if isinstance(redis_url, str) else redis_url
     skipped = {streams.token_stream(req_id) for req_id in skip}
-    keys = sorted(k.decode() for k in client.scan_iter(match=streams.token_stream("*")))  # type: ignore[union-attr]
+    pattern = streams.token_stream(streams.placed_req_id(cell, "*"))
+    keys = sorted(k.decode() for k in client.scan_iter(match=pattern))  # type: ignore[union-attr]
     out = []
     for key in (k for k in keys if k not in skipped):
         entries: Any = client.xrange(key)
@@ -134,3 +138,15 @@ def raw_token_events(redis_url: str, skip: Collection[str] = ()) -> list[list[To
         assert all(isinstance(e, TokenEvent) for e in events), events
         out.append([e for e in events if isinstance(e, TokenEvent)])
     return out
+
+
+def check_one_token_per_index(events: list[TokenEvent], max_tokens: int) -> None:
+    """A raw token stream holds every index, each with one token, attempts never going back. A
+    publish whose reply was lost in an outage may be repeated (same index, same token)."""
+    by_index: dict[int, set[int]] = {}
+    for e in events:
+        by_index.setdefault(e.index, set()).add(e.token_id)
+    assert sorted(by_index) == list(range(max_tokens)), sorted(by_index)
+    assert all(len(tokens) == 1 for tokens in by_index.values()), by_index
+    attempts = [e.attempt for e in events]
+    assert attempts == sorted(attempts), attempts

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import redis
 
+from common.redis_conn import as_str
 from tests.conftest import free_port
 from tests.services import wait_for
 
@@ -29,13 +30,79 @@ class RedisCluster:
         return "redis://" + ",".join(f"127.0.0.1:{port}" for port in self.ports) + "/0"
 
     def nodes(self) -> list[redis.Redis]:
-        return [redis.Redis(port=port) for port in self.ports]
+        """A client of each node still running."""
+        return [redis.Redis(port=port) for port in self.live_ports()]
+
+    def live_ports(self) -> list[int]:
+        return [port for port, proc in zip(self.ports, self.procs, strict=True) if proc.poll() is None]
+
+    def master_of(self, key: str) -> int:
+        """The port of the master that serves `key`'s slot, as a live node sees the cluster now."""
+        node = redis.Redis(port=self.live_ports()[0], socket_timeout=2)
+        slot = int(node.execute_command("CLUSTER", "KEYSLOT", key))
+        for entry in _cluster_nodes(node):
+            if "master" in entry.flags and "fail" not in entry.flags and entry.serves(slot):
+                return entry.port
+        raise LookupError(f"no live master serves slot {slot}")
+
+    def replica_of(self, master_port: int) -> int:
+        """The port of the (one) replica of the master on `master_port`."""
+        nodes = _cluster_nodes(redis.Redis(port=master_port, socket_timeout=2))
+        master_id = next(e.node_id for e in nodes if e.port == master_port)
+        return next(e.port for e in nodes if e.master_id == master_id)
+
+    def proc(self, port: int) -> subprocess.Popen[bytes]:
+        return self.procs[self.ports.index(port)]
+
+    def kill(self, port: int) -> None:
+        """SIGKILL the node on `port` (no shutdown, no last words to its replica)."""
+        self.proc(port).kill()
+        self.proc(port).wait()
+
+    def is_master(self, port: int) -> bool:
+        """The node on `port` is a master, and the cluster, as it sees it, serves every slot."""
+        try:
+            node = redis.Redis(port=port, socket_timeout=1)
+            role = node.execute_command("ROLE")[0]
+            return as_str(role) == "master" and _cluster_ok(port)
+        except redis.RedisError:
+            return False
 
     def errorstats(self) -> dict[int, dict[str, object]]:
         """Each node's `INFO errorstats` (error name -> counts), by port."""
         return {
             node.connection_pool.connection_kwargs["port"]: node.info("errorstats") for node in self.nodes()
         }
+
+
+@dataclass(frozen=True)
+class NodeEntry:
+    """One line of CLUSTER NODES."""
+
+    node_id: str
+    port: int
+    flags: frozenset[str]
+    master_id: str  # "-" for a master
+    slots: tuple[tuple[int, int], ...]
+
+    def serves(self, slot: int) -> bool:
+        return any(lo <= slot <= hi for lo, hi in self.slots)
+
+
+def _cluster_nodes(node: redis.Redis) -> list[NodeEntry]:
+    text = as_str(node.execute_command("CLUSTER", "NODES"))
+    entries = []
+    for line in text.strip().splitlines():
+        node_id, addr, flags, master_id, *_rest = line.split()
+        slots = []
+        for part in line.split()[8:]:
+            if part.startswith("["):  # a slot being migrated: none here
+                continue
+            lo, _, hi = part.partition("-")
+            slots.append((int(lo), int(hi or lo)))
+        port = int(addr.split("@")[0].rpartition(":")[2])
+        entries.append(NodeEntry(node_id, port, frozenset(flags.split(",")), master_id, tuple(slots)))
+    return entries
 
 
 def assert_no_crossslot(cluster: RedisCluster) -> None:

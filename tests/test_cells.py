@@ -1,6 +1,7 @@
 """Two cells on one Redis Cluster behind one gateway: requests spread over both, each cell's batcher
-and workers serve only its own, greedy output equals `generate`, and a worker killed in a cell loses
-nothing (its requests resume on the cell's other worker). No command spans slots.
+and workers serve only its own, greedy output equals `generate`, and a worker or a batcher killed in
+a cell loses nothing (its requests resume on the cell's other worker; a new batcher of the cell
+rebuilds them while the other cell's batcher goes on). No command spans slots.
 """
 
 from __future__ import annotations
@@ -84,4 +85,36 @@ def test_two_cells_share_the_requests_and_a_worker_kill_loses_nothing(
     names = ("vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:kv_cache_usage_perc")
     idle = {(name, cell): 0.0 for name in names for cell in CELLS}
     wait_for(lambda: cell_gauges() == idle, 15, "both cells' load gauges to show them idle")
+    assert_no_crossslot(cluster)
+
+
+def test_a_batcher_kill_in_a_cell_loses_nothing(
+    stack: Stack, cluster: RedisCluster, cases: fault.FaultCases
+) -> None:
+    """Cell b's batcher is SIGKILLed mid-stream and a new one started: it takes the cell's lease (a
+    new epoch of that cell alone) and rebuilds the cell from Redis; cell a's batcher goes on."""
+    prompts, expected = cases
+    victim = stack.procs["batcher-b"]
+    epochs = {cell: stack.stats(cell)["epoch"] for cell in CELLS}
+
+    def kill_and_restart() -> None:
+        victim.send_signal(signal.SIGKILL)
+        victim.wait(timeout=10)
+        del stack.procs["batcher-b"]  # expected dead
+        stack.start_batcher("batcher-b2", CBSERVE_CELL="b", **BATCHER_ENV)
+
+    def took_over() -> None:
+        new_epoch = lambda: stack.stats("b").get("epoch", 0) == epochs["b"] + 1  # noqa: E731
+        wait_for(new_epoch, 60, "cell b's new batcher to take its lease")
+
+    seen, _ = asyncio.run(
+        fault.run_with_fault(
+            stack.base_url, prompts, fault.MAX_TOKENS, fault.TOKENS_BEFORE_FAULT, kill_and_restart, took_over
+        )
+    )
+    fault.check_clients(seen, expected)
+    stats = {cell: stack.stats(cell) for cell in CELLS}
+    assert stats["a"]["epoch"] == epochs["a"], stats  # the other cell's batcher never stopped
+    assert stats["b"]["num_recovered"] >= 1, stats  # it held requests when killed
+    assert stats["b"]["num_failed"] == 0, stats
     assert_no_crossslot(cluster)

@@ -85,14 +85,7 @@ def _check(
     token_streams = fault.raw_token_events(stack.redis_url, skip=burst_ids)
     assert len(token_streams) == NUM_STREAMS
     for events in token_streams:
-        by_index: dict[int, set[int]] = {}
-        for e in events:
-            by_index.setdefault(e.index, set()).add(e.token_id)
-        # A publish whose reply was lost in the outage may be repeated (same index, same token).
-        assert sorted(by_index) == list(range(MAX_TOKENS)), sorted(by_index)
-        assert all(len(tokens) == 1 for tokens in by_index.values()), by_index
-        attempts = [e.attempt for e in events]
-        assert attempts == sorted(attempts), attempts
+        fault.check_one_token_per_index(events, MAX_TOKENS)
     client = redis.Redis.from_url(stack.redis_url)
     assert client.xpending(streams.REQUESTS_STREAM, streams.BATCHER_GROUP)["pending"] == 0
     stats = stack.stats()

@@ -1,0 +1,66 @@
+"""Measure a Redis Cluster master failover under load: how long until the promoted replica takes
+writes, until every client stream goes on, the replication lag, and what was lost or recomputed.
+
+    python scripts/measure_failover.py                  # a plain SIGKILL of the cell's master
+    python scripts/measure_failover.py --lose-writes    # the replica cut off first: writes lost
+
+Starts a local 3-master, 3-replica cluster (tests/redis_cluster.py, cluster-node-timeout 2 s) and
+one cell on it (a batcher, a worker, a gateway: the processes the tests use) on the demo model,
+streams greedy completions, SIGKILLs the master serving the cell's slot once every stream has a few
+tokens (tests/cluster_failover.py), and prints per run: kill -> replica promoted, kill -> a write to
+the slot succeeds, kill -> every client has a new token, the longest client wait, the replication
+lag sampled under load, token events lost, requests the batcher rebuilt, and client streams that
+differ from `generate` (must be 0). Run from the repository root.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.cluster_failover import run_failover, start_cell  # noqa: E402
+from tests.fault_clients import random_cases  # noqa: E402
+from tests.redis_cluster import redis_cluster  # noqa: E402
+from tests.services import cluster_stack  # noqa: E402
+
+CELL = "a"
+
+
+def measure_once(args: argparse.Namespace, prompts: list[list[int]], expected: list[list[int]]) -> str:
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        redis_cluster(Path(tmp) / "cluster") as cluster,
+        cluster_stack(cluster.url, args.model, Path(tmp)) as stack,
+    ):
+        start_cell(stack, CELL)
+        run = run_failover(stack, cluster, CELL, prompts, args.max_tokens, args.lose_writes, args.lost_tokens)
+        stack.check_alive()
+        stats = stack.stats(CELL)
+    wrong = sum(s.token_ids != e for s, e in zip(run.seen, expected, strict=True))
+    return f"{run.summary()}; requests rebuilt {int(stats.get('num_recovered', 0))}; wrong streams {wrong}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--model", type=Path, default=ROOT / "models" / "demo")
+    parser.add_argument("--lose-writes", action="store_true", help="cut the replica off before the kill")
+    parser.add_argument("--lost-tokens", type=int, default=6, help="tokens per stream the replica misses")
+    parser.add_argument("--streams", type=int, default=8)
+    parser.add_argument("--max-tokens", type=int, default=160)
+    parser.add_argument("--runs", type=int, default=3)
+    args = parser.parse_args()
+    prompts, expected = random_cases(args.model, 0, args.streams, args.max_tokens)
+    print(f"lose_writes={args.lose_writes} streams={args.streams} max_tokens={args.max_tokens}", flush=True)
+    for run in range(args.runs):
+        print(f"run {run}: {measure_once(args, prompts, expected)}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -26,3 +26,15 @@ class BatcherContext:
     def keys(self) -> CellKeys:
         """The keys of the batcher's cell (CBSERVE_CELL)."""
         return cell_keys(self.settings.cell)
+
+
+class ContextPart:
+    """A part of the active batcher (inbox, housekeeping) that works on the context's pieces by name."""
+
+    def __init__(self, ctx: BatcherContext) -> None:
+        self.settings = ctx.settings
+        self.keys = ctx.keys
+        self.redis = ctx.redis
+        self.leadership = ctx.leadership
+        self.scheduler = ctx.scheduler
+        self.outbox = ctx.outbox

@@ -1,6 +1,6 @@
 """The active batcher's side of follow deadlines (openai_frontend/follow_deadlines.py): abort the unfollowed.
 
-About once a second, one script pops every request whose deadline in `llm:follow:leases` has passed;
+About once a second, one script pops every request whose deadline in `llm:{cell}:follow:deadlines` has passed;
 those the scheduler still holds (waiting or running) are aborted like a client's abort. A new leader
 waits `SETTLE_S` before its first look: after a takeover or a Redis outage the gateways need a
 moment to renew their deadlines, and a request must not die because the batcher came back first.

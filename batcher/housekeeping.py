@@ -7,7 +7,7 @@ import logging
 import time
 from typing import Any
 
-from batcher.context import BatcherContext
+from batcher.context import BatcherContext, ContextPart
 from batcher.follow_deadlines import FollowDeadlineReaper
 from batcher.retention import StreamTrimmer
 from common.protocol import FIELD, WorkerInfo, WorkerLost, decode_worker, encode
@@ -16,14 +16,9 @@ from common.redis_conn import as_str
 log = logging.getLogger("batcher")
 
 
-class Housekeeping:
+class Housekeeping(ContextPart):
     def __init__(self, ctx: BatcherContext) -> None:
-        self.settings = ctx.settings
-        self.keys = ctx.keys
-        self.redis = ctx.redis
-        self.leadership = ctx.leadership
-        self.scheduler = ctx.scheduler
-        self.outbox = ctx.outbox
+        super().__init__(ctx)
         self.next_worker_check = 0.0
         self._trimmer = StreamTrimmer(ctx.settings.retention_s)
         self._reaper = FollowDeadlineReaper()
@@ -46,7 +41,7 @@ class Housekeeping:
         for req_id in self._reaper.pop_expired(self.redis, self.keys, now):
             if req_id in self.scheduler.requests:
                 # The line keeps its first words: operators and tests match it.
-                log.info("no client follows it (lease expired): aborting", extra={"request_id": req_id})
+                log.info("no client follows it (deadline passed): aborting", extra={"request_id": req_id})
                 req = self.scheduler.abort_request(req_id, "abort", time.time())
                 if req is not None:
                     self.outbox.finished([req])

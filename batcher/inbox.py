@@ -11,7 +11,7 @@ import msgspec
 import redis
 
 from batcher import recovery
-from batcher.context import BatcherContext
+from batcher.context import BatcherContext, ContextPart
 from batcher.housekeeping import Housekeeping
 from batcher.metrics import BatcherMetrics
 from batcher.request import Request
@@ -34,14 +34,9 @@ log = logging.getLogger("batcher")
 READ_COUNT = 512
 
 
-class Inbox:
+class Inbox(ContextPart):
     def __init__(self, ctx: BatcherContext, metrics: BatcherMetrics, housekeeping: Housekeeping) -> None:
-        self.settings = ctx.settings
-        self.keys = ctx.keys
-        self.redis = ctx.redis
-        self.leadership = ctx.leadership
-        self.scheduler = ctx.scheduler
-        self.outbox = ctx.outbox
+        super().__init__(ctx)
         self.metrics = metrics
         self.housekeeping = housekeeping
         self.inbox_id = "0-0"  # the last inbox entry read

@@ -1,7 +1,7 @@
 """The batcher's busy loop: receive (requests, results, aborts), schedule, send (one step per worker).
 
 Reading is batcher/inbox.py, the writes about finished requests batcher/outbox.py, the periodic
-chores (heartbeats, trims, follow leases, queue deadlines) batcher/housekeeping.py, what a new
+chores (heartbeats, trims, follow deadlines, queue deadlines) batcher/housekeeping.py, what a new
 leader reads back batcher/recovery.py, and every scheduling decision batcher/scheduler.py.
 """
 

@@ -14,29 +14,10 @@ set -u -o pipefail
 cd "$(dirname "$0")/.."
 RESULT_DIR=$(realpath -m "${1:-docs/results}")
 WORK=$(mktemp -d /tmp/gpu-check-XXXX)
-mkdir -p "$RESULT_DIR"
-PY=${PYTHON:-python3}
-export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
-START=$(date +%s)
+source benchmarks/steps.sh
 BUDGET_S=${BUDGET_S:-450}
 PROFILE=${PROFILE:-gpu}
-
 source benchmarks/carried_wheels.sh
-
-log() { echo "[$(date +%T) +$(($(date +%s) - START))s] $*" | tee -a "$WORK/progress.log"; }
-# step NAME LIMIT_S CMD...: CMD under a time limit that also respects the run's budget.
-step() {
-    local name=$1 limit=$2; shift 2
-    local left=$((BUDGET_S - ($(date +%s) - START)))
-    if [ "$left" -lt 15 ]; then log "skip $name (budget spent)"; return 1; fi
-    [ "$limit" -gt "$left" ] && limit=$left
-    log "start $name (limit ${limit}s)"
-    timeout -k 5 "$limit" "$@" >"$WORK/$name.log" 2>&1
-    local rc=$?
-    log "end $name rc=$rc"
-    grep -v -E "it/s\]|s/it\]|Loading weights" "$WORK/$name.log" | tail -n 15
-    return $rc
-}
 
 if [ "$PROFILE" = smoke ]; then
     DEVICE=cpu DTYPE=bfloat16 SHAPE=tiny BATCHES=1,4 CONTEXT=64 PRESET=tiny MODEL=$WORK/model

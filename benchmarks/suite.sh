@@ -17,32 +17,13 @@ set -u -o pipefail
 cd "$(dirname "$0")/.."
 RESULT_DIR=$(realpath -m "${1:-benchmarks/results/gpu}")
 WORK=$(mktemp -d /tmp/gpu-run-XXXX)
-mkdir -p "$RESULT_DIR"
-PY=${PYTHON:-python3}
-export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
-START=$(date +%s)
-
+source benchmarks/steps.sh
 PROFILE=${PROFILE:-gpu}
 source benchmarks/carried_wheels.sh
 
-log() { echo "[$(date +%T) +$(($(date +%s) - START))s] $*" | tee -a "$WORK/progress.log"; }
 pack() { tar czf "$RESULT_DIR/gpu-results.tar.gz" -C "$WORK" . 2>/dev/null; cp "$WORK/progress.log" "$RESULT_DIR/"; }
-# step NAME LIMIT_S CMD...: runs CMD under a time limit that also respects the whole run's budget.
-step() {
-    local name=$1 limit=$2; shift 2
-    if [ -n "${STEPS:-}" ] && [[ " $STEPS " != *" $name "* ]]; then return 0; fi
-    local left=$((BUDGET_S - ($(date +%s) - START)))
-    if [ "$left" -lt 20 ]; then log "skip $name (budget spent)"; return 1; fi
-    limit=$((limit * ${LIMIT_SCALE:-1}))
-    [ "$limit" -gt "$left" ] && limit=$left
-    log "start $name (limit ${limit}s)"
-    timeout -k 5 "$limit" "$@" >"$WORK/$name.log" 2>&1
-    local rc=$?
-    log "end $name rc=$rc"
-    grep -v -E "it/s\]|s/it\]" "$WORK/$name.log" | tail -n 30
-    pack
-    return $rc
-}
+# After every step: its results come back even if a later one runs out of time.
+AFTER_STEP=pack STEP_MIN_LEFT_S=20 STEP_TAIL_LINES=30
 
 if [ "$PROFILE" = smoke ]; then
     DEVICE=cpu DTYPE=float32 PRESET=tiny MODEL=$WORK/model

@@ -96,7 +96,7 @@ def cell_keys(cell: str = DEFAULT_CELL) -> CellKeys:
         stats=f"{t}:batcher:stats",
         metrics=f"{t}:batcher:metrics",
         trace=f"{t}:batcher:trace",
-        follow_deadlines=f"{t}:follow:leases",
+        follow_deadlines=f"{t}:follow:deadlines",
         lease=f"{t}:batcher:lease",
         epoch=f"{t}:batcher:epoch",
     )

@@ -10,10 +10,9 @@ from fastapi import FastAPI
 from common.redis_conn import connect_async
 from gateway.api import (
     routes_batches,
-    routes_chat,
-    routes_completions,
     routes_dashboard,
     routes_files,
+    routes_generation,
     routes_metrics,
     routes_models,
     routes_requests,
@@ -78,8 +77,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
 
     app = FastAPI(title="cbserve gateway", lifespan=lifespan)
     install_error_handlers(app)
-    app.include_router(routes_completions.router)
-    app.include_router(routes_chat.router)
+    app.include_router(routes_generation.router)
     app.include_router(routes_responses.router)
     app.include_router(routes_requests.router)
     app.include_router(routes_models.router)

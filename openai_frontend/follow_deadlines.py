@@ -1,7 +1,7 @@
 """Follow deadlines keep followed requests alive; held in Redis, so that they outlive this process.
 
 Every request a client follows through this gateway (stream, non-streaming wait, resume) has a
-deadline in its cell's follow-deadline sorted set (`llm:{cell}:follow:leases`), pushed forward every second
+deadline in its cell's follow-deadline sorted set (`llm:{cell}:follow:deadlines`), pushed forward every second
 while the client is there. When the client leaves, the deadline becomes now + the resume window; a
 resuming client, through any gateway, pushes it forward again. If this gateway dies, its deadlines
 simply stop moving. Either way the active batcher aborts a request whose deadline has passed, so an abandoned

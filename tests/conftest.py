@@ -1,4 +1,5 @@
-"""Fixtures shared by every test: a private redis-server and the tiny model directory."""
+"""Fixtures shared by every test: a private redis-server, the tiny model directory, and an `openai`
+SDK client of a module's `stack` (tests/services.py `module_stack`)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ import redis
 from tests.tiny_model import build_tiny_model
 
 if TYPE_CHECKING:
+    import openai
+
     from tests.redis_cluster import RedisCluster
     from tests.services import Stack
 
@@ -120,3 +123,10 @@ def make_stack(redis_url: str, tiny_model_dir: Path, tmp_path: Path) -> Iterator
     finally:
         for stack in stacks:
             stack.stop()
+
+
+@pytest.fixture(scope="module")
+def client(stack: Stack) -> Iterator[openai.OpenAI]:
+    """An `openai` SDK client of the module's `stack` fixture (which the module defines)."""
+    with stack.sdk() as c:
+        yield c

@@ -17,7 +17,7 @@ import redis
 
 from benchmarks.gpu_parity import reference_greedy
 from common import streams
-from common.protocol import FIELD, TokenEvent, decode_event
+from common.protocol import FIELD, InboxMessage, TokenEvent, decode_event, decode_inbox
 
 FaultCases = tuple[list[list[int]], list[list[int]]]  # prompts, and generate's tokens for each
 # Fast failure detection, so that a dead worker is noticed within about two seconds.
@@ -150,3 +150,20 @@ def check_one_token_per_index(events: list[TokenEvent], max_tokens: int) -> None
     assert all(len(tokens) == 1 for tokens in by_index.values()), by_index
     attempts = [e.attempt for e in events]
     assert attempts == sorted(attempts), attempts
+
+
+def check_written_once(redis_url: str, num_streams: int, max_tokens: int) -> None:
+    """Not just filtered by readers: each index of each raw token stream was written exactly once,
+    by one attempt at a time."""
+    token_streams = raw_token_events(redis_url)
+    assert len(token_streams) == num_streams
+    for events in token_streams:
+        assert [e.index for e in events] == list(range(max_tokens)), [(e.index, e.attempt) for e in events]
+        attempts = [e.attempt for e in events]
+        assert attempts == sorted(attempts), attempts
+
+
+def inbox_messages(redis_url: str) -> list[InboxMessage]:
+    """Everything in the batcher's inbox so far (results, aborts, worker hellos), oldest first."""
+    entries: Any = redis.Redis.from_url(redis_url).xrange(streams.BATCHER_INBOX)
+    return [decode_inbox(fields[FIELD]) for _, fields in entries]

@@ -11,9 +11,10 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import httpx
+import pytest
 import redis
 
 from common import streams
@@ -169,6 +170,20 @@ def running_stack(
             yield stack
         finally:
             stack.stop()
+
+
+def module_stack(name: str, model_fixture: str = "tiny_model_dir", **env: Any) -> Any:
+    """A module-scoped `stack` fixture: `running_stack` (with `env`'s keyword arguments) on the model
+    that `model_fixture` names, its logs under a temporary folder called `name`. A module assigns it:
+    `stack = module_stack("so-stack")`; conftest's `client` is an SDK client of it."""
+
+    @pytest.fixture(scope="module")
+    def stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+        model_dir: Path = request.getfixturevalue(model_fixture)
+        with running_stack(tmp_path_factory.mktemp(name), model_dir, **env) as s:
+            yield s
+
+    return stack
 
 
 @contextlib.contextmanager

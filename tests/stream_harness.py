@@ -8,6 +8,7 @@ real Redis with the real message encoding.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import redis
@@ -32,8 +33,7 @@ class StreamHarness:
     def __init__(self, redis_url: str) -> None:
         # Typed loosely: redis-py's sync stubs union every possible reply shape.
         self.redis: Any = redis.Redis.from_url(redis_url)
-        self._requests_last_id = "0-0"
-        self._inbox_last_id = "0-0"
+        self._last_read = {REQUESTS_STREAM: "0-0", BATCHER_INBOX: "0-0"}  # stream -> last entry id read
 
     def close(self) -> None:
         self.redis.close()
@@ -43,15 +43,21 @@ class StreamHarness:
         at_ms = int((time.time() if at is None else at) * 1000)
         self.redis.zadd(WORKERS_HEARTBEAT, {worker_id: at_ms})
 
-    def next_request(self, timeout_s: float = 10.0) -> GenerateRequest:
-        """The next GenerateRequest on the requests stream, waiting up to `timeout_s`."""
+    def _read_new(self, stream: str, count: int, timeout_s: float) -> Iterator[bytes]:
+        """The messages of `stream`'s entries after the last one read, each marked read as it is
+        yielded; waits up to `timeout_s` in all for them."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            reply = self.redis.xread({REQUESTS_STREAM: self._requests_last_id}, count=1, block=BLOCK_MS)
+            reply = self.redis.xread({stream: self._last_read[stream]}, count=count, block=BLOCK_MS)
             for _, entries in reply or []:
                 for entry_id, fields in entries:
-                    self._requests_last_id = entry_id.decode()
-                    return decode_request(fields[FIELD])
+                    self._last_read[stream] = entry_id.decode()
+                    yield fields[FIELD]
+
+    def next_request(self, timeout_s: float = 10.0) -> GenerateRequest:
+        """The next GenerateRequest on the requests stream, waiting up to `timeout_s`."""
+        for data in self._read_new(REQUESTS_STREAM, 1, timeout_s):
+            return decode_request(data)
         raise TimeoutError("no GenerateRequest arrived")
 
     def num_requests(self) -> int:
@@ -102,15 +108,10 @@ class StreamHarness:
 
     def wait_abort(self, req_id: str, timeout_s: float = 10.0) -> AbortRequest:
         """The first AbortRequest for `req_id` in the batcher's inbox, waiting up to `timeout_s`."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            reply = self.redis.xread({BATCHER_INBOX: self._inbox_last_id}, count=100, block=BLOCK_MS)
-            for _, entries in reply or []:
-                for entry_id, fields in entries:
-                    self._inbox_last_id = entry_id.decode()
-                    message = decode_inbox(fields[FIELD])
-                    if isinstance(message, AbortRequest) and message.req_id == req_id:
-                        return message
+        for data in self._read_new(BATCHER_INBOX, 100, timeout_s):
+            message = decode_inbox(data)
+            if isinstance(message, AbortRequest) and message.req_id == req_id:
+                return message
         raise TimeoutError(f"no AbortRequest for {req_id}")
 
     def aborts(self) -> list[AbortRequest]:

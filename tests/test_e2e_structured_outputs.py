@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
@@ -18,7 +17,7 @@ from pydantic import BaseModel, Field
 from tokenizers import Tokenizer
 
 from common.streams import REQUESTS_STREAM
-from tests.services import Stack, running_stack
+from tests.services import Stack, module_stack
 
 USER = [{"role": "user", "content": "Describe a pet as JSON."}]
 SEEDS = range(3)
@@ -68,16 +67,7 @@ class Pet(BaseModel):
     age: int | None = Field(ge=0, le=20)
 
 
-@pytest.fixture(scope="module")
-def stack(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    with running_stack(tmp_path_factory.mktemp("so-stack"), tiny_model_dir) as stack:
-        yield stack
-
-
-@pytest.fixture(scope="module")
-def client(stack: Stack) -> Iterator[openai.OpenAI]:
-    with openai.OpenAI(base_url=f"{stack.base_url}/v1", api_key="unused", timeout=120, max_retries=0) as c:
-        yield c
+stack = module_stack("so-stack")
 
 
 def json_schema_format(name: str) -> dict[str, Any]:

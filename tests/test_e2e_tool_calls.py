@@ -9,7 +9,6 @@ of a call with `structured_outputs.choice`, which the parser then reads like any
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
@@ -28,7 +27,7 @@ from gateway.model_loader import load_served_model
 from gateway.settings import GatewaySettings
 from openai_frontend.openai_schemas import ChatMessage
 from openai_frontend.prompts import chat_prompt_ids
-from tests.services import Stack, running_stack
+from tests.services import Stack, module_stack
 
 MODEL = "tiny-llama"
 USER = [{"role": "user", "content": "Plan a trip."}]
@@ -73,16 +72,12 @@ SEEDS = range(3)
 CALL_TEXT = 'Sure.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
 
 
-@pytest.fixture(scope="module")
-def stack(tool_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    with running_stack(tmp_path_factory.mktemp("tools-stack"), tool_model_dir) as stack:
-        yield stack
+stack = module_stack("tools-stack", "tool_model_dir")
 
 
-@pytest.fixture(scope="module")
-def client(stack: Stack) -> Iterator[openai.OpenAI]:
-    with stack.sdk() as c:
-        yield c
+def _ask(client: openai.OpenAI, tools: list[dict[str, Any]] = TOOLS, **params: Any) -> Any:
+    """A chat completion of USER offering `tools` (all of TOOLS by default), with the other `params`."""
+    return client.chat.completions.create(model=MODEL, messages=USER, tools=tools, **params)  # type: ignore[arg-type]
 
 
 def _arguments(call: Any) -> dict[str, Any]:
@@ -104,10 +99,8 @@ def _validate(call: Any) -> None:
 )
 def test_forced_single_call_validates(client: openai.OpenAI, tool_choice: Any) -> None:
     for seed in SEEDS:
-        answer = client.chat.completions.create(
-            model=MODEL,
-            messages=USER,  # type: ignore[arg-type]
-            tools=TOOLS,  # type: ignore[arg-type]
+        answer = _ask(
+            client,
             tool_choice=tool_choice,
             parallel_tool_calls=False,
             temperature=1.0,
@@ -128,10 +121,9 @@ def test_forced_single_call_validates(client: openai.OpenAI, tool_choice: Any) -
 
 def test_a_function_may_be_named_like_a_mode(client: openai.OpenAI) -> None:
     tools = [{"type": "function", "function": {"name": name}} for name in ("required", "auto")]
-    answer = client.chat.completions.create(
-        model=MODEL,
-        messages=USER,  # type: ignore[arg-type]
-        tools=tools,  # type: ignore[arg-type]
+    answer = _ask(
+        client,
+        tools,
         tool_choice={"type": "function", "function": {"name": "required"}},
         temperature=1.0,
         seed=3,
@@ -145,10 +137,8 @@ def test_a_function_may_be_named_like_a_mode(client: openai.OpenAI) -> None:
 def test_forced_parallel_calls_validate(client: openai.OpenAI, tiny_tokens: dict[str, int]) -> None:
     counts = set()
     for seed in SEEDS:
-        answer = client.chat.completions.create(
-            model=MODEL,
-            messages=USER,  # type: ignore[arg-type]
-            tools=TOOLS,  # type: ignore[arg-type]
+        answer = _ask(
+            client,
             tool_choice="required",
             temperature=1.0,
             seed=seed,
@@ -272,10 +262,8 @@ def test_a_fetch_by_id_names_the_calls_as_the_answer_did(client: openai.OpenAI, 
 
 
 def test_tool_choice_none_parses_nothing(client: openai.OpenAI) -> None:
-    choice = client.chat.completions.create(
-        model=MODEL,
-        messages=USER,  # type: ignore[arg-type]
-        tools=TOOLS,  # type: ignore[arg-type]
+    choice = _ask(
+        client,
         tool_choice="none",
         temperature=0.0,
         max_tokens=100,

@@ -20,7 +20,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from tests.services import Stack, running_stack
+from tests.services import Stack, module_stack
 
 TOL = 1e-3  # fp32 on both sides; sums over a few tokens
 _rng = random.Random(16)
@@ -28,18 +28,11 @@ CONTEXTS = [[_rng.randrange(3, 500) for _ in range(n)] for n in (21, 9, 30)]
 CHOICES = [[_rng.randrange(3, 500) for _ in range(n)] for n in (1, 3, 5)]
 
 
-@pytest.fixture(scope="module")
-def stack(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    # Small chunks and blocks: prompts span several prefill steps and cached blocks.
-    worker_env = {"WORKER_MAX_NUM_BATCHED_TOKENS": "8", "WORKER_MAX_NUM_SEQS": "8", "WORKER_BLOCK_SIZE": "4"}
-    with running_stack(tmp_path_factory.mktemp("eval-stack"), tiny_model_dir, worker_env=worker_env) as stack:
-        yield stack
-
-
-@pytest.fixture(scope="module")
-def client(stack: Stack) -> Iterator[openai.OpenAI]:
-    with stack.sdk() as c:
-        yield c
+# Small chunks and blocks: prompts span several prefill steps and cached blocks.
+stack = module_stack(
+    "eval-stack",
+    worker_env={"WORKER_MAX_NUM_BATCHED_TOKENS": "8", "WORKER_MAX_NUM_SEQS": "8", "WORKER_BLOCK_SIZE": "4"},
+)
 
 
 @pytest.fixture(scope="module")

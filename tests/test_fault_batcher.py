@@ -31,7 +31,6 @@ from common.protocol import (
     ModelRunnerOutput,
     SamplingParams,
     WorkerInfo,
-    decode_inbox,
     encode,
 )
 from tests import fault_clients as fault
@@ -68,9 +67,7 @@ def _start(make_stack: Callable[[], Stack], batcher_ids: list[str]) -> Stack:
 
 
 def _results(redis_url: str) -> list[ModelRunnerOutput]:
-    entries: Any = redis.Redis.from_url(redis_url).xrange(streams.BATCHER_INBOX)
-    messages = [decode_inbox(fields[FIELD]) for _, fields in entries]
-    return [m for m in messages if isinstance(m, ModelRunnerOutput)]
+    return [m for m in fault.inbox_messages(redis_url) if isinstance(m, ModelRunnerOutput)]
 
 
 def _check(
@@ -81,13 +78,7 @@ def _check(
     epoch: int,
 ) -> None:
     fault.check_clients(seen, expected)
-    # Not just filtered by readers: each index was written exactly once, by one attempt at a time.
-    token_streams = fault.raw_token_events(stack.redis_url)
-    assert len(token_streams) == len(prompts)
-    for events in token_streams:
-        assert [e.index for e in events] == list(range(MAX_TOKENS)), [(e.index, e.attempt) for e in events]
-        attempts = [e.attempt for e in events]
-        assert attempts == sorted(attempts), attempts
+    fault.check_written_once(stack.redis_url, len(prompts), MAX_TOKENS)
     # The old batcher's steps all came before the new one's: once a result of the new epoch is in
     # the inbox, no result of an older epoch follows (no request was scheduled by both at once).
     epochs = [r.epoch for r in _results(stack.redis_url)]

@@ -14,7 +14,6 @@ import os
 import signal
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 import redis
@@ -25,7 +24,6 @@ from common.protocol import (
     ModelRunnerOutput,
     SamplingParams,
     WorkerInfo,
-    decode_inbox,
     encode,
 )
 from tests import fault_clients as fault
@@ -46,13 +44,7 @@ def _check(
     stack: Stack, prompts: list[list[int]], expected: list[list[int]], seen: list[fault.ClientStream]
 ) -> None:
     fault.check_clients(seen, expected)
-    # Not just filtered by readers: each index was written exactly once, by one attempt at a time.
-    token_streams = fault.raw_token_events(stack.redis_url)
-    assert len(token_streams) == len(prompts)
-    for events in token_streams:
-        assert [e.index for e in events] == list(range(MAX_TOKENS)), [(e.index, e.attempt) for e in events]
-        attempts = [e.attempt for e in events]
-        assert attempts == sorted(attempts), attempts
+    fault.check_written_once(stack.redis_url, len(prompts), MAX_TOKENS)
     stats = stack.stats()
     assert stats["num_finished"] == NUM_STREAMS and stats["num_failed"] == 0, stats
     assert stats["num_workers_lost"] >= 1 and stats["num_failovers"] >= 1, stats
@@ -140,8 +132,7 @@ def test_fenced_worker_writes_nothing_and_rejoins(make_stack: Callable[[], Stack
     wait_for(lambda: client.hexists(streams.WORKERS_HASH, f"{worker_id}.1"), 30, "the rejoin")
     assert worker.poll() is None
     assert not client.exists(streams.token_stream("stale"))
-    inbox: Any = client.xrange(streams.BATCHER_INBOX)
-    messages = [decode_inbox(fields[FIELD]) for _, fields in inbox]
+    messages = fault.inbox_messages(stack.redis_url)
     assert not [m for m in messages if isinstance(m, ModelRunnerOutput)], messages
     hellos = [m.worker_id for m in messages if isinstance(m, WorkerInfo)]
     assert hellos == [worker_id, f"{worker_id}.1"]

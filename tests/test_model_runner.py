@@ -16,11 +16,10 @@ from common.protocol import (
     ModelRunnerOutput,
     NewRequestData,
     SamplingParams,
-    SchedulerOutput,
 )
 from gpu_worker.model_runner import ModelRunner
 from gpu_worker.settings import WorkerSettings
-from tests.worker_steps import new_request, prefill_step
+from tests.worker_steps import new_request, prefill_step, scheduler_output
 
 # The tiny model's greedy continuation of this prompt is [461, 0, 257, 0, ...]: EOS (0) mid-stream.
 EOS_PROMPT = [462, 383, 46, 427, 255, 274, 170, 352]
@@ -113,28 +112,21 @@ class SimScheduler:
                 )
             else:
                 new.append(
-                    NewRequestData(
-                        req_id=req.req_id,
-                        prompt_token_ids=req.prompt,
+                    new_request(
+                        req.req_id,
+                        req.prompt,
+                        req.params,
+                        list(req.blocks),
                         output_token_ids=list(req.outputs),
-                        sampling_params=req.params,
-                        block_ids=list(req.blocks),
-                        num_computed_tokens=req.num_computed,
                         attempt=req.attempt,
+                        num_computed_tokens=req.num_computed,
                     )
                 )
                 req.on_worker = True
             scheduled[req.req_id] = num
             budget -= num
         output = self.runner.execute_model(
-            SchedulerOutput(
-                step_id=self.step_id,
-                scheduled_new_reqs=new,
-                scheduled_cached_reqs=cached,
-                num_scheduled_tokens=scheduled,
-                total_num_scheduled_tokens=sum(scheduled.values()),
-                finished_req_ids=self.to_free,
-            )
+            scheduler_output(self.step_id, new, cached, scheduled, self.to_free)
         )
         self.to_free = []
         assert output.req_errors == {}
@@ -254,15 +246,11 @@ def test_bad_request_fails_alone(runner: ModelRunner) -> None:
     good = new_request("good", [5, 6, 7], SamplingParams(max_tokens=2, temperature=0.0), [0])
     bad = new_request("bad", [5, 10**6], SamplingParams(max_tokens=2), [1])
     output = runner.execute_model(
-        SchedulerOutput(
-            step_id=0,
-            scheduled_new_reqs=[good, bad],
-            scheduled_cached_reqs=[
-                CachedRequestData(req_id="ghost", new_block_ids=[], num_computed_tokens=4)
-            ],
-            num_scheduled_tokens={"good": 3, "bad": 2, "ghost": 1},
-            total_num_scheduled_tokens=6,
-            finished_req_ids=[],
+        scheduler_output(
+            0,
+            [good, bad],
+            [CachedRequestData(req_id="ghost", new_block_ids=[], num_computed_tokens=4)],
+            {"good": 3, "bad": 2, "ghost": 1},
         )
     )
     assert output.req_ids == ["good"]
@@ -346,14 +334,7 @@ def test_step_that_raises_is_rerun_request_by_request(tiny_model_dir: Path) -> N
         ]
         joins = [new("poison", [poison, 7])] if step_id == 1 else []
         out = runner.execute_model(
-            SchedulerOutput(
-                step_id=step_id,
-                scheduled_new_reqs=joins,
-                scheduled_cached_reqs=cached,
-                num_scheduled_tokens={"a": 1, "b": 1} | ({"poison": 2} if joins else {}),
-                total_num_scheduled_tokens=4 if joins else 2,
-                finished_req_ids=[],
-            )
+            scheduler_output(step_id, joins, cached, {"a": 1, "b": 1} | ({"poison": 2} if joins else {}))
         )
         assert sorted(out.req_ids) == ["a", "b"]
         events = {e.req_id: e for e in runner.token_events(out)}

@@ -10,15 +10,14 @@ from transformers import AutoModelForCausalLM
 
 from common.protocol import (
     CachedRequestData,
-    NewRequestData,
     PromptEvent,
     SamplingParams,
-    SchedulerOutput,
     TokenEvent,
 )
 from gpu_worker import prompt_logprobs
 from gpu_worker.model_runner import ModelRunner
 from gpu_worker.settings import WorkerSettings
+from tests.worker_steps import new_request, scheduler_output
 
 BLOCK_SIZE = 4
 PROMPTS = {
@@ -61,31 +60,12 @@ def run(runner: ModelRunner, params: SamplingParams, chunks: dict[str, list[int]
             if step >= len(sizes):
                 continue
             if step == 0:
-                new.append(
-                    NewRequestData(
-                        req_id=r,
-                        prompt_token_ids=PROMPTS[r],
-                        output_token_ids=[],
-                        sampling_params=params,
-                        block_ids=blocks[r],
-                        num_computed_tokens=0,
-                        attempt=1,
-                    )
-                )
+                new.append(new_request(r, PROMPTS[r], params, blocks[r], attempt=1))
             else:
                 cached.append(CachedRequestData(req_id=r, new_block_ids=[], num_computed_tokens=done[r]))
             scheduled[r] = sizes[step]
             done[r] += sizes[step]
-        out = runner.execute_model(
-            SchedulerOutput(
-                step_id=step,
-                scheduled_new_reqs=new,
-                scheduled_cached_reqs=cached,
-                num_scheduled_tokens=scheduled,
-                total_num_scheduled_tokens=sum(scheduled.values()),
-                finished_req_ids=[],
-            )
-        )
+        out = runner.execute_model(scheduler_output(step, new, cached, scheduled))
         assert not out.req_errors
         events += runner.token_events(out)
         step += 1

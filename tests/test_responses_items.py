@@ -90,30 +90,14 @@ def test_without_tools_the_text_is_one_message() -> None:
     assert [i.name for i in output_items(_meta(max_tool_calls=1), call + "\n" + call)] == ["a"]  # type: ignore[union-attr]
 
 
-class _TurnBeforeTools(msgspec.Struct):
-    role: str
-    content: str
-
-
-class _SpecBeforeTools(msgspec.Struct, kw_only=True):
-    """ResponseSpec as it was stored before function tools."""
-
-    request: RequestMeta
-    background: bool
-    instructions: str | None
-    previous_response_id: str | None
-    max_output_tokens: int | None
-    temperature: float | None
-    top_p: float | None
-    metadata: dict[str, str]
-    user: str | None
-    conversation: list[_TurnBeforeTools]
+# The fields (all defaulted) that a ResponseSpec stored before function tools may lack.
+ADDED_WITH_TOOLS = ("text_format", "tools", "tool_choice", "parallel_tool_calls")
 
 
 def test_records_stored_before_tools_still_read() -> None:
-    new = _spec(_meta(None))
-    fields = {name: getattr(new, name) for name in _SpecBeforeTools.__struct_fields__}
-    old = _SpecBeforeTools(**{**fields, "conversation": [_TurnBeforeTools("user", "hi")]})
+    fields = msgspec.to_builtins(_spec(_meta(None)))
+    old = {name: value for name, value in fields.items() if name not in ADDED_WITH_TOOLS}
+    old["conversation"] = [{"role": "user", "content": "hi"}]  # a Turn without tool_calls, tool_call_id
     spec = msgspec.msgpack.decode(msgspec.msgpack.encode(old), type=ResponseSpec)
     assert spec.conversation == [Turn("user", "hi")]
     assert (spec.tools, spec.tool_choice, spec.parallel_tool_calls) == (None, None, None)

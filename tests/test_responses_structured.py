@@ -8,7 +8,6 @@ and background mode.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,23 +19,14 @@ import redis
 from tokenizers import Tokenizer
 
 from common.streams import REQUESTS_STREAM
-from tests.services import Stack, running_stack, wait_for
+from tests.services import Stack, module_stack, wait_for
 from tests.test_e2e_structured_outputs import SCHEMAS, USER, Pet, json_schema_format
 
 PROMPT = USER[0]["content"]
 SEEDS = range(10)
 
 
-@pytest.fixture(scope="module")
-def stack(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    with running_stack(tmp_path_factory.mktemp("responses-so-stack"), tiny_model_dir) as stack:
-        yield stack
-
-
-@pytest.fixture(scope="module")
-def client(stack: Stack) -> Iterator[openai.OpenAI]:
-    with stack.sdk() as c:
-        yield c
+stack = module_stack("responses-so-stack")
 
 
 @pytest.fixture(scope="module")

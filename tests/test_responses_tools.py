@@ -10,8 +10,6 @@ items back; a background response with a call resumes its stream with the same e
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -19,7 +17,7 @@ import jsonschema
 import openai
 import pytest
 
-from tests.services import Stack, running_stack
+from tests.services import Stack, module_stack
 from tests.test_e2e_tool_calls import SCHEMAS, TOOLS
 from tests.test_responses_api import leave_and_resume
 
@@ -39,16 +37,7 @@ CALL_EVENTS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def stack(tool_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    with running_stack(tmp_path_factory.mktemp("responses-tools-stack"), tool_model_dir) as stack:
-        yield stack
-
-
-@pytest.fixture(scope="module")
-def client(stack: Stack) -> Iterator[openai.OpenAI]:
-    with stack.sdk() as c:
-        yield c
+stack = module_stack("responses-tools-stack", "tool_model_dir")
 
 
 def _calls(response: Any) -> list[Any]:

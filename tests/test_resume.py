@@ -122,9 +122,11 @@ def test_dropped_client_resumes_and_gets_exactly_the_rest(
     assert _token_ids(seen) + _token_ids(rest) == token_ids
     assert _text(seen) + _text(rest) == text
     assert _chunks(rest)[-1]["choices"][0]["finish_reason"] == "length"
-    # The resumed follower renewed the request's lease, then dropped it when the request ended.
-    leases = redis.Redis.from_url(stack.redis_url)
-    wait_for(lambda: leases.zscore(streams.FOLLOW_DEADLINES, req_id) is None, 30, "the lease to be dropped")
+    # The resumed follower renewed the request's follow deadline, then dropped it when the request ended.
+    deadlines = redis.Redis.from_url(stack.redis_url)
+    wait_for(
+        lambda: deadlines.zscore(streams.FOLLOW_DEADLINES, req_id) is None, 30, "the deadline to be dropped"
+    )
     assert stack.stats()["num_aborted"] == aborted_before
 
 
@@ -158,7 +160,7 @@ def test_request_nobody_resumes_is_aborted_after_the_grace_window(stack: Stack) 
     finally:
         os.kill(worker.pid, signal.SIGCONT)
     assert "client left: aborting in 3 s unless it resumes" in stack.log("gateway")
-    assert "no client follows it (lease expired): aborting" in stack.log("batcher")
+    assert "no client follows it (deadline passed): aborting" in stack.log("batcher")
     # The token stream says how it ended, so a late resume or fetch answers at once.
     client = redis.Redis.from_url(stack.redis_url)
     entries: Any = client.xrange(streams.token_stream(req_id))
@@ -210,10 +212,10 @@ def test_killed_gateway_is_replaced_and_the_client_resumes_through_the_new_one(
     assert json.loads(rest[-2].data)["choices"][0]["finish_reason"] == "length"
 
 
-def test_request_of_a_killed_gateway_nobody_resumes_is_aborted_when_its_lease_runs_out(
+def test_request_of_a_killed_gateway_nobody_resumes_is_aborted_when_its_deadline_passes(
     make_stack: Callable[[], Stack],
 ) -> None:
-    """The gateway that would have timed the resume window is gone: the lease in Redis times it."""
+    """The gateway that would have timed the resume window is gone: the follow deadline in Redis times it."""
     stack = make_stack()
     stack.start_batcher()
     worker = stack.start_worker()
@@ -236,7 +238,7 @@ def test_request_of_a_killed_gateway_nobody_resumes_is_aborted_when_its_lease_ru
         wait_for(lambda: stack.stats()["num_aborted"] == 1, 60, "the batcher to abort it")
     finally:
         os.kill(worker.pid, signal.SIGCONT)
-    assert "no client follows it (lease expired): aborting" in stack.log("batcher")
+    assert "no client follows it (deadline passed): aborting" in stack.log("batcher")
     assert client.zscore(streams.FOLLOW_DEADLINES, req_id) is None
     wait_for(lambda: client.ttl(streams.token_stream(req_id)) > 0, 30, "the request to end")
     ends = [decode_event(f[FIELD]) for _, f in client.xrange(streams.token_stream(req_id))]

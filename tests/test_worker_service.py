@@ -21,7 +21,6 @@ from common.protocol import (
     ModelRunnerOutput,
     NewRequestData,
     SamplingParams,
-    SchedulerOutput,
     TokenEvent,
     WorkerInfo,
     decode_event,
@@ -31,7 +30,7 @@ from common.protocol import (
 )
 from common.streams import BATCHER_INBOX, WORKERS_HASH, WORKERS_HEARTBEAT, token_stream, worker_steps
 from gpu_worker.settings import WorkerSettings, explain_errors
-from tests.worker_steps import new_request
+from tests.worker_steps import new_request, scheduler_output
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 T = TypeVar("T")
@@ -91,15 +90,7 @@ def read_inbox(client: redis.Redis, last_id: str) -> tuple[str, Any] | None:
 def step_message(
     step_id: int, new: list[NewRequestData], cached: list[CachedRequestData], num: dict[str, int]
 ) -> bytes:
-    output = SchedulerOutput(
-        step_id=step_id,
-        scheduled_new_reqs=new,
-        scheduled_cached_reqs=cached,
-        num_scheduled_tokens=num,
-        total_num_scheduled_tokens=sum(num.values()),
-        finished_req_ids=[],
-    )
-    return encode(output)
+    return encode(scheduler_output(step_id, new, cached, num))
 
 
 def test_worker_serves_a_step_and_deregisters(

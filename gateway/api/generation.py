@@ -1,6 +1,6 @@
 """The flow both generation routes share: admit the body, then stream SSE chunks or answer one body.
 
-Each route (routes_chat.py, routes_completions.py) names only its schema and its answer shapes
+Each route (routes_generation.py) names only its schema and its answer shapes
 (`openai_frontend.chat_response.CHAT`, `openai_frontend.completion_response.COMPLETION`).
 """
 

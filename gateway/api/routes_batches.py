@@ -23,6 +23,7 @@ from gateway.batch_queue import BatchQueueUnavailable
 from gateway.security.auth import request_owner
 from openai_frontend.batch_objects import COMPLETION_WINDOWS, ENDPOINTS, BatchObject, BatchSpec, BatchState
 from openai_frontend.errors import OpenAIError, invalid_request
+from openai_frontend.list_page import list_page
 
 router = APIRouter()
 
@@ -155,11 +156,4 @@ async def list_batches(
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
 ) -> dict[str, Any]:
     batches, has_more = await state.batches.listing(request_owner(http_request), after=after, limit=limit)
-    data = [b.to_object().model_dump() for b in batches]
-    return {
-        "object": "list",
-        "data": data,
-        "first_id": data[0]["id"] if data else None,
-        "last_id": data[-1]["id"] if data else None,
-        "has_more": has_more,
-    }
+    return list_page([b.to_object().model_dump() for b in batches], has_more)

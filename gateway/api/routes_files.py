@@ -17,6 +17,7 @@ from gateway.app_state import GatewayState, get_state
 from gateway.security.auth import request_owner
 from openai_frontend.errors import OpenAIError, invalid_request
 from openai_frontend.files_store import FileObject
+from openai_frontend.list_page import list_page
 
 router = APIRouter()
 
@@ -80,14 +81,7 @@ async def list_files(
     metas, has_more = await state.files.listing(
         request_owner(http_request), purpose=purpose, after=after, limit=limit, newest_first=order == "desc"
     )
-    data = [FileObject.of(m).model_dump() for m in metas]
-    return {
-        "object": "list",
-        "data": data,
-        "first_id": data[0]["id"] if data else None,
-        "last_id": data[-1]["id"] if data else None,
-        "has_more": has_more,
-    }
+    return list_page([FileObject.of(m).model_dump() for m in metas], has_more)
 
 
 @router.get("/v1/files/{file_id}", response_model=FileObject)

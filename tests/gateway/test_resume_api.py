@@ -155,7 +155,7 @@ def test_a_request_not_asked_resumable_is_aborted_when_its_client_leaves(
     make_gateway: Callable[..., RunningGateway], tok: Tokenizer, stream: bool
 ) -> None:
     """The default, whatever the resume window: a client that goes away cancels its request at once
-    (no lease left to run out), and resuming it finds the abort."""
+    (no deadline left to pass), and resuming it finds the abort."""
     gw = make_gateway(resume_grace_s=30)
     if stream:
         with ThreadPoolExecutor(max_workers=1) as pool:
@@ -166,10 +166,10 @@ def test_a_request_not_asked_resumable_is_aborted_when_its_client_leaves(
     else:
         with post_raw(gw.url, "/v1/completions", {**STREAM_BODY, "stream": False}):
             request = gw.harness.next_request()
-            wait_for(lambda: _lease(gw, request.req_id) is not None, 15, "the client to wait for it")
+            wait_for(lambda: _deadline(gw, request.req_id) is not None, 15, "the client to wait for it")
         # The socket is closed: the client left without reading an answer.
     assert gw.harness.wait_abort(request.req_id, timeout_s=15).reason == "abort"
-    wait_for(lambda: _lease(gw, request.req_id) is None, 15, "the lease to be dropped")
+    wait_for(lambda: _deadline(gw, request.req_id) is None, 15, "the deadline to be dropped")
 
 
 def test_without_a_window_even_a_resumable_request_is_aborted_at_once(
@@ -184,27 +184,27 @@ def test_without_a_window_even_a_resumable_request_is_aborted_at_once(
     assert gw.harness.wait_abort(request.req_id, timeout_s=15).reason == "abort"
 
 
-def test_stream_disconnect_starts_the_grace_window_in_the_follow_lease(
+def test_stream_disconnect_starts_the_grace_window_in_the_follow_deadline(
     make_gateway: Callable[..., RunningGateway], tok: Tokenizer
 ) -> None:
-    """Followed, the request's lease is renewed; the hang-up cuts it to now + the window, which the
+    """Followed, the request's follow deadline is renewed; the hang-up cuts it to now + the window, which the
     batcher enforces (tests/test_resume.py), so the window outlives this gateway."""
     grace_s = 2.0
     gw = make_gateway(resume_grace_s=grace_s)
     with ThreadPoolExecutor(max_workers=1) as pool:
         future = pool.submit(read_then_hang_up, gw.url, "/v1/completions", RESUMABLE_BODY, 1)
         request = gw.harness.next_request()
-        wait_for(lambda: _lease(gw, request.req_id) is not None, 15, "the lease")
-        assert _lease(gw, request.req_id) >= time.time() + MIN_DEADLINE_S - 2  # renewed while followed
+        wait_for(lambda: _deadline(gw, request.req_id) is not None, 15, "the deadline")
+        assert _deadline(gw, request.req_id) >= time.time() + MIN_DEADLINE_S - 2  # renewed while followed
         gw.harness.emit_tokens(request.req_id, _ids(tok, " Return"), finish_reason=None)
         future.result(timeout=30)
-    wait_for(lambda: _lease(gw, request.req_id) < time.time() + grace_s + 0.5, 15, "the window to start")
+    wait_for(lambda: _deadline(gw, request.req_id) < time.time() + grace_s + 0.5, 15, "the window to start")
     left_at = time.time()
-    assert _lease(gw, request.req_id) > left_at + grace_s - 2.0
-    assert gw.harness.aborts() == []  # not at once: the batcher aborts when the lease runs out
+    assert _deadline(gw, request.req_id) > left_at + grace_s - 2.0
+    assert gw.harness.aborts() == []  # not at once: the batcher aborts when the deadline passes
 
 
-def _lease(gw: RunningGateway, req_id: str) -> float | None:
+def _deadline(gw: RunningGateway, req_id: str) -> float | None:
     score = gw.harness.redis.zscore(FOLLOW_DEADLINES, req_id)
     return None if score is None else float(score)
 
@@ -214,7 +214,7 @@ def test_resume_within_the_grace_window_keeps_the_request(
 ) -> None:
     """A client that asked for `resumable` leaves and resumes: the request runs on to its end.
     The window is long (no race with a loaded machine); what keeps the request is asserted on
-    conditions: no abort, and the lease renewed by the resumed follower, then dropped."""
+    conditions: no abort, and the deadline renewed by the resumed follower, then dropped."""
     grace_s = 30.0
     gw = make_gateway(resume_grace_s=grace_s)
     first, rest = _ids(tok, " Return"), _ids(tok, " the value")
@@ -223,8 +223,10 @@ def test_resume_within_the_grace_window_keeps_the_request(
         request = gw.harness.next_request()
         gw.harness.emit_tokens(request.req_id, first, finish_reason=None)
         _, seen = future.result(timeout=30)
-        # The hang-up cut the lease to the window...
-        wait_for(lambda: _lease(gw, request.req_id) < time.time() + grace_s + 0.5, 15, "the window to start")
+        # The hang-up cut the deadline to the window...
+        wait_for(
+            lambda: _deadline(gw, request.req_id) < time.time() + grace_s + 0.5, 15, "the window to start"
+        )
         resumed = pool.submit(
             get_sse, gw.client, f"/v1/requests/{request.req_id}/stream", {"Last-Event-ID": seen[-1].id or ""}
         )
@@ -235,6 +237,6 @@ def test_resume_within_the_grace_window_keeps_the_request(
         _, events = resumed.result(timeout=30)
     text = "".join(e.json()["choices"][0]["text"] for e in events if e.data != "[DONE]")
     assert seen[-1].json()["choices"][0]["text"] + text == " Return the value"
-    # The resumed follower dropped the lease at the end; nothing ever aborted the request.
-    wait_for(lambda: _lease(gw, request.req_id) is None, 15, "the lease to be dropped")
+    # The resumed follower dropped the deadline at the end; nothing ever aborted the request.
+    wait_for(lambda: _deadline(gw, request.req_id) is None, 15, "the deadline to be dropped")
     assert gw.harness.aborts() == []

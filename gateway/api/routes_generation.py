@@ -1,0 +1,38 @@
+"""POST /v1/completions and POST /v1/chat/completions: each names only its schema and its answer
+shapes; the flow they share is generation.py's."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends
+from starlette.requests import Request
+from starlette.responses import JSONResponse, StreamingResponse
+
+from gateway.api.generation import generate
+from gateway.app_state import GatewayState, get_state
+from openai_frontend.chat_response import CHAT
+from openai_frontend.completion_response import COMPLETION
+from openai_frontend.openai_schemas import (
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    CompletionRequest,
+    CompletionResponse,
+)
+
+router = APIRouter()
+State = Annotated[GatewayState, Depends(get_state)]
+
+
+@router.post("/v1/completions", response_model=CompletionResponse)
+async def create_completion(
+    body: CompletionRequest, http_request: Request, state: State
+) -> JSONResponse | StreamingResponse:
+    return await generate(COMPLETION, body, http_request, state)
+
+
+@router.post("/v1/chat/completions", response_model=ChatCompletionResponse)
+async def create_chat_completion(
+    body: ChatCompletionRequest, http_request: Request, state: State
+) -> JSONResponse | StreamingResponse:
+    return await generate(CHAT, body, http_request, state)

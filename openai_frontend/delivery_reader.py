@@ -117,6 +117,7 @@ class CellDelivery:
             return
         self._cursor = _text(last[0][0]) if last else "0-0"
         self._ready.set()
+        audited_at = time.monotonic()
         while True:
             ok, reply = await self._retrying(
                 lambda: self._redis.xread({self.key: self._cursor}, count=_READ_COUNT, block=MAX_BLOCK_MS),
@@ -126,7 +127,9 @@ class CellDelivery:
                 return
             now = time.monotonic()
             self.dispatch(reply, now)
-            self.followers.audit_quiet(now, QUIET_S)
+            if now - audited_at >= QUIET_S / 4:  # not after every read: it looks at every follower
+                audited_at = now
+                self.followers.audit_quiet(now, QUIET_S)
             if self.followers.catching_up:
                 self._catch_up_wanted.set()
 

@@ -8,7 +8,9 @@ notes them); everything else is the shipped code talking to Redis.
 from __future__ import annotations
 
 import asyncio
+import signal
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,13 +19,16 @@ import redis.asyncio as aioredis
 
 from batcher.outbox import Outbox
 from batcher.request import Request
+from common.delivery import append_event_args
 from common.protocol import FIELD, SamplingParams, TokenEvent, WorkerInfo, encode
+from common.redis_conn import connect_async
 from common.streams import cell_keys, token_stream
 from gpu_worker.fence import Fence, TokenWrite
 from openai_frontend.delivery_reader import QUIET_S
 from openai_frontend.stream_reader import RequestFailed, follow_token_stream
 from openai_frontend.token_mux import TokenStreamMux
 from tests.gateway.test_token_mux import collect
+from tests.redis_process import RedisProcess
 
 KEYS = cell_keys()
 WORKER = "w0"
@@ -211,3 +216,40 @@ def test_a_failure_the_batcher_writes_reaches_the_follower_through_delivery(
         await client.aclose()
 
     asyncio.run(scenario())
+
+
+def test_a_follower_resumes_after_redis_restarts(tmp_path: Path) -> None:
+    """Redis stops and starts again empty: the delivery stream begins anew (its first entry names no
+    predecessor the reader knows), so the follower reads its token stream from its place and gets
+    exactly the events written after the restart."""
+    server = RedisProcess(tmp_path / "redis")
+    server.start()
+
+    async def scenario() -> None:
+        client = connect_async(server.url)
+        writer = redis.Redis.from_url(server.url)
+        mux = TokenStreamMux(client, delivery=True)
+        delivery = KEYS.delivery(mux.deliver_to("r"))
+
+        def append(value: bytes) -> str:
+            return writer.eval(*append_event_args(token_stream("r"), delivery, "r", value, 60)).decode()
+
+        sub = await mux.subscribe("r")
+        append(b"0")
+        assert [f[FIELD] for _, f in await collect(sub, 1)] == [b"0"]
+        server.stop(signal.SIGTERM)
+        async with asyncio.timeout(10):
+            while not mux.redis_down:
+                await asyncio.sleep(0.01)
+        await asyncio.to_thread(server.start)
+        ids = [append(b"1"), append(b"2")]
+        assert [e[0] for e in await collect(sub, 2)] == ids
+        assert not mux.redis_down
+        await mux.close()
+        await client.aclose()
+        writer.close()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        server.stop(signal.SIGKILL)

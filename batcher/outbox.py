@@ -9,6 +9,7 @@ import redis
 
 from batcher.request import Request
 from common import streams
+from common.delivery import append_event_args
 from common.protocol import FIELD, RequestError, encode
 from common.redis_conn import min_id
 
@@ -31,22 +32,25 @@ class Outbox:
     def finished(self, finished: list[Request]) -> None:
         for req in finished:
             log.debug("request finished (%s)", req.finish_reason, extra={"request_id": req.req_id})
-            key = streams.token_stream(req.req_id)
             if req.finish_reason == "error":
-                event = RequestError(
-                    req_id=req.req_id, message=req.error or "request failed", code=req.error_code
-                )
-                self.pipe.xadd(key, {FIELD: encode(event)})
+                message = req.error or "request failed"
+                self._last_event(req, RequestError(req_id=req.req_id, message=message, code=req.error_code))
             elif req.finish_reason == "abort":
                 # Its client left and nobody resumed it: a late reader (resume, fetch) learns so at once.
-                event = RequestError(req_id=req.req_id, message=ABORTED, code="request_aborted")
-                self.pipe.xadd(key, {FIELD: encode(event)})
+                aborted = RequestError(req_id=req.req_id, message=ABORTED, code="request_aborted")
+                self._last_event(req, aborted)
             self.expire_request_keys(req.req_id)
             if req.dead_letter:
                 fields = {FIELD: encode(req.to_message())}
                 self.dead_letter(fields, req.entry_id, req.error or "", req.num_failed_deliveries)
             self.pipe.xack(self.keys.requests, streams.BATCHER_GROUP, req.entry_id)
             self.stats_dirty = True
+
+    def _last_event(self, req: Request, event: RequestError) -> None:
+        """To its token stream and, when a gateway asked, that gateway's delivery stream too."""
+        delivery = self.keys.delivery(req.deliver_to) if req.deliver_to else None
+        key = streams.token_stream(req.req_id)
+        self.pipe.eval(*append_event_args(key, delivery, req.req_id, encode(event), self.retention_s))
 
     def expire_request_keys(self, req_id: str) -> None:
         """The request is over: its token stream (the worker sets its TTL with a last token; an aborted

@@ -78,6 +78,11 @@ class CellKeys:
         """Per-worker stream of SchedulerOutput, written by the batcher, read by that worker only."""
         return f"{_tag(self.cell)}:worker:{worker_id}:steps"
 
+    def delivery(self, gateway_id: str) -> str:
+        """A gateway's delivery stream in this cell: one entry per worker step with the token events of
+        that gateway's requests (common/delivery.py), so it reads one key per cell, not one per request."""
+        return f"{_tag(self.cell)}:deliver:{gateway_id}"
+
     def gateway_wake(self, gateway_id: str) -> str:
         """A gateway's own small stream that wakes its shared token-stream read of this cell (TTL)."""
         return f"{_tag(self.cell)}:gateway:wake:{gateway_id}"

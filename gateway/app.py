@@ -50,7 +50,13 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         redis = connect_async(settings.redis_url, settings.redis_cluster)
         metrics = GatewayMetrics(served.name)
         runner = RequestRunner(
-            redis, served, settings.request_timeout_s, metrics, settings.retention_s, settings.resume_grace_s
+            redis,
+            served,
+            settings.request_timeout_s,
+            metrics,
+            settings.retention_s,
+            settings.resume_grace_s,
+            delivery=settings.delivery_stream,
         )
         batch_queue = BatchQueue(settings.redis_url)
         responses = ResponsesRunner(runner, ResponseStore(redis), settings.retention_s)

@@ -14,7 +14,7 @@ import redis.asyncio as aioredis
 import redis.exceptions
 
 from common.logging_setup import bind_request_id
-from common.protocol import PromptEvent, TokenEvent
+from common.protocol import GenerateRequest, PromptEvent, TokenEvent
 from common.redis_conn import RETENTION_S
 from common.retry import retry_async
 from common.stream_client import abort_async, submit_once_on
@@ -69,9 +69,12 @@ class RequestRunner:
         metrics: RequestMetrics | None = None,
         retention_s: int = RETENTION_S,
         follow_ahead_s: float = 0.0,
+        delivery: bool = False,
     ) -> None:
         self._redis = redis
-        self._mux = TokenStreamMux(redis)  # one shared read for every token stream followed here
+        # One shared read for every token stream followed here; with `delivery`, the requests submitted
+        # here come through this gateway's delivery stream in each cell (one key, not one per request).
+        self._mux = TokenStreamMux(redis, delivery=delivery, own_ttl_s=request_timeout_s)
         self._served = served
         self._metrics = metrics
         self._request_timeout_s = request_timeout_s
@@ -89,7 +92,9 @@ class RequestRunner:
         Retried for a few seconds while Redis is unreachable: it is safe to repeat, since the entry
         is written only once per request id (the submit_once marker) and the metadata is the same.
         """
-        await retry_async(lambda: self._submit_once(request, meta), SUBMIT_RETRY_S)
+        message = request.to_message()
+        message.deliver_to = self._mux.deliver_to(request.req_id)
+        await retry_async(lambda: self._submit_once(message, meta), SUBMIT_RETRY_S)
         logger.info(
             "request queued: %d prompt tokens, max_tokens %d",
             len(request.prompt_token_ids),
@@ -97,12 +102,12 @@ class RequestRunner:
             extra={"request_id": request.req_id},
         )
 
-    async def _submit_once(self, request: PreparedRequest, meta: RequestMeta | None) -> None:
+    async def _submit_once(self, message: GenerateRequest, meta: RequestMeta | None) -> None:
         async with self._redis.pipeline(transaction=False) as pipe:
             if meta is not None:
                 save_meta(pipe, meta, self._meta_ttl_s)
             # Not trimmed here: the batcher trims the stream by age, sparing pending entries.
-            submit_once_on(pipe, request.to_message())
+            submit_once_on(pipe, message)
             await pipe.execute()
 
     def abort_later(self, req_id: str, reason: str) -> None:
@@ -220,6 +225,8 @@ class RequestRunner:
                 logger.warning("request %s timed out after %.0f s", request.req_id, self._request_timeout_s)
             raise
         finally:
+            if done:
+                self._mux.forget(request.req_id)
             if not done and tracker is not None:
                 tracker.finish("abort")
             if held:

@@ -240,3 +240,37 @@ def test_resume_within_the_grace_window_keeps_the_request(
     # The resumed follower dropped the deadline at the end; nothing ever aborted the request.
     wait_for(lambda: _deadline(gw, request.req_id) is None, 15, "the deadline to be dropped")
     assert gw.harness.aborts() == []
+
+
+def test_a_resume_through_another_gateway_gets_exactly_the_rest(
+    make_gateway: Callable[..., RunningGateway], tok: Tokenizer
+) -> None:
+    """The first gateway follows its request through its delivery stream; the client leaves and
+    resumes through a second gateway, which reads the token stream after Last-Event-ID: the same
+    events, ids included, as a replay from the start, after that id."""
+    first_gw = make_gateway(resume_grace_s=30.0, delivery_stream=True)
+    other_gw = make_gateway(resume_grace_s=30.0)
+    first, rest = _ids(tok, " Return the"), _ids(tok, " value of the object")
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        future = pool.submit(read_then_hang_up, first_gw.url, "/v1/completions", RESUMABLE_BODY, 2)
+        request = first_gw.harness.next_request()
+        assert request.deliver_to  # the first gateway asked for its delivery stream
+        first_gw.harness.emit_tokens(request.req_id, first, finish_reason=None)
+        _, seen = future.result(timeout=30)
+        last_id = seen[-1].id or ""
+        resumed = pool.submit(
+            get_sse, other_gw.client, f"/v1/requests/{request.req_id}/stream", {"Last-Event-ID": last_id}
+        )
+        meta_key = request_meta(request.req_id)
+        wait_for(
+            lambda: int(other_gw.harness.redis.hget(meta_key, "attach")) == 1, 15, "the resume to attach"
+        )
+        first_gw.harness.emit_tokens(request.req_id, rest, start_index=len(first), finish_reason="length")
+        _, events = resumed.result(timeout=30)
+    # A replay from the start on the first gateway (which still counts the request as its own).
+    _, whole = get_sse(first_gw.client, f"/v1/requests/{request.req_id}/stream")
+    ids = [e.id for e in whole]
+    assert whole[: len(seen)] == seen
+    assert events == whole[ids.index(last_id) + 1 :]
+    text = "".join(e.json()["choices"][0]["text"] for e in whole if e.data != "[DONE]")
+    assert text == " Return the value of the object"

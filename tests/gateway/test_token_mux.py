@@ -22,7 +22,7 @@ NUM_REQUESTS = 40
 NUM_STEPS = 5
 
 
-async def _collect(sub: Subscription, count: int, timeout_s: float = 10.0) -> list[Entry]:
+async def collect(sub: Subscription, count: int, timeout_s: float = 10.0) -> list[Entry]:
     got: list[Entry] = []
     async with asyncio.timeout(timeout_s):
         while len(got) < count:
@@ -50,7 +50,7 @@ def test_every_follower_gets_its_own_entries_from_one_shared_read(redis_url: str
                     values.append(value)
                     pipe.xadd(token_stream(req_id), {b"m": value})
                 await pipe.execute()
-            received = await asyncio.gather(*(_collect(sub, 1) for sub in subs))
+            received = await asyncio.gather(*(collect(sub, 1) for sub in subs))
             for sub, entries in zip(subs, received, strict=True):
                 assert [fields[b"m"] for _, fields in entries] == [sent[sub.req_id][step]]
         calls = await _xread_calls(client) - before
@@ -72,7 +72,7 @@ def test_a_late_subscriber_reads_from_its_resume_point(redis_url: str) -> None:
         busy = await mux.subscribe("busy")  # the shared read is now running (and blocked)
         ids = [await client.xadd(token_stream("late"), {b"m": str(i).encode()}) for i in range(3)]
         late = await mux.subscribe("late", last_id=ids[0].decode())
-        entries = await _collect(late, 2)
+        entries = await collect(late, 2)
         assert [fields[b"m"] for _, fields in entries] == [b"1", b"2"]
         assert busy.queue.empty()
         await mux.close()
@@ -117,14 +117,14 @@ def test_two_followers_of_one_stream_each_get_their_entries(redis_url: str) -> N
             key = token_stream("shared")
             first_id = (await redis.xadd(key, {b"m": b"0"})).decode()
             early = await mux.subscribe("shared")
-            assert [e[0] for e in await _collect(early, 1)] == [first_id]
+            assert [e[0] for e in await collect(early, 1)] == [first_id]
             late = await mux.subscribe("shared")  # from the start, as a replay does
             second_id = (await redis.xadd(key, {b"m": b"1"})).decode()
-            assert [e[0] for e in await _collect(late, 2)] == [first_id, second_id]
-            assert [e[0] for e in await _collect(early, 1)] == [second_id]
+            assert [e[0] for e in await collect(late, 2)] == [first_id, second_id]
+            assert [e[0] for e in await collect(early, 1)] == [second_id]
             mux.unsubscribe(late)
             third_id = (await redis.xadd(key, {b"m": b"2"})).decode()
-            assert [e[0] for e in await _collect(early, 1)] == [third_id]
+            assert [e[0] for e in await collect(early, 1)] == [third_id]
         finally:
             await mux.close()
             await redis.aclose()
@@ -157,8 +157,8 @@ def test_a_replay_that_subscribes_during_a_read_misses_no_entry(redis_url: str) 
             while _blocked_xreads(writer) > 0:  # answered: the reply waits in the mux's socket
                 assert time.monotonic() < deadline
             replay = await mux.subscribe("raced")  # the loop now reads that reply first
-            assert [e[0] for e in await _collect(replay, 4)] == ids
-            assert [e[0] for e in await _collect(first, 1)] == ids[-1:]
+            assert [e[0] for e in await collect(replay, 4)] == ids
+            assert [e[0] for e in await collect(first, 1)] == ids[-1:]
         finally:
             await mux.close()
             await client.aclose()
@@ -178,7 +178,7 @@ def test_a_follower_resumes_after_redis_restarts(tmp_path: Path) -> None:
         mux = TokenStreamMux(client)
         sub = await mux.subscribe("req")
         await client.xadd(token_stream("req"), {b"m": b"0"})
-        assert [f[b"m"] for _, f in await _collect(sub, 1)] == [b"0"]
+        assert [f[b"m"] for _, f in await collect(sub, 1)] == [b"0"]
         server.stop(signal.SIGTERM)
         async with asyncio.timeout(10):
             while not mux.redis_down:
@@ -186,7 +186,7 @@ def test_a_follower_resumes_after_redis_restarts(tmp_path: Path) -> None:
         await asyncio.to_thread(server.start)
         for i in (1, 2):
             await client.xadd(token_stream("req"), {b"m": str(i).encode()})
-        assert [f[b"m"] for _, f in await _collect(sub, 2)] == [b"1", b"2"]
+        assert [f[b"m"] for _, f in await collect(sub, 2)] == [b"1", b"2"]
         assert not mux.redis_down
         await mux.close()
         await client.aclose()

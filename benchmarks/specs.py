@@ -20,8 +20,9 @@ reruns a whole comparison:
 
 Launch kinds: `static` (benchmarks.static_server), `inprocess` (our scheduler and model runner in one
 process, no Redis: benchmarks.static_server --engine inprocess), `cbserve` (redis-server + batcher +
-workers + gateway), `transformers` (`transformers serve --continuous-batching`), `command` (any
-server: an argv with `{port}`, `{model}` and `{python}` placeholders, and a health path). On the command line,
+workers + gateway; `cells = N` starts N cells of `workers` each behind the one gateway), `transformers`
+(`transformers serve --continuous-batching`), `command` (any server: an argv with `{port}`, `{model}`
+and `{python}` placeholders, and a health path). On the command line,
 lower-case keys are the kind's options and UPPER-CASE keys become environment variables of the
 launched processes: `--launch ours=cbserve:workers=2,BATCHER_MAX_NUM_SEQS=128`.
 """
@@ -41,7 +42,7 @@ KIND_OPTIONS: dict[str, frozenset[str]] = {
     "inprocess": frozenset(
         {"device", "dtype", "num_threads", "max_num_seqs", "max_num_batched_tokens", "policy"}
     ),
-    "cbserve": frozenset({"workers", "device", "num_threads"}),
+    "cbserve": frozenset({"workers", "cells", "device", "num_threads"}),
     "transformers": frozenset(
         {"continuous_batching", "cb_num_blocks", "cb_max_batch_tokens", "cb_block_size", "device", "dtype"}
         | {"attn_implementation"}

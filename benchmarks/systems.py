@@ -129,9 +129,12 @@ def _start_transformers(group: ProcessGroup, launch: LaunchSpec, model: str, por
 
 
 def _start_cbserve(group: ProcessGroup, launch: LaunchSpec, model: str, port: int) -> None:
-    """redis-server on a free port, then the batcher, the workers and the gateway, as `make run` does."""
+    """redis-server on a free port, then per cell a batcher and its workers, then the gateway, as
+    `cbserve up` does: `workers` per cell; with `cells` > 1 they are cell0, cell1, ... behind the one
+    gateway (its GATEWAY_CELL_POLICY, if set in `env`, picks how it places requests)."""
     import redis
 
+    from cbserve.stack import cell_names
     from common import streams
 
     binary = shutil.which("redis-server")
@@ -156,23 +159,30 @@ def _start_cbserve(group: ProcessGroup, launch: LaunchSpec, model: str, port: in
     env = {"REDIS_URL": redis_url}
     if "num_threads" in launch.options:
         env["WORKER_NUM_THREADS"] = str(launch.options["num_threads"])
-    group.spawn("batcher", [sys.executable, "-m", "batcher"], env)
     num_workers = int(launch.options.get("workers", 1))
     device = str(launch.options.get("device", "cpu"))
-    for i in range(num_workers):
-        group.spawn(
-            f"worker{i}", [sys.executable, "-m", "gpu_worker", "--model", model, "--device", device], env
-        )
+    cells = cell_names(int(launch.options.get("cells", 1)), {**os.environ, **group.env})
+    several = len(cells) > 1
+    for cell in cells:
+        cell_env = {**env, "CBSERVE_CELL": cell}
+        prefix = f"{cell}-" if several else ""  # one cell keeps the log names it always had
+        group.spawn(f"{prefix}batcher", [sys.executable, "-m", "batcher"], cell_env)
+        worker = [sys.executable, "-m", "gpu_worker", "--model", model, "--device", device]
+        for i in range(num_workers):
+            group.spawn(f"{prefix}worker{i}", worker, cell_env)
     gateway = ["gateway", "--host", "127.0.0.1", "--port", str(port), "--model", model]
-    group.spawn("gateway", [sys.executable, "-m", *gateway], env)
+    front_env = {**env, "CBSERVE_CELL": cells[0]}
+    if several:
+        front_env["GATEWAY_CELLS"] = ",".join(cells)
+    group.spawn("gateway", [sys.executable, "-m", *gateway], front_env)
 
     def workers_joined() -> bool:
-        raw = client.hget(streams.BATCHER_STATS, "num_workers")
-        return raw is not None and int(raw) >= num_workers
+        joined = [client.hget(streams.cell_keys(cell).stats, "num_workers") for cell in cells]
+        return all(raw is not None and int(raw) >= num_workers for raw in joined)
 
     wait_until(lambda: http_ok(f"http://127.0.0.1:{port}/health"), launch.startup_timeout_s, "/health", group)
     wait_until(
-        workers_joined, launch.startup_timeout_s, f"{num_workers} worker(s) to join the batcher", group
+        workers_joined, launch.startup_timeout_s, f"{num_workers} worker(s) to join each batcher", group
     )
     client.close()
 

@@ -71,7 +71,12 @@ def create_app(settings: GatewaySettings) -> FastAPI:
             batches=BatchStore(redis),
             batch_queue=batch_queue,
             responses=responses,
-            router=CellRouter(settings.placement_cells),
+            router=CellRouter(
+                settings.placement_cells,
+                settings.cell_policy,
+                settings.cell_prefix_weight,
+                settings.cell_prefix_blocks,
+            ),
         )
         try:
             yield

@@ -1,43 +1,87 @@
 """Which cell a new request goes to, for a gateway that places requests in several (GATEWAY_CELLS).
 
-The rule: the least loaded cell, load = the requests waiting and running in its batcher's stats hash,
-among cells whose batcher refreshed that hash within `LIVE_WITHIN_S` (a cell whose batchers are all
-gone receives nothing); ties go round-robin, so idle cells share the traffic. With no live cell the
-first one gets the request, which waits there for a batcher. One round trip per cell, concurrently
-(each cell's hash is in its own slot); a gateway of one cell asks nothing.
+Only live cells count: those whose batcher refreshed its stats hash within `LIVE_WITHIN_S` (a cell
+whose batchers are all gone receives nothing; with none live the first cell gets the request and it
+waits there for a batcher). Among them, by `GATEWAY_CELL_POLICY`:
+
+- `cache_aware` (default): the least cost, cost = load − weight × matched / blocks, where load is the
+  requests waiting and running in the cell's batcher, blocks the prompt's full 16-token blocks and
+  matched how many of them lead a prompt this gateway placed in the cell (gateway/prefix_index.py).
+  A cell that was sent the whole prompt is preferred unless it has `weight` more requests than
+  another: affinity while loads are near, least load when they are not (SGLang's router switches
+  between the two by thresholds; NVIDIA Dynamo's KV router likewise adds overlap and load).
+- `least_load`: the same with weight 0 (no index kept).
+- `random`: any live cell, uniformly; the baseline the others are measured against.
+
+Ties go round-robin, so idle cells share the traffic. Each gateway keeps its own index of what it
+placed, so several gateways each see part of the picture; the cells' caches evict on their own. A
+cell seen dead has its index dropped: a batcher that comes back starts with an empty cache. One
+round trip per cell, concurrently (each cell's hash is in its own slot); a gateway of one cell asks
+nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import random
 import time
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Literal
 
 import redis.asyncio as aioredis
 
 from common.streams import cell_keys
+from gateway.prefix_index import PrefixIndex, prompt_hashes
 
 # A batcher refreshes its stats at least every worker check (0.5 s); its healthcheck allows 10 s.
 LIVE_WITHIN_S = 10.0
 
+CellPolicy = Literal["cache_aware", "least_load", "random"]
+
 
 class CellRouter:
-    def __init__(self, cells: list[str]) -> None:
+    def __init__(
+        self,
+        cells: list[str],
+        policy: CellPolicy = "cache_aware",
+        prefix_weight: float = 4.0,
+        index_blocks: int = 100_000,
+    ) -> None:
         self.cells = cells
-        self._turn = itertools.count()  # round-robin among equally loaded cells
+        self.policy = policy
+        self.prefix_weight = prefix_weight if policy == "cache_aware" else 0.0
+        self.indexes = {cell: PrefixIndex(index_blocks) for cell in cells}
+        self._turn = itertools.count()  # round-robin among equally costly cells
+        self._random = random.Random()
 
-    async def place(self, redis: aioredis.Redis) -> str:
-        """The cell for the next request."""
+    async def place(self, redis: aioredis.Redis, prompt_token_ids: Sequence[int] = ()) -> str:
+        """The cell for the next request, whose (first) prompt is `prompt_token_ids`."""
         if len(self.cells) == 1:
             return self.cells[0]
         loads = await asyncio.gather(*(self._load(redis, cell) for cell in self.cells))
-        live = [(load, cell) for load, cell in zip(loads, self.cells, strict=True) if load is not None]
+        return self.choose(dict(zip(self.cells, loads, strict=True)), prompt_token_ids)
+
+    def choose(self, loads: dict[str, float | None], prompt_token_ids: Sequence[int]) -> str:
+        """The cell for a prompt given each cell's load (None: not live); records the placement."""
+        live = {cell: load for cell, load in loads.items() if load is not None}
+        for cell in loads.keys() - live.keys():
+            self.indexes[cell].clear()
         if not live:
             return self.cells[0]
-        least = min(load for load, _ in live)
-        tied = [cell for load, cell in live if load == least]
-        return tied[next(self._turn) % len(tied)]
+        if self.policy == "random":
+            return self._random.choice(list(live))
+        hashes = prompt_hashes(prompt_token_ids) if self.prefix_weight else []
+        costs = {cell: load - self._affinity(cell, hashes) for cell, load in live.items()}
+        least = min(costs.values())
+        tied = [cell for cell, cost in costs.items() if cost == least]
+        cell = tied[next(self._turn) % len(tied)]
+        self.indexes[cell].add(hashes)
+        return cell
+
+    def _affinity(self, cell: str, hashes: list[bytes]) -> float:
+        """The cost a cell is spared for the share of the prompt it was likely sent before."""
+        return self.prefix_weight * self.indexes[cell].matched(hashes) / len(hashes) if hashes else 0.0
 
     @staticmethod
     async def _load(redis: aioredis.Redis, cell: str) -> float | None:

@@ -16,6 +16,7 @@ from common.settings import (
     retention_field,
 )
 from common.streams import check_cell
+from gateway.cell_router import CellPolicy
 from gateway.security.api_keys import parse_key_hashes
 
 
@@ -44,10 +45,17 @@ class GatewaySettings(BaseSettings):
     redis_url: str = redis_url_field()
     redis_cluster: bool = redis_cluster_field()
     cell: str = cell_field()
-    # Cells to place requests in, comma-separated (gateway/cell_router.py: least loaded, ties
-    # round-robin); empty: CBSERVE_CELL alone. /metrics has each one's vllm:* load gauges; its cbserve:*
-    # batcher metrics and the dashboard show CBSERVE_CELL.
+    # Cells to place requests in, comma-separated; empty: CBSERVE_CELL alone. /metrics has each one's
+    # vllm:* load gauges; its cbserve:* batcher metrics and the dashboard show CBSERVE_CELL.
     cells: str = ""
+    # How a request's cell is chosen (gateway/cell_router.py): cache_aware (least waiting + running
+    # requests, less prefix_weight x the share of the prompt this gateway already sent the cell),
+    # least_load (prefix_weight 0) or random. Ties go round-robin.
+    cell_policy: CellPolicy = "cache_aware"
+    # Requests of load a cell that was sent the whole prompt before is worth; 0 = least_load.
+    cell_prefix_weight: float = Field(default=4.0, ge=0)
+    # Prompt blocks (16 tokens) remembered per cell, least recently placed dropped first.
+    cell_prefix_blocks: int = Field(default=100_000, gt=0)
     log_format: LogFormat = log_format_field()
     retention_s: int = retention_field()
 

@@ -303,3 +303,47 @@ def test_control_plane_reports_iterations_and_cpu_by_process(tiny_model_dir: Pat
         cpu = row["cpu_ms_per_iteration"]
         assert set(cpu) == {"redis", "batcher", "worker0", "gateway"}
         assert all(ms >= 0 for ms in cpu.values()) and cpu["gateway"] > 0
+
+
+def test_cell_specs_compare_the_same_workers_and_the_two_policies() -> None:
+    from benchmarks.specs import load_spec_file
+
+    specs = Path(__file__).resolve().parent.parent / "benchmarks" / "specs"
+    cells = load_spec_file(specs / "cpu-cells.toml").systems
+    shape = [(s.launch.options["cells"], s.launch.options["workers"]) for s in cells if s.launch]
+    assert shape == [(1, 2), (2, 1)]
+    routing = load_spec_file(specs / "cpu-cell-routing.toml")
+    policies = [s.launch.env["GATEWAY_CELL_POLICY"] for s in routing.systems if s.launch]
+    assert policies == ["random", "cache_aware"] and routing.benchmark["dataset"] == "prefix-repetition"
+
+
+def test_cbserve_launch_with_two_cells_serves_from_both(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """`cells = 2` starts a batcher and `workers` workers per cell behind one gateway, which places
+    the load in both (idle cells take turns)."""
+    import redis
+
+    from benchmarks.specs import LaunchSpec
+    from benchmarks.systems import ProcessGroup, _start_cbserve, free_port
+    from common.streams import cell_keys
+    from tests.services import wait_for
+
+    group = ProcessGroup("cells", tmp_path / "logs", {})
+    port = free_port()
+    try:
+        launch = LaunchSpec("cbserve", {"cells": 2, "workers": 1, "num_threads": 1}, startup_timeout_s=240)
+        _start_cbserve(group, launch, str(tiny_model_dir), port)
+        names = ["cell0-batcher", "cell0-worker0", "cell1-batcher", "cell1-worker0", "gateway", "redis"]
+        assert sorted(group.procs) == names
+        argv = ["--base-url", f"http://127.0.0.1:{port}", *_load_args(tiny_model_dir), "--num-warmups", "0"]
+        assert serve_main([*argv, "--result-file", str(tmp_path / "cells.json")]) == 0
+        assert group.redis_url is not None
+        with redis.Redis.from_url(group.redis_url) as client:
+
+            def finished() -> list[float]:
+                counts = [client.hget(cell_keys(cell).stats, "num_finished") for cell in ("cell0", "cell1")]
+                return [float(count or 0) for count in counts]
+
+            wait_for(lambda: sum(finished()) == NUM_REQUESTS, 30, "both batchers to count the load finished")
+            assert min(finished()) > 0, finished()
+    finally:
+        group.stop()

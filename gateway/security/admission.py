@@ -7,13 +7,14 @@ will refuse it, so a 400 or a full queue never costs the client part of its quot
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import time
 
 from starlette.requests import Request
 
 from common.stream_client import new_req_id
-from common.streams import cell_keys
+from common.streams import cell_keys, placed_req_id
 from gateway.app_state import GatewayState
 from gateway.security.auth import request_owner
 from gateway.security.queue_depth import check_queue
@@ -45,7 +46,6 @@ async def checked_requests(
     limit; not submitted yet. Raises OpenAIError when refused."""
     arrival_time = time.time()
     owner = request_owner(http_request)
-    cell = await state.router.place(state.redis)
     prepare = functools.partial(
         prepare_choices,
         body,
@@ -53,10 +53,13 @@ async def checked_requests(
         arrival_time,
         owner=owner,
         queue_deadline=arrival_time + state.settings.max_queue_wait_s,
-        req_id=new_req_id(cell),
+        req_id=new_req_id(),
     )
     # Checking a grammar builds it (and the first time imports xgrammar): off the event loop.
     requests = await asyncio.to_thread(prepare) if asks_for_grammar(body) else prepare()
+    # Placed once tokenized (the router weighs the prompt); every choice goes to the first's cell.
+    cell = await state.router.place(state.redis, requests[0].prompt_token_ids)
+    requests = [dataclasses.replace(r, req_id=placed_req_id(cell, r.req_id)) for r in requests]
     request = requests[0]
     await check_queue(state.redis, cell_keys(cell), state.settings.max_queued_requests, len(requests))
     # Each prompt once, and every choice's output.

@@ -1,0 +1,67 @@
+"""The cell router's choice, from hand-built prompts and loads (no Redis): prefix affinity while loads
+are near, least load when they are not, round-robin among equals, and dead cells forgotten."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from gateway.cell_router import CellRouter
+from gateway.prefix_index import BLOCK_TOKENS, PrefixIndex, prompt_hashes
+
+SHARED = list(range(1000, 1000 + 4 * BLOCK_TOKENS))  # a 4-block system prompt
+
+
+def prompt(tail: int, shared: list[int] = SHARED) -> list[int]:
+    return shared + [tail] * BLOCK_TOKENS
+
+
+def test_hashes_chain_on_the_prefix_and_skip_a_partial_block() -> None:
+    a = prompt_hashes(prompt(1))
+    assert len(a) == 5 and len(prompt_hashes(prompt(1)[:-1])) == 4
+    assert prompt_hashes(prompt(2))[:4] == a[:4] and prompt_hashes(prompt(2))[4] != a[4]
+    # Equal blocks after different prefixes differ: a hash names the whole prefix.
+    other = prompt_hashes(list(range(5000, 5000 + 4 * BLOCK_TOKENS)) + [1] * BLOCK_TOKENS)
+    assert other[4] != a[4]
+
+
+def test_index_matches_leading_blocks_and_drops_the_least_recently_placed() -> None:
+    index = PrefixIndex(capacity=6)
+    index.add(prompt_hashes(prompt(1)))
+    assert index.matched(prompt_hashes(prompt(2))) == 4
+    assert index.matched(prompt_hashes(prompt(1))) == 5
+    index.add(prompt_hashes([7] * 2 * BLOCK_TOKENS))  # 2 more blocks: the oldest one goes
+    assert len(index) == 6 and index.matched(prompt_hashes(prompt(1))) == 0
+
+
+def test_a_shared_prefix_follows_its_cell_until_the_load_gap_outweighs_it() -> None:
+    router = CellRouter(["a", "b"], "cache_aware", prefix_weight=4.0)
+    first = router.choose({"a": 0, "b": 0}, prompt(1))
+    other = "b" if first == "a" else "a"
+    assert router.choose({first: 3, other: 0}, prompt(2)) == first  # 3 - 4 x 4/5 < 0
+    assert router.choose({first: 4, other: 0}, prompt(3)) == other  # 4 - 3.2 > 0
+
+
+def test_unrelated_prompts_spread_by_load_and_round_robin() -> None:
+    router = CellRouter(["a", "b"], "cache_aware")
+    placed = Counter(router.choose({"a": 0, "b": 0}, [i] * 3 * BLOCK_TOKENS) for i in range(10))
+    assert placed == Counter({"a": 5, "b": 5})
+    assert router.choose({"a": 2, "b": 1}, [99] * BLOCK_TOKENS) == "b"
+
+
+def test_least_load_ignores_prefixes_and_random_uses_every_live_cell() -> None:
+    least = CellRouter(["a", "b"], "least_load", prefix_weight=4.0)
+    assert least.choose({"a": 0, "b": 1}, prompt(1)) == "a"
+    assert least.choose({"a": 1, "b": 0}, prompt(1)) == "b"
+    rand = CellRouter(["a", "b", "c"], "random")
+    placed = {rand.choose({"a": 5, "b": 0, "c": None}, prompt(1)) for _ in range(200)}
+    assert placed == {"a", "b"}
+
+
+def test_a_dead_cell_gets_nothing_and_comes_back_without_its_prefixes() -> None:
+    router = CellRouter(["a", "b"], "cache_aware")
+    assert router.choose({"a": 0, "b": None}, prompt(1)) == "a"
+    assert router.choose({"a": None, "b": 9}, prompt(1)) == "b"
+    assert len(router.indexes["a"]) == 0  # dropped when seen dead
+    # Back, a's empty cache no longer outbids b, which now holds the prompt.
+    assert router.choose({"a": 0, "b": 1}, prompt(2)) == "b"
+    assert router.choose({"a": None, "b": None}, prompt(1)) == "a"  # none live: the first cell

@@ -303,3 +303,28 @@ def test_control_plane_reports_iterations_and_cpu_by_process(tiny_model_dir: Pat
         cpu = row["cpu_ms_per_iteration"]
         assert set(cpu) == {"redis", "batcher", "worker0", "gateway"}
         assert all(ms >= 0 for ms in cpu.values()) and cpu["gateway"] > 0
+
+
+def test_control_plane_cells_reports_cpu_by_cell(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """Two cells of one null worker behind two gateways: a row per cell, each with its own
+    batcher's and workers' CPU, every request counted in some cell, and the shared parts' CPU."""
+    from benchmarks import control_plane
+
+    result_file = tmp_path / "cells.json"
+    argv = ["--model", str(tiny_model_dir), "--batch-sizes", "4", "--output-len", "40"]
+    argv += ["--scheduling", "async", "--cells", "2", "--workers-per-cell", "1", "--gateways", "2"]
+    control_plane.main([*argv, "--result-file", str(result_file)])
+    (row,) = json.loads(result_file.read_text())
+    assert (row["cells"], row["workers_per_cell"], row["gateways"], row["requests"]) == (2, 1, 2, 8)
+    by_cell = row["by_cell"]
+    assert [c["cell"] for c in by_cell] == ["cell0", "cell1"]
+    assert sum(c["requests"] for c in by_cell) == 8 and row["tokens"] == 8 * 40
+    for cell in by_cell:
+        # Each cell got work (the router spreads an idle start round-robin) and ran its own steps.
+        assert cell["requests"] > 0 and cell["steps"] >= 40
+        assert cell["batcher_ms_per_step"] > 0 and cell["worker_ms_per_step"] > 0
+        assert cell["batcher_us_per_token"] > 0 and cell["worker_us_per_token"] > 0
+    totals = row["totals"]
+    assert totals["gateway_us_per_token"] > 0 and totals["redis_us_per_token"] > 0
+    assert set(totals["gateway_cpu_s"]) == {"gateway0", "gateway1"}
+    assert row["busy"]["pipeline_cores"] > 0 and row["busy"]["rss_mib"] > 0

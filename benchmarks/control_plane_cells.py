@@ -1,0 +1,266 @@
+"""Control-plane cost with several cells on one machine: `control_plane --cells N --workers-per-cell W`.
+
+One redis-server holds every cell (the keys carry the cell's hash tag, which only a cluster needs);
+each cell gets a batcher (`CBSERVE_CELL`) and W workers with WORKER_NULL_MODEL=true (they load the
+model's config and its tiny weights, never run them); `--gateways G` gateways each place requests in
+all cells (`GATEWAY_CELLS`). The client sends B requests per worker (N x W x B in all, split evenly
+over the gateways) and reads each cell's batcher stats before and after.
+
+With ~N x W + N + G + 1 busy processes on a few cores, wall-clock rates measure the contention, not
+the processes: the report is CPU time (user + system, /proc) per step and per token, and how busy
+the machine was (its CPU over the load's wall time). Per cell: the batcher's and the cell's workers'
+CPU. The gateways and Redis serve every cell, so their CPU is one figure per token for all cells.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import os
+import resource
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import redis
+
+from benchmarks.systems import ProcessGroup, free_port, http_ok, start_redis, wait_until
+from common import streams
+
+PROMPT = [7, 8, 9, 10]
+# 32 workers importing torch at once on 2 cores take minutes to join.
+STARTUP_TIMEOUT_S = 900.0
+
+
+def _machine_cpu_s() -> float:
+    """Non-idle CPU seconds of the whole machine so far, every process's (Linux /proc/stat)."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + fields[4]  # idle, iowait
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def _rss_mib(group: ProcessGroup) -> float:
+    """Resident memory of the group's processes, summed (MiB)."""
+    total_kib = 0
+    for proc in group.procs.values():
+        try:
+            status = Path(f"/proc/{proc.pid}/status").read_text()
+        except OSError:
+            continue
+        line = next((x for x in status.splitlines() if x.startswith("VmRSS:")), "VmRSS: 0 kB")
+        total_kib += int(line.split()[1])
+    return total_kib / 1024
+
+
+def _client_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _cell_stats(client: redis.Redis, cells: list[str]) -> dict[str, dict[str, float]]:
+    stats = {}
+    for cell in cells:
+        raw: Any = client.hgetall(streams.cell_keys(cell).stats)
+        stats[cell] = {k.decode(): float(v) for k, v in raw.items() if not k.startswith(b"num_steps:")}
+    return stats
+
+
+def start_cells(
+    group: ProcessGroup, model: str, cells: list[str], workers_per_cell: int, gateway_ports: list[int]
+) -> str:
+    """redis-server, per cell a batcher and its workers, then the gateways; ready once all joined."""
+    redis_url = start_redis(group)
+    client = redis.Redis.from_url(redis_url)
+    for cell in cells:
+        env = {"REDIS_URL": redis_url, "CBSERVE_CELL": cell}
+        group.spawn(f"{cell}-batcher", [sys.executable, "-m", "batcher"], env)
+        worker = [sys.executable, "-m", "gpu_worker", "--model", model, "--device", "cpu"]
+        for i in range(workers_per_cell):
+            group.spawn(f"{cell}-worker{i}", worker, env)
+    front = {"REDIS_URL": redis_url, "CBSERVE_CELL": cells[0], "GATEWAY_CELLS": ",".join(cells)}
+    for g, port in enumerate(gateway_ports):
+        argv = [sys.executable, "-m", "gateway", "--host", "127.0.0.1", "--port", str(port), "--model", model]
+        group.spawn(f"gateway{g}", argv, front)
+
+    def all_joined() -> bool:
+        stats = _cell_stats(client, cells)
+        return all(stats[c].get("num_workers", 0) >= workers_per_cell for c in cells)
+
+    for port in gateway_ports:
+        url = f"http://127.0.0.1:{port}/health"
+        wait_until(functools.partial(http_ok, url), STARTUP_TIMEOUT_S, url, group)
+    wait_until(all_joined, STARTUP_TIMEOUT_S, "every cell's workers to join its batcher", group)
+    client.close()
+    return redis_url
+
+
+async def _load(base_urls: list[str], num_requests: int, output_len: int) -> float:
+    """`num_requests` concurrent completions, dealt round-robin over the gateways; wall seconds."""
+    body = {"prompt": PROMPT, "max_tokens": output_len, "temperature": 0, "ignore_eos": True}
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    clients = [httpx.AsyncClient(base_url=u, timeout=900, limits=limits) for u in base_urls]
+    try:
+        start = time.perf_counter()
+        responses = await asyncio.gather(
+            *(clients[i % len(clients)].post("/v1/completions", json=body) for i in range(num_requests))
+        )
+        elapsed = time.perf_counter() - start
+    finally:
+        for c in clients:
+            await c.aclose()
+    for r in responses:
+        r.raise_for_status()
+    return elapsed
+
+
+def measure_cells(
+    model: str,
+    num_cells: int,
+    workers_per_cell: int,
+    num_gateways: int,
+    batch_size: int,
+    output_len: int,
+    async_scheduling: bool,
+    log_dir: Path,
+) -> dict[str, Any]:
+    cells = [f"cell{i}" for i in range(num_cells)]
+    block_size = 16
+    env = {
+        "WORKER_NULL_MODEL": "true",
+        "WORKER_NUM_THREADS": "1",
+        "WORKER_MAX_NUM_SEQS": str(batch_size),
+        "WORKER_MAX_NUM_BATCHED_TOKENS": str(max(batch_size * len(PROMPT), 64)),
+        # Room for a full batch of whole requests, no more: 32 workers each with a default pool add up.
+        "WORKER_NUM_BLOCKS": str(batch_size * (-(-(len(PROMPT) + output_len) // block_size) + 1)),
+        "BATCHER_ASYNC_SCHEDULING": "true" if async_scheduling else "false",
+    }
+    mode = "async" if async_scheduling else "sync"
+    group = ProcessGroup(f"cells{num_cells}x{workers_per_cell}-b{batch_size}-{mode}", log_dir, env)
+    ports = [free_port() for _ in range(num_gateways)]
+    base_urls = [f"http://127.0.0.1:{p}" for p in ports]
+    num_requests = num_cells * workers_per_cell * batch_size
+    from benchmarks.control_plane import _cpu_seconds
+
+    try:
+        startup = time.perf_counter()
+        redis_url = start_cells(group, model, cells, workers_per_cell, ports)
+        startup_s = time.perf_counter() - startup
+        client = redis.Redis.from_url(redis_url)
+        asyncio.run(_load(base_urls, 2 * num_cells * num_gateways, 4))  # warm-up: connections, caches
+        before = _cell_stats(client, cells)
+        cpu_before, machine_before, client_before = _cpu_seconds(group), _machine_cpu_s(), _client_cpu_s()
+        load_before = os.getloadavg()
+        elapsed = asyncio.run(_load(base_urls, num_requests, output_len))
+        cpu_after, machine_after, client_after = _cpu_seconds(group), _machine_cpu_s(), _client_cpu_s()
+        rss_mib = _rss_mib(group)
+
+        def finished() -> int:  # the stats hash is refreshed after the step that finished them
+            now = _cell_stats(client, cells)
+            return int(sum(now[c]["num_finished"] - before[c]["num_finished"] for c in cells))
+
+        wait_until(lambda: finished() >= num_requests, 30, "every cell's stats to count its requests", group)
+        after = _cell_stats(client, cells)
+        client.close()
+    finally:
+        group.stop()
+    cpu = {name: cpu_after[name] - s for name, s in cpu_before.items() if name in cpu_after}
+    rows: list[dict[str, Any]] = []
+    for cell in cells:
+        steps = after[cell]["num_steps"] - before[cell]["num_steps"]
+        requests = after[cell]["num_finished"] - before[cell]["num_finished"]
+        tokens = requests * output_len
+        batcher = cpu[f"{cell}-batcher"]
+        workers = sum(s for name, s in cpu.items() if name.startswith(f"{cell}-worker"))
+        rows.append(
+            {
+                "cell": cell,
+                "requests": int(requests),
+                "tokens": int(tokens),
+                "steps": int(steps),
+                "mean_batch": tokens / steps if steps else 0.0,
+                "steps_per_s_per_worker": steps / workers_per_cell / elapsed,
+                "batcher_ms_per_step": 1000 * batcher / steps,
+                "batcher_us_per_token": 1e6 * batcher / tokens,
+                "worker_ms_per_step": 1000 * workers / steps,
+                "worker_us_per_token": 1e6 * workers / tokens,
+            }
+        )
+    steps = sum(r["steps"] for r in rows)
+    tokens = sum(r["tokens"] for r in rows)
+    gateways = sum(s for name, s in cpu.items() if name.startswith("gateway"))
+    ours = sum(cpu.values())
+    client_s = client_after - client_before
+    return {
+        "null_model": True,
+        "cells": num_cells,
+        "workers_per_cell": workers_per_cell,
+        "gateways": num_gateways,
+        "batch_size": batch_size,
+        "async_scheduling": async_scheduling,
+        "output_len": output_len,
+        "requests": num_requests,
+        "tokens": tokens,
+        "steps": steps,
+        "wall_s": elapsed,
+        "startup_s": startup_s,
+        "by_cell": rows,
+        "totals": {
+            "steps_per_s_per_worker": steps / (num_cells * workers_per_cell) / elapsed,
+            "batcher_ms_per_step": 1000 * sum(cpu[f"{c}-batcher"] for c in cells) / steps,
+            "worker_ms_per_step": 1000 * sum(v for n, v in cpu.items() if "-worker" in n) / steps,
+            "gateway_ms_per_step": 1000 * gateways / steps,
+            "redis_ms_per_step": 1000 * cpu["redis"] / steps,
+            "gateway_us_per_token": 1e6 * gateways / tokens,
+            "redis_us_per_token": 1e6 * cpu["redis"] / tokens,
+            "gateway_cpu_s": {n: v for n, v in cpu.items() if n.startswith("gateway")},
+        },
+        # How contended the wall-clock figures are: CPU over the load's wall time, in cores.
+        "busy": {
+            "cores": os.cpu_count() or 1,
+            "pipeline_cores": ours / elapsed,
+            "client_cores": client_s / elapsed,
+            "machine_cores": (machine_after - machine_before) / elapsed,
+            "loadavg_before": load_before[0],
+            "loadavg_after": os.getloadavg()[0],
+            "rss_mib": rss_mib,
+        },
+    }
+
+
+def print_report(r: dict[str, Any]) -> None:
+    mode = "async" if r["async_scheduling"] else "sync"
+    print(
+        f"{r['cells']} cells x {r['workers_per_cell']} null workers, {r['gateways']} gateway(s), batch "
+        f"{r['batch_size']} per worker ({r['requests']} requests x {r['output_len']} tokens), {mode}; "
+        f"startup {r['startup_s']:.0f} s, load {r['wall_s']:.1f} s"
+    )
+    columns = [("cell", 6), ("reqs", 5), ("steps", 6), ("batch", 5), ("steps/s/wkr", 11)]
+    columns += [("batcher ms/step", 15), ("us/tok", 7), ("worker ms/step", 14), ("us/tok", 7)]
+    print(" ".join(f"{name:>{width}}" for name, width in columns))
+    for c in r["by_cell"]:
+        print(
+            f"{c['cell']:>6} {c['requests']:>5} {c['steps']:>6} {c['mean_batch']:>5.1f} "
+            f"{c['steps_per_s_per_worker']:>11.1f} {c['batcher_ms_per_step']:>15.3f} "
+            f"{c['batcher_us_per_token']:>7.1f} {c['worker_ms_per_step']:>14.3f} "
+            f"{c['worker_us_per_token']:>7.1f}"
+        )
+    t = r["totals"]
+    print(
+        f"{'all':>6} {r['requests']:>5} {r['steps']:>6} {r['tokens'] / r['steps']:>5.1f} "
+        f"{t['steps_per_s_per_worker']:>11.1f} {t['batcher_ms_per_step']:>15.3f} "
+        f"{1000 * t['batcher_ms_per_step'] * r['steps'] / r['tokens']:>7.1f} "
+        f"{t['worker_ms_per_step']:>14.3f} {1000 * t['worker_ms_per_step'] * r['steps'] / r['tokens']:>7.1f}"
+    )
+    print(
+        f"shared by every cell, per step / per token: gateways {t['gateway_ms_per_step']:.3f} ms / "
+        f"{t['gateway_us_per_token']:.1f} us, redis {t['redis_ms_per_step']:.3f} ms / "
+        f"{t['redis_us_per_token']:.1f} us"
+    )
+    b = r["busy"]
+    print(
+        f"machine: {b['machine_cores']:.2f} of {b['cores']} cores busy during the load (pipeline "
+        f"{b['pipeline_cores']:.2f}, client {b['client_cores']:.2f}, the rest other work); load average "
+        f"{b['loadavg_before']:.1f} -> {b['loadavg_after']:.1f}; pipeline RSS {b['rss_mib']:.0f} MiB"
+    )

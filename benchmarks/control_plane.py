@@ -191,13 +191,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--workers-per-cell", type=int, default=1, help="null workers per cell, with --cells")
     parser.add_argument("--gateways", type=int, default=2, help="gateways (all cells each), with --cells")
     parser.add_argument("--result-file", default=None)
+    parser.add_argument("--log-dir", default=None, help="keep the processes' logs here (default: a temp dir)")
     args = parser.parse_args(argv)
     if args.cells > 1 and args.real_model:
         parser.error("--cells measures the null-model worker only")
     # A SIGTERM must still stop the pipeline each measurement started (their `finally`).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     rows = []
-    with tempfile.TemporaryDirectory(prefix="control-plane-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="control-plane-") as tmp_dir:
+        tmp = args.log_dir or tmp_dir
         for batch_size in (int(b) for b in args.batch_sizes.split(",")):
             modes = {"both": (False, True), "sync": (False,), "async": (True,)}[args.scheduling]
             for async_scheduling in modes:

@@ -20,11 +20,14 @@ import os
 import resource
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 import redis
+import redis.asyncio as aioredis
 
 from benchmarks.systems import ProcessGroup, free_port, http_ok, start_redis, wait_until
 from common import streams
@@ -96,23 +99,91 @@ def start_cells(
     return redis_url
 
 
-async def _load(base_urls: list[str], num_requests: int, output_len: int) -> float:
-    """`num_requests` concurrent completions, dealt round-robin over the gateways; wall seconds."""
+async def _held(client: aioredis.Redis, cells: list[str]) -> float:
+    """Requests the cells' batchers hold (waiting or running) plus all they ever finished."""
+    total = 0.0
+    for cell in cells:
+        fields = ["num_waiting", "num_running", "num_finished"]
+        raw: Any = await client.hmget(streams.cell_keys(cell).stats, fields)
+        total += sum(float(v or 0) for v in raw)
+    return total
+
+
+async def _finished(client: aioredis.Redis, cells: list[str]) -> float:
+    raw: Any = [await client.hget(streams.cell_keys(c).stats, "num_finished") for c in cells]
+    return sum(float(v or 0) for v in raw)
+
+
+def _any_failed(tasks: list[asyncio.Task[httpx.Response]]) -> bool:
+    return any(t.done() and (t.exception() or t.result().status_code != 200) for t in tasks)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Counters at one moment of the load: CPU seconds by process, machine, client; the cells' stats."""
+
+    t: float
+    cpu: dict[str, float]
+    machine_s: float
+    client_s: float
+    stats: dict[str, dict[str, float]]
+
+
+async def _load(
+    base_urls: list[str],
+    redis_url: str,
+    cells: list[str],
+    num_requests: int,
+    output_len: int,
+    wave: int,
+    snap: Callable[[], Snapshot],
+) -> tuple[float, Snapshot, Snapshot]:
+    """`num_requests` completions, dealt round-robin over the gateways: the load's wall seconds and
+    snapshots at the start and end of its steady window (every request placed, none finished).
+
+    They are sent `wave` at a time, the next wave once the batchers hold the last: a gateway places a
+    request with one stats read per cell, and thousands at once overflow Redis's accept queue.
+    """
     body = {"prompt": PROMPT, "max_tokens": output_len, "temperature": 0, "ignore_eos": True}
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     clients = [httpx.AsyncClient(base_url=u, timeout=900, limits=limits) for u in base_urls]
+    tasks: list[asyncio.Task[httpx.Response]] = []
+    stats = aioredis.Redis.from_url(redis_url)
+
+    async def wait_for(condition: Callable[[float], bool], what: str) -> None:
+        deadline = time.monotonic() + 300
+        while not condition(await _held(stats, cells)) and not _any_failed(tasks):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{what}: not within 300 s")
+            await asyncio.sleep(0.05)  # polling a condition, with the deadline above
+
     try:
+        held_before, finished_before = await _held(stats, cells), await _finished(stats, cells)
         start = time.perf_counter()
-        responses = await asyncio.gather(
-            *(clients[i % len(clients)].post("/v1/completions", json=body) for i in range(num_requests))
-        )
+        for first in range(0, num_requests, wave):
+            for i in range(first, min(first + wave, num_requests)):
+                post = clients[i % len(clients)].post("/v1/completions", json=body)
+                tasks.append(asyncio.create_task(post))
+            await wait_for(lambda held: held - held_before >= len(tasks), f"{len(tasks)} requests placed")
+        window_start = snap()
+        deadline = time.monotonic() + 300
+        while await _finished(stats, cells) == finished_before and not any(t.done() for t in tasks):
+            if time.monotonic() > deadline:
+                raise TimeoutError("no request finished within 300 s")
+            await asyncio.sleep(0.05)
+        window_end = snap()
+        responses = await asyncio.gather(*tasks)
         elapsed = time.perf_counter() - start
     finally:
+        for t in tasks:
+            t.cancel()
         for c in clients:
             await c.aclose()
-    for r in responses:
-        r.raise_for_status()
-    return elapsed
+        await stats.aclose()
+    failed = [r for r in responses if r.status_code != 200]
+    if failed:  # say why: an overloaded machine shows here first (timeouts, queue_timeout)
+        raise RuntimeError(f"{len(failed)} of {num_requests} requests failed; first: {failed[0].text[:500]}")
+    return elapsed, window_start, window_end
 
 
 def measure_cells(
@@ -141,6 +212,7 @@ def measure_cells(
     ports = [free_port() for _ in range(num_gateways)]
     base_urls = [f"http://127.0.0.1:{p}" for p in ports]
     num_requests = num_cells * workers_per_cell * batch_size
+    wave = workers_per_cell * batch_size  # a cell's worth of requests at a time
     from benchmarks.control_plane import _cpu_seconds
 
     try:
@@ -148,39 +220,45 @@ def measure_cells(
         redis_url = start_cells(group, model, cells, workers_per_cell, ports)
         startup_s = time.perf_counter() - startup
         client = redis.Redis.from_url(redis_url)
-        asyncio.run(_load(base_urls, 2 * num_cells * num_gateways, 4))  # warm-up: connections, caches
-        before = _cell_stats(client, cells)
-        cpu_before, machine_before, client_before = _cpu_seconds(group), _machine_cpu_s(), _client_cpu_s()
+
+        def snap() -> Snapshot:
+            stats = _cell_stats(client, cells)
+            return Snapshot(
+                time.perf_counter(), _cpu_seconds(group), _machine_cpu_s(), _client_cpu_s(), stats
+            )
+
+        # Warm-up: connections, first allocations.
+        asyncio.run(_load(base_urls, redis_url, cells, 2 * num_cells * num_gateways, 40, wave, snap))
         load_before = os.getloadavg()
-        elapsed = asyncio.run(_load(base_urls, num_requests, output_len))
-        cpu_after, machine_after, client_after = _cpu_seconds(group), _machine_cpu_s(), _client_cpu_s()
+        elapsed, w0, w1 = asyncio.run(
+            _load(base_urls, redis_url, cells, num_requests, output_len, wave, snap)
+        )
         rss_mib = _rss_mib(group)
-
-        def finished() -> int:  # the stats hash is refreshed after the step that finished them
-            now = _cell_stats(client, cells)
-            return int(sum(now[c]["num_finished"] - before[c]["num_finished"] for c in cells))
-
-        wait_until(lambda: finished() >= num_requests, 30, "every cell's stats to count its requests", group)
-        after = _cell_stats(client, cells)
         client.close()
     finally:
         group.stop()
-    cpu = {name: cpu_after[name] - s for name, s in cpu_before.items() if name in cpu_after}
+    window_s = w1.t - w0.t
+    cpu = {name: w1.cpu[name] - s for name, s in w0.cpu.items() if name in w1.cpu}
     rows: list[dict[str, Any]] = []
     for cell in cells:
-        steps = after[cell]["num_steps"] - before[cell]["num_steps"]
-        requests = after[cell]["num_finished"] - before[cell]["num_finished"]
-        tokens = requests * output_len
+        steps = w1.stats[cell]["num_steps"] - w0.stats[cell]["num_steps"]
+        running = w0.stats[cell]["num_running"]
+        # In the window every running request decodes one token per step of its worker.
+        tokens = steps * running / workers_per_cell
+        if steps <= 0 or running <= 0:
+            raise RuntimeError(
+                f"{cell}: no steady window (steps {steps}, running {running}); raise --output-len"
+            )
         batcher = cpu[f"{cell}-batcher"]
         workers = sum(s for name, s in cpu.items() if name.startswith(f"{cell}-worker"))
         rows.append(
             {
                 "cell": cell,
-                "requests": int(requests),
-                "tokens": int(tokens),
+                "running": int(running),
+                "tokens": tokens,
                 "steps": int(steps),
-                "mean_batch": tokens / steps if steps else 0.0,
-                "steps_per_s_per_worker": steps / workers_per_cell / elapsed,
+                "mean_batch": running / workers_per_cell,
+                "steps_per_s_per_worker": steps / workers_per_cell / window_s,
                 "batcher_ms_per_step": 1000 * batcher / steps,
                 "batcher_us_per_token": 1e6 * batcher / tokens,
                 "worker_ms_per_step": 1000 * workers / steps,
@@ -191,7 +269,6 @@ def measure_cells(
     tokens = sum(r["tokens"] for r in rows)
     gateways = sum(s for name, s in cpu.items() if name.startswith("gateway"))
     ours = sum(cpu.values())
-    client_s = client_after - client_before
     return {
         "null_model": True,
         "cells": num_cells,
@@ -204,10 +281,11 @@ def measure_cells(
         "tokens": tokens,
         "steps": steps,
         "wall_s": elapsed,
+        "window_s": window_s,
         "startup_s": startup_s,
         "by_cell": rows,
         "totals": {
-            "steps_per_s_per_worker": steps / (num_cells * workers_per_cell) / elapsed,
+            "steps_per_s_per_worker": steps / (num_cells * workers_per_cell) / window_s,
             "batcher_ms_per_step": 1000 * sum(cpu[f"{c}-batcher"] for c in cells) / steps,
             "worker_ms_per_step": 1000 * sum(v for n, v in cpu.items() if "-worker" in n) / steps,
             "gateway_ms_per_step": 1000 * gateways / steps,
@@ -216,12 +294,12 @@ def measure_cells(
             "redis_us_per_token": 1e6 * cpu["redis"] / tokens,
             "gateway_cpu_s": {n: v for n, v in cpu.items() if n.startswith("gateway")},
         },
-        # How contended the wall-clock figures are: CPU over the load's wall time, in cores.
+        # How contended the wall-clock figures are: CPU over the window's wall time, in cores.
         "busy": {
             "cores": os.cpu_count() or 1,
-            "pipeline_cores": ours / elapsed,
-            "client_cores": client_s / elapsed,
-            "machine_cores": (machine_after - machine_before) / elapsed,
+            "pipeline_cores": ours / window_s,
+            "client_cores": (w1.client_s - w0.client_s) / window_s,
+            "machine_cores": (w1.machine_s - w0.machine_s) / window_s,
             "loadavg_before": load_before[0],
             "loadavg_after": os.getloadavg()[0],
             "rss_mib": rss_mib,
@@ -234,21 +312,23 @@ def print_report(r: dict[str, Any]) -> None:
     print(
         f"{r['cells']} cells x {r['workers_per_cell']} null workers, {r['gateways']} gateway(s), batch "
         f"{r['batch_size']} per worker ({r['requests']} requests x {r['output_len']} tokens), {mode}; "
-        f"startup {r['startup_s']:.0f} s, load {r['wall_s']:.1f} s"
+        f"startup {r['startup_s']:.0f} s, load {r['wall_s']:.1f} s, of it {r['window_s']:.1f} s with "
+        "every request running and none finished (the window measured below)"
     )
-    columns = [("cell", 6), ("reqs", 5), ("steps", 6), ("batch", 5), ("steps/s/wkr", 11)]
+    columns = [("cell", 6), ("run", 5), ("steps", 6), ("batch", 5), ("steps/s/wkr", 11)]
     columns += [("batcher ms/step", 15), ("us/tok", 7), ("worker ms/step", 14), ("us/tok", 7)]
     print(" ".join(f"{name:>{width}}" for name, width in columns))
     for c in r["by_cell"]:
         print(
-            f"{c['cell']:>6} {c['requests']:>5} {c['steps']:>6} {c['mean_batch']:>5.1f} "
+            f"{c['cell']:>6} {c['running']:>5} {c['steps']:>6} {c['mean_batch']:>5.1f} "
             f"{c['steps_per_s_per_worker']:>11.1f} {c['batcher_ms_per_step']:>15.3f} "
             f"{c['batcher_us_per_token']:>7.1f} {c['worker_ms_per_step']:>14.3f} "
             f"{c['worker_us_per_token']:>7.1f}"
         )
     t = r["totals"]
     print(
-        f"{'all':>6} {r['requests']:>5} {r['steps']:>6} {r['tokens'] / r['steps']:>5.1f} "
+        f"{'all':>6} {sum(c['running'] for c in r['by_cell']):>5} {r['steps']:>6} "
+        f"{r['tokens'] / r['steps']:>5.1f} "
         f"{t['steps_per_s_per_worker']:>11.1f} {t['batcher_ms_per_step']:>15.3f} "
         f"{1000 * t['batcher_ms_per_step'] * r['steps'] / r['tokens']:>7.1f} "
         f"{t['worker_ms_per_step']:>14.3f} {1000 * t['worker_ms_per_step'] * r['steps'] / r['tokens']:>7.1f}"
@@ -260,7 +340,7 @@ def print_report(r: dict[str, Any]) -> None:
     )
     b = r["busy"]
     print(
-        f"machine: {b['machine_cores']:.2f} of {b['cores']} cores busy during the load (pipeline "
+        f"machine: {b['machine_cores']:.2f} of {b['cores']} cores busy in the window (pipeline "
         f"{b['pipeline_cores']:.2f}, client {b['client_cores']:.2f}, the rest other work); load average "
         f"{b['loadavg_before']:.1f} -> {b['loadavg_after']:.1f}; pipeline RSS {b['rss_mib']:.0f} MiB"
     )

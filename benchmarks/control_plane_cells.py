@@ -3,12 +3,15 @@
 One redis-server holds every cell (the keys carry the cell's hash tag, which only a cluster needs);
 each cell gets a batcher (`CBSERVE_CELL`) and W workers with WORKER_NULL_MODEL=true (they load the
 model's config and its tiny weights, never run them); `--gateways G` gateways each place requests in
-all cells (`GATEWAY_CELLS`). The client sends B requests per worker (N x W x B in all, split evenly
-over the gateways) and reads each cell's batcher stats before and after.
+all cells (`GATEWAY_CELLS`); two by default: the gateway is the costliest process per token and
+one Python process uses one core, and more than one gateway placing in the same cells is how a
+cluster runs. The client sends B requests per worker (N x W x B in all, dealt over the gateways, a
+cell's worth at a time) and measures the window in which every request is placed and none has
+finished, so each worker steps with its full batch.
 
 With ~N x W + N + G + 1 busy processes on a few cores, wall-clock rates measure the contention, not
 the processes: the report is CPU time (user + system, /proc) per step and per token, and how busy
-the machine was (its CPU over the load's wall time). Per cell: the batcher's and the cell's workers'
+the machine was (its CPU over the window's wall time). Per cell: the batcher's and the cell's workers'
 CPU. The gateways and Redis serve every cell, so their CPU is one figure per token for all cells.
 """
 
@@ -44,15 +47,16 @@ def _machine_cpu_s() -> float:
     return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
 
 
-def _rss_mib(group: ProcessGroup) -> float:
-    """Resident memory of the group's processes, summed (MiB)."""
+def _pss_mib(group: ProcessGroup) -> float:
+    """Memory of the group's processes, summed (MiB): proportional set size, so the pages the
+    workers share (the Python and torch libraries) count once, not once per worker."""
     total_kib = 0
     for proc in group.procs.values():
         try:
-            status = Path(f"/proc/{proc.pid}/status").read_text()
+            rollup = Path(f"/proc/{proc.pid}/smaps_rollup").read_text()
         except OSError:
             continue
-        line = next((x for x in status.splitlines() if x.startswith("VmRSS:")), "VmRSS: 0 kB")
+        line = next((x for x in rollup.splitlines() if x.startswith("Pss:")), "Pss: 0 kB")
         total_kib += int(line.split()[1])
     return total_kib / 1024
 
@@ -142,7 +146,8 @@ async def _load(
     snapshots at the start and end of its steady window (every request placed, none finished).
 
     They are sent `wave` at a time, the next wave once the batchers hold the last: a gateway places a
-    request with one stats read per cell, and thousands at once overflow Redis's accept queue.
+    request with one stats read per cell, and 2048 at once once drew 503s from a gateway (its Redis
+    calls failing; not diagnosed) and otherwise left the batches filling for most of the load.
     """
     body = {"prompt": PROMPT, "max_tokens": output_len, "temperature": 0, "ignore_eos": True}
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
@@ -206,6 +211,10 @@ def measure_cells(
         # Room for a full batch of whole requests, no more: 32 workers each with a default pool add up.
         "WORKER_NUM_BLOCKS": str(batch_size * (-(-(len(PROMPT) + output_len) // block_size) + 1)),
         "BATCHER_ASYNC_SCHEDULING": "true" if async_scheduling else "false",
+        # A gateway busy relaying a thousand requests' tokens on a shared core can take longer than
+        # the default 10 s to read a new request's headers; it then closes the socket (one run failed so).
+        "GATEWAY_HEADER_TIMEOUT_S": "120",
+        "GATEWAY_BODY_TIMEOUT_S": "120",
     }
     mode = "async" if async_scheduling else "sync"
     group = ProcessGroup(f"cells{num_cells}x{workers_per_cell}-b{batch_size}-{mode}", log_dir, env)
@@ -233,7 +242,7 @@ def measure_cells(
         elapsed, w0, w1 = asyncio.run(
             _load(base_urls, redis_url, cells, num_requests, output_len, wave, snap)
         )
-        rss_mib = _rss_mib(group)
+        pss_mib = _pss_mib(group)
         client.close()
     finally:
         group.stop()
@@ -302,7 +311,7 @@ def measure_cells(
             "machine_cores": (w1.machine_s - w0.machine_s) / window_s,
             "loadavg_before": load_before[0],
             "loadavg_after": os.getloadavg()[0],
-            "rss_mib": rss_mib,
+            "pss_mib": pss_mib,
         },
     }
 
@@ -342,5 +351,5 @@ def print_report(r: dict[str, Any]) -> None:
     print(
         f"machine: {b['machine_cores']:.2f} of {b['cores']} cores busy in the window (pipeline "
         f"{b['pipeline_cores']:.2f}, client {b['client_cores']:.2f}, the rest other work); load average "
-        f"{b['loadavg_before']:.1f} -> {b['loadavg_after']:.1f}; pipeline RSS {b['rss_mib']:.0f} MiB"
+        f"{b['loadavg_before']:.1f} -> {b['loadavg_after']:.1f}; pipeline PSS {b['pss_mib']:.0f} MiB"
     )

@@ -328,4 +328,4 @@ def test_control_plane_cells_reports_cpu_by_cell(tiny_model_dir: Path, tmp_path:
     totals = row["totals"]
     assert totals["gateway_us_per_token"] > 0 and totals["redis_us_per_token"] > 0
     assert set(totals["gateway_cpu_s"]) == {"gateway0", "gateway1"}
-    assert row["busy"]["pipeline_cores"] > 0 and row["busy"]["rss_mib"] > 0
+    assert row["busy"]["pipeline_cores"] > 0 and row["busy"]["pss_mib"] > 0

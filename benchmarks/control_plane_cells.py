@@ -6,7 +6,7 @@ model's config and its tiny weights, never run them); `--gateways G` gateways ea
 all cells (`GATEWAY_CELLS`); two by default: the gateway is the costliest process per token and
 one Python process uses one core, and more than one gateway placing in the same cells is how a
 cluster runs. The client sends B requests per worker (N x W x B in all, dealt over the gateways, a
-cell's worth at a time) and measures the window in which every request is placed and none has
+cell's worth (at least 256) at a time) and measures the window in which every request is placed and none has
 finished, so each worker steps with its full batch.
 
 With ~N x W + N + G + 1 busy processes on a few cores, wall-clock rates measure the contention, not
@@ -150,7 +150,9 @@ async def _load(
     calls failing; not diagnosed) and otherwise left the batches filling for most of the load.
     """
     body = {"prompt": PROMPT, "max_tokens": output_len, "temperature": 0, "ignore_eos": True}
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    # No connection reuse: a gateway closes an idle one after GATEWAY_KEEP_ALIVE_S, and a request sent
+    # on it as it closes fails with ReadError (a later wave's did, on the contended 2-core host).
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=0)
     clients = [httpx.AsyncClient(base_url=u, timeout=900, limits=limits) for u in base_urls]
     tasks: list[asyncio.Task[httpx.Response]] = []
     stats = aioredis.Redis.from_url(redis_url)
@@ -171,14 +173,26 @@ async def _load(
                 tasks.append(asyncio.create_task(post))
             await wait_for(lambda held: held - held_before >= len(tasks), f"{len(tasks)} requests placed")
         window_start = snap()
+        # The client's view, not the stats: those count a finish a batcher pass late.
+        if done := sum(t.done() for t in tasks):
+            raise RuntimeError(
+                f"{done} requests finished before the last was placed: no window with every request "
+                "running; raise --output-len (or use fewer workers: placing them took too long)"
+            )
         deadline = time.monotonic() + 300
-        while await _finished(stats, cells) == finished_before and not any(t.done() for t in tasks):
+        while not any(t.done() for t in tasks):
             if time.monotonic() > deadline:
                 raise TimeoutError("no request finished within 300 s")
             await asyncio.sleep(0.05)
         window_end = snap()
         responses = await asyncio.gather(*tasks)
         elapsed = time.perf_counter() - start
+        # The stats count a finish a pass later; the next load's "none finished yet" relies on it.
+        deadline = time.monotonic() + 60
+        while await _finished(stats, cells) - finished_before < num_requests and not _any_failed(tasks):
+            if time.monotonic() > deadline:
+                raise TimeoutError("the cells' stats did not count every finished request within 60 s")
+            await asyncio.sleep(0.05)
     finally:
         for t in tasks:
             t.cancel()
@@ -221,7 +235,8 @@ def measure_cells(
     ports = [free_port() for _ in range(num_gateways)]
     base_urls = [f"http://127.0.0.1:{p}" for p in ports]
     num_requests = num_cells * workers_per_cell * batch_size
-    wave = workers_per_cell * batch_size  # a cell's worth of requests at a time
+    # A cell's worth of requests at a time, at least 256 (a burst that size placed fine here).
+    wave = max(workers_per_cell * batch_size, 256)
     from benchmarks.control_plane import _cpu_seconds
 
     try:

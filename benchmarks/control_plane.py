@@ -11,6 +11,10 @@ steady state's: the step counter's rate in the middle of the run), the worker's 
 step (input building and bookkeeping, no model), how long the worker waited between steps, and the
 CPU time each process (gateway, batcher, worker, redis) spent per iteration, once with synchronous
 scheduling and once with async scheduling (step N+1 sent while step N runs).
+
+With `--cells 8 --workers-per-cell 4` (batch size = per worker) it runs 8 cells of 4 null workers on
+one Redis behind `--gateways` gateways and reports CPU per step and per token by cell
+(benchmarks/control_plane_cells.py).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from typing import Any
 import httpx
 import redis
 
+from benchmarks import control_plane_cells
 from benchmarks.specs import LaunchSpec
 from benchmarks.systems import ProcessGroup, free_port, http_ok, wait_until
 from common import streams
@@ -180,15 +185,39 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--scheduling", choices=["both", "sync", "async"], default="both", help="which modes to measure"
     )
+    parser.add_argument(
+        "--cells", type=int, default=1, help="> 1: that many cells on one Redis (control_plane_cells.py)"
+    )
+    parser.add_argument("--workers-per-cell", type=int, default=1, help="null workers per cell, with --cells")
+    parser.add_argument("--gateways", type=int, default=2, help="gateways (all cells each), with --cells")
     parser.add_argument("--result-file", default=None)
+    parser.add_argument("--log-dir", default=None, help="keep the processes' logs here (default: a temp dir)")
     args = parser.parse_args(argv)
+    if args.cells > 1 and args.real_model:
+        parser.error("--cells measures the null-model worker only")
     # A SIGTERM must still stop the pipeline each measurement started (their `finally`).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     rows = []
-    with tempfile.TemporaryDirectory(prefix="control-plane-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="control-plane-") as tmp_dir:
+        tmp = args.log_dir or tmp_dir
         for batch_size in (int(b) for b in args.batch_sizes.split(",")):
             modes = {"both": (False, True), "sync": (False,), "async": (True,)}[args.scheduling]
             for async_scheduling in modes:
+                if args.cells > 1:
+                    rows.append(
+                        control_plane_cells.measure_cells(
+                            args.model,
+                            args.cells,
+                            args.workers_per_cell,
+                            args.gateways,
+                            batch_size,
+                            args.output_len,
+                            async_scheduling,
+                            Path(tmp),
+                        )
+                    )
+                    control_plane_cells.print_report(rows[-1])
+                    continue
                 null = not args.real_model
                 rows.append(
                     measure(
@@ -201,6 +230,10 @@ def main(argv: list[str] | None = None) -> None:
                         args.device,
                     )
                 )
+    if args.result_file:
+        Path(args.result_file).write_text(json.dumps(rows, indent=2))
+    if args.cells > 1:
+        return  # each printed as it finished
     columns = [("batch", 5), ("scheduling", 10), ("steps", 6), ("ms/iter", 8), ("steady", 7)]
     columns += [("worker ms", 9), ("idle ms", 8), ("tok/s", 8)]
     print(" ".join(f"{name:>{width}}" for name, width in columns))
@@ -216,8 +249,6 @@ def main(argv: list[str] | None = None) -> None:
         mode = "async" if r["async_scheduling"] else "sync"
         shares = "  ".join(f"{name} {ms:.2f}" for name, ms in r["cpu_ms_per_iteration"].items())
         print(f"{r['batch_size']:>5} {mode:>10}  {shares}")
-    if args.result_file:
-        Path(args.result_file).write_text(json.dumps(rows, indent=2))
 
 
 if __name__ == "__main__":

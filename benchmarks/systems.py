@@ -128,14 +128,9 @@ def _start_transformers(group: ProcessGroup, launch: LaunchSpec, model: str, por
     group.spawn("transformers", argv)
 
 
-def _start_cbserve(group: ProcessGroup, launch: LaunchSpec, model: str, port: int) -> None:
-    """redis-server on a free port, then per cell a batcher and its workers, then the gateway, as
-    `cbserve up` does: `workers` per cell; with `cells` > 1 they are cell0, cell1, ... behind the one
-    gateway (its GATEWAY_CELL_POLICY, if set in `env`, picks how it places requests)."""
+def start_redis(group: ProcessGroup) -> str:
+    """A throwaway redis-server on a free port (no persistence), once it answers; its URL."""
     import redis
-
-    from cbserve.stack import cell_names
-    from common import streams
 
     binary = shutil.which("redis-server")
     if binary is None:
@@ -155,7 +150,24 @@ def _start_cbserve(group: ProcessGroup, launch: LaunchSpec, model: str, port: in
         except redis.ConnectionError:
             return False
 
-    wait_until(redis_up, 30, "redis-server", group)
+    try:
+        wait_until(redis_up, 30, "redis-server", group)
+    finally:
+        client.close()
+    return redis_url
+
+
+def _start_cbserve(group: ProcessGroup, launch: LaunchSpec, model: str, port: int) -> None:
+    """redis-server on a free port, then per cell a batcher and its workers, then the gateway, as
+    `cbserve up` does: `workers` per cell; with `cells` > 1 they are cell0, cell1, ... behind the one
+    gateway (its GATEWAY_CELL_POLICY, if set in `env`, picks how it places requests)."""
+    import redis
+
+    from cbserve.stack import cell_names
+    from common import streams
+
+    redis_url = start_redis(group)
+    client = redis.Redis.from_url(redis_url)
     env = {"REDIS_URL": redis_url}
     if "num_threads" in launch.options:
         env["WORKER_NUM_THREADS"] = str(launch.options["num_threads"])

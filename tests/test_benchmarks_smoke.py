@@ -347,3 +347,29 @@ def test_cbserve_launch_with_two_cells_serves_from_both(tiny_model_dir: Path, tm
             assert min(finished()) > 0, finished()
     finally:
         group.stop()
+
+
+def test_control_plane_cells_reports_cpu_by_cell(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """Two cells of one null worker behind two gateways: a row per cell over the window with every
+    request running, each with its own batcher's and workers' CPU, and the shared parts' CPU."""
+    from benchmarks import control_plane
+
+    result_file = tmp_path / "cells.json"
+    argv = ["--model", str(tiny_model_dir), "--batch-sizes", "4", "--output-len", "500"]
+    argv += ["--scheduling", "async", "--cells", "2", "--workers-per-cell", "1", "--gateways", "2"]
+    control_plane.main([*argv, "--result-file", str(result_file)])
+    (row,) = json.loads(result_file.read_text())
+    assert (row["cells"], row["workers_per_cell"], row["gateways"], row["requests"]) == (2, 1, 2, 8)
+    by_cell = row["by_cell"]
+    assert [c["cell"] for c in by_cell] == ["cell0", "cell1"]
+    # The requests were all placed before the window (the stats may still show one waiting).
+    assert 0 < sum(c["running"] for c in by_cell) <= 8
+    assert 0 < row["window_s"] < row["wall_s"]
+    for cell in by_cell:
+        assert cell["running"] > 0 and cell["steps"] > 0
+        assert cell["batcher_ms_per_step"] > 0 and cell["worker_ms_per_step"] > 0
+        assert cell["batcher_us_per_token"] > 0 and cell["worker_us_per_token"] > 0
+    totals = row["totals"]
+    assert totals["gateway_us_per_token"] > 0 and totals["redis_us_per_token"] > 0
+    assert set(totals["gateway_cpu_s"]) == {"gateway0", "gateway1"}
+    assert row["busy"]["pipeline_cores"] > 0 and row["busy"]["pss_mib"] > 0

@@ -46,8 +46,11 @@ check-deps:
 		exit 1; \
 	fi
 
+# Two processes, each taking whole test modules (module-scoped stacks start once): most tests wait on
+# subprocesses and Redis, so two share two cores well. PYTEST_WORKERS=0 runs them in this process.
+PYTEST_WORKERS ?= 2
 test: check-deps lint
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile
 
 # Redis (REDIS_URL if reachable, else redis-server from PATH, else the embedded one), the batcher,
 # worker(s) and the gateway on :8000 in one command; Ctrl-C stops them all. See `cbserve up --help`.

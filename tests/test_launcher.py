@@ -153,6 +153,9 @@ def _stream_chat(base_url: str, model: str) -> list[str]:
         "model": model,
         "messages": [{"role": "user", "content": "Hello"}],
         "max_tokens": 8,
+        # Greedy and all 8 tokens: a sampled answer of the random tiny model may end at once.
+        "temperature": 0,
+        "ignore_eos": True,
         "stream": True,
     }
     with httpx.stream("POST", f"{base_url}/v1/chat/completions", json=body, timeout=60) as response:

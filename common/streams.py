@@ -177,6 +177,11 @@ def rate_limit_key(owner: str) -> str:
 # calls per batch, not per token), so one slot carries them.
 _API: Final = "llm:{api}"
 
+# Every cell's batcher scores its cell here (unix seconds) each time it publishes its stats: a gateway
+# with GATEWAY_CELLS=* places requests in the cells seen lately, so a cell started at run time takes
+# traffic within seconds and one whose batchers are all gone stops receiving it.
+CELLS_REGISTRY: Final = f"{_API}:cells"
+
 
 def file_key(file_id: str) -> str:
     """Hash of one uploaded or generated file: `meta` (JSON) and `content` (bytes); TTL = its expiry."""

@@ -76,6 +76,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
                 settings.cell_policy,
                 settings.cell_prefix_weight,
                 settings.cell_prefix_blocks,
+                discover=settings.discover_cells,
             ),
         )
         try:

@@ -13,6 +13,10 @@ waits there for a batcher). Among them, by `GATEWAY_CELL_POLICY`:
 - `least_load`: the same with weight 0 (no index kept).
 - `random`: any live cell, uniformly; the baseline the others are measured against.
 
+With discovery (GATEWAY_CELLS=*) the cells are those whose batcher scored the registry within
+`LIVE_WITHIN_S`, read again at most every `REFRESH_S`: a cell started at run time is placed in from
+then on, one gone stops being placed in once its score ages out.
+
 Ties go round-robin, so idle cells share the traffic. Each gateway keeps its own index of what it
 placed, so several gateways each see part of the picture; the cells' caches evict on their own. A
 cell seen dead has its index dropped: a batcher that comes back starts with an empty cache. One
@@ -31,11 +35,13 @@ from typing import Any, Literal
 
 import redis.asyncio as aioredis
 
-from common.streams import cell_keys
+from common.streams import CELLS_REGISTRY, cell_keys
 from gateway.prefix_index import PrefixIndex, prompt_hashes
 
 # A batcher refreshes its stats at least every worker check (0.5 s); its healthcheck allows 10 s.
 LIVE_WITHIN_S = 10.0
+# How often a discovering router reads the registry of cells again.
+REFRESH_S = 1.0
 
 CellPolicy = Literal["cache_aware", "least_load", "random"]
 
@@ -47,20 +53,39 @@ class CellRouter:
         policy: CellPolicy = "cache_aware",
         prefix_weight: float = 4.0,
         index_blocks: int = 100_000,
+        discover: bool = False,
     ) -> None:
         self.cells = cells
         self.policy = policy
         self.prefix_weight = prefix_weight if policy == "cache_aware" else 0.0
+        self._index_blocks = index_blocks
         self.indexes = {cell: PrefixIndex(index_blocks) for cell in cells}
+        self._home = cells[0]  # with discovery: always a candidate, as without any live cell
+        self._discover = discover
+        self._refreshed_at = float("-inf")
         self._turn = itertools.count()  # round-robin among equally costly cells
         self._random = random.Random()
 
     async def place(self, redis: aioredis.Redis, prompt_token_ids: Sequence[int] = ()) -> str:
         """The cell for the next request, whose (first) prompt is `prompt_token_ids`."""
+        await self.refresh(redis)
         if len(self.cells) == 1:
             return self.cells[0]
         loads = await asyncio.gather(*(self._load(redis, cell) for cell in self.cells))
         return self.choose(dict(zip(self.cells, loads, strict=True)), prompt_token_ids)
+
+    async def refresh(self, redis: aioredis.Redis) -> None:
+        """With discovery, the cells registered lately (read at most every REFRESH_S)."""
+        now = time.monotonic()
+        if not self._discover or now - self._refreshed_at < REFRESH_S:
+            return
+        self._refreshed_at = now
+        since = time.time() - LIVE_WITHIN_S
+        found: Any = await redis.zrangebyscore(CELLS_REGISTRY, since, "+inf")
+        cells = sorted({self._home, *(c.decode() if isinstance(c, bytes) else c for c in found)})
+        self.cells = [self._home, *(c for c in cells if c != self._home)]
+        # A cell no longer registered is forgotten with its index, as one seen dead is.
+        self.indexes = {c: self.indexes.get(c) or PrefixIndex(self._index_blocks) for c in self.cells}
 
     def choose(self, loads: dict[str, float | None], prompt_token_ids: Sequence[int]) -> str:
         """The cell for a prompt given each cell's load (None: not live); records the placement."""

@@ -45,8 +45,9 @@ class GatewaySettings(BaseSettings):
     redis_url: str = redis_url_field()
     redis_cluster: bool = redis_cluster_field()
     cell: str = cell_field()
-    # Cells to place requests in, comma-separated; empty: CBSERVE_CELL alone. /metrics has each one's
-    # vllm:* load gauges; its cbserve:* batcher metrics and the dashboard show CBSERVE_CELL.
+    # Cells to place requests in, comma-separated; empty: CBSERVE_CELL alone; `*`: every cell whose
+    # batcher registered lately (common/streams.py CELLS_REGISTRY), CBSERVE_CELL included. /metrics has
+    # each one's vllm:* load gauges; its cbserve:* batcher metrics and the dashboard show CBSERVE_CELL.
     cells: str = ""
     # How a request's cell is chosen (gateway/cell_router.py): cache_aware (least waiting + running
     # requests, less prefix_weight x the share of the prompt this gateway already sent the cell),
@@ -119,14 +120,21 @@ class GatewaySettings(BaseSettings):
     @field_validator("cells")
     @classmethod
     def _check_cells(cls, value: str) -> str:
+        if value.strip() == DISCOVER_CELLS:
+            return DISCOVER_CELLS
         for cell in _split(value):
             check_cell(cell)  # ValueError names the bad one
         return value
 
     @property
+    def discover_cells(self) -> bool:
+        """Whether the cells come from the registry (GATEWAY_CELLS=*) rather than this list."""
+        return self.cells == DISCOVER_CELLS
+
+    @property
     def placement_cells(self) -> list[str]:
-        """The cells this gateway places requests in."""
-        return _split(self.cells) or [self.cell]
+        """The cells this gateway places requests in (with discovery: CBSERVE_CELL, to start with)."""
+        return [self.cell] if self.discover_cells else _split(self.cells) or [self.cell]
 
     @field_validator("api_key_hashes")
     @classmethod
@@ -146,6 +154,9 @@ class GatewaySettings(BaseSettings):
     @property
     def model_name(self) -> str:
         return self.served_model_name or self.model.resolve().name
+
+
+DISCOVER_CELLS = "*"
 
 
 def _split(cells: str) -> list[str]:

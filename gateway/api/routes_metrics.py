@@ -39,7 +39,7 @@ async def metrics(state: Annotated[GatewayState, Depends(get_state)]) -> Respons
 
 def metric_cells(state: GatewayState) -> list[str]:
     """CBSERVE_CELL, then the other cells this gateway places requests in."""
-    return list(dict.fromkeys([state.settings.cell, *state.settings.placement_cells]))
+    return list(dict.fromkeys([state.settings.cell, *state.router.cells]))
 
 
 async def _read_cells(state: GatewayState) -> list[CellReading]:
@@ -50,6 +50,7 @@ async def _read_cells(state: GatewayState) -> list[CellReading]:
             start = time.perf_counter()
             await state.redis.ping()
             state.metrics.redis_rtt.observe(time.perf_counter() - start)
+            await state.router.refresh(state.redis)
             cells = metric_cells(state)
             read = await asyncio.gather(*(read_batcher_snapshot(state.redis, cell_keys(c)) for c in cells))
     except (redis.exceptions.RedisError, TimeoutError) as exc:

@@ -53,7 +53,8 @@ async def health(state: Annotated[GatewayState, Depends(get_state)]) -> JSONResp
     try:
         async with asyncio.timeout(_HEALTH_REDIS_TIMEOUT_S):
             num_alive = 0
-            for cell in state.settings.placement_cells:  # the workers of every cell it places in
+            await state.router.refresh(state.redis)
+            for cell in state.router.cells:  # the workers of every cell it places in
                 num_alive += int(await state.redis.zcount(cell_keys(cell).heartbeat, f"({cutoff_ms}", "+inf"))
     except (redis.exceptions.RedisError, TimeoutError) as exc:
         message = f"degraded: redis unreachable ({exc or type(exc).__name__})"

@@ -11,24 +11,11 @@ attention of that step reads it, so a request admitted in the same step can alre
 
 from __future__ import annotations
 
-import hashlib
-from array import array
 from dataclasses import dataclass
 
 from batcher.block_manager import BlockManager
 from batcher.request import Request
-
-# Extra keys are hashed into every block: a bump here keeps old caches from matching new formats.
-HASH_VERSION = b"cbserve-kv-1"
-
-
-def hash_block(parent: bytes | None, token_ids: list[int], extra_keys: bytes = b"") -> bytes:
-    """The name of a block's KV: its parent's hash, its tokens and whatever else shapes the KV."""
-    h = hashlib.blake2b(parent or HASH_VERSION, digest_size=16)
-    h.update(array("q", token_ids).tobytes())
-    if extra_keys:
-        h.update(extra_keys)
-    return h.digest()
+from common.block_hash import hash_block
 
 
 def block_hashes(req: Request, block_size: int) -> list[bytes]:

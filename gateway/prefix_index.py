@@ -9,10 +9,10 @@ other gateways' placements and the workers' own evictions make stale; it only st
 
 from __future__ import annotations
 
-import hashlib
-from array import array
 from collections import OrderedDict
 from collections.abc import Sequence
+
+from common.block_hash import hash_block
 
 # Tokens per hashed block: the batcher's default block size, so a match counts whole cache blocks.
 BLOCK_TOKENS = 16
@@ -21,11 +21,9 @@ BLOCK_TOKENS = 16
 def prompt_hashes(token_ids: Sequence[int], block_tokens: int = BLOCK_TOKENS) -> list[bytes]:
     """The chained hashes of every full block of `token_ids`."""
     hashes: list[bytes] = []
-    parent = b"cell-router"
+    parent: bytes | None = None
     for start in range(0, len(token_ids) - block_tokens + 1, block_tokens):
-        h = hashlib.blake2b(parent, digest_size=16)
-        h.update(array("q", token_ids[start : start + block_tokens]).tobytes())
-        parent = h.digest()
+        parent = hash_block(parent, token_ids[start : start + block_tokens])
         hashes.append(parent)
     return hashes
 

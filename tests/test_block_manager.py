@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from batcher.block_manager import BlockManager
-from batcher.prefix_cache import block_hashes, hash_block
+from batcher.prefix_cache import block_hashes
+from common.block_hash import hash_block
 from tests.test_scheduler import request
 
 

@@ -10,6 +10,7 @@ from typing import Any
 from batcher.context import BatcherContext, ContextPart
 from batcher.follow_deadlines import FollowDeadlineReaper
 from batcher.retention import StreamTrimmer
+from common import streams
 from common.protocol import FIELD, WorkerInfo, WorkerLost, decode_worker, encode
 from common.redis_conn import as_str
 
@@ -51,6 +52,9 @@ class Housekeeping(ContextPart):
         """Join workers with a fresh heartbeat; drop those whose heartbeat is too old."""
         self.next_worker_check = now + self.settings.worker_check_interval_s
         self.outbox.stats_dirty = True  # refreshes `updated_at`, the batcher's own liveness signal
+        # The cell's entry in the cluster-wide registry (gateways with GATEWAY_CELLS=*): here, every
+        # worker check, not with each step's stats, whose pipeline would then reach a second shard.
+        self.redis.zadd(streams.CELLS_REGISTRY, {self.settings.cell: now})
         beats: Any = self.redis.zrange(self.keys.heartbeat, 0, -1, withscores=True)
         cutoff_ms = (now - self.settings.heartbeat_timeout_s) * 1000
         alive = {as_str(wid) for wid, score in beats if score >= cutoff_ms}

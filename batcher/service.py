@@ -160,9 +160,7 @@ class Batcher:
         """Everything queued this iteration in one round trip; the steps only while we lead."""
         self.leadership.check()
         if self.outbox.stats_dirty:
-            stats = self._stats()
-            self._pipe.hset(self.keys.stats, mapping=stats)  # type: ignore[arg-type]
-            self._pipe.zadd(streams.CELLS_REGISTRY, {self.settings.cell: stats["updated_at"]})
+            self._pipe.hset(self.keys.stats, mapping=self._stats())  # type: ignore[arg-type]
             self.outbox.stats_dirty = False
         self.metrics.publish(self._pipe, self.keys, time.time())
         steps_sent = None

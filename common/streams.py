@@ -177,7 +177,7 @@ def rate_limit_key(owner: str) -> str:
 # calls per batch, not per token), so one slot carries them.
 _API: Final = "llm:{api}"
 
-# Every cell's batcher scores its cell here (unix seconds) each time it publishes its stats: a gateway
+# Every cell's batcher scores its cell here (unix seconds) at each worker check (0.5 s): a gateway
 # with GATEWAY_CELLS=* places requests in the cells seen lately, so a cell started at run time takes
 # traffic within seconds and one whose batchers are all gone stops receiving it.
 CELLS_REGISTRY: Final = f"{_API}:cells"

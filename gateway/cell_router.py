@@ -35,6 +35,7 @@ from typing import Any, Literal
 
 import redis.asyncio as aioredis
 
+from common.redis_conn import as_str
 from common.streams import CELLS_REGISTRY, cell_keys
 from gateway.prefix_index import PrefixIndex, prompt_hashes
 
@@ -82,8 +83,7 @@ class CellRouter:
         self._refreshed_at = now
         since = time.time() - LIVE_WITHIN_S
         found: Any = await redis.zrangebyscore(CELLS_REGISTRY, since, "+inf")
-        cells = sorted({self._home, *(c.decode() if isinstance(c, bytes) else c for c in found)})
-        self.cells = [self._home, *(c for c in cells if c != self._home)]
+        self.cells = [self._home, *sorted({as_str(c) for c in found} - {self._home})]
         # A cell no longer registered is forgotten with its index, as one seen dead is.
         self.indexes = {c: self.indexes.get(c) or PrefixIndex(self._index_blocks) for c in self.cells}
 

@@ -16,6 +16,14 @@ ROUNDS x `--decode-steps`):
     python -m benchmarks.profile_step --model models/gpt2-small-llama --num-requests 16 --prompt-len 32 \
         --prompt-len-max 600 --output-len 200 --decode-steps 8 --num-threads 2 --kv-cache-mb 1024 \
         --ab-group-decodes 10
+
+`--ab-cascade ROUNDS` alternates cascade attention on and off (WORKER_CASCADE_ATTENTION) the same
+way; `--num-prefixes K --prefix-len N` starts every prompt with one of K shared N-token prefixes, so
+that the prefix cache hands the same blocks to several requests (the prefix_repetition load):
+
+    python -m benchmarks.profile_step --model models/gpt2-small-llama --num-requests 16 --prompt-len 64 \
+        --num-prefixes 8 --prefix-len 1024 --output-len 200 --decode-steps 8 --num-threads 2 \
+        --kv-cache-mb 2048 --ab-cascade 10
 """
 
 from __future__ import annotations
@@ -54,9 +62,14 @@ def _engine(args: argparse.Namespace) -> tuple[Scheduler, ModelRunner]:
     generator = torch.Generator().manual_seed(0)
     now = time.time()
     longest = max(args.prompt_len, args.prompt_len_max)
+    prefixes = [
+        torch.randint(3, 1000, (args.prefix_len,), generator=generator).tolist()
+        for _ in range(args.num_prefixes)
+    ]
     for i in range(args.num_requests):
         length = int(torch.randint(args.prompt_len, longest + 1, (1,), generator=generator))
-        prompt = torch.randint(3, 1000, (length,), generator=generator).tolist()
+        prefix = prefixes[i % len(prefixes)] if prefixes else []
+        prompt = prefix + torch.randint(3, 1000, (length,), generator=generator).tolist()
         params = SamplingParams(max_tokens=args.output_len, temperature=0.0, ignore_eos=True)
         scheduler.add_request(Request(f"r{i}", prompt, params, now, entry_id=""), now)
     return scheduler, runner
@@ -102,6 +115,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--prompt-len-max", type=int, default=0, help="prompts uniform in [--prompt-len, this] (seeded)"
     )
+    parser.add_argument("--num-prefixes", type=int, default=0, help="shared prompt prefixes (0: none)")
+    parser.add_argument("--prefix-len", type=int, default=0, help="tokens of each shared prefix")
     parser.add_argument("--top", type=int, default=15, help="rows of each table")
     parser.add_argument(
         "--ab-group-decodes",
@@ -110,6 +125,13 @@ def main(argv: list[str] | None = None) -> None:
         metavar="ROUNDS",
         help="instead of profiling: after the prefill, alternate ROUNDS rounds of --decode-steps steps "
         "with decodes attended in length groups and in one group, and print ms per step of each",
+    )
+    parser.add_argument(
+        "--ab-cascade",
+        type=int,
+        default=0,
+        metavar="ROUNDS",
+        help="as --ab-group-decodes, alternating cascade attention on and off",
     )
     args = parser.parse_args(argv)
     scheduler, runner = _engine(args)
@@ -128,9 +150,13 @@ def main(argv: list[str] | None = None) -> None:
             _step(scheduler, runner)
         return args.decode_steps
 
-    if args.ab_group_decodes:
+    if args.ab_group_decodes or args.ab_cascade:
         prefill()
-        _ab_group_decodes(runner, decode, args.ab_group_decodes)
+        if args.ab_group_decodes:
+            labels = ("decodes in length groups", "decodes in one group")
+            _ab(runner, decode, args.ab_group_decodes, "group_decodes", labels)
+        else:
+            _ab(runner, decode, args.ab_cascade, "cascade", ("cascade attention", "per-decode attention"))
         return
     _report("prefill phase (prompt chunks, decodes of the requests already admitted)", prefill, args.top)
     _report("decode steps", decode, args.top)
@@ -144,21 +170,25 @@ def main(argv: list[str] | None = None) -> None:
     print("\n".join(line for line in text.getvalue().splitlines() if line.strip())[:6000])
 
 
-def _ab_group_decodes(runner: ModelRunner, decode: Callable[[], int], rounds: int) -> None:
-    """Same process, same requests, alternating rounds: the contexts grow evenly under both."""
+def _ab(
+    runner: ModelRunner, decode: Callable[[], int], rounds: int, switch: str, labels: tuple[str, str]
+) -> None:
+    """Same process, same requests, rounds alternating the torch backend's `switch` on and off: the
+    contexts grow evenly under both."""
     backend = runner.attn_backend
     if not isinstance(backend, TorchAttentionBackend):
-        raise SystemExit("--ab-group-decodes compares the torch backend's layouts (WORKER_ATTENTION_BACKEND)")
+        raise SystemExit("the A/B options compare the torch backend's layouts (WORKER_ATTENTION_BACKEND)")
     times: dict[bool, list[float]] = {True: [], False: []}
     for i in range(rounds):
-        backend.group_decodes = i % 2 == 0
+        setattr(backend, switch, i % 2 == 0)
         start = time.perf_counter()
         steps = decode()
-        times[backend.group_decodes].append(1000 * (time.perf_counter() - start) / steps)
-    for grouped, ms in times.items():
-        label = "decodes in length groups" if grouped else "decodes in one group    "
+        times[i % 2 == 0].append(1000 * (time.perf_counter() - start) / steps)
+    width = max(map(len, labels))
+    for on, ms in times.items():
         rows = " ".join(f"{t:.1f}" for t in ms)
-        print(f"{label}: ms/step by round {rows}; median {statistics.median(ms):.1f}")
+        label = labels[0] if on else labels[1]
+        print(f"{label:<{width}}: ms/step by round {rows}; median {statistics.median(ms):.1f}")
 
 
 def _running(scheduler: Scheduler) -> list[Request]:

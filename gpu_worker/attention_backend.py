@@ -82,7 +82,7 @@ class AttentionContext:
 
 
 def make_attention_backend(
-    name: BackendName, kv_cache: KVCache, group_decodes: bool
+    name: BackendName, kv_cache: KVCache, group_decodes: bool, cascade: bool = False
 ) -> AttentionBackend[Any]:
     """The backend called `name` over `kv_cache`; Triton is imported only when asked for."""
     if name == "triton":
@@ -91,4 +91,4 @@ def make_attention_backend(
         return TritonAttentionBackend(kv_cache)
     from gpu_worker.attention_torch import TorchAttentionBackend
 
-    return TorchAttentionBackend(kv_cache, group_decodes=group_decodes)
+    return TorchAttentionBackend(kv_cache, group_decodes=group_decodes, cascade=cascade)

@@ -2,7 +2,9 @@
 against): gathers each group's K/V out of the pool into a workspace and runs SDPA with masks.
 
 Decodes are attended in groups of similar context length (one gather and one SDPA per group), and
-every prefill chunk by itself; a first chunk attends over its own K/V without reading the pool.
+every prefill chunk by itself; a first chunk attends over its own K/V without reading the pool. With
+cascade attention (the CPU default), decodes sharing leading blocks read them once
+(cascade_attention.py).
 """
 
 from __future__ import annotations
@@ -13,6 +15,13 @@ import torch
 import torch.nn.functional as F
 
 from gpu_worker.attention_backend import AttentionBackend, CommonAttentionMetadata
+from gpu_worker.cascade_attention import (
+    MIN_HEAD_BLOCKS,
+    CascadeDecodes,
+    attend_cascade,
+    build_cascade,
+    plan_heads,
+)
 from gpu_worker.kv_cache import KVCache
 
 # A decode joins the current group while its table has at least this share of the group's longest
@@ -49,6 +58,8 @@ class TorchAttentionMetadata:
     slot_mapping: torch.Tensor  # [T]
     decodes: list[DecodeGroup]  # the batch starts with its decodes, longest context first
     prefills: list[PrefillChunk]
+    # Set instead of `decodes` when some decodes share a head (or read a long run in place).
+    cascade: CascadeDecodes | None = None
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -58,20 +69,27 @@ def _ceil_div(a: int, b: int) -> int:
 class TorchAttentionBackend(AttentionBackend[TorchAttentionMetadata]):
     name = "torch"
 
-    def __init__(self, kv_cache: KVCache, group_decodes: bool) -> None:
+    def __init__(self, kv_cache: KVCache, group_decodes: bool, cascade: bool = False) -> None:
         super().__init__(kv_cache)
         # Off: one group for all decodes (fewer launches, every row padded to the longest context).
         self.group_decodes = group_decodes
+        # CPU only: it calls the CPU flash kernel for the log-sum-exp.
+        self.cascade = cascade
 
     def build_metadata(self, common: CommonAttentionMetadata) -> TorchAttentionMetadata:
         block_size = self.kv_cache.block_size
         seq_lens: list[int] = common.seq_lens_cpu.tolist()
         starts: list[int] = common.query_start_loc_cpu.tolist()
         context_lens = seq_lens[: common.num_decodes]
-        groups = [
-            self._decode_group(common, context_lens, start, end)
-            for start, end in group_bounds(context_lens, block_size, self.group_decodes)
-        ]
+        cascade = self._cascade(common, context_lens) if self.cascade else None
+        groups = (
+            []
+            if cascade is not None
+            else [
+                self._decode_group(common, context_lens, start, end)
+                for start, end in group_bounds(context_lens, block_size, self.group_decodes)
+            ]
+        )
         chunks = []
         device = common.block_tables.device
         for seq in range(common.num_decodes, common.num_reqs):
@@ -83,7 +101,25 @@ class TorchAttentionBackend(AttentionBackend[TorchAttentionMetadata]):
                 causal = (torch.arange(context_len).unsqueeze(0) <= query_pos).to(device)
             table = common.block_tables[seq, : _ceil_div(context_len, block_size)]
             chunks.append(PrefillChunk(start, end, table, context_len, causal))
-        return TorchAttentionMetadata(slot_mapping=common.slot_mapping, decodes=groups, prefills=chunks)
+        return TorchAttentionMetadata(common.slot_mapping, groups, chunks, cascade)
+
+    def _cascade(self, common: CommonAttentionMetadata, context_lens: list[int]) -> CascadeDecodes | None:
+        """The cascade plan of the step's decodes, None when no decode has a head."""
+        block_size = self.kv_cache.block_size
+        rows = common.block_tables_cpu[: common.num_decodes].tolist()
+        tables = [row[: _ceil_div(n, block_size)] for row, n in zip(rows, context_lens, strict=True)]
+        heads = plan_heads(tables, context_lens, block_size, MIN_HEAD_BLOCKS)
+        if not heads:
+            return None
+        return build_cascade(
+            tables,
+            context_lens,
+            block_size,
+            heads,
+            lambda lens: group_bounds(lens, block_size, self.group_decodes),
+            self.kv_cache.k_pools[0].dtype,
+            common.block_tables.device,
+        )
 
     def _decode_group(
         self, common: CommonAttentionMetadata, context_lens: list[int], start: int, end: int
@@ -111,6 +147,9 @@ class TorchAttentionBackend(AttentionBackend[TorchAttentionMetadata]):
     ) -> torch.Tensor:
         self.kv_cache.write(layer, metadata.slot_mapping, key, value)
         out = torch.empty_like(query)
+        if metadata.cascade is not None:
+            decodes = slice(0, metadata.cascade.num_decodes)
+            attend_cascade(self.kv_cache, layer, metadata.cascade, query[decodes], scale, out[decodes])
         for group in metadata.decodes:
             self._decode(layer, group, query[group.start : group.end], scale, out[group.start : group.end])
         for chunk in metadata.prefills:

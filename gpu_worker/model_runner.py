@@ -76,6 +76,7 @@ class ModelRunner:
         self.max_model_len = profile.max_len
         self._attention_backend_name = settings.resolved_attention_backend
         self._group_decodes = settings.resolved_group_decodes
+        self._cascade_attention = settings.resolved_cascade_attention
         self._use_kv_cache(self.num_blocks)
         self.vocab_size = int(config.get_text_config().vocab_size)
         self.eos_token_ids = eos_token_ids(self.model)
@@ -122,7 +123,7 @@ class ModelRunner:
             device=self.device,
         )
         self.attn_backend = make_attention_backend(
-            self._attention_backend_name, self.kv_cache, self._group_decodes
+            self._attention_backend_name, self.kv_cache, self._group_decodes, self._cascade_attention
         )
 
     def _size_kv_cache(

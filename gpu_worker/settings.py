@@ -90,6 +90,12 @@ class WorkerSettings(BaseSettings):
         "per layer. Default: on "
         "for cpu (memory-bound there), off for cuda (where the extra kernel launches cost more).",
     )
+    cascade_attention: bool | None = Field(
+        default=None,
+        description="Torch attention backend on cpu: decodes whose block tables start with the same "
+        "blocks (a prefix-cache hit, the n choices of a request) attend over them once, and a run of "
+        "consecutive blocks is read in place instead of gathered. Default: on for cpu; cpu only.",
+    )
     attention_backend: AttentionBackendSetting = Field(
         default="auto",
         description="Paged attention: torch (gather + SDPA, the reference) or triton (kernels reading "
@@ -148,6 +154,14 @@ class WorkerSettings(BaseSettings):
         return self
 
     @model_validator(mode="after")
+    def _cascade_on_cpu(self) -> WorkerSettings:
+        if self.cascade_attention and (self.device != "cpu" or self.resolved_attention_backend != "torch"):
+            raise ValueError(
+                "WORKER_CASCADE_ATTENTION needs WORKER_DEVICE=cpu and the torch attention backend"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _budget_fits_a_full_batch(self) -> WorkerSettings:
         if self.resolved_max_num_batched_tokens < self.resolved_max_num_seqs:
             raise ValueError(
@@ -173,6 +187,11 @@ class WorkerSettings(BaseSettings):
     @property
     def resolved_group_decodes(self) -> bool:
         return self.device == "cpu" if self.group_decodes is None else self.group_decodes
+
+    @property
+    def resolved_cascade_attention(self) -> bool:
+        default = self.device == "cpu" and self.resolved_attention_backend == "torch"
+        return default if self.cascade_attention is None else self.cascade_attention
 
     @property
     def resolved_attention_backend(self) -> Literal["torch", "triton"]:

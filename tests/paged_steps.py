@@ -47,16 +47,7 @@ def make_step(
     for i, (cached, new) in enumerate(seqs):
         needed = -(-(cached + new) // block_size)
         blocks, free = free[:needed], free[needed + 1 :]  # skip one: a hole between tables
-        state = CachedRequestState(
-            req_id=f"r{i}",
-            token_ids=[1] * (cached + new),
-            num_prompt_tokens=cached + new,
-            sampling_params=SamplingParams(),
-            block_ids=blocks,
-            num_computed_tokens=cached,
-            attempt=0,
-        )
-        requests.append(ScheduledRequest(state=state, num_tokens=new))
+        requests.append(scheduled_request(i, blocks, cached, new))
     for pool in (*kv_cache.k_pools, *kv_cache.v_pools):
         pool.copy_(torch.randn(pool.shape, generator=generator).to(DEVICE))
     batch = build_input_batch(requests, backend, kv_cache.k_pools[0].device)
@@ -73,6 +64,20 @@ def make_step(
         k_pool=kv_cache.k_pools[0].clone(),
         v_pool=kv_cache.v_pools[0].clone(),
     )
+
+
+def scheduled_request(i: int, blocks: list[int], cached: int, new: int) -> ScheduledRequest:
+    """Request `r{i}` holding `blocks`, with `cached` tokens computed and `new` scheduled now."""
+    state = CachedRequestState(
+        req_id=f"r{i}",
+        token_ids=[1] * (cached + new),
+        num_prompt_tokens=cached + new,
+        sampling_params=SamplingParams(),
+        block_ids=blocks,
+        num_computed_tokens=cached,
+        attempt=0,
+    )
+    return ScheduledRequest(state=state, num_tokens=new)
 
 
 def pool(num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> KVCache:

@@ -82,7 +82,9 @@ def test_n_choices_share_the_prompt_and_each_reports_cached_tokens(
     make_stack: Callable[[], Stack], tiny_model_dir: Path
 ) -> None:
     stack = make_stack().start_all(1, worker_env=WORKER_ENV)
-    prompt = [5 + i % 400 for i in range(5 * BLOCK_SIZE + 2)]
+    # 9 full blocks: the choices' decodes read them once, together (cascade attention's shared head).
+    full_blocks = 9
+    prompt = [5 + i % 400 for i in range(full_blocks * BLOCK_SIZE + 2)]
     [expected] = greedy_generate(tiny_model_dir, [prompt], [10])
     body = {"prompt": prompt, "max_tokens": 10, "temperature": 0, "ignore_eos": True, "n": 3}
     body["return_token_ids"] = True
@@ -90,16 +92,16 @@ def test_n_choices_share_the_prompt_and_each_reports_cached_tokens(
     assert resp.status_code == 200, resp.text
     data = resp.json()
     assert [c["token_ids"] for c in data["choices"]] == [expected] * 3
-    # The prompt was computed once: the other two choices found its 5 blocks cached.
+    # The prompt was computed once: the other two choices found its full blocks cached.
     stats = stack.stats()
-    assert stats["prefix_cache_hits"] == 2 * 5 * BLOCK_SIZE, stats
+    assert stats["prefix_cache_hits"] == 2 * full_blocks * BLOCK_SIZE, stats
     # The prompt is billed once, as first computed: nothing of it was cached then.
     assert data["usage"]["prompt_tokens"] == len(prompt)
     assert data["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
 
     again = httpx.post(f"{stack.base_url}/v1/completions", json={**body, "n": 1}, timeout=120).json()
     assert again["choices"][0]["token_ids"] == expected
-    assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == 5 * BLOCK_SIZE
+    assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == full_blocks * BLOCK_SIZE
 
 
 def test_killing_the_worker_that_holds_the_prefix_keeps_every_stream_exact(

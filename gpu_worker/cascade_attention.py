@@ -41,10 +41,9 @@ def plan_heads(
 ) -> list[SharedHead]:
     """Heads of at least `min_blocks` blocks; each decode is in at most one.
 
-    Decodes sharing their first `min_blocks` blocks share the longest prefix common to all of them; a
-    decode sharing with nobody gets its leading run of consecutive block ids (read in place). A head
-    holds only full blocks before the one with the decode's own token, so that every decode keeps a
-    non-empty remainder (its tail) to attend and merge with.
+    Decodes sharing their first `min_blocks` blocks share the longest prefix common to all of them. A
+    head holds only full blocks before the one with the decode's own token, so that every decode keeps
+    a non-empty remainder (its tail) to attend and merge with. A decode that shares nothing has no head.
     """
     by_start: dict[tuple[int, ...], list[int]] = {}
     for row, (table, context_len) in enumerate(zip(tables, context_lens, strict=True)):
@@ -52,15 +51,13 @@ def plan_heads(
             by_start.setdefault(tuple(table[:min_blocks]), []).append(row)
     heads = []
     for rows in by_start.values():
+        if len(rows) == 1:
+            continue
         limit = min((context_lens[row] - 1) // block_size for row in rows)
         first = tables[rows[0]]
-        if len(rows) == 1:
-            length = next((i for i in range(1, limit) if first[i] != first[0] + i), limit)
-        else:
-            length = next(
-                (i for i in range(min_blocks, limit) if any(tables[row][i] != first[i] for row in rows)),
-                limit,
-            )
+        length = next(
+            (i for i in range(min_blocks, limit) if any(tables[row][i] != first[i] for row in rows)), limit
+        )
         if length >= min_blocks:
             heads.append(SharedHead(rows=rows, blocks=list(first[:length])))
     return heads

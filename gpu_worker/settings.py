@@ -93,8 +93,8 @@ class WorkerSettings(BaseSettings):
     cascade_attention: bool | None = Field(
         default=None,
         description="Torch attention backend on cpu: decodes whose block tables start with the same "
-        "blocks (a prefix-cache hit, the n choices of a request) attend over them once, and a run of "
-        "consecutive blocks is read in place instead of gathered. Default: on for cpu; cpu only.",
+        "blocks (a prefix-cache hit, the n choices of a request) attend over them once, together. "
+        "Default: on for cpu; cpu only.",
     )
     attention_backend: AttentionBackendSetting = Field(
         default="auto",

@@ -22,7 +22,7 @@ def test_decodes_sharing_leading_blocks_share_a_head() -> None:
     heads = plan_heads(tables, [12 * BS - 5, 11 * BS, 11 * BS - 1], BS, 8)
     # The third diverges at block 9: the head is the 9 blocks all three hold.
     assert heads == [SharedHead(rows=[0, 1, 2], blocks=shared[:9])]
-    assert not heads[0].contiguous
+    assert not heads[0].contiguous  # gathered once
 
 
 def test_head_leaves_each_decode_its_own_last_token() -> None:
@@ -31,15 +31,13 @@ def test_head_leaves_each_decode_its_own_last_token() -> None:
     table = list(range(20, 30))
     heads = plan_heads([table, table], [10 * BS, 10 * BS], BS, 8)
     assert heads == [SharedHead(rows=[0, 1], blocks=table[:9])]
-    assert heads[0].contiguous
+    assert heads[0].contiguous  # read in place
 
 
-def test_a_lone_decode_reads_its_leading_run_in_place() -> None:
-    run = list(range(100, 112))
-    tables = [[*run, 5, 113, 6], [7, 3, 9, 1, 12, 4, 8, 2, 30, 31, 33]]
-    heads = plan_heads(tables, [15 * BS, 11 * BS], BS, 8)
-    # The scattered table shares nothing and has no run: it keeps the per-decode path.
-    assert heads == [SharedHead(rows=[0], blocks=run)]
+def test_a_decode_sharing_nothing_has_no_head() -> None:
+    tables = [list(range(100, 115)), [7, 3, 9, 1, 12, 4, 8, 2, 30, 31, 33]]
+    # Reading its own blocks in place would gain nothing over gathering them (docs/benchmarks.md).
+    assert plan_heads(tables, [15 * BS, 11 * BS], BS, 8) == []
 
 
 def test_short_heads_are_not_worth_a_second_read() -> None:
@@ -63,8 +61,8 @@ def test_cascade_step_matches_per_decode_path(queries_per_kv: int, group_decodes
         scheduled_request(2, [*head_a[:15], 403, 404, 405], 17 * BS + 9, 1),
         scheduled_request(3, [*head_b, 406, 407, 408], 32 * BS + 1, 1),
         scheduled_request(4, [*head_b, 409], 30 * BS + 7, 1),
-        scheduled_request(5, list(range(200, 240)), 39 * BS + 2, 1),  # alone, consecutive
-        scheduled_request(6, scattered[100:110], 9 * BS + 15, 1),  # alone, scattered: no head
+        scheduled_request(5, list(range(200, 240)), 39 * BS + 2, 1),  # alone: no head
+        scheduled_request(6, scattered[100:110], 9 * BS + 15, 1),  # alone, scattered
         scheduled_request(7, scattered[120:123], 2 * BS + 1, 1),  # too short for a head
         scheduled_request(8, [*head_a, 410, 411], 20 * BS, 23),  # a prompt chunk over the cached head
     ]
@@ -81,7 +79,7 @@ def test_cascade_step_matches_per_decode_path(queries_per_kv: int, group_decodes
     metadata = cascade_backend.build_metadata(common)
     assert metadata.cascade is not None
     # Decodes come longest first: 5, 3, 4, 0, 1, 2, 6, 7.
-    assert sorted(h.rows.tolist() for h in metadata.cascade.heads) == [[0], [1, 2], [3, 4, 5]]
+    assert sorted(h.rows.tolist() for h in metadata.cascade.heads) == [[1, 2], [3, 4, 5]]
 
     tokens = common.num_actual_tokens
     rand = torch.Generator().manual_seed(11)

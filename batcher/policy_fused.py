@@ -14,6 +14,7 @@ from batcher.prefix_cache import Admission, cache_computed_blocks, plan_admissio
 from batcher.prefix_wait import waits_for_prefix
 from batcher.request import Request, RequestStatus
 from batcher.scheduler_state import SchedulerState, StepDraft
+from batcher.waiting_order import order_waiting
 from batcher.worker_state import WorkerState
 from common.protocol import CachedRequestData
 
@@ -73,9 +74,11 @@ def schedule_waiting(
     budget: int,
     step: StepDraft,
 ) -> int:
-    """Admit waiting requests in queue order while the budget, a slot and blocks allow; one whose
-    prefix a running request is still prefilling is passed over for now (prefix_wait.py)."""
+    """Admit waiting requests in queue order (waiting_order.py) while the budget, a slot and blocks
+    allow; one whose prefix a running request is still prefilling is passed over for now
+    (prefix_wait.py)."""
     bm = ws.block_manager
+    order_waiting(state, ws)
     workers = list(state.workers.values())
     share = fair_share(workers, ws, len(state.waiting))
     weight = state.config.cache_overlap_weight

@@ -14,6 +14,7 @@ from batcher.policy_fused import admit, fail_too_large, schedule_running
 from batcher.prefix_cache import plan_admission
 from batcher.request import Request
 from batcher.scheduler_state import SchedulerState, StepDraft
+from batcher.waiting_order import order_waiting
 from batcher.worker_state import WorkerState
 
 
@@ -36,6 +37,7 @@ def schedule_tgi(state: SchedulerState, ws: WorkerState, step: StepDraft) -> Non
 def _candidates(state: SchedulerState, ws: WorkerState, step: StepDraft) -> list[Request]:
     """The waiting requests (a prefix of the queue) one prefill-only step could take whole."""
     bm = ws.block_manager
+    order_waiting(state, ws)
     workers = list(state.workers.values())
     share = fair_share(workers, ws, len(state.waiting))
     weight = state.config.cache_overlap_weight

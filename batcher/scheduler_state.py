@@ -12,6 +12,7 @@ from batcher.worker_state import WorkerState
 from common.protocol import CachedRequestData, FinishReason, NewRequestData
 
 Policy = Literal["fused", "tgi"]
+WaitingOrder = Literal["fcfs", "lpm"]
 
 
 @dataclass(slots=True)
@@ -36,6 +37,8 @@ class SchedulerConfig:
     cache_overlap_weight: float = 1.0
     # A waiting request whose prefix a running request is still prefilling waits for it (prefix_wait.py).
     prefix_wait: bool = True
+    # "fcfs": arrival order; "lpm": most cached tokens on the worker first (waiting_order.py).
+    waiting_order: WaitingOrder = "fcfs"
 
     @property
     def max_steps_in_flight(self) -> int:

@@ -60,6 +60,7 @@ class Batcher:
                 enable_prefix_caching=settings.enable_prefix_caching,
                 cache_overlap_weight=settings.cache_overlap_weight,
                 prefix_wait=settings.prefix_wait,
+                waiting_order=settings.waiting_order,
             )
         )
         self.metrics = BatcherMetrics(self.scheduler)

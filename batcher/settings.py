@@ -75,6 +75,12 @@ class BatcherSettings(BaseSettings):
         description="A waiting request whose prefix a running request is still prefilling waits (boundedly) "
         "for those blocks instead of computing them again; later requests pass it meanwhile.",
     )
+    waiting_order: Literal["fcfs", "lpm"] = Field(
+        "fcfs",
+        description="fcfs: waiting requests are taken in arrival order (vLLM); lpm: the ones with the "
+        "longest prefix cached on the worker first (SGLang), for a lower mean time to first token "
+        "when hits queue behind uncached prompts; an uncached prompt then waits while hits keep coming.",
+    )
     heartbeat_timeout_s: float = Field(
         5.0, gt=0, description="A worker whose last heartbeat is older than this is dead."
     )

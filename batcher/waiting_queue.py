@@ -10,7 +10,8 @@ batch line that was preempted.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from batcher.request import Request
 
@@ -39,6 +40,14 @@ class WaitingQueue:
     def appendleft(self, req: Request) -> None:
         """A request put back (preempted, orphaned, retried): first of its priority."""
         self._level(req.priority).appendleft(req)
+
+    def sort_front(self, key: Callable[[Request], Any], limit: int) -> None:
+        """Reorder the first `limit` requests of the most urgent priority by `key` (stable)."""
+        if not self._order:
+            return
+        level = self._levels[self._order[0]]
+        front = sorted((level.popleft() for _ in range(min(limit, len(level)))), key=key)
+        level.extendleft(reversed(front))
 
     def popleft(self) -> Request:
         if not self._order:

@@ -2,15 +2,20 @@
 
 `fcfs` (vLLM's): arrival order within each priority. `lpm` (SGLang's longest-prefix-match): the front
 of the most urgent priority sorted by how many tokens the worker already holds of each prompt, most
-first, ties by arrival. A request that is mostly cached computes little, so serving it first lowers
-mean time to first token when cache hits wait behind long uncached prompts (the start of a
-prefix-repetition load); an uncached prompt can wait behind a stream of hits as long as they keep
-coming, which is why it is not the default.
+first. A request that is mostly cached computes little, so serving it first lowers mean time to
+first token when cache hits wait behind long uncached prompts (the start of a prefix-repetition
+load). Among equal ones, prompts whose first block more waiting requests share go first, siblings
+together (as SGLang's dfs-weight): once one is computed the others are hits. Then arrival. An
+uncached prompt can wait behind a stream of hits as long as they keep coming, which is why it is
+not the default.
 """
 
 from __future__ import annotations
 
-from batcher.prefix_cache import cached_prefix_blocks
+from collections import Counter
+
+from batcher.prefix_cache import block_hashes, cached_prefix_blocks
+from batcher.request import Request
 from batcher.scheduler_state import SchedulerState
 from batcher.worker_state import WorkerState
 
@@ -24,4 +29,23 @@ def order_waiting(state: SchedulerState, ws: WorkerState) -> None:
     if state.config.waiting_order != "lpm" or not ws.block_manager.enable_caching:
         return
     bm = ws.block_manager
-    state.waiting.sort_front(lambda req: (-len(cached_prefix_blocks(bm, req)), req.arrival_time), LPM_WINDOW)
+    top = state.waiting[0].priority
+    front = [req for _, req in zip(range(LPM_WINDOW), state.waiting, strict=False) if req.priority == top]
+    cached = {req.req_id: len(cached_prefix_blocks(bm, req)) for req in front}
+    first = {req.req_id: _first_block(req, bm.block_size) for req in front}
+    sharing = Counter(first.values())
+    arrival: dict[bytes | str, float] = {}
+    for req in front:
+        arrival.setdefault(first[req.req_id], req.arrival_time)
+
+    def key(req: Request) -> tuple[int, int, float, float]:
+        group = first[req.req_id]
+        return (-cached[req.req_id], -sharing[group], arrival[group], req.arrival_time)
+
+    state.waiting.sort_front(key, LPM_WINDOW)
+
+
+def _first_block(req: Request, block_size: int) -> bytes | str:
+    """The hash of `req`'s first block, its id when its prompt is shorter than a block."""
+    hashes = block_hashes(req, block_size)
+    return hashes[0] if hashes else req.req_id

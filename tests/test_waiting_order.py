@@ -48,6 +48,20 @@ def test_lpm_admits_cache_hits_first_in_arrival_order() -> None:
     assert out.num_scheduled_tokens == {"a": 1, "h": 2, "h2": 2, "u": 35}
 
 
+def test_lpm_computes_the_prefix_more_requests_wait_for_first() -> None:
+    s = Scheduler(SchedulerConfig(waiting_order="lpm"))
+    s.add_worker(worker("w0", num_blocks=64, max_num_batched_tokens=40))
+    other = list(range(4000, 4032))
+    s.add_request(request("x1", 0, prompt=[*other, 1, 2]), now=1.0)
+    s.add_request(hit("y1", [3, 4]), now=2.0)
+    s.add_request(hit("y2", [5, 6]), now=3.0)
+    out = run(s, "w0")
+    # Nothing is cached yet: the prefix two requests share goes first, and its second request finds
+    # it already sent in the same step.
+    assert [new.req_id for new in out.scheduled_new_reqs] == ["y1", "y2", "x1"]
+    assert out.num_scheduled_tokens == {"y1": 34, "y2": 2, "x1": 4}
+
+
 @pytest.mark.parametrize("policy", ["fused", "tgi"])
 def test_lpm_does_not_pass_a_more_urgent_request(policy: Policy) -> None:
     s = Scheduler(SchedulerConfig(waiting_order="lpm", policy=policy))

@@ -26,7 +26,7 @@ LPM_WINDOW = 128
 
 def order_waiting(state: SchedulerState, ws: WorkerState) -> None:
     """Put the waiting queue in the order `ws` should take requests from it."""
-    if state.config.waiting_order != "lpm" or not ws.block_manager.enable_caching:
+    if state.config.waiting_order != "lpm" or not ws.block_manager.enable_caching or not state.waiting:
         return
     bm = ws.block_manager
     top = state.waiting[0].priority

@@ -53,6 +53,8 @@ WORKER_ENV = {"WORKER_BLOCK_SIZE": str(BLOCK_SIZE)}
 # name -> (workers, batcher settings, extra worker settings)
 CONFIGS: dict[str, tuple[int, dict[str, str], dict[str, str]]] = {
     "one_worker": (1, {}, {}),
+    # Cache hits first (SGLang's longest-prefix-match): only the order of admission changes.
+    "lpm": (1, {"BATCHER_WAITING_ORDER": "lpm"}, {}),
     # 12 blocks: cached prefixes are evicted and requests preempted; chunks of 32 tokens.
     "evict_and_preempt": (
         1,

@@ -48,6 +48,15 @@ def test_lpm_admits_cache_hits_first_in_arrival_order() -> None:
     assert out.num_scheduled_tokens == {"a": 1, "h": 2, "h2": 2, "u": 35}
 
 
+def test_lpm_with_nothing_waiting_schedules_the_running_batch() -> None:
+    s = warmed("lpm")
+    for _ in range(3):
+        run(s, "w0")
+    assert not s.waiting
+    out = run(s, "w0")
+    assert set(out.num_scheduled_tokens) == {"u", "h", "h2"}  # a has finished
+
+
 def test_lpm_computes_the_prefix_more_requests_wait_for_first() -> None:
     s = Scheduler(SchedulerConfig(waiting_order="lpm"))
     s.add_worker(worker("w0", num_blocks=64, max_num_batched_tokens=40))

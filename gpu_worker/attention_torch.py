@@ -58,7 +58,7 @@ class TorchAttentionMetadata:
     slot_mapping: torch.Tensor  # [T]
     decodes: list[DecodeGroup]  # the batch starts with its decodes, longest context first
     prefills: list[PrefillChunk]
-    # Set instead of `decodes` when some decodes share a head (or read a long run in place).
+    # Set instead of `decodes` when some decodes share a head (cascade_attention.py).
     cascade: CascadeDecodes | None = None
 
 

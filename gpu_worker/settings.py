@@ -155,7 +155,7 @@ class WorkerSettings(BaseSettings):
 
     @model_validator(mode="after")
     def _cascade_on_cpu(self) -> WorkerSettings:
-        if self.cascade_attention and (self.device != "cpu" or self.resolved_attention_backend != "torch"):
+        if self.cascade_attention and not self._cascade_supported:
             raise ValueError(
                 "WORKER_CASCADE_ATTENTION needs WORKER_DEVICE=cpu and the torch attention backend"
             )
@@ -189,9 +189,13 @@ class WorkerSettings(BaseSettings):
         return self.device == "cpu" if self.group_decodes is None else self.group_decodes
 
     @property
+    def _cascade_supported(self) -> bool:
+        # It calls the CPU flash kernel of the torch backend for the log-sum-exp.
+        return self.device == "cpu" and self.resolved_attention_backend == "torch"
+
+    @property
     def resolved_cascade_attention(self) -> bool:
-        default = self.device == "cpu" and self.resolved_attention_backend == "torch"
-        return default if self.cascade_attention is None else self.cascade_attention
+        return self._cascade_supported if self.cascade_attention is None else self.cascade_attention
 
     @property
     def resolved_attention_backend(self) -> Literal["torch", "triton"]:

@@ -117,6 +117,16 @@ class Stack:
             raw = client.hgetall(streams.cell_keys(cell).stats)
         return {k.decode(): float(v) for k, v in raw.items()}  # type: ignore[union-attr]
 
+    def stats_after(self, num_finished: int, timeout: float = 30.0) -> dict[str, float]:
+        """The stats once the batcher has counted `num_finished` requests: a worker streams the last
+        token before the batcher reads that step's result, so a client can finish first."""
+        wait_for(
+            lambda: self.stats().get("num_finished", 0) >= num_finished,
+            timeout,
+            f"the batcher to count {num_finished} finished requests",
+        )
+        return self.stats()
+
     def wait_ready(self, num_workers: int, timeout: float = 90.0) -> None:
         def healthy() -> bool:
             self.check_alive()

@@ -107,7 +107,7 @@ def assert_matches_generate(stack: Stack, reference: Reference, num_later: int =
     assert not mismatched, (
         f"requests {mismatched} differ from generate: {[(got[i], expected[i]) for i in mismatched]}"
     )
-    stats = stack.stats()
+    stats = stack.stats_after(len(cases))
     assert stats["num_finished"] == len(cases)
     return stats
 

@@ -32,4 +32,4 @@ def test_late_worker_joins_and_takes_new_requests(make_stack: Callable[[], Stack
     asyncio.run(_generate(stack.base_url, second, 8))
     steps = {k: v for k, v in stack.stats().items() if k.startswith("num_steps:")}
     assert len(steps) == 2 and all(n > 0 for n in steps.values()), steps
-    assert stack.stats()["num_finished"] == 12
+    assert stack.stats_after(12)["num_finished"] == 12

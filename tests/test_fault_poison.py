@@ -105,7 +105,7 @@ def test_poison_requests_fail_alone_and_are_dead_lettered(
     }
     assert given_up == {"raises": (prompts["raises"], 3), "out-of-vocab": (prompts["out-of-vocab"], 3)}
 
-    stats = stack.stats()
+    stats = stack.stats_after(4)
     assert (stats["num_finished"], stats["num_failed"], stats["num_dead_lettered"]) == (4, 2, 2), stats
     assert stats["num_retries"] == 4, stats
     # Nothing is left pending: every request, poison or not, was acknowledged.

@@ -45,7 +45,7 @@ def _check(
 ) -> None:
     fault.check_clients(seen, expected)
     fault.check_written_once(stack.redis_url, len(prompts), MAX_TOKENS)
-    stats = stack.stats()
+    stats = stack.stats_after(NUM_STREAMS)
     assert stats["num_finished"] == NUM_STREAMS and stats["num_failed"] == 0, stats
     assert stats["num_workers_lost"] >= 1 and stats["num_failovers"] >= 1, stats
 

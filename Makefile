@@ -49,6 +49,10 @@ check-deps:
 # Two processes, each taking whole test modules (module-scoped stacks start once): most tests wait on
 # subprocesses and Redis, so two share two cores well. PYTEST_WORKERS=0 runs them in this process.
 PYTEST_WORKERS ?= 2
+# Each test starts its own services, hundreds of Python processes that import torch, transformers and
+# FastAPI: they share compiled bytecode only if the first is allowed to write it, even where the
+# environment sets PYTHONDONTWRITEBYTECODE (Python reads an empty value as unset).
+test: export PYTHONDONTWRITEBYTECODE :=
 test: check-deps lint
 	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile
 

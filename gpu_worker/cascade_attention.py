@@ -33,7 +33,10 @@ class SharedHead:
 
     @property
     def contiguous(self) -> bool:
-        return self.blocks[-1] - self.blocks[0] == len(self.blocks) - 1
+        # Every block, not only the ends: freed blocks come back in any order, so a table like
+        # [100, 57..62, 107] has the right first and last block and is not a run.
+        first = self.blocks[0]
+        return all(block == first + i for i, block in enumerate(self.blocks))
 
 
 def plan_heads(
@@ -152,7 +155,8 @@ def attend_cascade(
     kv_heads = kv_cache.k_pools[layer].shape[2]
     rep = num_heads // kv_heads  # query heads per KV head (grouped-query attention)
     head_out = query.new_zeros(num_decodes, num_heads, head_dim)
-    head_lse = query.new_full((num_decodes, num_heads), float("-inf"))
+    # The flash kernel's log-sum-exp is float32 whatever the query's dtype; the merge stays in it.
+    head_lse = query.new_full((num_decodes, num_heads), float("-inf"), dtype=torch.float32)
     for head in plan.heads:
         if head.block_table is None:
             end = head.first_block + head.num_blocks
@@ -177,4 +181,5 @@ def attend_cascade(
         h_out, h_lse = head_out.index_select(0, tail.rows), head_lse.index_select(0, tail.rows)
         top = torch.maximum(h_lse, tail_lse)
         w_head, w_tail = torch.exp(h_lse - top).unsqueeze(-1), torch.exp(tail_lse - top).unsqueeze(-1)
-        out.index_copy_(0, tail.rows, (h_out * w_head + tail_out * w_tail) / (w_head + w_tail))
+        merged = (h_out * w_head + tail_out * w_tail) / (w_head + w_tail)
+        out.index_copy_(0, tail.rows, merged.to(out.dtype))

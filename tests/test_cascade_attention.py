@@ -7,9 +7,9 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from gpu_worker.attention_torch import TorchAttentionBackend
+from gpu_worker.attention_torch import TorchAttentionBackend, TorchAttentionMetadata
 from gpu_worker.cascade_attention import SharedHead, plan_heads
-from gpu_worker.input_batch import build_input_batch
+from gpu_worker.input_batch import ScheduledRequest, build_input_batch
 from gpu_worker.settings import WorkerSettings
 from tests.paged_steps import pool, scheduled_request
 
@@ -45,6 +45,65 @@ def test_short_heads_are_not_worth_a_second_read() -> None:
     # Eight blocks, but the eighth holds each decode's own token.
     assert plan_heads(tables, [8 * BS, 8 * BS], BS, 8) == []
     assert plan_heads(tables, [8 * BS + 1, 8 * BS + 1], BS, 8) == [SharedHead([0, 1], list(range(8)))]
+
+
+def test_a_head_with_the_right_ends_but_a_hole_is_not_contiguous() -> None:
+    # Freed blocks come back in reverse order, so a run's first and last block can match by chance.
+    assert not SharedHead(rows=[0, 1], blocks=[100, *range(57, 63), 107]).contiguous
+    assert SharedHead(rows=[0, 1], blocks=list(range(57, 65))).contiguous
+
+
+def _cascade_against_plain(
+    requests: list[ScheduledRequest], queries_per_kv: int, group_decodes: bool, dtype: torch.dtype
+) -> tuple[TorchAttentionMetadata, torch.Tensor, torch.Tensor]:
+    """Both decode paths over the same random pool and step: (cascade metadata, its output, plain output)."""
+    num_kv_heads, head_dim = 2, 32
+    contexts = []
+    for cascade in (True, False):
+        kv_cache = pool(512, BS, num_kv_heads, head_dim, dtype)
+        fill = torch.Generator().manual_seed(7)  # the same pool for both backends
+        for p in (*kv_cache.k_pools, *kv_cache.v_pools):
+            p.copy_(torch.randn(p.shape, generator=fill))
+        backend = TorchAttentionBackend(kv_cache, group_decodes, cascade=cascade)
+        common = build_input_batch(requests, backend, torch.device("cpu")).attn_metadata.common
+        contexts.append((backend, common))
+    (cascade_backend, common), (plain_backend, _) = contexts
+    metadata = cascade_backend.build_metadata(common)
+    tokens = common.num_actual_tokens
+    rand = torch.Generator().manual_seed(11)
+    query = torch.randn(tokens, num_kv_heads * queries_per_kv, head_dim, generator=rand).to(dtype)
+    key = torch.randn(tokens, num_kv_heads, head_dim, generator=rand).to(dtype)
+    value = torch.randn(tokens, num_kv_heads, head_dim, generator=rand).to(dtype)
+    out = cascade_backend.forward(0, query, key, value, metadata, scale=head_dim**-0.5)
+    expected = plain_backend.forward(
+        0, query, key, value, plain_backend.build_metadata(common), scale=head_dim**-0.5
+    )
+    return metadata, out, expected
+
+
+def test_a_head_whose_ends_look_consecutive_is_gathered() -> None:
+    head = [100, *range(57, 63), 107]  # 100 and 107 are seven apart over eight blocks
+    requests = [
+        scheduled_request(0, [*head, 400, 401, 404], 10 * BS + 5, 1),
+        scheduled_request(1, [*head, 402, 403, 405], 10 * BS + 2, 1),
+    ]
+    metadata, out, expected = _cascade_against_plain(requests, 2, True, torch.float32)
+    assert metadata.cascade is not None and metadata.cascade.heads[0].block_table is not None
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("queries_per_kv", [1, 4])
+def test_cascade_step_in_bfloat16_matches_per_decode_path(queries_per_kv: int) -> None:
+    head = list(range(300, 330))
+    requests = [
+        scheduled_request(0, [*head, 406, 407], 31 * BS + 1, 1),
+        scheduled_request(1, [*head, 409], 30 * BS + 7, 1),
+        scheduled_request(2, [*head[:12], 410], 12 * BS + 3, 1),
+    ]
+    metadata, out, expected = _cascade_against_plain(requests, queries_per_kv, True, torch.bfloat16)
+    assert metadata.cascade is not None and metadata.cascade.heads
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out, expected, atol=2e-2, rtol=2e-2)
 
 
 @pytest.mark.parametrize("queries_per_kv", [1, 4])

@@ -1,4 +1,5 @@
-# Two commands matter: `make run` (serve the demo model; `make run ARGS="--workers 2"`) and `make test`.
+# Two commands matter: `make run` (serve the demo model; `make run ARGS="--workers 2"`) and `make test`
+# (`make test-fast`: only the tests that start no service, tests/unit/, in about two minutes).
 VENV ?= .venv
 PY := $(VENV)/bin/python
 # Passed to `cbserve up`, e.g. ARGS="--model /path/to/model --port 8123 --workers 2". A MODEL given on
@@ -11,7 +12,7 @@ ARGS ?=
 TORCH_INDEX_URL ?=
 TORCH_PIP_ARGS := $(if $(TORCH_INDEX_URL),$(if $(shell command -v nvidia-smi),,--index-url $(TORCH_INDEX_URL)))
 
-.PHONY: install check-deps test lint run train-demo-model
+.PHONY: install check-deps test test-fast lint run train-demo-model
 
 # --no-compile: Python compiles only what is imported, when first imported, instead of pip
 # byte-compiling every file of torch and transformers up front (a minute of a clean CI run).
@@ -55,6 +56,12 @@ PYTEST_WORKERS ?= 2
 test: export PYTHONDONTWRITEBYTECODE :=
 test: check-deps lint
 	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile
+
+# The tests that start no service (marked `unit` by their folder, tests/unit/): no Redis, no stack, no
+# lint. The lane to run while changing code; `make test` is still the one that must pass.
+test-fast: export PYTHONDONTWRITEBYTECODE :=
+test-fast: install
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile -m unit
 
 # Redis (REDIS_URL if reachable, else redis-server from PATH, else the embedded one), the batcher,
 # worker(s) and the gateway on :8000 in one command; Ctrl-C stops them all. See `cbserve up --help`.

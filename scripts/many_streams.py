@@ -37,10 +37,10 @@ import redis
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.leftovers import Snapshot, rss_kib, wait_cleared  # noqa: E402
-from tests.load_clients import Outcome, completion_body, stream  # noqa: E402
-from tests.memory_sampler import MemorySampler  # noqa: E402
-from tests.private_stack import private_stack  # noqa: E402
+from tests.harness.leftovers import Snapshot, rss_kib, wait_cleared  # noqa: E402
+from tests.harness.load_clients import Outcome, completion_body, stream  # noqa: E402
+from tests.harness.memory_sampler import MemorySampler  # noqa: E402
+from tests.harness.private_stack import private_stack  # noqa: E402
 
 MIB = 1024 * 1024
 

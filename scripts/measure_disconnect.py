@@ -7,7 +7,7 @@ Starts a private redis-server, the batcher, one worker and the gateway (`GATEWAY
 vLLM's immediate abort) on the tests' tiny model. `--background` greedy streams keep the batch busy
 throughout. Then, one at a time, a streaming client reads a random number of tokens and closes its
 connection; the batcher's inbox, where the gateway's abort lands among the workers' step results
-(tests/disconnect_probe.py), says how many steps still computed the request after the hang-up and
+(tests/harness/disconnect_probe.py), says how many steps still computed the request after the hang-up and
 after the abort reached the batcher, and how many ms those took. Prints a JSON summary (p50, p90,
 max); exits 1 if a request took a step scheduled after its abort was read (more steps after the abort
 than can be in flight: 1, or 2 with async scheduling).
@@ -30,10 +30,10 @@ import redis
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.disconnect_probe import Departure, aborted, inbox_tail_id, settle, trace  # noqa: E402
-from tests.load_clients import completion_body, stream  # noqa: E402
-from tests.private_stack import private_stack  # noqa: E402
-from tests.services import wait_for  # noqa: E402
+from tests.harness.disconnect_probe import Departure, aborted, inbox_tail_id, settle, trace  # noqa: E402
+from tests.harness.load_clients import completion_body, stream  # noqa: E402
+from tests.harness.private_stack import private_stack  # noqa: E402
+from tests.harness.services import wait_for  # noqa: E402
 
 MAX_TOKENS = 400
 

@@ -4,10 +4,10 @@ writes, until every client stream goes on, the replication lag, and what was los
     python scripts/measure_failover.py                  # a plain SIGKILL of the cell's master
     python scripts/measure_failover.py --lose-writes    # the replica cut off first: writes lost
 
-Starts a local 3-master, 3-replica cluster (tests/redis_cluster.py, cluster-node-timeout 2 s) and
+Starts a local 3-master, 3-replica cluster (tests/harness/redis_cluster.py, cluster-node-timeout 2 s) and
 one cell on it (a batcher, a worker, a gateway: the processes the tests use) on the demo model,
 streams greedy completions, SIGKILLs the master serving the cell's slot once every stream has a few
-tokens (tests/cluster_failover.py), and prints per run: kill -> replica promoted, kill -> a write to
+tokens (tests/harness/cluster_failover.py), and prints per run: kill -> replica promoted, kill -> a write to
 the slot succeeds, kill -> every client has a new token, the longest client wait, the replication
 lag sampled under load, token events lost, requests the batcher rebuilt, and client streams that
 differ from `generate` (must be 0). Run from the repository root.
@@ -23,10 +23,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.cluster_failover import run_failover, start_cell  # noqa: E402
-from tests.fault_clients import random_cases  # noqa: E402
-from tests.redis_cluster import redis_cluster  # noqa: E402
-from tests.services import cluster_stack  # noqa: E402
+from tests.harness.cluster_failover import run_failover, start_cell  # noqa: E402
+from tests.harness.fault_clients import random_cases  # noqa: E402
+from tests.harness.redis_cluster import redis_cluster  # noqa: E402
+from tests.harness.services import cluster_stack  # noqa: E402
 
 CELL = "a"
 

@@ -26,9 +26,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.conftest import redis_server  # noqa: E402
-from tests.fault_clients import longest_wait, run_with_fault  # noqa: E402
-from tests.services import Stack, wait_for  # noqa: E402
+from tests.harness.fault_clients import longest_wait, run_with_fault  # noqa: E402
+from tests.harness.redis_server import redis_server  # noqa: E402
+from tests.harness.services import Stack, wait_for  # noqa: E402
 
 
 def measure_once(args: argparse.Namespace, prompts: list[list[int]]) -> str:

@@ -4,7 +4,7 @@
     python scripts/soak.py --duration 180 --rate 8 --retention 10 --grace 2
 
 Starts a private redis-server, the batcher, one worker and one gateway on the tests' tiny model with
-`CBSERVE_RETENTION_S=--retention` and `GATEWAY_RESUME_GRACE_S=--grace`, and runs tests/soak_load.py:
+`CBSERVE_RETENTION_S=--retention` and `GATEWAY_RESUME_GRACE_S=--grace`, and runs tests/harness/soak_load.py:
 a steady rate of streaming and non-streaming requests, some clients hanging up and resuming by id
 (`Last-Event-ID`), some abandoning their requests. Every answer read to its end must be whole
 (exactly `max_tokens` token ids, no error). Then it waits out the grace and retention windows and
@@ -29,10 +29,10 @@ import redis
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.leftovers import Snapshot, batcher_stats, wait_cleared  # noqa: E402
-from tests.memory_sampler import MemorySampler  # noqa: E402
-from tests.private_stack import private_stack  # noqa: E402
-from tests.soak_load import soak  # noqa: E402
+from tests.harness.leftovers import Snapshot, batcher_stats, wait_cleared  # noqa: E402
+from tests.harness.memory_sampler import MemorySampler  # noqa: E402
+from tests.harness.private_stack import private_stack  # noqa: E402
+from tests.harness.soak_load import soak  # noqa: E402
 
 _COUNTERS = ("num_finished", "num_aborted", "num_failed", "num_preemptions")
 

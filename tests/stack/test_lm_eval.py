@@ -1,0 +1,99 @@
+"""lm-eval itself: its `local-completions` model against the real stack scores a small multiple-choice
+task exactly as its `hf` model (transformers) does, with `--batch_size` > 1.
+
+lm-eval (`lm-eval[api,hf]`) is in the `dev` extra. It reads the task's data with `datasets` offline
+(a local JSONL file), and builds the `hf` model from the tiny model's directory on the CPU.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import lm_eval
+import pytest
+
+from tests.harness.services import Stack, running_stack
+
+TASK = "cbserve_tiny_mc"
+# Questions in the tiny model's training text (standard-library docstrings), four choices each.
+QUESTIONS = [
+    ("Return a new", [" dictionary", " object", " list", " string"], 1),
+    ("Raise ValueError if the", [" value", " file", " path", " key"], 0),
+    ("The optional argument", [" is", " must", " can", " will"], 0),
+    ("If the path is", [" absolute", " empty", " a", " not"], 2),
+    ("Return the number of", [" bytes", " items", " elements", " characters"], 1),
+    ("This is the", [" default", " same", " first", " name"], 1),
+]
+
+
+@pytest.fixture(scope="module")
+def stack(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    worker_env = {"WORKER_MAX_NUM_BATCHED_TOKENS": "16", "WORKER_MAX_NUM_SEQS": "8"}
+    with running_stack(
+        tmp_path_factory.mktemp("lm-eval-stack"), tiny_model_dir, worker_env=worker_env
+    ) as stack:
+        yield stack
+
+
+@pytest.fixture(scope="module")
+def task_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("lm-eval-task")
+    data = path / "data.jsonl"
+    data.write_text(
+        "".join(json.dumps({"question": q, "choices": c, "answer": a}) + "\n" for q, c, a in QUESTIONS)
+    )
+    (path / f"{TASK}.yaml").write_text(
+        f"task: {TASK}\n"
+        "dataset_path: json\n"
+        f"dataset_kwargs:\n  data_files:\n    test: {data}\n"
+        "test_split: test\n"
+        "output_type: multiple_choice\n"
+        'doc_to_text: "{{question}}"\n'
+        'doc_to_choice: "{{choices}}"\n'
+        'doc_to_target: "{{answer}}"\n'
+        "metric_list:\n  - metric: acc\n"
+    )
+    return path
+
+
+def evaluate(model: str, model_args: str, task_dir: Path) -> dict[str, Any]:
+    from lm_eval.tasks import TaskManager  # here, not at the top: it imports datasets (3 s) on collection
+
+    result = lm_eval.simple_evaluate(
+        model=model,
+        model_args=model_args,
+        tasks=[TASK],
+        task_manager=TaskManager(include_path=str(task_dir)),
+        batch_size=4,
+        log_samples=True,
+        device="cpu",
+    )
+    assert result is not None
+    return result
+
+
+def test_local_completions_scores_as_transformers(
+    stack: Stack, tiny_model_dir: Path, task_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    served = evaluate(
+        "local-completions",
+        f"model={tiny_model_dir.name},base_url={stack.base_url}/v1/completions,"
+        f"tokenizer={tiny_model_dir},tokenizer_backend=huggingface,tokenized_requests=True,num_concurrent=1",
+        task_dir,
+    )
+    reference = evaluate("hf", f"pretrained={tiny_model_dir},dtype=float32", task_dir)
+    served_samples = sorted(served["samples"][TASK], key=lambda s: s["doc_id"])
+    reference_samples = sorted(reference["samples"][TASK], key=lambda s: s["doc_id"])
+    assert len(served_samples) == len(QUESTIONS)
+    for mine, theirs in zip(served_samples, reference_samples, strict=True):
+        scores = [float(r[0][0]) for r in mine["resps"]]
+        expected = [float(r[0][0]) for r in theirs["resps"]]
+        assert len(set(expected)) > 1, "choices the model tells apart"
+        assert scores == pytest.approx(expected, abs=1e-3), mine["doc"]
+        assert [r[0][1] for r in mine["resps"]] == [r[0][1] for r in theirs["resps"]]  # is_greedy
+    assert served["results"][TASK]["acc,none"] == reference["results"][TASK]["acc,none"]

@@ -1,0 +1,39 @@
+"""Requests not yet claimed by any batcher count against GATEWAY_MAX_QUEUED_REQUESTS."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+from tests.harness.gateway_server import RunningGateway
+
+BODY = {"prompt": "hi", "max_tokens": 2}
+
+
+def test_unclaimed_requests_fill_the_queue(make_gateway: Callable[..., RunningGateway]) -> None:
+    gateway = make_gateway(max_queued_requests=3)
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        first = pool.submit(gateway.client.post, "/v1/completions", json=BODY)
+        req = gateway.harness.next_request()
+        # Two choices would make four: refused whole, not half-queued.
+        refused = gateway.client.post("/v1/completions", json={**BODY, "n": 3})
+        assert refused.status_code == 429 and refused.json()["error"]["code"] == "queue_full"
+        assert refused.headers["retry-after"].isdigit()
+        assert gateway.harness.num_requests() == 1
+        second = pool.submit(gateway.client.post, "/v1/completions", json={**BODY, "n": 2})
+        others = [gateway.harness.next_request(), gateway.harness.next_request()]
+        assert gateway.client.post("/v1/completions", json=BODY).status_code == 429
+        for r in [req, *others]:
+            gateway.harness.emit_tokens(r.req_id, [300, 301])
+        assert first.result(timeout=30).status_code == 200
+        assert second.result(timeout=30).status_code == 200
+
+
+def test_the_bound_can_be_turned_off(make_gateway: Callable[..., RunningGateway]) -> None:
+    gateway = make_gateway(max_queued_requests=0)
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        future = pool.submit(gateway.client.post, "/v1/completions", json={**BODY, "n": 16})
+        requests = [gateway.harness.next_request() for _ in range(16)]
+        for r in requests:
+            gateway.harness.emit_tokens(r.req_id, [300])
+        assert future.result(timeout=30).status_code == 200

@@ -1,0 +1,197 @@
+"""The gateway's shared token-stream reader against a real redis-server."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from pathlib import Path
+
+import pytest
+import redis
+import redis.asyncio as aioredis
+
+from common.redis_conn import connect_async
+from common.streams import token_stream
+from openai_frontend.stream_reader import RequestTimedOut, follow_token_stream
+from openai_frontend.token_mux import Entry, Subscription, TokenStreamMux
+from tests.harness.redis_process import RedisProcess
+from tests.harness.redis_server import free_port
+
+NUM_REQUESTS = 40
+NUM_STEPS = 5
+
+
+async def collect(sub: Subscription, count: int, timeout_s: float = 10.0) -> list[Entry]:
+    got: list[Entry] = []
+    async with asyncio.timeout(timeout_s):
+        while len(got) < count:
+            got.extend(await sub.queue.get())
+    return got
+
+
+async def _xread_calls(client: aioredis.Redis) -> int:
+    stats = await client.info("commandstats")
+    return int(stats.get("cmdstat_xread", {}).get("calls", 0))
+
+
+def test_every_follower_gets_its_own_entries_from_one_shared_read(redis_url: str) -> None:
+    async def scenario() -> None:
+        client = aioredis.Redis.from_url(redis_url)
+        mux = TokenStreamMux(client)
+        subs = [await mux.subscribe(f"req{i}") for i in range(NUM_REQUESTS)]
+        before = await _xread_calls(client)
+        sent: dict[str, list[bytes]] = {f"req{i}": [] for i in range(NUM_REQUESTS)}
+        for step in range(NUM_STEPS):
+            # One "worker step": an event on every stream at once, then wait until all arrived.
+            async with client.pipeline(transaction=False) as pipe:
+                for req_id, values in sent.items():
+                    value = f"{req_id}:{step}".encode()
+                    values.append(value)
+                    pipe.xadd(token_stream(req_id), {b"m": value})
+                await pipe.execute()
+            received = await asyncio.gather(*(collect(sub, 1) for sub in subs))
+            for sub, entries in zip(subs, received, strict=True):
+                assert [fields[b"m"] for _, fields in entries] == [sent[sub.req_id][step]]
+        calls = await _xread_calls(client) - before
+        # One read per step, plus a few when a step's writes straddle a read; never one per stream.
+        assert calls < NUM_REQUESTS, calls
+        for sub in subs:
+            mux.unsubscribe(sub)
+        await mux.close()
+        assert not await client.keys("llm:{*}:gateway:wake:*")  # nothing left behind
+        await client.aclose()
+
+    asyncio.run(scenario())
+
+
+def test_a_late_subscriber_reads_from_its_resume_point(redis_url: str) -> None:
+    async def scenario() -> None:
+        client = aioredis.Redis.from_url(redis_url)
+        mux = TokenStreamMux(client)
+        busy = await mux.subscribe("busy")  # the shared read is now running (and blocked)
+        ids = [await client.xadd(token_stream("late"), {b"m": str(i).encode()}) for i in range(3)]
+        late = await mux.subscribe("late", last_id=ids[0].decode())
+        entries = await collect(late, 2)
+        assert [fields[b"m"] for _, fields in entries] == [b"1", b"2"]
+        assert busy.queue.empty()
+        await mux.close()
+        await client.aclose()
+
+    asyncio.run(scenario())
+
+
+def test_followers_outlive_failed_reads_until_their_own_deadline() -> None:
+    """Redis unreachable: the shared read retries with backoff and fails nobody; each follower gives
+    up only when its own deadline passes."""
+
+    async def scenario() -> None:
+        client = connect_async(f"redis://127.0.0.1:{free_port()}/0")  # nothing listens there
+        mux = TokenStreamMux(client)
+        started = time.monotonic()
+        deadlines = [started + 0.6, started + 1.5]
+
+        async def follow(req_id: str, deadline: float) -> float:
+            with pytest.raises(RequestTimedOut):
+                async for _ in follow_token_stream(mux, req_id, deadline=deadline):
+                    pass
+            return time.monotonic()
+
+        ended = await asyncio.gather(*(follow(f"req{i}", d) for i, d in enumerate(deadlines)))
+        assert mux.redis_down
+        for end, deadline in zip(ended, deadlines, strict=True):
+            assert deadline - 0.01 <= end < deadline + 0.5  # not before its deadline, and not long after
+        await mux.close()
+        await client.aclose()
+
+    asyncio.run(scenario())
+
+
+def test_two_followers_of_one_stream_each_get_their_entries(redis_url: str) -> None:
+    """A resumed client (or a fetch) follows a stream its first client still follows on this gateway."""
+
+    async def run() -> None:
+        redis = aioredis.Redis.from_url(redis_url)
+        mux = TokenStreamMux(redis)
+        try:
+            key = token_stream("shared")
+            first_id = (await redis.xadd(key, {b"m": b"0"})).decode()
+            early = await mux.subscribe("shared")
+            assert [e[0] for e in await collect(early, 1)] == [first_id]
+            late = await mux.subscribe("shared")  # from the start, as a replay does
+            second_id = (await redis.xadd(key, {b"m": b"1"})).decode()
+            assert [e[0] for e in await collect(late, 2)] == [first_id, second_id]
+            assert [e[0] for e in await collect(early, 1)] == [second_id]
+            mux.unsubscribe(late)
+            third_id = (await redis.xadd(key, {b"m": b"2"})).decode()
+            assert [e[0] for e in await collect(early, 1)] == [third_id]
+        finally:
+            await mux.close()
+            await redis.aclose()
+
+    asyncio.run(run())
+
+
+def _blocked_xreads(client: redis.Redis) -> int:
+    return sum(c["cmd"] == "xread" and "b" in c["flags"] for c in client.client_list())
+
+
+def test_a_replay_that_subscribes_during_a_read_misses_no_entry(redis_url: str) -> None:
+    """The first client follows at the stream's end; a replay from the start subscribes just as the
+    shared read (which started at the first client's position) is answered. That answer must not
+    move the replay past the entries it never saw."""
+
+    async def run() -> None:
+        client = aioredis.Redis.from_url(redis_url)
+        writer = redis.Redis.from_url(redis_url)  # blocking: the loop does not run while it writes
+        mux = TokenStreamMux(client)
+        try:
+            key = token_stream("raced")
+            ids = [(await client.xadd(key, {b"m": str(i).encode()})).decode() for i in range(3)]
+            first = await mux.subscribe("raced", last_id=ids[-1])
+            async with asyncio.timeout(10):
+                while _blocked_xreads(writer) == 0:
+                    await asyncio.sleep(0.01)
+            ids.append(writer.xadd(key, {b"m": b"3"}).decode())
+            deadline = time.monotonic() + 10
+            while _blocked_xreads(writer) > 0:  # answered: the reply waits in the mux's socket
+                assert time.monotonic() < deadline
+            replay = await mux.subscribe("raced")  # the loop now reads that reply first
+            assert [e[0] for e in await collect(replay, 4)] == ids
+            assert [e[0] for e in await collect(first, 1)] == ids[-1:]
+        finally:
+            await mux.close()
+            await client.aclose()
+            writer.close()
+
+    asyncio.run(run())
+
+
+def test_a_follower_resumes_after_redis_restarts(tmp_path: Path) -> None:
+    """Redis stops and starts again on the same port: the follower keeps its place and gets exactly
+    the entries written after the restart, on the same subscription."""
+    server = RedisProcess(tmp_path / "redis")
+    server.start()
+
+    async def scenario() -> None:
+        client = connect_async(server.url)
+        mux = TokenStreamMux(client)
+        sub = await mux.subscribe("req")
+        await client.xadd(token_stream("req"), {b"m": b"0"})
+        assert [f[b"m"] for _, f in await collect(sub, 1)] == [b"0"]
+        server.stop(signal.SIGTERM)
+        async with asyncio.timeout(10):
+            while not mux.redis_down:
+                await asyncio.sleep(0.01)
+        await asyncio.to_thread(server.start)
+        for i in (1, 2):
+            await client.xadd(token_stream("req"), {b"m": str(i).encode()})
+        assert [f[b"m"] for _, f in await collect(sub, 2)] == [b"1", b"2"]
+        assert not mux.redis_down
+        await mux.close()
+        await client.aclose()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        server.stop(signal.SIGKILL)

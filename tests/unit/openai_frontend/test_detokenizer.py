@@ -1,0 +1,101 @@
+"""Incremental detokenization equals decoding the whole output, whatever the token boundaries."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from tokenizers import Tokenizer
+
+from openai_frontend.detokenizer import IncrementalDetokenizer
+from openai_frontend.output_processor import OutputProcessor
+from tests.harness.tiny_model import byte_token_id
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model_dir: Path) -> Tokenizer:
+    return Tokenizer.from_file(str(tiny_model_dir / "tokenizer.json"))
+
+
+def _stream(tokenizer: Tokenizer, prompt_ids: list[int], output_ids: list[int]) -> list[str]:
+    detok = IncrementalDetokenizer(tokenizer, prompt_ids)
+    return [detok.step(t) for t in output_ids]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        " Return the value of the object.",
+        "line one\n  indented line two",
+        " café naïve — “quoted” 日本語 🎉 done",
+        "x",
+    ],
+)
+def test_incremental_equals_full_decode(tokenizer: Tokenizer, text: str) -> None:
+    prompt_ids = tokenizer.encode("The prompt ends here:").ids
+    output_ids = tokenizer.encode(text).ids
+    deltas = _stream(tokenizer, prompt_ids, output_ids)
+    assert "".join(deltas) == tokenizer.decode(output_ids) == text
+    assert not any("\ufffd" in d for d in deltas)
+
+
+def test_split_multibyte_character_is_held_until_complete(tokenizer: Tokenizer) -> None:
+    # The tiny byte-level vocabulary has no token for 🎉, so its four UTF-8 bytes are separate tokens.
+    output_ids = tokenizer.encode("🎉").ids
+    assert len(output_ids) > 1
+    deltas = _stream(tokenizer, [], output_ids)
+    assert deltas[:-1] == [""] * (len(output_ids) - 1)
+    assert deltas[-1] == "🎉"
+
+
+def test_special_tokens_are_skipped(tokenizer: Tokenizer) -> None:
+    im_start, im_end = tokenizer.token_to_id("<|im_start|>"), tokenizer.token_to_id("<|im_end|>")
+    assert im_start is not None and im_end is not None
+    hello = tokenizer.encode("hello").ids
+    deltas = _stream(tokenizer, [im_start], [*hello, im_end])
+    assert "".join(deltas) == "hello"
+    assert deltas[-1] == ""
+
+
+def test_prompt_context_does_not_leak_into_output(tokenizer: Tokenizer) -> None:
+    prompt_ids = tokenizer.encode("a long prompt with many tokens in it").ids
+    output_ids = tokenizer.encode(" and more").ids
+    assert "".join(_stream(tokenizer, prompt_ids, output_ids)) == " and more"
+
+
+@pytest.mark.parametrize("tail", [[0xE2], [0xE2] * 5, [0xF0, 0x9F, 0x8E], [0xE2, 0xE2, 0x82]])
+def test_flush_releases_bytes_that_never_complete_a_character(tokenizer: Tokenizer, tail: list[int]) -> None:
+    output_ids = tokenizer.encode(" ok").ids + [byte_token_id(tokenizer, b) for b in tail]
+    detok = IncrementalDetokenizer(tokenizer, tokenizer.encode("The prompt").ids)
+    deltas = [detok.step(t) for t in output_ids]
+    assert "".join(deltas) == " ok"  # held back while a later token might still complete them
+    deltas.append(detok.flush())
+    assert "".join(deltas) == tokenizer.decode(output_ids)
+    assert deltas[-1].startswith("\ufffd")
+    assert detok.flush() == ""
+
+
+@pytest.mark.parametrize("finish_reason", ["length", "stop"])
+def test_output_text_equals_the_decode_when_it_ends_mid_character(
+    tokenizer: Tokenizer, finish_reason: str
+) -> None:
+    """The last delta carries the held-back bytes, whether the output ran out or an EOS ended it."""
+    output_ids = [*tokenizer.encode(" done").ids, *(byte_token_id(tokenizer, 0xE2) for _ in range(3))]
+    eos = tokenizer.token_to_id("<|endoftext|>")
+    if finish_reason == "stop":
+        output_ids.append(eos)
+    processor = OutputProcessor(tokenizer, tokenizer.encode("The prompt").ids, stop=[])
+    deltas = [processor.process(t, None) for t in output_ids[:-1]]
+    deltas.append(processor.process(output_ids[-1], finish_reason))
+    assert deltas[-1].finish_reason == finish_reason
+    text = "".join(d.text for d in deltas)
+    assert text == processor.text == tokenizer.decode(output_ids, skip_special_tokens=True)
+    assert text.endswith("\ufffd" * 3)
+
+
+def test_flush_adds_nothing_after_a_stop_string(tokenizer: Tokenizer) -> None:
+    output_ids = [*tokenizer.encode(" one two").ids, byte_token_id(tokenizer, 0xE2)]
+    processor = OutputProcessor(tokenizer, [], stop=["two"])
+    deltas = [processor.process(t, None) for t in output_ids]
+    assert "".join(d.text for d in deltas) == " one "
+    assert any(d.stop_string_hit for d in deltas)

@@ -7,6 +7,7 @@ request may cost at most: prompt + max_tokens for every choice, as OpenAI counts
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import redis.asyncio as aioredis
@@ -17,12 +18,16 @@ from openai_frontend.errors import OpenAIError
 WINDOW_S = 60
 
 # KEYS[1]: the owner's counter hash {w: window number, r: requests, t: tokens}
-# ARGV: rpm, tpm (0: no limit), tokens this request costs, window seconds
+# ARGV: rpm, tpm (0: no limit), tokens this request costs, window seconds, and the time in seconds
+# where the limiter has a clock of its own (tests), else Redis's TIME is read.
 # Returns {allowed (0/1), seconds until the window ends, which limit refused ("requests"/"tokens")}.
 _SCRIPT = """
 local rpm, tpm, cost, window = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-local now = redis.call('TIME')
-local t = tonumber(now[1]) + tonumber(now[2]) / 1000000
+local t = tonumber(ARGV[5])
+if t == nil then
+  local now = redis.call('TIME')
+  t = tonumber(now[1]) + tonumber(now[2]) / 1000000
+end
 local w = math.floor(t / window)
 local state = redis.call('HMGET', KEYS[1], 'w', 'r', 't')
 local used_r, used_t = 0, 0
@@ -52,6 +57,9 @@ class RateLimiter:
     def __init__(self, redis: aioredis.Redis, limits: RateLimits) -> None:
         self._limits = limits
         self._script = redis.register_script(_SCRIPT)
+        # None: windows follow Redis's clock. A test sets a clock of its own so that no window ends
+        # while it runs.
+        self.clock: Callable[[], float] | None = None
 
     async def check(self, owner: str, num_tokens: int) -> None:
         """Count one request of `num_tokens` for `owner`, or raise a 429 OpenAIError without counting."""
@@ -70,7 +78,8 @@ class RateLimiter:
             )
         reply = await self._script(
             keys=[rate_limit_key(owner)],
-            args=[limits.requests_per_minute, tpm, num_tokens, WINDOW_S],
+            args=[limits.requests_per_minute, tpm, num_tokens, WINDOW_S]
+            + ([] if self.clock is None else [self.clock()]),
         )
         allowed, retry_after, kind, used = int(reply[0]), int(reply[1]), _s(reply[2]), int(reply[3])
         if allowed:

@@ -27,14 +27,23 @@ def _body(max_tokens: int = 2, **extra: Any) -> dict[str, Any]:
 
 @pytest.fixture()
 def responder(redis_url: str) -> Iterator[Responder]:
-    """Answers every request; starts in a fresh rate window so a test never straddles two."""
+    """Answers every request."""
     with responding(redis_url) as r:
-        # Windows are whole minutes of Redis's clock; wait (bounded) if this one ends within 15 s.
-        seconds, _ = r.redis.time()
-        into = seconds % WINDOW_S
-        if into > WINDOW_S - 15:
-            time.sleep(WINDOW_S - into + 0.1)
         yield r
+
+
+@pytest.fixture()
+def make_gateway(make_gateway: Callable[..., RunningGateway]) -> Callable[..., RunningGateway]:
+    """Gateways whose rate limiter's clock stands still, at one instant for all of them: no test
+    straddles two windows (Redis's clock, which they otherwise follow, would end one every minute)."""
+    now = time.time()
+
+    def make(**overrides: Any) -> RunningGateway:
+        gateway = make_gateway(**overrides)
+        gateway.app.state.gateway.rate_limiter.clock = lambda: now
+        return gateway
+
+    return make
 
 
 def _assert_429(response: httpx.Response, kind: str, retry_after: bool = True) -> dict[str, Any]:

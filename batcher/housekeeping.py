@@ -28,6 +28,12 @@ class Housekeeping(ContextPart):
         """Leadership gained at `now`: follow deadlines get time to be renewed (follow_deadlines.py)."""
         self._reaper.settle(now)
 
+    def resume(self, now: float) -> None:
+        """Redis takes writes again after refusing them: workers and gateways could write no heartbeat
+        or follow deadline meanwhile, so neither is judged before they had time to write again."""
+        self.next_worker_check = max(self.next_worker_check, now + self.settings.heartbeat_timeout_s)
+        self._reaper.settle(now)
+
     def tidy(self, now: float, inbox_read_id: str) -> None:
         """The chores that are due, after this iteration's claims (claimed entries are pending now)."""
         if self._trimmer.due(now):

@@ -24,7 +24,8 @@ import redis
 from batcher.leadership import Leadership, LeadershipLost, current_leader
 from batcher.service import Batcher
 from batcher.settings import BatcherSettings
-from common.retry import REDIS_DOWN, wait_for_redis
+from common.redis_refusal import refuses_writes
+from common.retry import REDIS_DOWN, Backoff, wait_for_redis
 from common.streams import cell_keys
 
 log = logging.getLogger("batcher")
@@ -34,6 +35,8 @@ def serve(settings: BatcherSettings, client: redis.Redis, stop: threading.Event)
     leadership = Leadership(client, settings.batcher_id, settings.lease_ttl_s, settings.cell)
     waiting_logged = False
     after_outage = False  # the next leader term must fence and rebuild even at epoch 1
+    refusal_backoff = Backoff(max_s=settings.standby_poll_s * 4)
+    refusal_logged = False
     try:
         while not stop.is_set():
             try:
@@ -48,12 +51,27 @@ def serve(settings: BatcherSettings, client: redis.Redis, stop: threading.Event)
                     stop.wait(settings.standby_poll_s)
                     continue
                 waiting_logged = False
+                if refusal_logged:
+                    log.info("redis takes writes again")
+                refusal_logged = False
+                refusal_backoff.reset()
                 log.info("batcher %s took the leadership (epoch %d)", settings.batcher_id, leadership.epoch)
                 batcher = Batcher(settings, client, leadership, after_outage=after_outage)
                 after_outage = False
                 batcher.run(stop)
             except LeadershipLost as e:
                 log.warning("%s: stepping down to standby", e)
+            except redis.ResponseError as e:
+                # Redis refuses writes (full, read-only) while this batcher takes the lease or builds
+                # its state (a running batcher rides it out, batcher/service.py): stand by, retry.
+                if not refuses_writes(e):
+                    raise
+                if not refusal_logged:
+                    log.warning("redis refuses writes (%s): retrying the leadership with backoff", e)
+                    refusal_logged = True
+                after_outage = after_outage or leadership.epoch > 0  # a state half built: fence, rebuild
+                stop.wait(refusal_backoff.next_delay())
+                continue
             except REDIS_DOWN as e:
                 log.warning("redis unreachable (%s): state dropped, waiting to rebuild it", e)
                 after_outage = True

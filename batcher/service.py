@@ -15,7 +15,7 @@ from typing import Any
 
 import redis
 
-from batcher import recovery
+from batcher import pending_writes, recovery
 from batcher.context import BatcherContext
 from batcher.housekeeping import Housekeeping
 from batcher.inbox import Inbox
@@ -28,6 +28,8 @@ from batcher.step_trace import step_trace
 from batcher.worker_state import WorkerState
 from common import streams
 from common.protocol import FIELD, SchedulerOutput, encode
+from common.redis_refusal import RedisRefusesWrites, refuses_writes
+from common.retry import Backoff
 from common.trace_schema import encode_trace
 
 log = logging.getLogger("batcher")
@@ -106,7 +108,14 @@ class Batcher:
         self.setup()
         log.info("batcher %s active (epoch %d)", self.settings.batcher_id, self.leadership.epoch)
         while not stop.is_set():
-            self.step()
+            try:
+                self.step()
+            except RedisRefusesWrites as e:
+                self._ride_out(e.cause, stop)
+            except redis.ResponseError as e:  # a chore's own write (the cells registry)
+                if not refuses_writes(e):
+                    raise
+                self._ride_out(e, stop)
         log.info("batcher %s stopped", self.settings.batcher_id)
 
     def step(self) -> None:
@@ -164,20 +173,62 @@ class Batcher:
             self._pipe.hset(self.keys.stats, mapping=self._stats())  # type: ignore[arg-type]
             self.outbox.stats_dirty = False
         self.metrics.publish(self._pipe, self.keys, time.time())
-        steps_sent = None
-        if self._steps:
-            steps_sent = self.leadership.queue_steps(self._pipe, self._steps, self.outbox.min_id())
-            self._steps = []
+        self._flush()
+
+    def _flush(self) -> None:
+        """Execute the pipeline, the steps last (fenced). The writes Redis refuses stay queued, in
+        order (the commands on the pipeline, the steps in `_steps`); then RedisRefusesWrites."""
+        steps, self._steps = self._steps, []
+        steps_sent = self.leadership.queue_steps(self._pipe, steps, self.outbox.min_id()) if steps else None
         if not len(self._pipe):
             return
+        commands = pending_writes.queued(self._pipe)
         results = self._pipe.execute(raise_on_error=False)
-        for result in results[:-1] if steps_sent else results:
-            if isinstance(result, Exception):
+        if steps_sent is not None:
+            commands, results, steps_result = commands[:-1], results[:-1], results[-1]
+        refused = [(c, r) for c, r in zip(commands, results, strict=True) if isinstance(r, Exception)]
+        for _, result in refused:
+            if not refuses_writes(result):
                 raise result
-        if steps_sent is not None and not steps_sent(results[-1]):
-            raise LeadershipLost(
-                f"batcher {self.settings.batcher_id}: steps refused, another batcher leads now"
-            )
+        pending_writes.requeue(self._pipe, [c for c, _ in refused])
+        refusal = refused[0][1] if refused else None
+        if steps_sent is not None:
+            try:
+                taken = steps_sent(steps_result)
+            except redis.ResponseError as e:
+                if not refuses_writes(e):
+                    raise
+                self._steps = steps + self._steps  # the script wrote nothing: sent again later
+                refusal = refusal or e
+            else:
+                if not taken:
+                    raise LeadershipLost(
+                        f"batcher {self.settings.batcher_id}: steps refused, another batcher leads now"
+                    )
+        if refusal is not None:
+            raise RedisRefusesWrites(refusal)
+
+    def _ride_out(self, refusal: BaseException, stop: threading.Event) -> None:
+        """Redis refuses writes (full, read-only): keep the lease, the state and the refused writes,
+        and retry them with backoff until Redis takes them. Nothing new is read or scheduled
+        meanwhile, so what waits to be written does not grow. LeadershipLost if the lease is gone."""
+        log.warning("redis refuses writes (%s): keeping leadership and state, retrying", refusal)
+        backoff = Backoff(max_s=self.settings.lease_ttl_s / 5)  # the lease is renewed in time
+        while not stop.wait(backoff.next_delay()):
+            if not len(self._pipe):  # a chore's write was refused: a write that shows when Redis takes one
+                self._pipe.hset(self.keys.stats, "updated_at", time.time())
+            try:
+                self.leadership.check()
+                self._flush()
+            except RedisRefusesWrites:
+                continue
+            except redis.ResponseError as e:  # the lease renewal, refused by a read-only Redis
+                if not refuses_writes(e):
+                    raise
+                continue
+            log.info("redis takes writes again after %d retries: serving", backoff.num_failures)
+            self.housekeeping.resume(time.time())
+            return
 
     def _stats(self) -> dict[str, Any]:
         s = self.scheduler

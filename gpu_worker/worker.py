@@ -26,6 +26,7 @@ from common.protocol import (
     encode,
 )
 from common.redis_conn import MAX_BLOCK_MS, connect, min_id
+from common.redis_refusal import refuses_writes
 from common.retry import REDIS_DOWN, Backoff
 from common.streams import cell_keys, token_stream
 from gpu_worker.fence import Fence, TokenWrite
@@ -37,6 +38,9 @@ from gpu_worker.settings import WorkerSettings
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+# What `_retry` waits out: an outage, and a Redis that refuses writes (common/redis_refusal.py).
+_RETRIED: tuple[type[Exception], ...] = (*REDIS_DOWN, redis.ResponseError)
 
 
 class Worker:
@@ -207,7 +211,11 @@ class Worker:
         while True:
             try:
                 result = call()
-            except REDIS_DOWN as exc:
+            except _RETRIED as exc:
+                # A Redis that refuses writes (full, read-only) is waited out too: the publish script
+                # writes all or nothing, so a refused one is sent again whole.
+                if isinstance(exc, redis.ResponseError) and not refuses_writes(exc):
+                    raise
                 if self._stopping.is_set():
                     return None
                 if not backoff.failing:

@@ -71,6 +71,8 @@ def summarize(work: Path) -> dict[str, Any]:
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "commit": commit.stdout.strip() or None,
         "env": (work / "env.txt").read_text() if (work / "env.txt").exists() else None,
+        # What Triton's launcher needs (C compiler, Python.h), and the attention backend the run used.
+        "toolchain": _load(work / "toolchain.json"),
         "kernels": _kernels(work),
         "parity": {dtype: _load(work / f"parity_{dtype}.json") for dtype in ("float32", "bfloat16")},
         "copy_bandwidth_gb_s": decode and decode["copy_bandwidth_gb_s"],
@@ -79,7 +81,9 @@ def summarize(work: Path) -> dict[str, Any]:
         "e2e_64": _e2e(_load(work / "e2e_64.json"), 64),
         "control": _control(_load(work / "control.json")),
     }
-    summary["missing"] = [key for key, value in summary.items() if value is None]
+    summary["missing"] = [key for key, value in summary.items() if value is None] + [
+        f"parity.{dtype}" for dtype, value in summary["parity"].items() if value is None
+    ]
     return summary
 
 

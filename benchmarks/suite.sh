@@ -19,6 +19,7 @@ RESULT_DIR=$(realpath -m "${1:-benchmarks/results/gpu}")
 WORK=$(mktemp -d /tmp/gpu-run-XXXX)
 source benchmarks/steps.sh
 PROFILE=${PROFILE:-gpu}
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_HUB_DISABLE_TELEMETRY=1  # nothing is downloaded
 source benchmarks/carried_wheels.sh
 
 pack() { tar czf "$RESULT_DIR/gpu-results.tar.gz" -C "$WORK" . 2>/dev/null; cp "$WORK/progress.log" "$RESULT_DIR/"; }

@@ -16,13 +16,15 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from transformers import PreTrainedModel
 
 from gpu_worker.attention_backend import AttentionBackend, AttentionContext, CommonAttentionMetadata
 from gpu_worker.input_batch import InputBatch
+
+if TYPE_CHECKING:
+    from gpu_worker.model_loader import Model
 
 logger = logging.getLogger(__name__)
 
@@ -37,7 +39,7 @@ def capture_sizes(max_num_seqs: int) -> list[int]:
 class DecodeGraphs:
     def __init__(
         self,
-        model: PreTrainedModel,
+        model: Model,
         backend: AttentionBackend[Any],
         *,
         max_num_seqs: int,

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
 
 from gpu_worker.attention import register_paged_attention
+from gpu_worker.forward.compile import compile_decoder
+from gpu_worker.forward.decoder import FAMILIES, Decoder
+from gpu_worker.forward.linear import check_quantization
 from gpu_worker.kv_cache import KVCache
 from gpu_worker.model_support import check_attention_supported, head_dim
 from gpu_worker.settings import WorkerSettings
@@ -23,11 +27,26 @@ class KVShape:
     head_dim: int
 
 
-def load_model(settings: WorkerSettings) -> PreTrainedModel:
+# What the runner calls: the worker's own decoder for the families it has one for, else transformers'.
+Model = Decoder | PreTrainedModel
+
+
+def load_model(settings: WorkerSettings) -> Model:
+    """The model on its device, ready for the step's flattened batch: `Decoder` (merged GEMMs,
+    WORKER_QUANTIZATION, compiled) for the Llama family, transformers' forward with paged attention
+    plugged in for the rest."""
+    device = torch.device(settings.device)
     if settings.device == "cuda" and not torch.cuda.is_available():
         raise ValueError("WORKER_DEVICE=cuda but torch sees no CUDA device: use --device cpu or a CUDA build")
     config = AutoConfig.from_pretrained(settings.model)
     check_attention_supported(config, settings.max_model_len)  # before loading any weight
+    own_decoder = config.model_type in FAMILIES
+    if settings.quantization is not None and not own_decoder:
+        raise ValueError(
+            f"WORKER_QUANTIZATION={settings.quantization} is implemented for {', '.join(sorted(FAMILIES))}, "
+            f"not {config.model_type}: unset it to serve this model in its own dtype"
+        )
+    check_quantization(settings.quantization, device)
     attn_implementation = register_paged_attention()
     model = AutoModelForCausalLM.from_pretrained(
         settings.model,
@@ -36,9 +55,14 @@ def load_model(settings: WorkerSettings) -> PreTrainedModel:
         dtype=getattr(torch, settings.resolved_dtype),
     )
     # transformers types `.to` through a decorator that mypy misreads; it is nn.Module.to.
-    model.to(torch.device(settings.device))  # type: ignore[arg-type]
+    model.to(device)  # type: ignore[arg-type]
     model.eval()
-    return model
+    if not own_decoder:
+        return model
+    decoder = Decoder(model, settings.quantization)
+    if settings.compile:
+        compile_decoder(decoder, Path(settings.compile_cache_dir))
+    return decoder
 
 
 def kv_shape(config: PretrainedConfig) -> KVShape:
@@ -95,7 +119,7 @@ def resolve_max_model_len(settings: WorkerSettings, config: PretrainedConfig, nu
     return settings.max_model_len
 
 
-def eos_token_ids(model: PreTrainedModel) -> frozenset[int]:
+def eos_token_ids(model: Model) -> frozenset[int]:
     """EOS ids from both the generation config and the model config (models disagree on which holds them)."""
     ids: set[int] = set()
     generation_config = getattr(model, "generation_config", None)

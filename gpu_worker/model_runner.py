@@ -12,7 +12,6 @@ import logging
 import time
 
 import torch
-from transformers import PreTrainedModel
 
 from common.protocol import (
     FinishReason,
@@ -29,6 +28,7 @@ from gpu_worker.input_batch import InputBatch, ScheduledRequest, build_input_bat
 from gpu_worker.kv_cache import KVCache
 from gpu_worker.logprobs import SampleLogprobs
 from gpu_worker.model_loader import (
+    Model,
     eos_token_ids,
     kv_shape,
     load_model,
@@ -59,13 +59,13 @@ class _StepFailed(Exception):
 
 
 class ModelRunner:
-    def __init__(self, settings: WorkerSettings, model: PreTrainedModel | None = None) -> None:
+    def __init__(self, settings: WorkerSettings, model: Model | None = None) -> None:
         """`model`: one already built on the device (benchmarks); by default loaded from settings.model."""
         self.worker_id = settings.worker_id
         self.model_name = settings.model
         self.device = torch.device(settings.device)
         memory_at_start = MemorySnapshot.take(self.device)
-        self.model = load_model(settings) if model is None else model
+        self.model: Model = load_model(settings) if model is None else model
         config = self.model.config
         self.block_size = settings.block_size
         self.max_num_seqs = settings.resolved_max_num_seqs

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import secrets
 import socket
+from pathlib import Path
 from typing import Literal
 
 from pydantic import AliasChoices, Field, ValidationError, field_validator, model_validator
@@ -22,6 +23,7 @@ from common.settings import (
 Device = Literal["cpu", "cuda"]
 DType = Literal["auto", "float32", "bfloat16", "float16"]
 AttentionBackendSetting = Literal["auto", "torch", "triton"]
+Quantization = Literal["int8", "fp8"]
 
 
 def default_worker_id() -> str:
@@ -106,6 +108,24 @@ class WorkerSettings(BaseSettings):
         description="Replay decode-only steps as CUDA graphs captured at startup, one per padded batch "
         "size (needs the triton backend). Default: on for cuda, off for cpu; on cpu, true runs the same "
         "padded static buffers eagerly (how the tests check the padding).",
+    )
+    compile: bool = Field(
+        default=True,
+        description="torch.compile (inductor) the model's forward, paged attention kept as an opaque "
+        "op: fused norms, RoPE and activations (C++ on cpu, Triton on cuda). Llama, Mistral, Qwen2 and "
+        "Qwen3; other architectures run transformers' forward. Falls back to eager, with a warning, "
+        "when compilation fails at start-up.",
+    )
+    compile_cache_dir: str = Field(
+        default_factory=lambda: str(Path.home() / ".cache" / "cbserve" / "inductor"),
+        description="Where compiled graphs are cached, so a restarted worker does not compile again.",
+    )
+    quantization: Quantization | None = Field(
+        default=None,
+        description="Weights quantized at load from the checkpoint's: int8 (cpu: int8 weights and "
+        "per-call int8 activations, fbgemm) or fp8 (cuda: float8_e4m3 weights and activations, "
+        "per-channel and per-token scales). Unset: the checkpoint's dtype. Greedy output is then "
+        "close to, not equal to, the unquantized model's (docs/benchmarks.md gives the agreement).",
     )
     worker_id: str = Field(default_factory=default_worker_id, min_length=1, description="Unique per process.")
     num_threads: int | None = Field(default=None, gt=0, description="torch intra-op threads (cpu).")

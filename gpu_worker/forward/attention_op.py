@@ -1,0 +1,44 @@
+"""Paged attention as an opaque custom op, so a compiled forward treats it as one call.
+
+The op cannot take the step's metadata (Python objects) as an argument, so the step's
+`AttentionContext` is set around the forward (`step_context`), as vLLM's forward context is, and the
+op reads it: the compiled graph never sees it and never recompiles for it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+
+from gpu_worker.attention_backend import AttentionContext
+
+_current: list[AttentionContext] = []  # the context of the forward running now (at most one)
+
+
+@contextlib.contextmanager
+def step_context(context: AttentionContext) -> Iterator[None]:
+    _current.append(context)
+    try:
+        yield
+    finally:
+        _current.pop()
+
+
+@torch.library.custom_op("cbserve::paged_attention", mutates_args=())
+def paged_attention(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layer: int, scale: float
+) -> torch.Tensor:
+    """query [T, H, D], key/value [T, KVH, D] (after RoPE) -> [T, H, D]; writes K/V into the pool."""
+    if not _current:
+        raise RuntimeError("cbserve::paged_attention runs only inside step_context(...)")
+    context = _current[-1]
+    return context.backend.forward(
+        layer, query.contiguous(), key.contiguous(), value.contiguous(), context.metadata, scale
+    )
+
+
+@paged_attention.register_fake
+def _(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layer: int, scale: float) -> torch.Tensor:
+    return torch.empty_like(query, memory_format=torch.contiguous_format)

@@ -1,0 +1,69 @@
+"""torch.compile (inductor) over the decoder's forward, cached on disk, eager when it fails.
+
+One graph for every step: the token and row counts are unbacked symbols, so neither 1 nor 0 gets a
+graph of its own, and paged attention is an opaque custom op, so the step's metadata never reaches
+the graph. Inductor fuses the norms, RoPE, residuals and SiLU·mul (C++ kernels on the CPU, Triton on
+CUDA). Its FX graph cache (and on CUDA the Triton kernels) live in `cache_dir`, so a restarted worker
+loads instead of compiling. The runner's profiling step at start-up is the first call and compiles;
+a failure there leaves the model eager, with a warning.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gpu_worker.forward.decoder import Decoder
+
+logger = logging.getLogger(__name__)
+
+Forward = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def configure_cache(cache_dir: Path) -> None:
+    """Inductor's on-disk caches under `cache_dir` (read when the first graph compiles)."""
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir)
+    torch._inductor.config.fx_graph_cache = True
+
+
+class CompiledForward:
+    """`decoder.run` while compiled: the compiled forward, falling back to eager if the first call
+    fails to compile. After that, errors propagate (they belong to the step, not to compilation)."""
+
+    def __init__(self, decoder: Decoder, backend: str | Callable[..., Any] = "inductor") -> None:
+        self.decoder = decoder
+        self.compiled: Forward = torch.compile(decoder.logits_of, dynamic=True, backend=backend)
+        self.compile_seconds = 0.0  # set by the first call, which compiles
+
+    def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, kept: torch.Tensor) -> torch.Tensor:
+        for tensor in (input_ids, positions, kept):
+            # Token and row counts of 0 or 1 get no graph of their own (dynamo specializes them).
+            torch._dynamo.decorators.mark_unbacked(tensor, 0)
+        if self.compile_seconds:
+            return self.compiled(input_ids, positions, kept)
+        started = time.perf_counter()  # the first call compiles (the runner's profiling step)
+        try:
+            logits = self.compiled(input_ids, positions, kept)
+        except Exception as exc:
+            logger.warning("torch.compile failed, running eager: %s: %s", type(exc).__name__, exc)
+            self.decoder.run = self.decoder.logits_of
+            return self.decoder.logits_of(input_ids, positions, kept)
+        self.compile_seconds = time.perf_counter() - started
+        logger.info("compiled the forward in %.1f s (cache: %s)", self.compile_seconds, _cache_dir())
+        return logits
+
+
+def _cache_dir() -> str:
+    return os.environ.get("TORCHINDUCTOR_CACHE_DIR", "inductor's default")
+
+
+def compile_decoder(decoder: Decoder, cache_dir: Path) -> None:
+    configure_cache(cache_dir)
+    decoder.run = CompiledForward(decoder)

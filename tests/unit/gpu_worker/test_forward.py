@@ -1,0 +1,217 @@
+"""The worker's own decoder (gpu_worker/forward/): merged GEMMs, compiled or eager, quantized.
+
+At fp32 it must give the very tokens transformers' `generate` gives, for each family it serves,
+compiled or not, through batching, chunked prefill and preemption; quantized weights are close, not
+equal, and say so.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+from transformers import (
+    LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    PretrainedConfig,
+    PreTrainedModel,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
+
+from common.protocol import SamplingParams
+from gpu_worker.forward.compile import CompiledForward
+from gpu_worker.forward.decoder import Decoder
+from gpu_worker.model_runner import ModelRunner
+from tests.harness.worker_steps import new_request, prefill_step
+from tests.unit.gpu_worker.test_model_runner import (
+    generate_alone,
+    make_requests,
+    make_runner,
+    run_to_completion,
+)
+
+MAX_TOKENS = [12, 5, 20, 8, 15, 3, 10, 18, 7, 9, 6]
+SMALL = {
+    "vocab_size": 512,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 512,
+    "initializer_range": 0.05,
+    "tie_word_embeddings": False,
+}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _few_threads() -> None:
+    torch.set_num_threads(1)
+
+
+def _save(path: Path, model_class: type[PreTrainedModel], config: PretrainedConfig) -> Path:
+    torch.manual_seed(0)
+    model_class(config).save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def family_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A random model of each family but Llama (tiny_model_dir): Qwen3's q/k norms and explicit
+    head_dim, Qwen2's q/k/v biases, Mistral."""
+    root = tmp_path_factory.mktemp("families")
+    return {
+        "qwen3": _save(root / "qwen3", Qwen3ForCausalLM, Qwen3Config(**SMALL, head_dim=32)),
+        "qwen2": _save(root / "qwen2", Qwen2ForCausalLM, Qwen2Config(**SMALL)),
+        "mistral": _save(root / "mistral", MistralForCausalLM, MistralConfig(**SMALL, sliding_window=None)),
+    }
+
+
+def _greedy_requests_equal_generate(runner: ModelRunner, model_dir: Path) -> None:
+    params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in MAX_TOKENS]
+    requests = make_requests(params)
+    # Chunked prefill (a 40-token prompt at a 24-token budget), steps of one token and one row at the
+    # end, and r0 preempted mid-decode and resumed.
+    run_to_completion(runner, requests, preempt={8: "r0"})
+    for req in requests:
+        assert req.outputs == generate_alone(model_dir, req.prompt, req.params.max_tokens), req.req_id
+
+
+@pytest.fixture(scope="module")
+def compiled(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[ModelRunner, Path]:
+    """A runner whose forward was compiled (by its profiling step) into a cache of its own."""
+    cache_dir = tmp_path_factory.mktemp("inductor")
+    counters.clear()
+    return make_runner(tiny_model_dir, compile=True, compile_cache_dir=str(cache_dir)), cache_dir
+
+
+def test_compiled_decoder_equals_generate_and_compiles_once(
+    compiled: tuple[ModelRunner, Path], tiny_model_dir: Path
+) -> None:
+    runner, _ = compiled
+    assert isinstance(runner.model, Decoder) and isinstance(runner.model.run, CompiledForward)
+    _greedy_requests_equal_generate(runner, tiny_model_dir)
+    # One graph for every step shape: 1 or many tokens, 0, 1 or many sampled rows.
+    assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
+
+
+@pytest.mark.parametrize("family", ["qwen3", "qwen2", "mistral"])
+def test_each_family_equals_generate(family: str, family_dirs: dict[str, Path]) -> None:
+    runner = make_runner(family_dirs[family], compile=False)
+    assert isinstance(runner.model, Decoder)
+    _greedy_requests_equal_generate(runner, family_dirs[family])
+
+
+def test_other_architectures_run_transformers_forward(tmp_path: Path) -> None:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config(vocab_size=512, n_embd=64, n_layer=2, n_head=4, n_positions=512)
+    model_dir = _save(tmp_path / "gpt2", GPT2LMHeadModel, config)
+    runner = make_runner(model_dir, compile=True)
+    assert isinstance(runner.model, PreTrainedModel)
+    with pytest.raises(ValueError, match="WORKER_QUANTIZATION=int8 is implemented for llama"):
+        make_runner(model_dir, quantization="int8")
+
+
+def test_merged_gemms_read_the_checkpoints_weights(tiny_model_dir: Path) -> None:
+    hf = LlamaForCausalLM.from_pretrained(tiny_model_dir)
+    decoder = Decoder(hf, None)
+    layer: Any = hf.model.layers[1]
+    attn, mlp = layer.self_attn, layer.mlp
+    merged = decoder.layers[1].qkv_proj.weight
+    assert torch.equal(merged, torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]))
+    assert torch.equal(
+        decoder.layers[1].gate_up_proj.weight, torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])
+    )
+
+
+def _first_logits(runner: ModelRunner, prompt: list[int]) -> torch.Tensor:
+    """The logits of the prompt's next token (a prefill step, read back through logprobs)."""
+    params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+    step = prefill_step([new_request("r", prompt, params, list(range(16)))])
+    runner._apply(step, {})
+    batch = runner._scheduled(step, {})
+    from gpu_worker.input_batch import build_input_batch
+
+    with torch.inference_mode():
+        return runner._forward(build_input_batch(batch, runner.attn_backend, runner.device))[0].clone()
+
+
+@pytest.mark.parametrize("quantization", ["int8", "fp8"])
+def test_quantized_weights_stay_close(tiny_model_dir: Path, quantization: Any) -> None:
+    prompt = list(range(3, 40))
+    exact = _first_logits(make_runner(tiny_model_dir, compile=False), prompt)
+    quantized = _first_logits(make_runner(tiny_model_dir, compile=False, quantization=quantization), prompt)
+    assert not torch.equal(exact, quantized)  # the weights really are quantized
+    cosine = torch.nn.functional.cosine_similarity(exact, quantized, dim=0)
+    assert cosine > 0.99, cosine
+    assert exact.topk(5).indices[0] in quantized.topk(5).indices
+
+
+def test_int8_compiled_equals_int8_eager(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """The compiled graph takes the packed int8 GEMM as an opaque op: same tokens as eager int8."""
+    params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in MAX_TOKENS]
+    outputs = []
+    for compiled in (False, True):
+        runner = make_runner(
+            tiny_model_dir, quantization="int8", compile=compiled, compile_cache_dir=str(tmp_path)
+        )
+        requests = make_requests(params)
+        run_to_completion(runner, requests, preempt={})
+        outputs.append([r.outputs for r in requests])
+    assert outputs[0] == outputs[1]
+
+
+def _failing_backend(*args: Any) -> Any:
+    raise RuntimeError("no compiler here")
+
+
+def test_a_failed_compile_leaves_the_model_eager(
+    tiny_model_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    runner = make_runner(tiny_model_dir, compile=False)
+    decoder = runner.model
+    assert isinstance(decoder, Decoder)
+    decoder.run = CompiledForward(decoder, backend=_failing_backend)
+    with caplog.at_level(logging.WARNING):
+        _greedy_requests_equal_generate(runner, Path(runner.model_name))
+    assert "torch.compile failed, running eager" in caplog.text
+    assert decoder.run == decoder.logits_of
+
+
+_START_AND_COUNT = """
+import sys, torch
+from torch._dynamo.utils import counters
+from gpu_worker.model_runner import ModelRunner
+from tests.unit.gpu_worker.test_model_runner import make_runner
+torch.set_num_threads(1)
+make_runner(sys.argv[1], compile=True, compile_cache_dir=sys.argv[2])
+print(counters["inductor"]["fxgraph_cache_hit"], counters["inductor"]["fxgraph_cache_miss"])
+"""
+
+
+def test_a_restarted_worker_loads_its_compiled_graph(
+    compiled: tuple[ModelRunner, Path], tiny_model_dir: Path
+) -> None:
+    """A new process with the same model and cache directory compiles nothing."""
+    _, cache_dir = compiled
+    run = subprocess.run(
+        [sys.executable, "-c", _START_AND_COUNT, str(tiny_model_dir), str(cache_dir)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "PYTHONPATH": str(Path.cwd())},
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.split()[-2:] == ["1", "0"], run.stdout[-500:]

@@ -1,4 +1,4 @@
-"""The active batcher's side of follow deadlines (openai_frontend/follow_deadlines.py): abort the unfollowed.
+"""The active batcher's side of follow deadlines (openai_frontend/follow/deadlines.py): abort the unfollowed.
 
 About once a second, one script pops every request whose deadline in `llm:{cell}:follow:deadlines` has passed;
 those the scheduler still holds (waiting or running) are aborted like a client's abort. A new leader

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, TypedDict
 
-from openai_frontend.chatml import CHAT_TEMPLATE, EOS, IM_END, IM_START, SPECIAL_TOKENS
+from openai_frontend.model.chatml import CHAT_TEMPLATE, EOS, IM_END, IM_START, SPECIAL_TOKENS
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer

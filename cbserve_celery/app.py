@@ -21,7 +21,7 @@ from cbserve_celery.generation import parse_sampling_params, req_id_for_task, ru
 from cbserve_celery.settings import CelerySettings
 from common.redis_conn import connect
 from common.streams import placed_req_id
-from openai_frontend.tokenizer import (
+from openai_frontend.model.tokenizer import (
     ModelTokenizer,  # the `tokenizers` library alone, no transformers / torch
 )
 
@@ -52,7 +52,7 @@ class _Resources:
 
 def output_text(tokenizer: Any, prompt_token_ids: list[int], token_ids: list[int], finish_reason: str) -> str:
     """The text the gateway would answer for these tokens (same detokenizer, EOS / stop token hidden)."""
-    from openai_frontend.output_processor import OutputProcessor
+    from openai_frontend.text.output_processor import OutputProcessor
 
     processor = OutputProcessor(tokenizer.tokenizer, prompt_token_ids, [])
     last = len(token_ids) - 1

@@ -25,8 +25,9 @@ import redis.exceptions
 from cbserve_celery.batch_claim import BatchClaim
 from common.stream_client import abort_async
 from common.streams import DEFAULT_CELL, batch_claim, placed_req_id
-from openai_frontend.batch_input import InputLine, parse_input
-from openai_frontend.batch_lines import (
+from openai_frontend.batch.files_store import FileStore
+from openai_frontend.batch.input import InputLine, parse_input
+from openai_frontend.batch.lines import (
     LineContext,
     LineResult,
     ResultLost,
@@ -36,13 +37,12 @@ from openai_frontend.batch_lines import (
     run_line,
     unrun_line,
 )
-from openai_frontend.batch_objects import ACTIVE, BatchSpec, BatchState, Status
-from openai_frontend.batch_store import BatchStore
-from openai_frontend.errors import OpenAIError
-from openai_frontend.files_store import FileStore
-from openai_frontend.request_runner import RequestRunner
-from openai_frontend.served_model import ServedModel
-from openai_frontend.tokenizer import ModelTokenizer
+from openai_frontend.batch.objects import ACTIVE, BatchSpec, BatchState, Status
+from openai_frontend.batch.store import BatchStore
+from openai_frontend.follow.request_runner import RequestRunner
+from openai_frontend.model.served_model import ServedModel
+from openai_frontend.model.tokenizer import ModelTokenizer
+from openai_frontend.protocol.errors import OpenAIError
 
 logger = logging.getLogger(__name__)
 

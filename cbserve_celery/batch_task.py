@@ -17,8 +17,8 @@ from celery import Celery, Task
 from cbserve_celery.batch_runner import Outcome, RunConfig, run_batch
 from cbserve_celery.settings import CelerySettings
 from common.redis_conn import connect_async
-from openai_frontend.batch_objects import RUN_BATCH_TASK
-from openai_frontend.tokenizer import ModelTokenizer
+from openai_frontend.batch.objects import RUN_BATCH_TASK
+from openai_frontend.model.tokenizer import ModelTokenizer
 
 
 def add_batch_task(

@@ -146,7 +146,7 @@ def submitted_key(req_id: str) -> str:
 
 
 def response_key(req_id: str) -> str:
-    """Hash of a stored Responses API response (openai_frontend/responses_store.py), named after the
+    """Hash of a stored Responses API response (openai_frontend/responses/store.py), named after the
     request that generates it: `spec`, `status`, and `result` once it ended."""
     return f"{_tag(cell_of(req_id))}:response:{req_id}"
 

@@ -29,11 +29,11 @@ from gateway.security.auth import AuthMiddleware
 from gateway.security.body_limit import BodySizeLimitMiddleware
 from gateway.security.rate_limit import RateLimiter, RateLimits
 from gateway.settings import GatewaySettings
-from openai_frontend.batch_store import BatchStore
-from openai_frontend.files_store import FileStore
-from openai_frontend.request_runner import RequestRunner
-from openai_frontend.responses_runner import ResponsesRunner
-from openai_frontend.responses_store import ResponseStore
+from openai_frontend.batch.files_store import FileStore
+from openai_frontend.batch.store import BatchStore
+from openai_frontend.follow.request_runner import RequestRunner
+from openai_frontend.responses.runner import ResponsesRunner
+from openai_frontend.responses.store import ResponseStore
 
 _MULTIPART_OVERHEAD = 64 * 1024  # boundaries, part headers and the `purpose` field of an upload
 

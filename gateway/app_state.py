@@ -13,11 +13,11 @@ from gateway.cell_router import CellRouter
 from gateway.observability.metrics import GatewayMetrics
 from gateway.security.rate_limit import RateLimiter
 from gateway.settings import GatewaySettings
-from openai_frontend.batch_store import BatchStore
-from openai_frontend.files_store import FileStore
-from openai_frontend.request_runner import RequestRunner
-from openai_frontend.responses_runner import ResponsesRunner
-from openai_frontend.served_model import ServedModel
+from openai_frontend.batch.files_store import FileStore
+from openai_frontend.batch.store import BatchStore
+from openai_frontend.follow.request_runner import RequestRunner
+from openai_frontend.model.served_model import ServedModel
+from openai_frontend.responses.runner import ResponsesRunner
 
 
 @dataclass(slots=True, frozen=True)

@@ -7,7 +7,7 @@ import asyncio
 import threading
 from typing import Any
 
-from openai_frontend.batch_objects import RUN_BATCH_TASK
+from openai_frontend.batch.objects import RUN_BATCH_TASK
 
 
 class BatchQueueUnavailable(Exception):

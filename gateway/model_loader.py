@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from gateway.settings import GatewaySettings
-from openai_frontend.chat_template import check_template
-from openai_frontend.served_model import ServedModel
-from openai_frontend.tokenizer import ModelTokenizer, read_max_model_len
+from openai_frontend.model.chat_template import check_template
+from openai_frontend.model.served_model import ServedModel
+from openai_frontend.model.tokenizer import ModelTokenizer, read_max_model_len
 
 
 def load_served_model(settings: GatewaySettings) -> ServedModel:

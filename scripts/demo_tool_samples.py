@@ -11,8 +11,8 @@ import json
 import random
 from typing import Any
 
-from openai_frontend.chat_template import render_chat
-from openai_frontend.chatml import CHAT_TEMPLATE
+from openai_frontend.model.chat_template import render_chat
+from openai_frontend.model.chatml import CHAT_TEMPLATE
 
 
 def _function(name: str, description: str, properties: dict[str, Any], required: list[str]) -> dict[str, Any]:

@@ -548,7 +548,7 @@ knows little else: expect plausible sentences about Python, not correct answers.
   from their results.
 - **Tokenizer**: byte-level BPE trained with `tokenizers` on the same text, {stats["vocab_size"]} tokens;
   special tokens `<|endoftext|>` (eos, bos, pad), `<|im_start|>`, `<|im_end|>`; ChatML chat template
-  with Qwen2.5's tool calling (`openai_frontend/chatml_template.jinja`).
+  with Qwen2.5's tool calling (`openai_frontend/model/chatml_template.jinja`).
   Generation stops at `<|endoftext|>` or `<|im_end|>` (`generation_config.json`).
 - **Architecture**: Llama, {stats["layers"]} layers, hidden {stats["hidden"]}, MLP {stats["intermediate"]},
   {stats["heads"]} attention heads, {stats["kv_heads"]} KV heads, tied

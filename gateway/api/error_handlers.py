@@ -10,7 +10,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from openai_frontend.errors import OpenAIError, validation_error
+from openai_frontend.protocol.errors import OpenAIError, validation_error
 
 logger = logging.getLogger(__name__)
 

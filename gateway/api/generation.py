@@ -1,7 +1,7 @@
 """The flow both generation routes share: admit the body, then stream SSE chunks or answer one body.
 
 Each route (routes_generation.py) names only its schema and its answer shapes
-(`openai_frontend.chat_response.CHAT`, `openai_frontend.completion_response.COMPLETION`).
+(`openai_frontend.render.chat.CHAT`, `openai_frontend.render.completion.COMPLETION`).
 """
 
 from __future__ import annotations
@@ -15,13 +15,13 @@ from gateway.app_state import GatewayState
 from gateway.security.admission import admit
 from gateway.streaming.sse import SSE_HEADERS
 from gateway.streaming.sse_stream import stream_sse
-from openai_frontend.collect import collect
-from openai_frontend.logprobs import LogprobsFormatter
-from openai_frontend.openai_schemas import ChatCompletionRequest, CompletionRequest
-from openai_frontend.request_builder import PreparedRequest
-from openai_frontend.request_meta import response_id
-from openai_frontend.request_runner import Follow
-from openai_frontend.response_format import Endpoint
+from openai_frontend.follow.collect import collect
+from openai_frontend.follow.request_runner import Follow
+from openai_frontend.generate.request_builder import PreparedRequest
+from openai_frontend.generate.request_meta import response_id
+from openai_frontend.protocol.openai_schemas import ChatCompletionRequest, CompletionRequest
+from openai_frontend.render.answer import Endpoint
+from openai_frontend.render.logprobs import LogprobsFormatter
 
 
 def request_id_header(req_id: str) -> dict[str, str]:

@@ -21,9 +21,9 @@ from gateway.api.routes_files import file_not_found
 from gateway.app_state import GatewayState, get_state
 from gateway.batch_queue import BatchQueueUnavailable
 from gateway.security.auth import request_owner
-from openai_frontend.batch_objects import COMPLETION_WINDOWS, ENDPOINTS, BatchObject, BatchSpec, BatchState
-from openai_frontend.errors import OpenAIError, invalid_request
-from openai_frontend.list_page import list_page
+from openai_frontend.batch.objects import COMPLETION_WINDOWS, ENDPOINTS, BatchObject, BatchSpec, BatchState
+from openai_frontend.protocol.errors import OpenAIError, invalid_request
+from openai_frontend.protocol.list_page import list_page
 
 router = APIRouter()
 

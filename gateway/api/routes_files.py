@@ -1,7 +1,7 @@
 """The OpenAI Files API: POST /v1/files (multipart `file` + `purpose`), list, get, content, delete.
 
-Files are kept in Redis (openai_frontend/files_store.py), at most GATEWAY_MAX_FILE_BYTES each, and only the
-API key that uploaded a file can see it: any other gets 404, as for an unknown id.
+Files are kept in Redis (openai_frontend/batch/files_store.py), at most GATEWAY_MAX_FILE_BYTES each,
+and only the API key that uploaded a file can see it: any other gets 404, as for an unknown id.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from starlette.responses import Response
 
 from gateway.app_state import GatewayState, get_state
 from gateway.security.auth import request_owner
-from openai_frontend.errors import OpenAIError, invalid_request
-from openai_frontend.files_store import FileObject
-from openai_frontend.list_page import list_page
+from openai_frontend.batch.files_store import FileObject
+from openai_frontend.protocol.errors import OpenAIError, invalid_request
+from openai_frontend.protocol.list_page import list_page
 
 router = APIRouter()
 

@@ -11,14 +11,14 @@ from starlette.responses import JSONResponse, StreamingResponse
 
 from gateway.api.generation import generate
 from gateway.app_state import GatewayState, get_state
-from openai_frontend.chat_response import CHAT
-from openai_frontend.completion_response import COMPLETION
-from openai_frontend.openai_schemas import (
+from openai_frontend.protocol.openai_schemas import (
     ChatCompletionRequest,
     ChatCompletionResponse,
     CompletionRequest,
     CompletionResponse,
 )
+from openai_frontend.render.chat import CHAT
+from openai_frontend.render.completion import COMPLETION
 
 router = APIRouter()
 State = Annotated[GatewayState, Depends(get_state)]

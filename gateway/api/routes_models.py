@@ -13,9 +13,9 @@ from fastapi.responses import JSONResponse
 from common.streams import cell_keys
 from gateway.api.error_handlers import REDIS_RETRY_AFTER_S
 from gateway.app_state import GatewayState, get_state
-from openai_frontend.openai_schemas import ModelCard, ModelList
-from openai_frontend.served_model import ServedModel
-from openai_frontend.validation import check_model
+from openai_frontend.generate.validation import check_model
+from openai_frontend.model.served_model import ServedModel
+from openai_frontend.protocol.openai_schemas import ModelCard, ModelList
 
 router = APIRouter()
 

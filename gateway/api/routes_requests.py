@@ -21,12 +21,12 @@ from gateway.app_state import GatewayState, get_state
 from gateway.security.auth import request_owner
 from gateway.streaming.sse import SSE_HEADERS
 from gateway.streaming.sse_stream import stream_sse
-from openai_frontend.collect import collect
-from openai_frontend.endpoints import ENDPOINTS
-from openai_frontend.errors import OpenAIError
-from openai_frontend.logprobs import LogprobsFormatter
-from openai_frontend.request_meta import RequestMeta, attach, load_meta, prepared_from, req_id_from
-from openai_frontend.request_runner import Follow
+from openai_frontend.follow.collect import collect
+from openai_frontend.follow.request_runner import Follow
+from openai_frontend.generate.request_meta import RequestMeta, attach, load_meta, prepared_from, req_id_from
+from openai_frontend.protocol.errors import OpenAIError
+from openai_frontend.render.endpoints import ENDPOINTS
+from openai_frontend.render.logprobs import LogprobsFormatter
 
 router = APIRouter()
 

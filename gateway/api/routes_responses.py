@@ -1,6 +1,6 @@
 """The Responses API: POST /v1/responses, GET / DELETE /v1/responses/{id}, POST .../{id}/cancel.
 
-A response runs as one chat request (openai_frontend/responses_input.py) and is kept in Redis
+A response runs as one chat request (openai_frontend/responses/input.py) and is kept in Redis
 (responses_store.py) unless `store` is false. A foreground response lives as long as its client's
 connection; a `background` one runs on by itself, is fetched by id, cancelled, or its event stream
 replayed and resumed with `starting_after`. Only the API key that created a response can read it;
@@ -23,12 +23,12 @@ from gateway.app_state import GatewayState, get_state
 from gateway.security.admission import checked_requests
 from gateway.security.auth import request_owner
 from gateway.streaming.sse import SSE_HEADERS, sse_event
-from openai_frontend.collect import collect
-from openai_frontend.errors import OpenAIError, invalid_request
-from openai_frontend.openai_schemas import ChatMessage
-from openai_frontend.request_meta import meta_of
-from openai_frontend.request_runner import Follow
-from openai_frontend.responses_input import (
+from openai_frontend.follow.collect import collect
+from openai_frontend.follow.request_runner import Follow
+from openai_frontend.generate.request_meta import meta_of
+from openai_frontend.protocol.errors import OpenAIError, invalid_request
+from openai_frontend.protocol.openai_schemas import ChatMessage
+from openai_frontend.responses.input import (
     chat_request,
     check_unsupported,
     input_messages,
@@ -36,12 +36,12 @@ from openai_frontend.responses_input import (
     responses_names,
     turn_of,
 )
-from openai_frontend.responses_items import answer_turn, cut_call, output_items
-from openai_frontend.responses_objects import Event, response_body
-from openai_frontend.responses_runner import BACKGROUND, WATCHER, initial_status
-from openai_frontend.responses_schemas import TERMINAL, ResponseObject, ResponsesRequest
-from openai_frontend.responses_store import ResponseResult, ResponseSpec, StoredResponse
-from openai_frontend.responses_text import format_echo
+from openai_frontend.responses.items import answer_turn, cut_call, output_items
+from openai_frontend.responses.objects import Event, response_body
+from openai_frontend.responses.runner import BACKGROUND, WATCHER, initial_status
+from openai_frontend.responses.schemas import TERMINAL, ResponseObject, ResponsesRequest
+from openai_frontend.responses.store import ResponseResult, ResponseSpec, StoredResponse
+from openai_frontend.responses.text import format_echo
 
 router = APIRouter()
 

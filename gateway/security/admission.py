@@ -18,10 +18,10 @@ from common.streams import cell_keys, placed_req_id
 from gateway.app_state import GatewayState
 from gateway.security.auth import request_owner
 from gateway.security.queue_depth import check_queue
-from openai_frontend.openai_schemas import ChatCompletionRequest, CompletionRequest
-from openai_frontend.request_builder import PreparedRequest, prepare_choices
-from openai_frontend.request_meta import Kind, meta_of
-from openai_frontend.structured_outputs import asks_for_grammar
+from openai_frontend.generate.request_builder import PreparedRequest, prepare_choices
+from openai_frontend.generate.request_meta import Kind, meta_of
+from openai_frontend.protocol.openai_schemas import ChatCompletionRequest, CompletionRequest
+from openai_frontend.structured.constraint import asks_for_grammar
 
 
 async def admit(

@@ -13,7 +13,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from gateway.api.error_handlers import error_response
 from gateway.api.routes_dashboard import OPEN_PATHS as DASHBOARD_FILES
 from gateway.security.api_keys import ApiKeys
-from openai_frontend.errors import OpenAIError
+from openai_frontend.protocol.errors import OpenAIError
 
 # Probes (load balancers, compose healthchecks) carry no key; the dashboard's page asks for one itself.
 OPEN_PATHS = frozenset({"/health"}) | DASHBOARD_FILES

@@ -15,7 +15,7 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from common.streams import BATCHER_GROUP, CellKeys
-from openai_frontend.errors import OpenAIError
+from openai_frontend.protocol.errors import OpenAIError
 
 # A queue that is full now is usually not empty a second later; clients back off and try again.
 RETRY_AFTER_S = 2

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import redis.asyncio as aioredis
 
 from common.streams import rate_limit_key
-from openai_frontend.errors import OpenAIError
+from openai_frontend.protocol.errors import OpenAIError
 
 WINDOW_S = 60
 

@@ -3,7 +3,7 @@
 Takes the n requests of an n-choice response (see `request_builder.fan_out`); with one choice, each
 SSE event's id is the token stream entry id, so a client can resume. With several, the events of
 different token streams interleave and no id could name a resume point: they carry none. The
-non-streaming answer is `openai_frontend/collect.py`.
+non-streaming answer is `openai_frontend/follow/collect.py`.
 """
 
 from __future__ import annotations
@@ -16,13 +16,13 @@ import redis.exceptions
 
 from common.redis_conn import entry_key
 from gateway.streaming.sse import DONE, sse_event
-from openai_frontend.collect import timed_out_error, usage
-from openai_frontend.errors import OpenAIError, from_request_error
-from openai_frontend.fanout import merged_outputs
-from openai_frontend.request_builder import PreparedRequest
-from openai_frontend.request_runner import Follow, RequestRunner
-from openai_frontend.response_format import ChunkFormatter
-from openai_frontend.stream_reader import RequestFailed, RequestTimedOut
+from openai_frontend.follow.collect import timed_out_error, usage
+from openai_frontend.follow.fanout import merged_outputs
+from openai_frontend.follow.request_runner import Follow, RequestRunner
+from openai_frontend.follow.stream_reader import RequestFailed, RequestTimedOut
+from openai_frontend.generate.request_builder import PreparedRequest
+from openai_frontend.protocol.errors import OpenAIError, from_request_error
+from openai_frontend.render.answer import ChunkFormatter
 
 
 def _unavailable() -> OpenAIError:

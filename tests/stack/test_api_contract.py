@@ -16,7 +16,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from openai_frontend.openai_schemas import ChatCompletionRequest, CompletionRequest
+from openai_frontend.protocol.openai_schemas import ChatCompletionRequest, CompletionRequest
 from tests.harness.gateway_server import RunningGateway
 from tests.harness.responder import Responder, responding
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from openai_frontend.chat_content import encode_chat
-from openai_frontend.chat_template import render_chat
-from openai_frontend.tokenizer import ModelTokenizer
+from openai_frontend.generate.chat_content import encode_chat
+from openai_frontend.model.chat_template import render_chat
+from openai_frontend.model.tokenizer import ModelTokenizer
 from tests.harness.gateway_server import RunningGateway
 from tests.harness.responder import responding
 

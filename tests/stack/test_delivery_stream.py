@@ -24,9 +24,9 @@ from common.protocol import FIELD, SamplingParams, TokenEvent, WorkerInfo, encod
 from common.redis_conn import connect_async
 from common.streams import cell_keys, token_stream
 from gpu_worker.fence import Fence, TokenWrite
-from openai_frontend.delivery_reader import QUIET_S
-from openai_frontend.stream_reader import RequestFailed, follow_token_stream
-from openai_frontend.token_mux import TokenStreamMux
+from openai_frontend.follow.delivery_reader import QUIET_S
+from openai_frontend.follow.stream_reader import RequestFailed, follow_token_stream
+from openai_frontend.follow.token_mux import TokenStreamMux
 from tests.harness.redis_process import RedisProcess
 from tests.stack.test_token_mux import collect
 

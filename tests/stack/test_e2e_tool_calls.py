@@ -25,8 +25,8 @@ from transformers import AutoTokenizer
 
 from gateway.model_loader import load_served_model
 from gateway.settings import GatewaySettings
-from openai_frontend.openai_schemas import ChatMessage
-from openai_frontend.prompts import chat_prompt_ids
+from openai_frontend.generate.prompts import chat_prompt_ids
+from openai_frontend.protocol.openai_schemas import ChatMessage
 from tests.harness.services import Stack, module_stack
 
 MODEL = "tiny-llama"

@@ -8,7 +8,7 @@ import time
 import redis.asyncio as aioredis
 
 from common.streams import FOLLOW_DEADLINES
-from openai_frontend.follow_deadlines import FollowDeadlines
+from openai_frontend.follow.deadlines import FollowDeadlines
 
 
 def test_the_end_seen_by_a_resumed_client_outlasts_the_one_that_left(redis_url: str) -> None:

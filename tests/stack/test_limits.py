@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from openai_frontend.validation import (
+from openai_frontend.generate.validation import (
     MAX_LOGIT_BIAS_ENTRIES,
     MAX_STOP_STRING_CHARS,
     MAX_STOP_STRINGS,

@@ -17,7 +17,7 @@ from tokenizers import Tokenizer
 
 from common.streams import FOLLOW_DEADLINES, request_meta
 from gateway.security.api_keys import hash_key
-from openai_frontend.follow_deadlines import MIN_DEADLINE_S
+from openai_frontend.follow.deadlines import MIN_DEADLINE_S
 from tests.harness.gateway_server import RunningGateway
 from tests.harness.services import wait_for
 from tests.harness.sse_client import get_sse, post_raw, post_sse, read_then_hang_up

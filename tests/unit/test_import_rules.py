@@ -4,6 +4,10 @@
 stream names, Redis helpers), `openai_frontend` turns OpenAI requests into queued requests and their
 tokens back into responses, for the gateway and the Celery batch task alike. Each service runs as its
 own process and talks to the others only through Redis, so none imports another's code.
+
+Inside `openai_frontend`, each file sits in a folder that does one job, and the folders form layers:
+a folder imports only the folders below it in FRONTEND_LAYERS (and itself), so there is no back-edge
+and no circle.
 """
 
 from __future__ import annotations
@@ -18,20 +22,36 @@ SERVICES = ("gateway", "batcher", "gpu_worker", "cbserve_celery", "cbserve")
 # Each library and the top-level packages it may import, besides itself and third-party ones.
 LIBRARIES: dict[str, tuple[str, ...]] = {"common": (), "openai_frontend": ("common",)}
 PROJECT = (*SERVICES, *LIBRARIES, "benchmarks", "scripts", "tests", "models")
+# openai_frontend's job folders, lowest first: each may import those before it, never one after.
+FRONTEND_LAYERS = (
+    "protocol",  # OpenAI's schemas and error bodies
+    "model",  # the served model: tokenizer, chat template
+    "text",  # tokens back to text
+    "structured",  # response_format / structured_outputs to the worker's constraint
+    "tools",  # function tools and their call parsers
+    "generate",  # a body to a queued request and its record
+    "follow",  # submitting and following a request's tokens
+    "render",  # OpenAI answer objects
+    "responses",  # the Responses API
+    "batch",  # the Files and Batch APIs
+)
+FRONTEND = ROOT / "openai_frontend"
 
 
-def _imported_packages(path: Path) -> set[str]:
-    """The project's top-level packages this file imports, at any depth (function-level imports too)."""
+def _imported_modules(path: Path) -> set[str]:
+    """The modules this file imports, at any depth (function-level imports too)."""
     found: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
-            names = [alias.name for alias in node.names]
+            found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names = [node.module]
-        else:
-            continue
-        found.update(top for name in names if (top := name.split(".")[0]) in PROJECT)
+            found.add(node.module)
     return found
+
+
+def _imported_packages(path: Path) -> set[str]:
+    """The project's top-level packages this file imports."""
+    return {top for name in _imported_modules(path) if (top := name.split(".")[0]) in PROJECT}
 
 
 def _violations(package: str, allowed: tuple[str, ...]) -> list[str]:
@@ -56,3 +76,38 @@ def test_the_rules_see_an_import() -> None:
     """The scan finds imports at module and function level, so an empty list above means something."""
     assert {"common", "openai_frontend"} <= _imported_packages(ROOT / "cbserve_celery" / "batch_runner.py")
     assert "openai_frontend" in _imported_packages(ROOT / "cbserve_celery" / "app.py")
+
+
+def _frontend_folder(module: str) -> str:
+    """`openai_frontend.follow.token_mux` -> `follow`; the package face alone -> ""."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def test_every_frontend_file_is_in_a_job_folder() -> None:
+    loose = [p.name for p in FRONTEND.glob("*.py") if p.name != "__init__.py"]
+    folders = {p.name for p in FRONTEND.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    assert loose == []
+    assert folders == set(FRONTEND_LAYERS)
+
+
+def test_frontend_folders_import_only_the_folders_below() -> None:
+    back_edges = []
+    for path in sorted(FRONTEND.rglob("*.py")):
+        folder = path.relative_to(FRONTEND).parts[0]
+        if folder == "__init__.py":
+            continue
+        for module in sorted(_imported_modules(path)):
+            if module.split(".")[0] != "openai_frontend":
+                continue
+            other = _frontend_folder(module)
+            if other not in FRONTEND_LAYERS or FRONTEND_LAYERS.index(other) > FRONTEND_LAYERS.index(folder):
+                back_edges.append(f"{path.relative_to(ROOT)} ({folder}) imports {module}")
+    assert back_edges == []
+
+
+def test_the_folder_rule_sees_an_import() -> None:
+    """The scan reads submodule imports, so an empty list above means something."""
+    request_runner = FRONTEND / "follow" / "request_runner.py"
+    assert "openai_frontend.generate.request_builder" in _imported_modules(request_runner)
+    assert FRONTEND_LAYERS.index("generate") < FRONTEND_LAYERS.index("follow")

@@ -20,10 +20,10 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from common.protocol import CachedRequestData, NewRequestData, SamplingParams, SchedulerOutput
 from gpu_worker.model_runner import ModelRunner
 from gpu_worker.settings import WorkerSettings
-from openai_frontend.chat_template import render_chat
-from openai_frontend.chatml import CHAT_TEMPLATE
-from openai_frontend.tokenizer import ModelTokenizer
-from openai_frontend.tool_parsers import HERMES, new_parser
+from openai_frontend.model.chat_template import render_chat
+from openai_frontend.model.chatml import CHAT_TEMPLATE
+from openai_frontend.model.tokenizer import ModelTokenizer
+from openai_frontend.tools.parsers import HERMES, new_parser
 from scripts.demo_tool_samples import TOOLS
 
 DEMO_DIR = Path(__file__).resolve().parents[3] / "models" / "demo"
@@ -87,7 +87,7 @@ def test_special_tokens_and_chat_template(model: Any, tokenizer: Any) -> None:
         text
         == "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
     )
-    # The template the training script writes, tool turns included (openai_frontend/chatml.py).
+    # The template the training script writes, tool turns included (openai_frontend/model/chatml.py).
     assert (DEMO_DIR / "chat_template.jinja").read_text() == CHAT_TEMPLATE
 
 

@@ -6,7 +6,7 @@
 
 from __future__ import annotations
 
-from openai_frontend.delivery_followers import DeliveryFollowers, Entry, Subscription
+from openai_frontend.follow.delivery_followers import DeliveryFollowers, Entry, Subscription
 
 
 def _entries(*ms: int) -> list[Entry]:

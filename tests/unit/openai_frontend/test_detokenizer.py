@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer
 
-from openai_frontend.detokenizer import IncrementalDetokenizer
-from openai_frontend.output_processor import OutputProcessor
+from openai_frontend.text.detokenizer import IncrementalDetokenizer
+from openai_frontend.text.output_processor import OutputProcessor
 from tests.harness.tiny_model import byte_token_id
 
 

@@ -1,4 +1,4 @@
-"""Output items of a response read from its text (openai_frontend/responses_items.py): the same items
+"""Output items of a response read from its text (openai_frontend/responses/items.py): the same items
 however the text arrives, so a stream's events always rebuild the Response object's output; and
 stored records written before function tools still read."""
 
@@ -11,11 +11,11 @@ from typing import Any
 import msgspec
 import pytest
 
-from openai_frontend.request_meta import RequestMeta
-from openai_frontend.responses_items import CallItem, MessageItem, OutputItems, answer_turn, output_items
-from openai_frontend.responses_objects import ResponseEvents, response_object
-from openai_frontend.responses_schemas import ResponseStatus
-from openai_frontend.responses_store import ResponseResult, ResponseSpec, StoredCall, StoredResponse, Turn
+from openai_frontend.generate.request_meta import RequestMeta
+from openai_frontend.responses.items import CallItem, MessageItem, OutputItems, answer_turn, output_items
+from openai_frontend.responses.objects import ResponseEvents, response_object
+from openai_frontend.responses.schemas import ResponseStatus
+from openai_frontend.responses.store import ResponseResult, ResponseSpec, StoredCall, StoredResponse, Turn
 
 CALL = '<tool_call>\n{"name": "%s", "arguments": %s}\n</tool_call>'
 TEXTS = [

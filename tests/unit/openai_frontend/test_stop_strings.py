@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from openai_frontend.stop_strings import StopStringMatcher
+from openai_frontend.text.stop_strings import StopStringMatcher
 
 
 def _feed(matcher: StopStringMatcher, deltas: list[str]) -> list[str]:

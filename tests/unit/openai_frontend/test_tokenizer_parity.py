@@ -12,10 +12,10 @@ from transformers import AutoTokenizer
 
 from gateway.model_loader import load_served_model
 from gateway.settings import GatewaySettings
-from openai_frontend.chat_template import ChatTemplateError, render_chat
-from openai_frontend.openai_schemas import ChatMessage
-from openai_frontend.prompts import chat_prompt_ids, completion_prompt_ids
-from openai_frontend.served_model import ServedModel
+from openai_frontend.generate.prompts import chat_prompt_ids, completion_prompt_ids
+from openai_frontend.model.chat_template import ChatTemplateError, render_chat
+from openai_frontend.model.served_model import ServedModel
+from openai_frontend.protocol.openai_schemas import ChatMessage
 
 TEXTS = [
     "Hello world",

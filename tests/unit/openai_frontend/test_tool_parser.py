@@ -8,8 +8,8 @@ import random
 
 import pytest
 
-from openai_frontend.tool_parsers import new_parser, parser_for_template
-from openai_frontend.tool_parsers.hermes import HermesToolParser
+from openai_frontend.tools.parsers import new_parser, parser_for_template
+from openai_frontend.tools.parsers.hermes import HermesToolParser
 
 CALL = '<tool_call>\n{"name": "get", "arguments": {"a": {"b": "x}"}, "c": [1, 2]}}\n</tool_call>'
 # name -> (output, its content, its calls as (name, arguments))

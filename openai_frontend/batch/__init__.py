@@ -1,0 +1,1 @@
+"""The Batch and Files APIs: uploaded files, batch objects and their stores, and running a batch's lines."""

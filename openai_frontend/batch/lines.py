@@ -1,0 +1,139 @@
+"""One batch line through the interactive endpoints' own code, so it answers exactly as they would.
+
+Validation, chat template and tokenization (`prepare_request`), detokenization and stop strings
+(`RequestRunner`, through `collect`), and the response body (`chat_response.py` / `completion_response.py`)
+are the ones `POST /v1/chat/completions` and `POST /v1/completions` use; only the submission differs:
+at batch priority, under an id derived from the batch and the line, and at most once
+(`submit_once`), so a batch task that runs again follows the line's request instead of generating
+it twice. A line the endpoint would refuse gets the endpoint's status and error object.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis.asyncio as aioredis
+from pydantic import ValidationError
+
+from common.result_lost import result_lost
+from common.stream_client import submit_once_async
+from openai_frontend.batch.input import InputLine
+from openai_frontend.batch.objects import BatchSpec
+from openai_frontend.follow.collect import collect
+from openai_frontend.follow.request_runner import Follow, RequestRunner
+from openai_frontend.generate.request_builder import PreparedRequest, prepare_choices
+from openai_frontend.generate.request_meta import Kind, response_id
+from openai_frontend.model.served_model import ServedModel
+from openai_frontend.protocol.errors import OpenAIError, invalid_request, validation_error
+from openai_frontend.protocol.openai_schemas import ChatCompletionRequest, CompletionRequest
+from openai_frontend.render.endpoints import ENDPOINTS
+from openai_frontend.render.logprobs import LogprobsFormatter
+
+logger = logging.getLogger(__name__)
+
+# Lower runs first (common/protocol.py): every interactive request (0) is admitted before a batch line.
+BATCH_PRIORITY = 1
+# Stop strings still abort in the batcher; a task handing the line over to its next run does not.
+_FOLLOW = Follow(track=False, leave_running=True)
+
+
+class ResultLost(Exception):
+    """The line's request finished while no task followed it, and its token stream has expired."""
+
+
+class _NoClient:
+    """A batch line's answer is always awaited: it never disconnects."""
+
+    async def is_disconnected(self) -> bool:
+        return False
+
+
+_NO_CLIENT = _NoClient()
+
+
+@dataclass(slots=True, frozen=True)
+class LineContext:
+    spec: BatchSpec
+    served: ServedModel  # the gateway's rules, from the spec, with this worker's tokenizer
+    redis: aioredis.Redis
+    runner: RequestRunner
+
+    @property
+    def kind(self) -> Kind:
+        return "chat" if self.spec.endpoint == "/v1/chat/completions" else "completion"
+
+
+@dataclass(slots=True)
+class LineResult:
+    ok: bool  # goes to the output file (else to the error file)
+    line: bytes  # the JSONL line, without its newline
+
+
+@dataclass(slots=True)
+class Submitted:
+    req_ids: list[str] = field(default_factory=list)  # what a cancel must abort
+
+
+def line_req_id(batch_id: str, index: int, attempt: int = 0) -> str:
+    """The request id of a line: the same every time the line runs, until its result is lost."""
+    return f"{batch_id}-{index}" if attempt == 0 else f"{batch_id}-{index}.{attempt}"
+
+
+def result_line(line: InputLine, req_id: str, status: int, body: dict[str, Any]) -> LineResult:
+    """A line of the output (status 200) or error file, in OpenAI's shape."""
+    response = {"status_code": status, "request_id": req_id, "body": body}
+    out = {"id": f"batch_req_{req_id.removeprefix('batch_')}", "custom_id": line.custom_id}
+    return LineResult(status == 200, json.dumps({**out, "response": response, "error": None}).encode())
+
+
+def unrun_line(line: InputLine, req_id: str, code: str, message: str) -> LineResult:
+    """An error line for a request that never ran to its end (the batch expired)."""
+    out = {"id": f"batch_req_{req_id.removeprefix('batch_')}", "custom_id": line.custom_id}
+    error = {"code": code, "message": message}
+    return LineResult(False, json.dumps({**out, "response": None, "error": error}).encode())
+
+
+def _prepare(ctx: LineContext, line: InputLine, req_id: str) -> list[PreparedRequest]:
+    """The endpoint's checks and tokenization for the line's body; raises OpenAIError as it would."""
+    schema = ChatCompletionRequest if ctx.kind == "chat" else CompletionRequest
+    try:
+        body = schema.model_validate(line.body)
+    except ValidationError as exc:
+        raise validation_error(exc.errors()) from None
+    if body.stream:
+        raise invalid_request("stream is not supported in a batch: each line gets one response", "stream")
+    spec = ctx.spec
+    return prepare_choices(
+        body,
+        ctx.served,
+        float(spec.created_at),  # timeouts count from here: a line may run until the batch expires
+        owner=spec.owner,
+        queue_deadline=float(spec.expires_at),
+        req_id=req_id,
+        priority=BATCH_PRIORITY,
+    )
+
+
+async def run_line(ctx: LineContext, line: InputLine, req_id: str, submitted: Submitted) -> LineResult:
+    """The line's output or error line. Raises ResultLost when its result can no longer be read."""
+    try:
+        requests = _prepare(ctx, line, req_id)
+    except OpenAIError as exc:
+        return result_line(line, req_id, exc.status, exc.body())
+    for request in requests:
+        submitted.req_ids.append(request.req_id)
+        first_time = await submit_once_async(ctx.redis, request.to_message())
+        if not first_time and await result_lost(ctx.redis, request.req_id):
+            raise ResultLost(req_id)
+    try:
+        done = await collect(ctx.runner, requests, _NO_CLIENT, _FOLLOW)
+    except OpenAIError as exc:
+        return result_line(line, req_id, exc.status, exc.body())
+    formatter = LogprobsFormatter(ctx.served.tokenizer.tokenizer)
+    spec = ctx.spec
+    build = ENDPOINTS[ctx.kind].body
+    body = build(requests, done, response_id(ctx.kind, req_id), spec.created_at, spec.model, formatter)
+    return result_line(line, req_id, 200, body)

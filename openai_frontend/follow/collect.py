@@ -1,0 +1,106 @@
+"""A generation's answer in one piece: every choice followed to its end, for a non-streaming body.
+
+Used by the non-streaming HTTP answer, a fetch by id and each batch line. The streaming answer is
+the gateway's (gateway/streaming/sse_stream.py); both read the same `merged_outputs`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextlib import aclosing
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from common.protocol import PromptEvent, TokenEvent
+from openai_frontend.follow.fanout import merged_outputs
+from openai_frontend.follow.request_runner import Follow, Output, RequestRunner
+from openai_frontend.follow.stream_reader import RequestFailed, RequestTimedOut
+from openai_frontend.generate.request_builder import PreparedRequest
+from openai_frontend.protocol.errors import OpenAIError, from_request_error
+from openai_frontend.protocol.openai_schemas import PromptTokensDetails, UsageInfo
+
+# 499 (nginx's "client closed request"): nobody reads it, but logs show what happened.
+_CLIENT_GONE = 499
+
+
+class ClientConnection(Protocol):
+    """Who waits for a collected answer: an HTTP request, or a batch line, whose client never leaves."""
+
+    async def is_disconnected(self) -> bool: ...
+
+
+@dataclass(slots=True)
+class Completed:
+    """One choice of a non-streaming answer."""
+
+    text: str = ""
+    finish_reason: str | None = None
+    num_output_tokens: int = 0
+    num_cached_tokens: int = 0
+    token_ids: list[int] = field(default_factory=list)
+    events: list[TokenEvent] = field(default_factory=list)  # for logprobs
+    prompt: PromptEvent | None = None  # the prompt's logprobs, when asked (echo with logprobs)
+
+    def add(self, out: Output) -> None:
+        if out.prompt is not None:
+            self.prompt = out.prompt
+        self.text += out.text
+        self.token_ids.extend(out.token_ids)
+        self.events.extend(out.events)
+        self.finish_reason = out.finish_reason
+        self.num_output_tokens = out.num_output_tokens
+        self.num_cached_tokens = out.num_cached_tokens
+
+
+def usage(
+    requests: Sequence[PreparedRequest], num_output_tokens: Sequence[int], num_cached_tokens: Sequence[int]
+) -> UsageInfo:
+    """Each prompt is counted once, however many choices share it (as OpenAI counts n > 1), and so
+    are its cached tokens: as the choice that computed the most of it found them. `requests` are
+    the choices, n per prompt in order."""
+    n = requests[0].n
+    num_prompt_tokens = num_cached = 0
+    for first in range(0, len(requests), n):
+        num_prompt_tokens += requests[first].num_prompt_tokens
+        num_cached += min(num_cached_tokens[first : first + n], default=0)
+    completion_tokens = sum(num_output_tokens)
+    return UsageInfo(
+        prompt_tokens=num_prompt_tokens,
+        completion_tokens=completion_tokens,
+        total_tokens=num_prompt_tokens + completion_tokens,
+        prompt_tokens_details=PromptTokensDetails(cached_tokens=num_cached),
+    )
+
+
+def timed_out_error() -> OpenAIError:
+    return OpenAIError(504, "the request did not finish in time", type="server_error", code="timeout")
+
+
+async def collect(
+    runner: RequestRunner,
+    requests: Sequence[PreparedRequest],
+    client: ClientConnection,
+    follow: Follow | None = None,
+) -> list[Completed]:
+    """Every choice whole; checks between reads that the client is still waiting, and aborts if not.
+
+    A non-streaming client learns the request id only with the answer, so it cannot resume: the
+    default `follow` aborts at once when it leaves.
+    """
+    choices = [Completed() for _ in requests]
+    try:
+        async with aclosing(merged_outputs(runner, requests, follow)) as outputs:
+            async for index, out in outputs:
+                if await client.is_disconnected():
+                    # Leaving the loop closes `outputs`, which aborts the requests.
+                    raise OpenAIError(_CLIENT_GONE, "client disconnected", code="client_disconnected")
+                if out is None:
+                    continue
+                choices[index].add(out)
+    except RequestFailed as exc:
+        raise from_request_error(exc.error) from exc
+    except RequestTimedOut as exc:
+        raise timed_out_error() from exc
+    # outputs ends only when every choice finished, or by raising
+    assert all(c.finish_reason is not None for c in choices)
+    return choices

@@ -1,0 +1,56 @@
+"""Follows one request's token stream in Redis, dropping duplicate and stale-attempt events."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncGenerator
+
+from common.protocol import PromptEvent, TokenEvent
+from common.redis_conn import MAX_BLOCK_MS
+from common.token_reader import EventFilter, RequestFailed, RequestTimedOut, accept_entry
+from openai_frontend.follow.token_mux import TokenStreamMux
+
+__all__ = ["EventFilter", "RequestFailed", "RequestTimedOut", "follow_token_stream"]
+
+
+async def follow_token_stream(
+    mux: TokenStreamMux, req_id: str, *, deadline: float, last_id: str = "0-0"
+) -> AsyncGenerator[list[tuple[str, TokenEvent | PromptEvent]], None]:
+    """Yield the new token (and prompt) events of each read (possibly none, about once a second) until
+    the last one.
+
+    Empty batches give the caller a regular chance to notice that its client went away. Raises
+    RequestFailed on a RequestError event and RequestTimedOut past `deadline` (time.monotonic()).
+    While Redis is unreachable the shared read retries and this keeps yielding empty batches.
+    """
+    event_filter = EventFilter()
+    sub = await mux.subscribe(req_id, last_id)
+    try:
+        while True:
+            remaining_s = deadline - time.monotonic()
+            if remaining_s <= 0:
+                raise RequestTimedOut(req_id)
+            try:
+                item = sub.queue.get_nowait()
+            except asyncio.QueueEmpty:
+                try:
+                    # asyncio.timeout, not wait_for: on Python 3.11 wait_for wraps the get in a new
+                    # task, once per token per request, a measurable share of the gateway's CPU.
+                    async with asyncio.timeout(min(MAX_BLOCK_MS / 1000, remaining_s)):
+                        item = await sub.queue.get()
+                except TimeoutError:
+                    yield []
+                    continue
+            batch: list[tuple[str, TokenEvent | PromptEvent]] = []
+            for entry_id, fields in item:
+                event = accept_entry(event_filter, req_id, entry_id, fields)
+                if event is None:
+                    continue
+                batch.append((entry_id, event))
+                if event.finish_reason is not None:
+                    yield batch
+                    return
+            yield batch
+    finally:
+        mux.unsubscribe(sub)

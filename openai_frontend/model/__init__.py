@@ -1,0 +1,1 @@
+"""The served model as the front end sees it: its name, tokenizer and chat template."""

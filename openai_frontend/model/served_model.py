@@ -1,0 +1,21 @@
+"""What the front end knows about the one model it serves: name, tokenizer, context length, caps."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from openai_frontend.model.tokenizer import ModelTokenizer
+
+
+@dataclass(slots=True, frozen=True)
+class ServedModel:
+    name: str  # what clients pass as `model`
+    root: str  # model directory
+    tokenizer: ModelTokenizer
+    max_model_len: int  # longest prompt + output
+    max_prompt_tokens: int | None = None  # operator's cap on prompts (GATEWAY_MAX_PROMPT_TOKENS)
+    max_tokens: int | None = None  # operator's cap on max_tokens, also its default (GATEWAY_MAX_TOKENS)
+    # Special-token strings in chat messages become control tokens (GATEWAY_CHAT_CONTENT_SPECIAL_TOKENS).
+    special_tokens_in_content: bool = False
+    created: int = field(default_factory=lambda: int(time.time()))

@@ -1,0 +1,109 @@
+"""What the two generation endpoints share in the shape of their answers.
+
+Every chunk and body carries the response id, creation time, model and choices, drops the fields the
+request did not ask for, and counts usage the same way; `chat_response.py` and
+`completion_response.py` say only how their chunks and choices look.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, Protocol
+
+from pydantic import BaseModel
+
+from openai_frontend.follow.collect import Completed, usage
+from openai_frontend.follow.request_runner import Output
+from openai_frontend.generate.request_builder import PreparedRequest
+from openai_frontend.generate.request_meta import Kind
+from openai_frontend.protocol.openai_schemas import UsageInfo, response_exclude
+from openai_frontend.render.logprobs import LogprobsFormatter
+
+
+class ChunkFormatter(Protocol):
+    """Builds the JSON of each streamed chunk for one endpoint (completions or chat)."""
+
+    def opening(self) -> list[str]: ...
+
+    def delta(self, index: int, out: Output) -> str | None: ...  # None: nothing to send
+
+    def usage(self, usage: UsageInfo) -> str: ...
+
+
+@dataclass
+class Chunks(ABC):
+    """One response's streamed chunks: what every chunk carries; subclasses make the choices."""
+
+    chunk_type: ClassVar[type[BaseModel]]
+    response_id: str
+    created: int
+    model: str
+    request: PreparedRequest  # the first choice: what every choice shares
+    logprobs: LogprobsFormatter
+    requests: Sequence[PreparedRequest] = ()  # every choice (several prompts); default n of `request`
+
+    @property
+    def choices(self) -> Sequence[PreparedRequest]:
+        return self.requests or [self.request] * self.request.n
+
+    def __post_init__(self) -> None:
+        self._exclude = response_exclude(
+            return_token_ids=self.request.return_token_ids, include_usage=self.request.include_usage
+        )
+
+    def _chunk(self, choices: Sequence[BaseModel], usage: UsageInfo | None = None) -> str:
+        chunk = self.chunk_type(
+            id=self.response_id, created=self.created, model=self.model, choices=choices, usage=usage
+        )
+        return chunk.model_dump_json(exclude=self._exclude)
+
+    def _delta_chunk(self, choice_type: type[BaseModel], index: int, out: Output, **fields: Any) -> str:
+        """The chunk of one choice's step: `fields` say what it adds, `out` how it ends and its ids."""
+        fields.setdefault("finish_reason", out.finish_reason)  # the endpoint may name it (tool_calls)
+        choice = choice_type(index=index, token_ids=out.token_ids, **fields)
+        return self._chunk([choice])
+
+    @abstractmethod
+    def opening(self) -> list[str]: ...
+
+    @abstractmethod
+    def delta(self, index: int, out: Output) -> str | None: ...  # None: nothing to send
+
+    def usage(self, usage: UsageInfo) -> str:
+        return self._chunk([], usage)
+
+
+# (choice index, the choice whole, the request, logprobs formatter) -> the endpoint's choice object
+MakeChoice = Callable[[int, Completed, PreparedRequest, LogprobsFormatter], BaseModel]
+
+
+@dataclass(slots=True, frozen=True)
+class Endpoint:
+    """One generation endpoint's answer shapes: its streamed chunks and its whole body."""
+
+    kind: Kind
+    chunks: type[Chunks]
+    response_type: type[BaseModel]
+    choice: MakeChoice
+
+    def body(
+        self,
+        requests: Sequence[PreparedRequest],
+        done: list[Completed],
+        response_id: str,
+        created: int,
+        model: str,
+        formatter: LogprobsFormatter,
+    ) -> dict[str, Any]:
+        """The non-streaming body (also what a fetch by id and a batch line return)."""
+        request = requests[0]
+        response = self.response_type(
+            id=response_id,
+            created=created,
+            model=model,
+            choices=[self.choice(i, c, requests[i], formatter) for i, c in enumerate(done)],
+            usage=usage(requests, [c.num_output_tokens for c in done], [c.num_cached_tokens for c in done]),
+        )
+        return response.model_dump(exclude=response_exclude(return_token_ids=request.return_token_ids))

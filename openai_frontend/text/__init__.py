@@ -1,0 +1,1 @@
+"""Tokens back to text: incremental detokenizing, stop strings, each step's new text."""

@@ -1,0 +1,43 @@
+"""Turns a request's accepted token events into text deltas and a finish reason (no I/O)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tokenizers import Tokenizer
+
+from openai_frontend.text.detokenizer import IncrementalDetokenizer
+from openai_frontend.text.stop_strings import StopStringMatcher
+
+
+@dataclass(slots=True, frozen=True)
+class OutputDelta:
+    text: str  # new text safe to show the client (may be "")
+    finish_reason: str | None  # "stop" or "length" on the last delta
+    stop_string_hit: bool  # the gateway ended the request: the batcher must be told to stop it
+
+
+class OutputProcessor:
+    def __init__(self, tokenizer: Tokenizer, prompt_token_ids: list[int], stop: list[str]) -> None:
+        self._detokenizer = IncrementalDetokenizer(tokenizer, prompt_token_ids)
+        self._matcher = StopStringMatcher(stop)
+        self.num_output_tokens = 0
+
+    @property
+    def text(self) -> str:
+        """All output text so far (cut before a stop string)."""
+        return self._matcher.text
+
+    def process(self, token_id: int, finish_reason: str | None) -> OutputDelta:
+        """One new token; `finish_reason` is the worker's ("stop" for EOS / stop_token_ids, "length")."""
+        self.num_output_tokens += 1
+        # As in vLLM, the token that stopped generation (EOS or a stop token id) is counted but not shown.
+        if finish_reason != "stop":
+            self._matcher.append(self._detokenizer.step(token_id))
+        stop_string_hit = self._matcher.stopped
+        finish = "stop" if stop_string_hit else finish_reason
+        if finish is not None:
+            self._matcher.append(self._detokenizer.flush())  # nothing after a stop string is kept
+        text = self._matcher.take(final=finish is not None)
+        # When the worker ended it anyway, there is nothing left to stop.
+        return OutputDelta(text, finish, stop_string_hit and finish_reason is None)

@@ -11,8 +11,10 @@ from typing import TYPE_CHECKING, TypeVar
 
 from cbserve.defaults import (
     DEFAULT_BASE_URL,
+    DEFAULT_MAX_RESTARTS,
     DEFAULT_MODEL_DIR,
     DEFAULT_READY_TIMEOUT_S,
+    DEFAULT_RESTART_WINDOW_S,
     REDIS_MODES,
     default_model,
 )
@@ -80,6 +82,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=True,
         help="start a Celery worker for the Batch API and the cbserve.generate task, when celery is "
         "installed (default on; --no-celery turns it off)",
+    )
+    up.add_argument(
+        "--max-restarts",
+        type=int,
+        default=DEFAULT_MAX_RESTARTS,
+        help="a service that dies is started again, up to this many times within "
+        f"{DEFAULT_RESTART_WINDOW_S:g} s; then everything stops (default {DEFAULT_MAX_RESTARTS}; "
+        "0: stop at the first death)",
     )
     up.add_argument("--run-dir", type=Path, help="logs and Redis data (default ./.cbserve/runs/<time>-<pid>)")
     up.add_argument(

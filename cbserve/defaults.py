@@ -11,6 +11,9 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_MODEL_DIR = REPO_ROOT / "models" / "demo"
 # Model loading on a slow CPU (or a first hub download) can take minutes; a dead child fails at once.
 DEFAULT_READY_TIMEOUT_S = 600.0
+# A service that dies is started again, up to this many times within the window (cbserve/restarts.py).
+DEFAULT_MAX_RESTARTS = 5
+DEFAULT_RESTART_WINDOW_S = 600.0
 DEFAULT_BASE_URL = "http://127.0.0.1:8000"
 
 RedisMode = Literal["auto", "url", "binary", "embedded"]

@@ -21,9 +21,16 @@ from typing import Any
 
 import httpx
 
-from cbserve.defaults import DEFAULT_READY_TIMEOUT_S, RedisMode
+from cbserve import processes
+from cbserve.defaults import (
+    DEFAULT_MAX_RESTARTS,
+    DEFAULT_READY_TIMEOUT_S,
+    DEFAULT_RESTART_WINDOW_S,
+    RedisMode,
+)
 from cbserve.processes import Child
 from cbserve.redis_resolver import RedisUnavailable, redact, resolve
+from cbserve.restarts import RestartBudget
 from cbserve.stack import ServiceArgs, Stack, celery_installed, cell_names, joined_workers, start_services
 
 
@@ -43,6 +50,7 @@ class UpOptions:
     run_dir: Path | None = None
     ready_timeout_s: float = DEFAULT_READY_TIMEOUT_S
     celery: bool = True  # a Celery worker for the Batch API and the Celery task, when installed
+    max_restarts: int = DEFAULT_MAX_RESTARTS  # per service within DEFAULT_RESTART_WINDOW_S (restarts.py)
 
 
 def say(message: str) -> None:
@@ -254,13 +262,31 @@ Or chat in this terminal:  {chat_command()} chat --base-url {base_url}
 """
 
 
-def supervise(stack: Stack, signals: StopSignals) -> None:
-    """Block until a stop is asked; a child that exits on its own first is an error."""
+def supervise(stack: Stack, signals: StopSignals, budget: RestartBudget) -> None:
+    """Block until a stop is asked. A child that exits on its own is started again (restarts.py);
+    one that died too often within the window is an error that stops everything."""
     while not signals.requested:
         dead = stack.first_exited()
         if dead is not None:
-            raise LaunchError(_died_message(dead, "unexpectedly") + "\nstopping everything")
+            restart(stack, dead, signals, budget)
         signals.wait(0.5)
+
+
+def restart(stack: Stack, dead: Child, signals: StopSignals, budget: RestartBudget) -> None:
+    now = time.monotonic()
+    if not budget.allows(dead.name, now):
+        raise LaunchError(
+            _died_message(dead, "unexpectedly")
+            + f"\n{dead.name} was restarted {budget.recent(dead.name, now)} times within "
+            f"{budget.window_s:g} s (--max-restarts {budget.max_restarts}): stopping everything"
+        )
+    delay_s = budget.delay_s(dead.name, now)
+    say(_died_message(dead, "unexpectedly") + f"\nrestarting {dead.name} in {delay_s:g} s")
+    if signals.wait(delay_s):
+        return  # a stop was asked meanwhile
+    budget.record(dead.name, time.monotonic())
+    child = stack.replace(dead, processes.respawn(dead))
+    say(f"restarted {child.name} (pid {child.pid})")
 
 
 def run_up(opts: UpOptions) -> int:
@@ -312,7 +338,7 @@ def run_up(opts: UpOptions) -> int:
         names = [c.name for c in stack.children()]
         print(banner(base_url, redact(choice.url), model_name, describe(opts), stack.run_dir, names))
         sys.stdout.flush()
-        supervise(stack, signals)
+        supervise(stack, signals, RestartBudget(opts.max_restarts, DEFAULT_RESTART_WINDOW_S))
         return 0
     except (LaunchError, RedisUnavailable) as exc:
         print(f"cbserve: {exc}", file=sys.stderr, flush=True)

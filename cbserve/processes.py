@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 # prctl(2) option: the kernel sends the given signal to this process when its parent dies.
@@ -42,6 +42,9 @@ class Child:
     name: str
     proc: subprocess.Popen[bytes]
     log_path: Path
+    # How it was started, so that `respawn` can start it again the same way.
+    argv: list[str] = field(default_factory=list)
+    env: dict[str, str] | None = None
 
     @property
     def pid(self) -> int:
@@ -77,7 +80,12 @@ def spawn(name: str, argv: Sequence[str], log_path: Path, env: dict[str, str] | 
             # preexec_fn is unsafe only with threads running; the launcher starts none.
             preexec_fn=_child_setup(os.getpid()),
         )
-    return Child(name=name, proc=proc, log_path=log_path)
+    return Child(name=name, proc=proc, log_path=log_path, argv=list(argv), env=env)
+
+
+def respawn(child: Child) -> Child:
+    """`child` started again as it was first started, its output appended to the same log."""
+    return spawn(child.name, child.argv, child.log_path, child.env)
 
 
 def stop(

@@ -35,6 +35,14 @@ class Stack:
     def first_exited(self) -> Child | None:
         return next((c for c in self.children() if c.exited()), None)
 
+    def replace(self, old: Child, new: Child) -> Child:
+        """`new` (a restarted `old`) takes `old`'s place."""
+        if old is self.redis_server:
+            self.redis_server = new
+        else:
+            self.services[self.services.index(old)] = new
+        return new
+
     def stop(self, force: Callable[[], bool]) -> None:
         # Services first, so none of them sees Redis vanish mid-step; Redis last, flushing its AOF.
         processes.stop(self.services, force=force)

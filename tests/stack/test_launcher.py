@@ -206,10 +206,38 @@ def test_up_serves_then_sigint_stops_every_process(
     assert "stopped everything" in launcher.output()
 
 
+def test_a_dead_child_is_restarted_until_the_bound(
+    launch: Callable[..., Launcher], tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    launcher = launch(
+        "--redis", "embedded", "--model", str(tiny_model_dir), "--no-celery", "--max-restarts", "1"
+    )
+    launcher.wait_output("cbserve is ready")
+    batcher = launcher.started_pids()["batcher"]
+    os.kill(batcher, signal.SIGKILL)
+    launcher.wait_output("restarted batcher (pid ")
+    restarted = re.search(r"restarted batcher \(pid (\d+)\)", launcher.output())
+    assert restarted, launcher.output()
+    assert f"batcher (pid {batcher}) exited with code -9 unexpectedly" in launcher.output()
+    # The stack serves again (the new batcher takes the dead one's lease once it expires).
+    assert _stream_chat(launcher.base_url, "tiny-llama")[-1] == "[DONE]"
+    assert launcher.proc.poll() is None
+    # A second death within the window passes the bound: everything stops, saying why.
+    running = descendants(launcher.proc.pid)
+    os.kill(int(restarted[1]), signal.SIGKILL)
+    assert launcher.proc.wait(timeout=30) == 1
+    assert "batcher was restarted 1 times within 600 s (--max-restarts 1)" in launcher.output()
+    assert not any(is_running(pid, start) for pid, (start, _) in running.items())
+    assert live_processes_mentioning(str(tmp_path)) == []
+
+
 def test_a_child_dying_stops_everything_with_an_error(
     launch: Callable[..., Launcher], tiny_model_dir: Path, tmp_path: Path
 ) -> None:
-    launcher = launch("--redis", "embedded", "--model", str(tiny_model_dir), "--no-celery")
+    """With --max-restarts 0 the first death of a service stops the stack."""
+    launcher = launch(
+        "--redis", "embedded", "--model", str(tiny_model_dir), "--no-celery", "--max-restarts", "0"
+    )
     launcher.wait_output("cbserve is ready")
     running = descendants(launcher.proc.pid)
     assert "celery" not in launcher.started_pids()

@@ -22,12 +22,12 @@ from gateway.api.error_handlers import install_error_handlers
 from gateway.app_state import GatewayState
 from gateway.batch_queue import BatchQueue
 from gateway.cell_router import CellRouter
+from gateway.generation.rate_limit import RateLimiter, RateLimits
 from gateway.model_loader import load_served_model
 from gateway.observability.metrics import GatewayMetrics
 from gateway.security.api_keys import ApiKeys
 from gateway.security.auth import AuthMiddleware
 from gateway.security.body_limit import BodySizeLimitMiddleware
-from gateway.security.rate_limit import RateLimiter, RateLimits
 from gateway.settings import GatewaySettings
 from openai_frontend.batch.files_store import FileStore
 from openai_frontend.batch.store import BatchStore

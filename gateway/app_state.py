@@ -10,8 +10,8 @@ from starlette.requests import Request
 from common.streams import CellKeys, cell_keys
 from gateway.batch_queue import BatchQueue
 from gateway.cell_router import CellRouter
+from gateway.generation.rate_limit import RateLimiter
 from gateway.observability.metrics import GatewayMetrics
-from gateway.security.rate_limit import RateLimiter
 from gateway.settings import GatewaySettings
 from openai_frontend.batch.files_store import FileStore
 from openai_frontend.batch.store import BatchStore

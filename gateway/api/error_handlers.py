@@ -10,28 +10,13 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from gateway.errors import error_response
 from openai_frontend.protocol.errors import OpenAIError, validation_error
 
 logger = logging.getLogger(__name__)
 
-# Enough of the message to say which rule refused a request, without logging a whole prompt.
-_LOGGED_REASON_CHARS = 160
 # Seconds a client should wait while Redis is unreachable: a restart with a small AOF takes about this.
 REDIS_RETRY_AFTER_S = "2"
-
-
-def error_response(error: OpenAIError) -> JSONResponse:
-    """The error as an HTTP answer; every refusal (4xx) is logged with the rule that refused it."""
-    if error.status < 500:
-        logger.info(
-            "refused: status=%d type=%s code=%s param=%s reason=%s",
-            error.status,
-            error.type,
-            error.code,
-            error.param,
-            error.message[:_LOGGED_REASON_CHARS],
-        )
-    return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
 
 
 async def _openai_error(_: Request, exc: Exception) -> JSONResponse:

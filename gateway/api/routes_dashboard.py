@@ -8,25 +8,15 @@ header from its key field: the browser's EventSource cannot send headers.
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Annotated, Final
+from typing import Annotated
 
 from fastapi import APIRouter, Depends
 from starlette.responses import FileResponse, StreamingResponse
 
 from gateway.app_state import GatewayState, get_state
+from gateway.dashboard_assets import ASSETS, STATIC_DIR
 from gateway.observability.dashboard_events import dashboard_events
 from gateway.streaming.sse import SSE_HEADERS
-
-STATIC_DIR: Final = Path(__file__).resolve().parents[1] / "static"
-# Served path -> (file in STATIC_DIR, media type); a fixed list, so no path ever reaches the disk.
-ASSETS: Final = {
-    "/dashboard": ("dashboard.html", "text/html; charset=utf-8"),
-    "/dashboard/dashboard.js": ("dashboard.js", "text/javascript; charset=utf-8"),
-    "/dashboard/dashboard.css": ("dashboard.css", "text/css; charset=utf-8"),
-}
-# Served without a key even when keys are configured (gateway/security/auth.py).
-OPEN_PATHS: Final = frozenset(ASSETS)
 
 router = APIRouter()
 

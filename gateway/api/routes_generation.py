@@ -9,8 +9,8 @@ from fastapi import APIRouter, Depends
 from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 
-from gateway.api.generation import generate
 from gateway.app_state import GatewayState, get_state
+from gateway.generation.flow import generate
 from openai_frontend.protocol.openai_schemas import (
     ChatCompletionRequest,
     ChatCompletionResponse,

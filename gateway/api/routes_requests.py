@@ -16,8 +16,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 
 from common.streams import token_stream
-from gateway.api.generation import request_id_header
 from gateway.app_state import GatewayState, get_state
+from gateway.generation.flow import request_id_header
 from gateway.security.auth import request_owner
 from gateway.streaming.sse import SSE_HEADERS
 from gateway.streaming.sse_stream import stream_sse

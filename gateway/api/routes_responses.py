@@ -18,9 +18,9 @@ from fastapi import APIRouter, Depends
 from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 
-from gateway.api.generation import request_id_header
 from gateway.app_state import GatewayState, get_state
-from gateway.security.admission import checked_requests
+from gateway.generation.admission import checked_requests
+from gateway.generation.flow import request_id_header
 from gateway.security.auth import request_owner
 from gateway.streaming.sse import SSE_HEADERS, sse_event
 from openai_frontend.follow.collect import collect

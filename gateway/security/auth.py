@@ -10,8 +10,8 @@ from __future__ import annotations
 from starlette.requests import HTTPConnection
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from gateway.api.error_handlers import error_response
-from gateway.api.routes_dashboard import OPEN_PATHS as DASHBOARD_FILES
+from gateway.dashboard_assets import OPEN_PATHS as DASHBOARD_FILES
+from gateway.errors import error_response
 from gateway.security.api_keys import ApiKeys
 from openai_frontend.protocol.errors import OpenAIError
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway.api.error_handlers import error_response
+from gateway.errors import error_response
 from openai_frontend.protocol.errors import OpenAIError
 
 

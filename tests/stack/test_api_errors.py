@@ -221,7 +221,7 @@ def test_still_serving_after_errors(gateway: RunningGateway) -> None:
 def test_every_refusal_is_logged_with_its_rule(
     gateway: RunningGateway, caplog: pytest.LogCaptureFixture
 ) -> None:
-    with caplog.at_level(logging.INFO, logger="gateway.api.error_handlers"):
+    with caplog.at_level(logging.INFO, logger="gateway.errors"):
         _post(gateway.client, CHAT, {"messages": USER, "functions": [{"name": "f"}]})
         _post(gateway.client, COMPLETIONS, {"prompt": "hi", "max_tokens": "10"})
         gateway.client.get("/v1/engines")

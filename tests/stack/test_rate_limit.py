@@ -11,8 +11,8 @@ import httpx
 import pytest
 
 from common.streams import rate_limit_key
+from gateway.generation.rate_limit import WINDOW_S
 from gateway.security.api_keys import hash_key
-from gateway.security.rate_limit import WINDOW_S
 from tests.harness.gateway_server import RunningGateway
 from tests.harness.responder import Responder, responding
 

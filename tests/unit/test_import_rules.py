@@ -36,6 +36,14 @@ FRONTEND_LAYERS = (
     "batch",  # the Files and Batch APIs
 )
 FRONTEND = ROOT / "openai_frontend"
+# The gateway's folders and the folders each may not import: the routes (api/) use the rest, never the
+# other way round, and refusing a caller (security/) knows nothing of generation.
+GATEWAY_FORBIDDEN: dict[str, tuple[str, ...]] = {
+    "security": ("api", "generation"),
+    "generation": ("api",),
+    "streaming": ("api", "generation"),
+    "observability": ("api", "generation"),
+}
 
 
 def _imported_modules(path: Path) -> set[str]:
@@ -111,3 +119,15 @@ def test_the_folder_rule_sees_an_import() -> None:
     request_runner = FRONTEND / "follow" / "request_runner.py"
     assert "openai_frontend.generate.request_builder" in _imported_modules(request_runner)
     assert FRONTEND_LAYERS.index("generate") < FRONTEND_LAYERS.index("follow")
+
+
+@pytest.mark.parametrize("folder", sorted(GATEWAY_FORBIDDEN))
+def test_gateway_folders_do_not_import_the_routes(folder: str) -> None:
+    forbidden = {f"gateway.{name}" for name in GATEWAY_FORBIDDEN[folder]}
+    back_edges = [
+        f"{path.relative_to(ROOT)} imports {module}"
+        for path in sorted((ROOT / "gateway" / folder).rglob("*.py"))
+        for module in sorted(_imported_modules(path))
+        if any(module == f or module.startswith(f + ".") for f in forbidden)
+    ]
+    assert back_edges == []

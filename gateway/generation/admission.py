@@ -16,8 +16,8 @@ from starlette.requests import Request
 from common.stream_client import new_req_id
 from common.streams import cell_keys, placed_req_id
 from gateway.app_state import GatewayState
+from gateway.generation.queue_bound import check_queue
 from gateway.security.auth import request_owner
-from gateway.security.queue_depth import check_queue
 from openai_frontend.generate.request_builder import PreparedRequest, prepare_choices
 from openai_frontend.generate.request_meta import Kind, meta_of
 from openai_frontend.protocol.openai_schemas import ChatCompletionRequest, CompletionRequest

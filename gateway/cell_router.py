@@ -5,8 +5,9 @@ whose batchers are all gone receives nothing; with none live the first cell gets
 waits there for a batcher). Among them, by `GATEWAY_CELL_POLICY`:
 
 - `cache_aware` (default): the least cost, cost = load − weight × matched / blocks, where load is the
-  requests waiting and running in the cell's batcher, blocks the prompt's full 16-token blocks and
-  matched how many of them lead a prompt this gateway placed in the cell (gateway/prefix_index.py).
+  requests waiting and running in the cell's batcher, blocks the prompt's full blocks (of the block
+  size the cell's workers announce, `WorkerInfo.block_size`, read once per cell) and matched how many
+  of them lead a prompt this gateway placed in the cell (gateway/prefix_index.py).
   A cell that was sent the whole prompt is preferred unless it has `weight` more requests than
   another: affinity while loads are near, least load when they are not (SGLang's router switches
   between the two by thresholds; NVIDIA Dynamo's KV router likewise adds overlap and load).
@@ -30,14 +31,15 @@ import asyncio
 import itertools
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, Literal
 
 import redis.asyncio as aioredis
 
+from common.protocol import decode_worker
 from common.redis_conn import as_str
 from common.streams import CELLS_REGISTRY, cell_keys
-from gateway.prefix_index import PrefixIndex, prompt_hashes
+from gateway.prefix_index import BLOCK_TOKENS, PrefixIndex, prompt_hashes
 
 # A batcher refreshes its stats at least every worker check (0.5 s); its healthcheck allows 10 s.
 LIVE_WITHIN_S = 10.0
@@ -61,6 +63,8 @@ class CellRouter:
         self.prefix_weight = prefix_weight if policy == "cache_aware" else 0.0
         self._index_blocks = index_blocks
         self.indexes = {cell: PrefixIndex(index_blocks) for cell in cells}
+        # Tokens per KV block of each cell, as its workers announce it; BLOCK_TOKENS until known.
+        self.block_tokens: dict[str, int] = {}
         self._home = cells[0]  # with discovery: always a candidate, as without any live cell
         self._discover = discover
         self._refreshed_at = float("-inf")
@@ -73,7 +77,20 @@ class CellRouter:
         if len(self.cells) == 1:
             return self.cells[0]
         loads = await asyncio.gather(*(self._load(redis, cell) for cell in self.cells))
+        if self.prefix_weight:
+            unknown = [
+                c
+                for c, load in zip(self.cells, loads, strict=True)
+                if load is not None and c not in self.block_tokens
+            ]
+            await asyncio.gather(*(self._learn_block_tokens(redis, cell) for cell in unknown))
         return self.choose(dict(zip(self.cells, loads, strict=True)), prompt_token_ids)
+
+    async def _learn_block_tokens(self, redis: aioredis.Redis, cell: str) -> None:
+        """The block size one of the cell's workers announced (all of a cell's workers share one)."""
+        workers: Any = await redis.hvals(cell_keys(cell).workers)
+        if workers:
+            self.block_tokens[cell] = decode_worker(workers[0]).block_size
 
     async def refresh(self, redis: aioredis.Redis) -> None:
         """With discovery, the cells registered lately (read at most every REFRESH_S)."""
@@ -92,17 +109,29 @@ class CellRouter:
         live = {cell: load for cell, load in loads.items() if load is not None}
         for cell in loads.keys() - live.keys():
             self.indexes[cell].clear()
+            self.block_tokens.pop(cell, None)  # its workers may come back with another block size
         if not live:
             return self.cells[0]
         if self.policy == "random":
             return self._random.choice(list(live))
-        hashes = prompt_hashes(prompt_token_ids) if self.prefix_weight else []
-        costs = {cell: load - self._affinity(cell, hashes) for cell, load in live.items()}
+        hashes = self._hashes(prompt_token_ids, live)
+        costs = {cell: load - self._affinity(cell, hashes[cell]) for cell, load in live.items()}
         least = min(costs.values())
         tied = [cell for cell, cost in costs.items() if cost == least]
         cell = tied[next(self._turn) % len(tied)]
-        self.indexes[cell].add(hashes)
+        self.indexes[cell].add(hashes[cell])
         return cell
+
+    def _hashes(self, prompt_token_ids: Sequence[int], cells: Iterable[str]) -> dict[str, list[bytes]]:
+        """The prompt's block hashes in each cell's block size (computed once per size)."""
+        by_size: dict[int, list[bytes]] = {}
+        hashes = {}
+        for cell in cells:
+            size = self.block_tokens.get(cell, BLOCK_TOKENS)
+            if self.prefix_weight and size not in by_size:
+                by_size[size] = prompt_hashes(prompt_token_ids, size)
+            hashes[cell] = by_size.get(size, [])
+        return hashes
 
     def _affinity(self, cell: str, hashes: list[bytes]) -> float:
         """The cost a cell is spared for the share of the prompt it was likely sent before."""

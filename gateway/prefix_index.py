@@ -14,7 +14,8 @@ from collections.abc import Sequence
 
 from common.block_hash import hash_block
 
-# Tokens per hashed block: the batcher's default block size, so a match counts whole cache blocks.
+# Tokens per hashed block until a cell's workers announce theirs (WorkerInfo.block_size): the
+# workers' default, so a match counts whole cache blocks.
 BLOCK_TOKENS = 16
 
 

@@ -65,3 +65,14 @@ def test_a_dead_cell_gets_nothing_and_comes_back_without_its_prefixes() -> None:
     # Back, a's empty cache no longer outbids b, which now holds the prompt.
     assert router.choose({"a": 0, "b": 1}, prompt(2)) == "b"
     assert router.choose({"a": None, "b": None}, prompt(1)) == "a"  # none live: the first cell
+
+
+def test_a_cell_is_matched_in_the_block_size_its_workers_announce() -> None:
+    router = CellRouter(["a", "b"])
+    router.block_tokens = {"a": 4, "b": 4}  # as place() reads it from each cell's WorkerInfo
+    shared = list(range(100, 108))  # two 4-token blocks: less than one block of the default size
+    first = router.choose({"a": 0, "b": 0}, [*shared, 1, 1, 1, 1])
+    other = "b" if first == "a" else "a"
+    assert router.choose({first: 1, other: 0}, [*shared, 2, 2, 2, 2]) == first  # 1 - 4 x 2/3 < 0
+    router.choose({first: None, other: 0}, shared)  # seen dead: its index and block size forgotten
+    assert first not in router.block_tokens

@@ -16,7 +16,7 @@ import redis
 
 from common.protocol import GenerateRequest, SamplingParams
 from common.stream_client import abort, follow, submit_once
-from common.token_reader import RequestFailed, RequestTimedOut
+from common.token_rules import RequestFailed, RequestTimedOut
 
 
 class GenerationFailed(Exception):

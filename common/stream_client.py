@@ -18,7 +18,7 @@ import redis.asyncio as aioredis
 from common.protocol import FIELD, AbortRequest, GenerateRequest, PromptEvent, TokenEvent, encode
 from common.redis_conn import MAX_BLOCK_MS, min_id
 from common.streams import DEFAULT_CELL, cell_keys, cell_of, placed_req_id, submitted_key, token_stream
-from common.token_reader import EventFilter, RequestTimedOut, accept_entry
+from common.token_rules import EventFilter, RequestTimedOut, accept_entry
 
 # A request id submitted with submit_once is remembered this long: longer than any request runs
 # (retried clients follow it instead of submitting it again). When the request ends, the batcher cuts

@@ -22,7 +22,7 @@ from gateway.security.auth import request_owner
 from gateway.streaming.sse import SSE_HEADERS
 from gateway.streaming.sse_stream import stream_sse
 from openai_frontend.follow.collect import collect
-from openai_frontend.follow.request_runner import Follow
+from openai_frontend.follow.request_runner import FollowPolicy
 from openai_frontend.generate.request_meta import RequestMeta, attach, load_meta, prepared_from, req_id_from
 from openai_frontend.protocol.errors import OpenAIError
 from openai_frontend.render.endpoints import ENDPOINTS
@@ -78,11 +78,11 @@ async def resume_stream(
     # Counted for operators and tests; following renews the request's follow deadline, which keeps it alive.
     await attach(state.redis, meta.req_id)
     if meta.resumable:
-        follow = Follow(grace_s=state.settings.resume_grace_s, track=False)
+        follow = FollowPolicy(grace_s=state.settings.resume_grace_s, track=False)
     else:
         # Its life stays its first client's connection: another follower watches, and leaving
         # neither aborts it nor keeps it alive.
-        follow = Follow(may_abort=False, track=False)
+        follow = FollowPolicy(may_abort=False, track=False)
     return StreamingResponse(
         stream_sse(state.runner, [request], chunks, follow, resume_after),
         media_type="text/event-stream",
@@ -98,7 +98,7 @@ async def fetch_result(
     meta = await _owned_meta(request_id, http_request, state)
     request = prepared_from(meta)
     logprobs = LogprobsFormatter(state.served.tokenizer.tokenizer)
-    follow = Follow(may_abort=False, track=False, wait_s=_FETCH_WAIT_S)
+    follow = FollowPolicy(may_abort=False, track=False, wait_s=_FETCH_WAIT_S)
     try:
         done = await collect(state.runner, [request], http_request, follow)
     except OpenAIError as exc:

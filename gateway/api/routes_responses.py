@@ -24,7 +24,7 @@ from gateway.generation.flow import request_id_header
 from gateway.security.auth import request_owner
 from gateway.streaming.sse import SSE_HEADERS, sse_event
 from openai_frontend.follow.collect import collect
-from openai_frontend.follow.request_runner import Follow
+from openai_frontend.follow.request_runner import FollowPolicy
 from openai_frontend.generate.request_meta import meta_of
 from openai_frontend.protocol.errors import OpenAIError, invalid_request
 from openai_frontend.protocol.openai_schemas import ChatMessage
@@ -137,7 +137,7 @@ async def create_response(
     await state.runner.submit(request)
     headers = request_id_header(request.req_id)
     # A background response outlives its client; a foreground one is cancelled when its client leaves.
-    follow = BACKGROUND if spec.background else Follow()
+    follow = BACKGROUND if spec.background else FollowPolicy()
     if body.stream:
         return _streaming(state.responses.events(stored, follow, persist), request.req_id)
     if spec.background:

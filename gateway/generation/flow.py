@@ -16,7 +16,7 @@ from gateway.generation.admission import admit
 from gateway.streaming.sse import SSE_HEADERS
 from gateway.streaming.sse_stream import stream_sse
 from openai_frontend.follow.collect import collect
-from openai_frontend.follow.request_runner import Follow
+from openai_frontend.follow.request_runner import FollowPolicy
 from openai_frontend.generate.request_builder import PreparedRequest
 from openai_frontend.generate.request_meta import response_id
 from openai_frontend.protocol.openai_schemas import ChatCompletionRequest, CompletionRequest
@@ -29,12 +29,12 @@ def request_id_header(req_id: str) -> dict[str, str]:
     return {"X-Request-Id": req_id}
 
 
-def client_follow(requests: Sequence[PreparedRequest], resume_grace_s: float) -> Follow:
+def client_follow(requests: Sequence[PreparedRequest], resume_grace_s: float) -> FollowPolicy:
     """A client that goes away cancels its request at once (as OpenAI and vLLM do), unless it asked
     for `resumable`: then the request runs on for the resume window. Only a single choice can be
     resumed (n > 1 streams carry no event ids)."""
     resumable = len(requests) == 1 and requests[0].resumable
-    return Follow(grace_s=resume_grace_s if resumable else 0.0)
+    return FollowPolicy(grace_s=resume_grace_s if resumable else 0.0)
 
 
 async def generate(

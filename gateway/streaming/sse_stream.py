@@ -18,8 +18,8 @@ from common.redis_conn import entry_key
 from gateway.streaming.sse import DONE, sse_event
 from openai_frontend.follow.collect import timed_out_error, usage
 from openai_frontend.follow.fanout import merged_outputs
-from openai_frontend.follow.request_runner import Follow, RequestRunner
-from openai_frontend.follow.stream_reader import RequestFailed, RequestTimedOut
+from openai_frontend.follow.request_runner import FollowPolicy, RequestRunner
+from openai_frontend.follow.token_stream import RequestFailed, RequestTimedOut
 from openai_frontend.generate.request_builder import PreparedRequest
 from openai_frontend.protocol.errors import OpenAIError, from_request_error
 from openai_frontend.render.answer import ChunkFormatter
@@ -33,7 +33,7 @@ async def stream_sse(
     runner: RequestRunner,
     requests: Sequence[PreparedRequest],
     formatter: ChunkFormatter,
-    follow: Follow | None = None,
+    follow: FollowPolicy | None = None,
     resume_after: str | None = None,
 ) -> AsyncIterator[bytes]:
     """SSE body: opening chunks, one chunk per delta (id = its token event), usage, then [DONE].

@@ -23,7 +23,7 @@ from common.stream_client import submit_once_async
 from openai_frontend.batch.input import InputLine
 from openai_frontend.batch.objects import BatchSpec
 from openai_frontend.follow.collect import collect
-from openai_frontend.follow.request_runner import Follow, RequestRunner
+from openai_frontend.follow.request_runner import FollowPolicy, RequestRunner
 from openai_frontend.generate.request_builder import PreparedRequest, prepare_choices
 from openai_frontend.generate.request_meta import Kind, response_id
 from openai_frontend.model.served_model import ServedModel
@@ -37,7 +37,7 @@ logger = logging.getLogger(__name__)
 # Lower runs first (common/protocol.py): every interactive request (0) is admitted before a batch line.
 BATCH_PRIORITY = 1
 # Stop strings still abort in the batcher; a task handing the line over to its next run does not.
-_FOLLOW = Follow(track=False, leave_running=True)
+_FOLLOW = FollowPolicy(track=False, leave_running=True)
 
 
 class ResultLost(Exception):

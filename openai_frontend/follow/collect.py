@@ -13,8 +13,8 @@ from typing import Protocol
 
 from common.protocol import PromptEvent, TokenEvent
 from openai_frontend.follow.fanout import merged_outputs
-from openai_frontend.follow.request_runner import Follow, Output, RequestRunner
-from openai_frontend.follow.stream_reader import RequestFailed, RequestTimedOut
+from openai_frontend.follow.request_runner import FollowPolicy, Output, RequestRunner
+from openai_frontend.follow.token_stream import RequestFailed, RequestTimedOut
 from openai_frontend.generate.request_builder import PreparedRequest
 from openai_frontend.protocol.errors import OpenAIError, from_request_error
 from openai_frontend.protocol.openai_schemas import PromptTokensDetails, UsageInfo
@@ -80,7 +80,7 @@ async def collect(
     runner: RequestRunner,
     requests: Sequence[PreparedRequest],
     client: ClientConnection,
-    follow: Follow | None = None,
+    follow: FollowPolicy | None = None,
 ) -> list[Completed]:
     """Every choice whole; checks between reads that the client is still waiting, and aborts if not.
 

@@ -6,14 +6,14 @@ import asyncio
 from collections.abc import AsyncGenerator, Sequence
 from contextlib import aclosing
 
-from openai_frontend.follow.request_runner import Follow, Output, RequestRunner
+from openai_frontend.follow.request_runner import FollowPolicy, Output, RequestRunner
 from openai_frontend.generate.request_builder import PreparedRequest
 
 _END = object()  # a choice's outputs are exhausted
 
 
 async def merged_outputs(
-    runner: RequestRunner, requests: Sequence[PreparedRequest], follow: Follow | None = None
+    runner: RequestRunner, requests: Sequence[PreparedRequest], follow: FollowPolicy | None = None
 ) -> AsyncGenerator[tuple[int, Output | None], None]:
     """Outputs of every choice in arrival order, tagged with the choice index; a failure of any choice
     is raised here. Closing this generator (or failing) closes every choice, which aborts unfinished ones.

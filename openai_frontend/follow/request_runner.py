@@ -20,8 +20,8 @@ from common.retry import retry_async
 from common.stream_client import abort_async, submit_once_on
 from openai_frontend.follow.deadlines import FollowDeadlines
 from openai_frontend.follow.metrics import RequestMetrics, TrackedRequest
-from openai_frontend.follow.stream_reader import RequestFailed, RequestTimedOut, follow_token_stream
 from openai_frontend.follow.token_mux import TokenStreamMux
+from openai_frontend.follow.token_stream import RequestFailed, RequestTimedOut, follow_token_stream
 from openai_frontend.generate.request_builder import PreparedRequest
 from openai_frontend.generate.request_meta import RequestMeta, save_meta
 from openai_frontend.model.served_model import ServedModel
@@ -36,7 +36,7 @@ SUBMIT_RETRY_S = 3.0
 
 
 @dataclass(slots=True, frozen=True)
-class Follow:
+class FollowPolicy:
     """What one follower of a request does when it stops before the end (see docs/reliability.md)."""
 
     may_abort: bool = True  # leaving early aborts the request; a fetch by id only looks
@@ -134,7 +134,7 @@ class RequestRunner:
         await self._mux.close()
 
     async def outputs(
-        self, request: PreparedRequest, follow: Follow | None = None
+        self, request: PreparedRequest, follow: FollowPolicy | None = None
     ) -> AsyncGenerator[Output | None, None]:
         """Text deltas until the request finishes; None after a read that brought nothing to show.
 
@@ -145,7 +145,7 @@ class RequestRunner:
         Replaying a stream from its start (a resume) goes through exactly this code, so the text,
         its split into deltas and the stop-string cut are the same.
         """
-        follow = follow or Follow()
+        follow = follow or FollowPolicy()
         bind_request_id(request.req_id)  # this task's log lines are about this request from now on
         processor = OutputProcessor(self._served.tokenizer.tokenizer, request.prompt_token_ids, request.stop)
         tracker = None

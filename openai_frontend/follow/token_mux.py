@@ -22,7 +22,7 @@ with a wake stream in that cell's slot.
 A failed read (Redis restarting, unreachable) is retried with backoff (common/retry.py) and fails no
 follower: each keeps its place (the last entry id it was given) and resumes from there once Redis is
 back, so an SSE stream survives a Redis restart. A follower gives up only at its own deadline
-(openai_frontend/follow/stream_reader.py). Entry ids grow with the clock, so even a stream that lost its last
+(openai_frontend/follow/token_stream.py). Entry ids grow with the clock, so even a stream that lost its last
 entries in the restart (AOF everysec) gets new entries after a follower's last id.
 
 That is still one key per request in each read. With delivery streams on (GATEWAY_DELIVERY_STREAM),

@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 import redis.exceptions
 
 from openai_frontend.follow.collect import Completed, timed_out_error
-from openai_frontend.follow.request_runner import Follow, RequestRunner
-from openai_frontend.follow.stream_reader import RequestFailed, RequestTimedOut
+from openai_frontend.follow.request_runner import FollowPolicy, RequestRunner
+from openai_frontend.follow.token_stream import RequestFailed, RequestTimedOut
 from openai_frontend.generate.request_meta import prepared_from
 from openai_frontend.protocol.errors import OpenAIError
 from openai_frontend.responses.objects import (
@@ -35,9 +35,9 @@ from openai_frontend.responses.store import ResponseResult, ResponseSpec, Respon
 # A read that finds the stream ended replays it; this bounds that replay.
 SETTLE_WAIT_S = 5.0
 # How a background response is followed: leaving never aborts it, a stop string still does.
-BACKGROUND = Follow(leave_running=True)
+BACKGROUND = FollowPolicy(leave_running=True)
 # How a later reader follows any response: the same, and not counted again in the metrics.
-WATCHER = Follow(leave_running=True, track=False)
+WATCHER = FollowPolicy(leave_running=True, track=False)
 
 
 def initial_status(spec: ResponseSpec) -> ResponseStatus:
@@ -58,7 +58,7 @@ class ResponsesRunner:
         self._followers.add(task)
         task.add_done_callback(self._followers.discard)
 
-    async def _drain(self, stored: StoredResponse, follow: Follow) -> None:
+    async def _drain(self, stored: StoredResponse, follow: FollowPolicy) -> None:
         async with aclosing(self.events(stored, follow)) as events:
             async for _ in events:
                 pass
@@ -84,7 +84,7 @@ class ResponsesRunner:
         )
 
     async def events(
-        self, stored: StoredResponse, follow: Follow, persist: bool = True
+        self, stored: StoredResponse, follow: FollowPolicy, persist: bool = True
     ) -> AsyncGenerator[Event, None]:
         """Every event of the response from its start, following its token stream to the end."""
         events = ResponseEvents(StoredResponse(stored.spec, initial_status(stored.spec), None), store=persist)

@@ -25,8 +25,8 @@ from common.redis_conn import connect_async
 from common.streams import cell_keys, token_stream
 from gpu_worker.fence import Fence, TokenWrite
 from openai_frontend.follow.delivery_reader import QUIET_S
-from openai_frontend.follow.stream_reader import RequestFailed, follow_token_stream
 from openai_frontend.follow.token_mux import TokenStreamMux
+from openai_frontend.follow.token_stream import RequestFailed, follow_token_stream
 from tests.harness.redis_process import RedisProcess
 from tests.stack.test_token_mux import collect
 

@@ -21,7 +21,7 @@ from common.protocol import (
 )
 from common.stream_client import abort, follow, follow_async, follow_entries, new_req_id, submit, submit_once
 from common.streams import BATCHER_INBOX, REQUESTS_STREAM, token_stream
-from common.token_reader import RequestFailed, RequestTimedOut
+from common.token_rules import RequestFailed, RequestTimedOut
 
 
 @pytest.fixture()

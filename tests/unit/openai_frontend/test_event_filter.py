@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from common.protocol import TokenEvent
-from openai_frontend.follow.stream_reader import EventFilter
+from openai_frontend.follow.token_stream import EventFilter
 
 
 def _event(index: int, attempt: int, token_id: int = 7) -> TokenEvent:

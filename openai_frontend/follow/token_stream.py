@@ -8,7 +8,7 @@ from collections.abc import AsyncGenerator
 
 from common.protocol import PromptEvent, TokenEvent
 from common.redis_conn import MAX_BLOCK_MS
-from common.token_reader import EventFilter, RequestFailed, RequestTimedOut, accept_entry
+from common.token_rules import EventFilter, RequestFailed, RequestTimedOut, accept_entry
 from openai_frontend.follow.token_mux import TokenStreamMux
 
 __all__ = ["EventFilter", "RequestFailed", "RequestTimedOut", "follow_token_stream"]

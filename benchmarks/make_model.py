@@ -1,6 +1,7 @@
 """Random-weight benchmark models with a real byte-level BPE tokenizer, saved like any hub model.
 
 python -m benchmarks.make_model models/gpt2-small-llama --preset gpt2-small-llama
+python -m benchmarks.make_model models/small-llama --preset small-llama
 python -m benchmarks.make_model models/bench-tiny --preset tiny
 
 Presets:
@@ -9,6 +10,8 @@ Presets:
   4 x 768 with two matrices), vocab 32000, context 2048, fp32. About 134M parameters.
 - `llama-1b` (the GPU run): TinyLlama-1.1B's shape, hidden 2048, 22 layers, 32 heads with 4 KV
   heads (GQA), MLP 5632, vocab 32000, context 4096, saved in bfloat16. About 1.1B parameters.
+- `small-llama` (the small model of the llama.cpp comparison, issue 23): hidden 512, 8 layers, 8
+  heads (no GQA), MLP 1024, vocab 8192, context 2048, fp32. About 29.4M parameters (28.0 Mi).
 - `tiny`: hidden 64, 2 layers, vocab 512, context 512, like the test suite's model, for smoke runs.
 
 The tokenizer is trained (a few seconds) on text every Python install carries: pydoc's topic help
@@ -45,6 +48,7 @@ class Preset:
 PRESETS: dict[str, Preset] = {
     "gpt2-small-llama": Preset(32000, 768, 2048, 12, 12, 12, 2048, corpus_files=400),
     "llama-1b": Preset(32000, 2048, 5632, 22, 32, 4, 4096, corpus_files=400, dtype="bfloat16"),
+    "small-llama": Preset(8192, 512, 1024, 8, 8, 8, 2048, corpus_files=400),
     "tiny": Preset(512, 64, 128, 2, 4, 2, 512, corpus_files=0),
 }
 

@@ -118,6 +118,13 @@ def build_parser(compare: bool) -> argparse.ArgumentParser:
         target.add_argument("--plot", type=Path, help="PNG path (default: next to the result file)")
         target.add_argument("--log-dir", type=Path, help="launched servers' logs (default: result dir)")
         target.add_argument(
+            "--roofline",
+            action=argparse.BooleanOptionalAction,
+            default=False,
+            help="measure this machine's copy bandwidth and GEMM peak first; print each system's share",
+        )
+        target.add_argument("--roofline-threads", type=int, default=2, help="threads of that measurement")
+        target.add_argument(
             "--repeat",
             type=int,
             default=1,
@@ -307,6 +314,8 @@ def resolve_systems(args: argparse.Namespace) -> tuple[list[SystemSpec], str]:
 def main_compare(args: argparse.Namespace) -> int:
     from benchmarks.plot import plot_comparison
     from benchmarks.repeats import format_repeated, ratio_spread, round_order, summary_spread
+    from benchmarks.roofline import measure_machine
+    from benchmarks.roofline import report as roofline_report
     from benchmarks.systems import launched
 
     parse_goodput(args.goodput)
@@ -316,6 +325,8 @@ def main_compare(args: argparse.Namespace) -> int:
     by_name = {s.name: s for s in systems}
     workload = make_workload(args)
     print(_describe(workload))
+    # Measured before any server starts, on a quiet machine, with the servers' thread count.
+    machine = measure_machine(args.roofline_threads) if args.roofline else None
     path = _result_path(args, "compare")
     log_dir = Path(args.log_dir) if args.log_dir else path.with_suffix("").with_name(path.stem + "-logs")
     records: dict[str, dict[str, Any]] = {}  # each system's first measured run, with per-request figures
@@ -372,12 +383,19 @@ def main_compare(args: argparse.Namespace) -> int:
         if baseline in measured:
             print()
             print(format_repeated(spreads, paired, baseline, percentiles(args), args.repeat))
+    if machine is not None:
+        print()
+        batch = args.max_concurrency or len(workload.requests)
+        result["roofline"] = roofline_report(args.model, systems, rounds, machine, batch, workload.requests)
     write_json(path, result)
     print(f"result: {path}")
     if records:
         plot_path = Path(args.plot) if args.plot else path.with_suffix(".png")
         title = f"{args.dataset}, {len(workload.requests)} requests, rate {args.request_rate}"
-        print(f"plot: {plot_comparison(records, plot_path, title)}")
+        try:
+            print(f"plot: {plot_comparison(records, plot_path, title)}")
+        except ImportError as exc:  # a host without matplotlib (the GPU check's) still gets its results
+            print(f"plot: skipped ({exc})", file=sys.stderr)
     failed = any(s["failed"] for r in rounds for s in r.values())
     return 1 if errors or failed else 0
 

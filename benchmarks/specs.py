@@ -21,8 +21,9 @@ reruns a whole comparison:
 Launch kinds: `static` (benchmarks.static_server), `inprocess` (our scheduler and model runner in one
 process, no Redis: benchmarks.static_server --engine inprocess), `cbserve` (redis-server + batcher +
 workers + gateway; `cells = N` starts N cells of `workers` each behind the one gateway), `transformers`
-(`transformers serve --continuous-batching`), `command` (any server: an argv with `{port}`, `{model}`
-and `{python}` placeholders, and a health path). On the command line,
+(`transformers serve --continuous-batching`), `llama-server` (llama.cpp's server on the model
+converted to GGUF: benchmarks/llama_launch.py lists its options), `command` (any server: an argv
+with `{port}`, `{model}` and `{python}` placeholders, and a health path). On the command line,
 lower-case keys are the kind's options and UPPER-CASE keys become environment variables of the
 launched processes: `--launch ours=cbserve:workers=2,BATCHER_MAX_NUM_SEQS=128`.
 """
@@ -36,6 +37,8 @@ from pathlib import Path
 from typing import Any, cast
 
 from benchmarks.client import BACKENDS, Backend, PromptFormat
+from benchmarks.llama_launch import OPTION_NAMES as LLAMA_SERVER_OPTIONS
+from benchmarks.llama_launch import LlamaServerOptions
 
 KIND_OPTIONS: dict[str, frozenset[str]] = {
     "static": frozenset({"batch_size", "batch_timeout_ms", "device", "dtype", "num_threads"}),
@@ -47,6 +50,7 @@ KIND_OPTIONS: dict[str, frozenset[str]] = {
         {"continuous_batching", "cb_num_blocks", "cb_max_batch_tokens", "cb_block_size", "device", "dtype"}
         | {"attn_implementation"}
     ),
+    "llama-server": LLAMA_SERVER_OPTIONS,
     "command": frozenset({"port"}),
 }
 PROMPT_FORMATS: tuple[PromptFormat, ...] = ("ids", "text")
@@ -120,6 +124,11 @@ def _launch_from_dict(name: str, raw: dict[str, Any]) -> LaunchSpec:
         raise ValueError(f"system {name!r}: unknown {kind} option(s) {sorted(unknown)}; allowed: {allowed}")
     if kind == "command" and not command:
         raise ValueError(f"system {name!r}: a `command` launch needs command = [argv...]")
+    if kind == "llama-server":
+        try:
+            LlamaServerOptions.from_options(raw)  # bad values fail when the spec is read, not mid-run
+        except ValueError as exc:
+            raise ValueError(f"system {name!r}: {exc}") from None
     return LaunchSpec(kind, raw, env, command, health_path, startup_timeout_s)
 
 

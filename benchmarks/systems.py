@@ -21,6 +21,8 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from benchmarks.gguf import ensure_gguf
+from benchmarks.llama_launch import LlamaServerOptions, server_command
 from benchmarks.specs import LaunchSpec, SystemSpec
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -199,6 +201,14 @@ def _start_cbserve(group: ProcessGroup, launch: LaunchSpec, model: str, port: in
     client.close()
 
 
+def _start_llama_server(group: ProcessGroup, launch: LaunchSpec, model: str, port: int) -> None:
+    """llama.cpp's server on the model's GGUF of the spec's outtype (converted once, then cached)."""
+    options = LlamaServerOptions.from_options(launch.options)
+    if not Path(options.binary).is_file():
+        raise RuntimeError(f"{options.binary} not found: bash benchmarks/llama_server.sh builds it")
+    group.spawn("llama-server", server_command(options, ensure_gguf(model, options.outtype), port))
+
+
 def _start_command(group: ProcessGroup, launch: LaunchSpec, model: str, port: int) -> None:
     argv = [a.format(port=port, model=model, python=sys.executable) for a in launch.command]
     group.spawn("server", argv)
@@ -209,6 +219,7 @@ STARTERS: dict[str, Callable[[ProcessGroup, LaunchSpec, str, int], None]] = {
     "inprocess": _start_inprocess,
     "cbserve": _start_cbserve,
     "transformers": _start_transformers,
+    "llama-server": _start_llama_server,
     "command": _start_command,
 }
 

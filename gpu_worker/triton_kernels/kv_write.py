@@ -9,7 +9,9 @@ import triton.language as tl
 BLOCK_T = 16  # tokens per program
 
 
-@triton.jit
+# The token count changes every step: not specialized (Triton would compile variants for 1 and for
+# multiples of 16).
+@triton.jit(do_not_specialize=["num_tokens"])
 def _kv_write_kernel(
     key_ptr,
     value_ptr,

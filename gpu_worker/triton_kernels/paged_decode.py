@@ -14,7 +14,8 @@ from gpu_worker.triton_kernels.paged_tile import INTERPRETED, LOG2E, attend_cont
 TILE_N = 32  # keys per softmax step
 
 
-@triton.jit
+# The block-table width changes per step: not specialized, so a new width never recompiles.
+@triton.jit(do_not_specialize=["stride_bt"])
 def _paged_decode_kernel(
     out_ptr,
     q_ptr,

@@ -20,7 +20,9 @@ TILE_N = 32  # keys per softmax step
 BLOCK_M = 64  # query rows (tokens x heads of one kv head) per program
 
 
-@triton.jit
+# Per-step integers are not specialized (Triton would compile a variant for 1 and for multiples of
+# 16), so the first mixed steps of a run do not recompile the kernel.
+@triton.jit(do_not_specialize=["first_seq", "stride_bt"])
 def _paged_prefill_kernel(
     out_ptr,
     q_ptr,

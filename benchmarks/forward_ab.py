@@ -1,0 +1,146 @@
+"""The worker's forward variants side by side in one process: speed per step and greedy agreement.
+
+    python -m benchmarks.forward_ab --model models/gpt2-small-llama \
+        --variants eager,compiled,int8-compiled --rounds 6 --decode-steps 8
+
+Each variant is a ModelRunner of its own (WORKER_COMPILE and WORKER_QUANTIZATION as its name says)
+with a Scheduler of its own and the same greedy requests. After every variant has prefilled, rounds
+of `--decode-steps` decode steps alternate between the variants (the order reversed every other
+round), so the machine's drift falls on all of them alike. Printed: ms per decode step by round with
+the median and spread, and, against the first variant, the share of requests whose greedy tokens are
+identical and the first position where the others diverge.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from batcher.request import Request
+from batcher.scheduler import Scheduler, SchedulerConfig
+from common.protocol import SamplingParams
+from gpu_worker.model_runner import ModelRunner
+from gpu_worker.settings import Quantization, WorkerSettings
+
+
+@dataclass
+class Variant:
+    name: str
+    runner: ModelRunner
+    scheduler: Scheduler
+    outputs: dict[str, list[int]] = field(default_factory=dict)
+    ms_per_step: list[float] = field(default_factory=list)
+
+    def step(self) -> None:
+        out, _failed = self.scheduler.schedule(self.runner.worker_id)
+        assert out is not None, "nothing to schedule"
+        result = self.runner.execute_model(out)
+        for req_id, token in zip(result.req_ids, result.sampled_token_ids, strict=True):
+            self.outputs.setdefault(req_id, []).append(token)
+        self.scheduler.update_from_output(result)
+
+    def prefilling(self) -> bool:
+        running = [r for ws in self.scheduler.workers.values() for r in ws.running]
+        return bool(self.scheduler.waiting) or any(
+            r.num_computed_tokens < len(r.prompt_token_ids) for r in running
+        )
+
+
+def parse_variant(name: str) -> tuple[bool, Quantization | None]:
+    """`eager`, `compiled`, `int8-eager`, `int8-compiled`, `fp8-...`: (compile, quantization)."""
+    quantization, _, mode = name.rpartition("-")
+    if mode not in ("eager", "compiled") or quantization not in ("", "int8", "fp8"):
+        raise SystemExit(f"unknown variant {name!r}: [int8-|fp8-]eager or [int8-|fp8-]compiled")
+    return mode == "compiled", quantization or None  # type: ignore[return-value]
+
+
+def build(name: str, args: argparse.Namespace, prompts: list[list[int]]) -> Variant:
+    compile, quantization = parse_variant(name)
+    settings = WorkerSettings(
+        model=args.model,
+        num_threads=args.num_threads,
+        kv_cache_memory_mb=args.kv_cache_mb,
+        max_num_seqs=len(prompts),
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        compile=compile,
+        quantization=quantization,
+        worker_id=name,
+    )
+    started = time.perf_counter()
+    runner = ModelRunner(settings)
+    print(f"{name}: ready in {time.perf_counter() - started:.1f} s", flush=True)
+    scheduler = Scheduler(SchedulerConfig())
+    scheduler.add_worker(runner.worker_info())
+    params = SamplingParams(max_tokens=args.output_len, temperature=0.0, ignore_eos=True)
+    now = time.time()
+    for i, prompt in enumerate(prompts):
+        scheduler.add_request(Request(f"r{i}", prompt, params, now, entry_id=""), now)
+    return Variant(name, runner, scheduler)
+
+
+def agreement(reference: Variant, other: Variant, num_tokens: int) -> str:
+    same, divergences = 0, []
+    for req_id, tokens in reference.outputs.items():
+        theirs = other.outputs.get(req_id, [])
+        a, b = tokens[:num_tokens], theirs[:num_tokens]
+        if a == b:
+            same += 1
+        else:
+            divergences.append(
+                next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+            )
+    head = f"{same}/{len(reference.outputs)} requests identical over {num_tokens} tokens"
+    if not divergences:
+        return head
+    return f"{head}, first divergence at token {min(divergences)} (median {statistics.median(divergences)})"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.forward_ab", description=__doc__)
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--variants", default="eager,compiled")
+    parser.add_argument("--num-requests", type=int, default=16)
+    parser.add_argument("--prompt-len", type=int, default=144)
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--decode-steps", type=int, default=8)
+    parser.add_argument("--num-threads", type=int, default=2)
+    parser.add_argument("--kv-cache-mb", type=int, default=512)
+    parser.add_argument("--max-num-batched-tokens", type=int, default=512)
+    args = parser.parse_args(argv)
+    args.output_len = args.rounds * args.decode_steps + 1
+    torch.set_num_threads(args.num_threads)
+    generator = torch.Generator().manual_seed(0)
+    vocab = 1000
+    prompts = [
+        torch.randint(3, vocab, (args.prompt_len,), generator=generator).tolist()
+        for _ in range(args.num_requests)
+    ]
+    variants = [build(name, args, prompts) for name in args.variants.split(",")]
+    for variant in variants:
+        while variant.prefilling():
+            variant.step()
+    for i in range(args.rounds):
+        for variant in variants if i % 2 == 0 else reversed(variants):
+            started = time.perf_counter()
+            for _ in range(args.decode_steps):
+                variant.step()
+            variant.ms_per_step.append(1000 * (time.perf_counter() - started) / args.decode_steps)
+    print(f"\n{args.num_requests} requests of {args.prompt_len} prompt tokens, {args.num_threads} threads")
+    base = statistics.median(variants[0].ms_per_step)
+    for variant in variants:
+        ms = variant.ms_per_step
+        median = statistics.median(ms)
+        print(
+            f"{variant.name:>16}: {median:7.1f} ms/decode step [{min(ms):.1f}-{max(ms):.1f}], "
+            f"{1000 * args.num_requests / median:6.1f} tok/s, {base / median:.2f}x of {variants[0].name}"
+        )
+    for variant in variants[1:]:
+        print(f"{variant.name:>16}: {agreement(variants[0], variant, args.output_len)}")
+
+
+if __name__ == "__main__":
+    main()

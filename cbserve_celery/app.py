@@ -3,7 +3,8 @@
 Worker crashes: `task_acks_late` acknowledges a task only when it returns, and
 `task_reject_on_worker_lost` puts it back on the queue when the process running it dies (instead of
 failing it), so a crashed worker's tasks run again elsewhere; the broker's `visibility_timeout` hands
-on a task whose whole worker vanished. Running twice is safe (cbserve_celery/generation.py). A task
+on a task whose whole worker vanished, about that long after its last delivery heartbeat
+(cbserve_celery/visibility.py). Running twice is safe (cbserve_celery/generation.py). A task
 that *fails* (the request failed or timed out) is acknowledged and not retried: the failure is final.
 """
 
@@ -15,10 +16,12 @@ from typing import Any
 
 import redis
 from celery import Celery, Task
+from celery.signals import worker_ready, worker_shutdown
 
 from cbserve_celery.batch_task import add_batch_task
 from cbserve_celery.generation import parse_sampling_params, req_id_for_task, run_generation
 from cbserve_celery.settings import CelerySettings
+from cbserve_celery.visibility import DeliveryHeartbeat
 from common.redis_conn import connect
 from common.streams import placed_req_id
 from openai_frontend.model.tokenizer import (
@@ -62,6 +65,22 @@ def output_text(tokenizer: Any, prompt_token_ids: list[int], token_ids: list[int
     )
 
 
+def _beat_deliveries(settings: CelerySettings) -> None:
+    """In a worker: heartbeats for the deliveries it holds, from ready to shutdown (visibility.py)."""
+    beats: list[DeliveryHeartbeat] = []
+
+    @worker_ready.connect(weak=False)
+    def start(**_: Any) -> None:
+        beat = DeliveryHeartbeat(connect(settings.redis_url), settings.visibility_heartbeat_s)
+        beat.start()
+        beats.append(beat)
+
+    @worker_shutdown.connect(weak=False)
+    def stop(**_: Any) -> None:
+        for beat in beats:
+            beat.stop()
+
+
 def make_app(settings: CelerySettings) -> Celery:
     app = Celery("cbserve", broker=settings.redis_url, backend=settings.redis_url)
     app.conf.update(
@@ -84,6 +103,7 @@ def make_app(settings: CelerySettings) -> Celery:
         broker_connection_retry_on_startup=True,
     )
     resources = _Resources(settings)
+    _beat_deliveries(settings)
 
     @app.task(name=GENERATE_TASK, bind=True)
     def generate(

@@ -27,9 +27,11 @@ class CelerySettings(BaseSettings):
     )
     # A task gives up on its request (and aborts it) after this long.
     request_timeout_s: float = Field(default=1800.0, gt=0)
-    # The Redis broker hands an unacknowledged task to another worker after this long: it must outlast
-    # the longest task, or a task still running is delivered twice (harmless, it follows the same request).
-    visibility_timeout_s: float = Field(default=3600.0, gt=0)
+    # The Redis broker hands a task back to the queue once it has been unacknowledged this long. The
+    # worker moves the delivery time of every task it holds to now every quarter of it
+    # (cbserve_celery/visibility.py), so a running task is never delivered again, and a dead worker's
+    # task moves on to another worker about this long after the worker died.
+    visibility_timeout_s: float = Field(default=45.0, ge=2.0)
     # Task results stay in Redis this long.
     result_expires_s: int = Field(default=24 * 3600, gt=0)
     log_format: LogFormat = log_format_field()
@@ -37,28 +39,21 @@ class CelerySettings(BaseSettings):
     # --- batches (cbserve.run_batch, see cbserve_celery/batch_runner.py) ---------------------------
     # Lines of one batch generating at once; the others wait in the task, not in the batcher's queue.
     batch_max_lines_in_flight: int = Field(default=64, gt=0)
-    # A task runs a batch for at most this long, then hands it to a fresh task: no task lives long
-    # enough for the visibility timeout to deliver it again while it runs.
+    # A task runs a batch for at most this long, then hands it to a fresh task (progress is kept, and
+    # other batches get their turn).
     batch_slice_s: float = Field(default=300.0, gt=0)
     # The TTL of the running task's claim on its batch (cbserve_celery/batch_claim.py; renewed twice a
     # second): after a crash, the task delivered again takes the batch over once this has run out. The
     # name keeps its documented env var, CBSERVE_CELERY_BATCH_LEASE_TTL_S.
     batch_lease_ttl_s: float = Field(default=30.0, ge=2.0)
 
+    @property
+    def visibility_heartbeat_s(self) -> float:
+        """How often the worker refreshes the deliveries it holds (cbserve_celery/visibility.py)."""
+        return self.visibility_timeout_s / 4
+
     @model_validator(mode="after")
-    def _visibility_outlasts_requests(self) -> CelerySettings:
-        if self.visibility_timeout_s <= self.request_timeout_s:
-            raise ValueError(
-                f"CBSERVE_CELERY_VISIBILITY_TIMEOUT_S ({self.visibility_timeout_s}) must exceed "
-                f"CBSERVE_CELERY_REQUEST_TIMEOUT_S ({self.request_timeout_s}), "
-                "or tasks still running are delivered again"
-            )
-        if self.batch_slice_s + self.batch_lease_ttl_s >= self.visibility_timeout_s:
-            raise ValueError(
-                f"CBSERVE_CELERY_BATCH_SLICE_S + CBSERVE_CELERY_BATCH_LEASE_TTL_S ({self.batch_slice_s} + "
-                f"{self.batch_lease_ttl_s}) must stay under CBSERVE_CELERY_VISIBILITY_TIMEOUT_S "
-                f"({self.visibility_timeout_s}), or a batch task still running is delivered again"
-            )
+    def _check_model(self) -> CelerySettings:
         if self.model is not None and not (self.model / "tokenizer.json").is_file():
             raise ValueError(f"CBSERVE_CELERY_MODEL (or MODEL) {self.model} holds no tokenizer.json")
         return self

@@ -155,7 +155,7 @@ def test_celery_worker_runs_the_app_with_settings_it_reads(compose: dict[str, An
         k.removeprefix("CBSERVE_CELERY_").lower(): v for k, v in env.items() if k.startswith("CBSERVE_")
     }
     settings = CelerySettings(redis_url=env["REDIS_URL"], **fields)  # type: ignore[arg-type]
-    assert settings.visibility_timeout_s > settings.request_timeout_s
+    assert settings.visibility_timeout_s <= 60  # a dead worker's task moves on within about a minute
     assert spec["depends_on"]["redis"]["condition"] == "service_healthy"
     assert "cbserve_celery.worker" in " ".join(spec["healthcheck"]["test"])
     assert spec["build"] == "." and spec["image"] == compose["services"]["gateway"]["image"]

@@ -23,7 +23,8 @@ from gateway.streaming.sse import SSE_HEADERS
 from gateway.streaming.sse_stream import stream_sse
 from openai_frontend.follow.collect import collect
 from openai_frontend.follow.request_runner import FollowPolicy
-from openai_frontend.generate.request_meta import RequestMeta, attach, load_meta, prepared_from, req_id_from
+from openai_frontend.generate.request import PreparedRequest, req_id_from
+from openai_frontend.generate.request_meta import attach, load_meta
 from openai_frontend.protocol.errors import OpenAIError
 from openai_frontend.render.endpoints import ENDPOINTS
 from openai_frontend.render.logprobs import LogprobsFormatter
@@ -38,11 +39,11 @@ def _not_found(request_id: str) -> OpenAIError:
     return OpenAIError(404, f"no request {request_id!r} (unknown, expired, or not yours)", code="not_found")
 
 
-async def _owned_meta(request_id: str, http_request: Request, state: GatewayState) -> RequestMeta:
-    meta = await load_meta(state.redis, req_id_from(request_id))
-    if meta is None or meta.owner != request_owner(http_request):
+async def _owned_request(request_id: str, http_request: Request, state: GatewayState) -> PreparedRequest:
+    request = await load_meta(state.redis, req_id_from(request_id))
+    if request is None or request.message.owner != request_owner(http_request):
         raise _not_found(request_id)
-    return meta
+    return request
 
 
 # An event id as the gateway sends it: a Redis stream entry id, ASCII digits only (int() alone would
@@ -70,14 +71,15 @@ async def resume_stream(
     request_id: str, http_request: Request, state: Annotated[GatewayState, Depends(get_state)]
 ) -> StreamingResponse:
     """The events after Last-Event-ID (header, or `?last_event_id=`), or the whole stream without it."""
-    meta = await _owned_meta(request_id, http_request, state)
-    resume_after = await _last_event_id(http_request, state, meta.req_id)
-    request = prepared_from(meta)
+    request = await _owned_request(request_id, http_request, state)
+    resume_after = await _last_event_id(http_request, state, request.req_id)
     logprobs = LogprobsFormatter(state.served.tokenizer.tokenizer)
-    chunks = ENDPOINTS[meta.kind].chunks(meta.response_id, meta.created, meta.model, request, logprobs)
+    chunks = ENDPOINTS[request.kind].chunks(
+        request.response_id, request.created, request.model, request, logprobs
+    )
     # Counted for operators and tests; following renews the request's follow deadline, which keeps it alive.
-    await attach(state.redis, meta.req_id)
-    if meta.resumable:
+    await attach(state.redis, request.req_id)
+    if request.resumable:
         follow = FollowPolicy(grace_s=state.settings.resume_grace_s, track=False)
     else:
         # Its life stays its first client's connection: another follower watches, and leaving
@@ -86,7 +88,7 @@ async def resume_stream(
     return StreamingResponse(
         stream_sse(state.runner, [request], chunks, follow, resume_after),
         media_type="text/event-stream",
-        headers={**SSE_HEADERS, **request_id_header(meta.req_id)},
+        headers={**SSE_HEADERS, **request_id_header(request.req_id)},
     )
 
 
@@ -95,8 +97,7 @@ async def fetch_result(
     request_id: str, http_request: Request, state: Annotated[GatewayState, Depends(get_state)]
 ) -> JSONResponse:
     """The finished request's non-streaming response object; 409 while it is still running."""
-    meta = await _owned_meta(request_id, http_request, state)
-    request = prepared_from(meta)
+    request = await _owned_request(request_id, http_request, state)
     logprobs = LogprobsFormatter(state.served.tokenizer.tokenizer)
     follow = FollowPolicy(may_abort=False, track=False, wait_s=_FETCH_WAIT_S)
     try:
@@ -106,5 +107,7 @@ async def fetch_result(
             raise
         message = "the request is still running; resume its stream or fetch it again later"
         raise OpenAIError(409, message, code="request_running") from exc
-    body = ENDPOINTS[meta.kind].body([request], done, meta.response_id, meta.created, meta.model, logprobs)
-    return JSONResponse(body, headers=request_id_header(meta.req_id))
+    body = ENDPOINTS[request.kind].body(
+        [request], done, request.response_id, request.created, request.model, logprobs
+    )
+    return JSONResponse(body, headers=request_id_header(request.req_id))

@@ -25,7 +25,7 @@ from gateway.security.auth import request_owner
 from gateway.streaming.sse import SSE_HEADERS, sse_event
 from openai_frontend.follow.collect import collect
 from openai_frontend.follow.request_runner import FollowPolicy
-from openai_frontend.generate.request_meta import meta_of
+from openai_frontend.generate.request_meta import kept
 from openai_frontend.protocol.errors import OpenAIError, invalid_request
 from openai_frontend.protocol.openai_schemas import ChatMessage
 from openai_frontend.responses.input import (
@@ -113,7 +113,7 @@ async def create_response(
     with responses_names():
         [request] = await checked_requests(chat_request(body, conversation), http_request, state)
     spec = ResponseSpec(
-        request=meta_of(request, "chat", state.served.name),
+        request=kept(request),
         background=bool(body.background),
         instructions=body.instructions,
         previous_response_id=body.previous_response_id,

@@ -7,7 +7,6 @@ will refuse it, so a 400 or a full queue never costs the client part of its quot
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import functools
 import time
 
@@ -18,21 +17,21 @@ from common.streams import cell_keys, placed_req_id
 from gateway.app_state import GatewayState
 from gateway.generation.queue_bound import check_queue
 from gateway.security.auth import request_owner
-from openai_frontend.generate.request_builder import PreparedRequest, prepare_choices
-from openai_frontend.generate.request_meta import Kind, meta_of
+from openai_frontend.generate.request import PreparedRequest, with_message
+from openai_frontend.generate.request_builder import prepare_choices
 from openai_frontend.protocol.openai_schemas import ChatCompletionRequest, CompletionRequest
 from openai_frontend.structured.constraint import asks_for_grammar
 
 
 async def admit(
-    kind: Kind, body: CompletionRequest | ChatCompletionRequest, http_request: Request, state: GatewayState
+    body: CompletionRequest | ChatCompletionRequest, http_request: Request, state: GatewayState
 ) -> list[PreparedRequest]:
     """The request's choices (n per prompt), all submitted; raises OpenAIError when refused."""
     requests = await checked_requests(body, http_request, state)
     request = requests[0]
     if len(requests) == 1:
         # Kept so that the client can resume the stream or fetch the result by id, through any gateway.
-        await state.runner.submit(request, meta_of(request, kind, state.served.name))
+        await state.runner.submit(request, keep_meta=True)
         return requests
     for choice_request in requests:
         await state.runner.submit(choice_request)
@@ -58,12 +57,12 @@ async def checked_requests(
     # Checking a grammar builds it (and the first time imports xgrammar): off the event loop.
     requests = await asyncio.to_thread(prepare) if asks_for_grammar(body) else prepare()
     # Placed once tokenized (the router weighs the prompt); every choice goes to the first's cell.
-    cell = await state.router.place(state.redis, requests[0].prompt_token_ids)
-    requests = [dataclasses.replace(r, req_id=placed_req_id(cell, r.req_id)) for r in requests]
+    cell = await state.router.place(state.redis, requests[0].message.prompt_token_ids)
+    requests = [with_message(r, req_id=placed_req_id(cell, r.req_id)) for r in requests]
     request = requests[0]
     await check_queue(state.redis, cell_keys(cell), state.settings.max_queued_requests, len(requests))
     # Each prompt once, and every choice's output.
     num_tokens = sum(r.num_prompt_tokens for r in requests[:: request.n])
-    num_tokens += sum(r.sampling_params.max_tokens for r in requests)
+    num_tokens += sum(r.message.sampling_params.max_tokens for r in requests)
     await state.rate_limiter.check(owner, num_tokens)
     return requests

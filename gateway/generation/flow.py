@@ -17,8 +17,7 @@ from gateway.streaming.sse import SSE_HEADERS
 from gateway.streaming.sse_stream import stream_sse
 from openai_frontend.follow.collect import collect
 from openai_frontend.follow.request_runner import FollowPolicy
-from openai_frontend.generate.request_builder import PreparedRequest
-from openai_frontend.generate.request_meta import response_id
+from openai_frontend.generate.request import PreparedRequest
 from openai_frontend.protocol.openai_schemas import ChatCompletionRequest, CompletionRequest
 from openai_frontend.render.answer import Endpoint
 from openai_frontend.render.logprobs import LogprobsFormatter
@@ -43,9 +42,9 @@ async def generate(
     http_request: Request,
     state: GatewayState,
 ) -> JSONResponse | StreamingResponse:
-    requests = await admit(endpoint.kind, body, http_request, state)
+    requests = await admit(body, http_request, state)
     request = requests[0]
-    rid, created = response_id(endpoint.kind, request.req_id), int(request.arrival_time)
+    rid, created = request.response_id, request.created
     formatter = LogprobsFormatter(state.served.tokenizer.tokenizer)
     headers = request_id_header(request.req_id)
     follow = client_follow(requests, state.settings.resume_grace_s)

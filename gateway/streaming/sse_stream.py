@@ -20,7 +20,7 @@ from openai_frontend.follow.collect import timed_out_error, usage
 from openai_frontend.follow.fanout import merged_outputs
 from openai_frontend.follow.request_runner import FollowPolicy, RequestRunner
 from openai_frontend.follow.token_stream import RequestFailed, RequestTimedOut
-from openai_frontend.generate.request_builder import PreparedRequest
+from openai_frontend.generate.request import PreparedRequest
 from openai_frontend.protocol.errors import OpenAIError, from_request_error
 from openai_frontend.render.answer import ChunkFormatter
 

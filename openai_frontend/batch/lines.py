@@ -24,8 +24,8 @@ from openai_frontend.batch.input import InputLine
 from openai_frontend.batch.objects import BatchSpec
 from openai_frontend.follow.collect import collect
 from openai_frontend.follow.request_runner import FollowPolicy, RequestRunner
-from openai_frontend.generate.request_builder import PreparedRequest, prepare_choices
-from openai_frontend.generate.request_meta import Kind, response_id
+from openai_frontend.generate.request import Kind, PreparedRequest, response_id
+from openai_frontend.generate.request_builder import prepare_choices
 from openai_frontend.model.served_model import ServedModel
 from openai_frontend.protocol.errors import OpenAIError, invalid_request, validation_error
 from openai_frontend.protocol.openai_schemas import ChatCompletionRequest, CompletionRequest
@@ -125,7 +125,7 @@ async def run_line(ctx: LineContext, line: InputLine, req_id: str, submitted: Su
         return result_line(line, req_id, exc.status, exc.body())
     for request in requests:
         submitted.req_ids.append(request.req_id)
-        first_time = await submit_once_async(ctx.redis, request.to_message())
+        first_time = await submit_once_async(ctx.redis, request.message)
         if not first_time and await result_lost(ctx.redis, request.req_id):
             raise ResultLost(req_id)
     try:

@@ -15,7 +15,7 @@ from common.protocol import PromptEvent, TokenEvent
 from openai_frontend.follow.fanout import merged_outputs
 from openai_frontend.follow.request_runner import FollowPolicy, Output, RequestRunner
 from openai_frontend.follow.token_stream import RequestFailed, RequestTimedOut
-from openai_frontend.generate.request_builder import PreparedRequest
+from openai_frontend.generate.request import PreparedRequest
 from openai_frontend.protocol.errors import OpenAIError, from_request_error
 from openai_frontend.protocol.openai_schemas import PromptTokensDetails, UsageInfo
 

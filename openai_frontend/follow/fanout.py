@@ -7,7 +7,7 @@ from collections.abc import AsyncGenerator, Sequence
 from contextlib import aclosing
 
 from openai_frontend.follow.request_runner import FollowPolicy, Output, RequestRunner
-from openai_frontend.generate.request_builder import PreparedRequest
+from openai_frontend.generate.request import PreparedRequest
 
 _END = object()  # a choice's outputs are exhausted
 

@@ -10,6 +10,7 @@ from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 import redis.asyncio as aioredis
 import redis.exceptions
 
@@ -22,8 +23,8 @@ from openai_frontend.follow.deadlines import FollowDeadlines
 from openai_frontend.follow.metrics import RequestMetrics, TrackedRequest
 from openai_frontend.follow.token_mux import TokenStreamMux
 from openai_frontend.follow.token_stream import RequestFailed, RequestTimedOut, follow_token_stream
-from openai_frontend.generate.request_builder import PreparedRequest
-from openai_frontend.generate.request_meta import RequestMeta, save_meta
+from openai_frontend.generate.request import PreparedRequest
+from openai_frontend.generate.request_meta import save_meta
 from openai_frontend.model.served_model import ServedModel
 from openai_frontend.text.output_processor import OutputProcessor
 
@@ -86,23 +87,24 @@ class RequestRunner:
         # When it ends, the batcher cuts the TTL to the resume window (retention_s).
         self._meta_ttl_s = int(request_timeout_s) + retention_s
 
-    async def submit(self, request: PreparedRequest, meta: RequestMeta | None = None) -> None:
-        """Append the request (and, for a resumable one, its metadata first) in one round trip.
+    async def submit(self, request: PreparedRequest, keep_meta: bool = False) -> None:
+        """Append the request (and with `keep_meta`, its record first: a single choice, which a
+        client may resume or fetch by id) in one round trip.
 
         Retried for a few seconds while Redis is unreachable: it is safe to repeat, since the entry
-        is written only once per request id (the submit_once marker) and the metadata is the same.
+        is written only once per request id (the submit_once marker) and the record is the same.
         """
-        message = request.to_message()
-        message.deliver_to = self._mux.deliver_to(request.req_id)
+        message = msgspec.structs.replace(request.message, deliver_to=self._mux.deliver_to(request.req_id))
+        meta = request if keep_meta else None
         await retry_async(lambda: self._submit_once(message, meta), SUBMIT_RETRY_S)
         logger.info(
             "request queued: %d prompt tokens, max_tokens %d",
-            len(request.prompt_token_ids),
-            request.sampling_params.max_tokens,
+            len(message.prompt_token_ids),
+            message.sampling_params.max_tokens,
             extra={"request_id": request.req_id},
         )
 
-    async def _submit_once(self, message: GenerateRequest, meta: RequestMeta | None) -> None:
+    async def _submit_once(self, message: GenerateRequest, meta: PreparedRequest | None) -> None:
         async with self._redis.pipeline(transaction=False) as pipe:
             if meta is not None:
                 save_meta(pipe, meta, self._meta_ttl_s)
@@ -147,12 +149,14 @@ class RequestRunner:
         """
         follow = follow or FollowPolicy()
         bind_request_id(request.req_id)  # this task's log lines are about this request from now on
-        processor = OutputProcessor(self._served.tokenizer.tokenizer, request.prompt_token_ids, request.stop)
+        processor = OutputProcessor(
+            self._served.tokenizer.tokenizer, request.message.prompt_token_ids, request.stop
+        )
         tracker = None
         if follow.track and self._metrics is not None:
-            tracker = self._metrics.track(request.arrival_time, request.num_prompt_tokens)
+            tracker = self._metrics.track(request.message.arrival_time, request.num_prompt_tokens)
         # Counted from arrival, so a resumed follower gets what is left of the request's time.
-        left_s = self._request_timeout_s - max(0.0, time.time() - request.arrival_time)
+        left_s = self._request_timeout_s - max(0.0, time.time() - request.message.arrival_time)
         deadline = time.monotonic() + (left_s if follow.wait_s is None else min(left_s, follow.wait_s))
         done = timed_out = False
         held = follow.may_abort and not follow.leave_running

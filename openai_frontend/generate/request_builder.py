@@ -1,13 +1,10 @@
-"""Turns a validated OpenAI body into the GenerateRequest the batcher reads."""
+"""Turns a validated OpenAI body into its requests' records (request.py): one per choice."""
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass
-
 import msgspec
 
-from common.protocol import GenerateRequest, SamplingParams
+from common.protocol import GenerateRequest
 from common.stream_client import new_req_id
 from openai_frontend.generate.prompts import (
     MAX_PROMPTS,
@@ -15,6 +12,7 @@ from openai_frontend.generate.prompts import (
     completion_prompt_ids,
     split_prompts,
 )
+from openai_frontend.generate.request import PreparedRequest, with_message
 from openai_frontend.generate.validation import (
     check_model,
     check_prompt_length,
@@ -32,51 +30,6 @@ from openai_frontend.protocol.openai_schemas import ChatCompletionRequest, Compl
 from openai_frontend.tools.tool_choice import ToolUse, tool_use
 
 
-@dataclass(slots=True, frozen=True)
-class PreparedRequest:
-    req_id: str  # unguessable: it names the token stream, which anyone holding it can read
-    prompt_token_ids: list[int]
-    sampling_params: SamplingParams
-    stop: list[str]  # matched here on the output text, never sent to the worker
-    arrival_time: float  # unix seconds
-    stream: bool
-    include_usage: bool  # streaming: add a final usage chunk
-    return_token_ids: bool = False  # add generated token ids to each choice
-    resumable: bool = False  # outlives its client's connection for the resume window
-    n: int = 1  # choices asked for; each is a PreparedRequest of its own (see fan_out)
-    logprobs: bool = False  # add logprobs to each choice
-    echo_text: str | None = None  # completions with echo: the prompt text that starts each choice
-    user: str = ""  # the client's end-user id, recorded with the request
-    owner: str = ""  # name of the API key that made it; never the key
-    queue_deadline: float | None = None  # unix seconds; the batcher fails it if still unscheduled then
-    priority: int = 0  # lower runs first: interactive requests 0, batch lines BATCH_PRIORITY
-    # Set when prompt_token_ids holds only the prompt's tail (a request rebuilt to resume its stream).
-    full_prompt_len: int | None = None
-    tool_parser: str | None = None  # chat with tools: the format tool calls are read back in
-    max_tool_calls: int | None = None  # 1 with parallel_tool_calls false
-
-    @property
-    def echo_logprobs(self) -> bool:
-        """Completions with echo and logprobs: the echoed prompt comes with its tokens' logprobs."""
-        return self.echo_text is not None and self.logprobs
-
-    @property
-    def num_prompt_tokens(self) -> int:
-        return len(self.prompt_token_ids) if self.full_prompt_len is None else self.full_prompt_len
-
-    def to_message(self) -> GenerateRequest:
-        return GenerateRequest(
-            req_id=self.req_id,
-            prompt_token_ids=self.prompt_token_ids,
-            sampling_params=self.sampling_params,
-            arrival_time=self.arrival_time,
-            user=self.user,
-            owner=self.owner,
-            queue_deadline=self.queue_deadline,
-            priority=self.priority,
-        )
-
-
 def fan_out(request: PreparedRequest, first_index: int = 0) -> list[PreparedRequest]:
     """One request per choice, each with its own id (`<req_id>-<index>`, as unguessable as the first
     one's, and the same again when a batch line is prepared again); choice indexes start at
@@ -84,14 +37,12 @@ def fan_out(request: PreparedRequest, first_index: int = 0) -> list[PreparedRequ
     vLLM's ParentRequest does), so every choice is reproducible on its own and they differ."""
     choices = []
     for i in range(request.n):
-        params = request.sampling_params
+        params = request.message.sampling_params
         if params.seed is not None and i:
             params = msgspec.structs.replace(params, seed=params.seed + i)
         index = first_index + i
         req_id = f"{request.req_id}-{index}" if index else request.req_id
-        choices.append(
-            request if not index else dataclasses.replace(request, req_id=req_id, sampling_params=params)
-        )
+        choices.append(request if not index else with_message(request, req_id=req_id, sampling_params=params))
     return choices
 
 
@@ -123,12 +74,22 @@ def prepare_choices(
         prompt_param = "messages" if isinstance(body, ChatCompletionRequest) else "prompt"
         check_prompt_length(len(prompt_token_ids), served, prompt_param)
         max_tokens = resolve_max_tokens(body, len(prompt_token_ids), served)
-        request = PreparedRequest(
+        message = GenerateRequest(
             req_id=req_id,
             prompt_token_ids=prompt_token_ids,
             sampling_params=sampling_params(body, max_tokens, served, tools.grammar),
-            stop=stop,
             arrival_time=arrival_time,
+            user=user,
+            owner=owner,
+            queue_deadline=queue_deadline,
+            priority=priority,
+        )
+        request = PreparedRequest(
+            message=message,
+            kind="chat" if isinstance(body, ChatCompletionRequest) else "completion",
+            model=served.name,
+            num_prompt_tokens=len(prompt_token_ids),
+            stop=stop,
             stream=bool(body.stream),
             include_usage=bool(body.stream and body.stream_options and body.stream_options.include_usage),
             resumable=bool(body.resumable),
@@ -136,10 +97,6 @@ def prepare_choices(
             n=n,
             logprobs=num_logprobs(body) is not None,
             echo_text=echo_text,
-            user=user,
-            owner=owner,
-            queue_deadline=queue_deadline,
-            priority=priority,
             tool_parser=tools.parser,
             max_tool_calls=tools.max_calls,
         )

@@ -7,7 +7,7 @@ from typing import Any
 
 from openai_frontend.follow.collect import Completed
 from openai_frontend.follow.request_runner import Output
-from openai_frontend.generate.request_builder import PreparedRequest
+from openai_frontend.generate.request import PreparedRequest
 from openai_frontend.protocol.openai_schemas import (
     AssistantMessage,
     ChatChoice,

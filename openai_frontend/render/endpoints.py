@@ -3,7 +3,7 @@ fetch or resume by id, a batch line)."""
 
 from __future__ import annotations
 
-from openai_frontend.generate.request_meta import Kind
+from openai_frontend.generate.request import Kind
 from openai_frontend.render.answer import Endpoint
 from openai_frontend.render.chat import CHAT
 from openai_frontend.render.completion import COMPLETION

@@ -17,7 +17,7 @@ import json
 from dataclasses import dataclass
 from typing import Literal
 
-from openai_frontend.generate.request_meta import RequestMeta
+from openai_frontend.generate.request import PreparedRequest
 from openai_frontend.responses.store import StoredCall, Turn
 from openai_frontend.tools.parsers import HermesToolParser, new_parser
 from openai_frontend.tools.parsers.hermes import END, ParsedDelta, ToolCallDelta
@@ -50,7 +50,7 @@ def _pieces(text: str) -> list[str]:
     return [p + END for p in parts[:-1]] + ([parts[-1]] if parts[-1] else [])
 
 
-def parser_of(meta: RequestMeta) -> HermesToolParser | None:
+def parser_of(meta: PreparedRequest) -> HermesToolParser | None:
     if meta.tool_parser is None:
         return None
     return new_parser(meta.tool_parser, meta.req_id, meta.max_tool_calls)
@@ -59,7 +59,7 @@ def parser_of(meta: RequestMeta) -> HermesToolParser | None:
 class OutputItems:
     """Feed a response's text as it arrives; each call says how the items changed."""
 
-    def __init__(self, meta: RequestMeta) -> None:
+    def __init__(self, meta: PreparedRequest) -> None:
         self._req_id = meta.req_id
         self._parser = parser_of(meta)
         self.items: list[Item] = []
@@ -145,7 +145,7 @@ class OutputItems:
         return _MESSAGE_PREFIX + self._req_id + suffix
 
 
-def output_items(meta: RequestMeta, text: str) -> list[Item]:
+def output_items(meta: PreparedRequest, text: str) -> list[Item]:
     """The items of a whole answer: `text` read at once, as a stream of it would have built them."""
     items = OutputItems(meta)
     items.opening()

@@ -20,7 +20,6 @@ import redis.exceptions
 from openai_frontend.follow.collect import Completed, timed_out_error
 from openai_frontend.follow.request_runner import FollowPolicy, RequestRunner
 from openai_frontend.follow.token_stream import RequestFailed, RequestTimedOut
-from openai_frontend.generate.request_meta import prepared_from
 from openai_frontend.protocol.errors import OpenAIError
 from openai_frontend.responses.objects import (
     Event,
@@ -91,7 +90,7 @@ class ResponsesRunner:
         for event in events.opening():
             yield event
         done = Completed()
-        request = prepared_from(stored.spec.request)
+        request = stored.spec.request
         try:
             async with aclosing(self.runner.outputs(request, follow)) as outputs:
                 async for out in outputs:
@@ -129,4 +128,4 @@ class ResponsesRunner:
             started = await self.store.has_started(req_id)
             return StoredResponse(stored.spec, "in_progress" if started else stored.status, None)
         await self._drain(stored, dataclasses.replace(WATCHER, wait_s=SETTLE_WAIT_S))
-        return await self.store.get(stored.spec.request.owner, stored.spec.id) or stored
+        return await self.store.get(stored.spec.request.message.owner, stored.spec.id) or stored

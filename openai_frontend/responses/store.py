@@ -23,7 +23,7 @@ import redis.asyncio as aioredis
 from common.protocol import FIELD, RequestError, decode_event
 from common.redis_conn import as_bytes, as_str
 from common.streams import response_key, token_stream
-from openai_frontend.generate.request_meta import RequestMeta
+from openai_frontend.generate.request import PreparedRequest
 from openai_frontend.responses.schemas import TERMINAL, ResponseStatus
 
 _SPEC, _STATUS, _RESULT = "spec", "status", "result"
@@ -59,7 +59,7 @@ class Turn(msgspec.Struct, frozen=True):
 class ResponseSpec(msgspec.Struct, kw_only=True, frozen=True):
     """What the response was asked to be; never changes."""
 
-    request: RequestMeta  # how to replay its token stream (prompt tail, stop strings), and the owner
+    request: PreparedRequest  # how to replay its token stream (prompt tail, stop strings), and the owner
     background: bool
     instructions: str | None
     previous_response_id: str | None
@@ -129,7 +129,7 @@ class ResponseStore:
         if raw_spec is None or raw_status is None:
             return None
         spec = msgspec.msgpack.decode(as_bytes(raw_spec), type=ResponseSpec)
-        if spec.request.owner != owner:
+        if spec.request.message.owner != owner:
             return None
         result = (
             None if raw_result is None else msgspec.msgpack.decode(as_bytes(raw_result), type=ResponseResult)
@@ -145,7 +145,7 @@ class ResponseStore:
         written = await self._redis.eval(_FINISH, 1, key, status, msgspec.msgpack.encode(result), ttl_s)
         if written:
             return StoredResponse(stored.spec, status, result)
-        again = await self.get(stored.spec.request.owner, stored.spec.id)
+        again = await self.get(stored.spec.request.message.owner, stored.spec.id)
         return again or StoredResponse(stored.spec, status, result)
 
     async def delete(self, stored: StoredResponse) -> None:

@@ -11,7 +11,8 @@ from typing import Any
 import msgspec
 import pytest
 
-from openai_frontend.generate.request_meta import RequestMeta
+from common.protocol import GenerateRequest, SamplingParams
+from openai_frontend.generate.request import PreparedRequest
 from openai_frontend.responses.items import CallItem, MessageItem, OutputItems, answer_turn, output_items
 from openai_frontend.responses.objects import ResponseEvents, response_object
 from openai_frontend.responses.schemas import ResponseStatus
@@ -27,15 +28,13 @@ TEXTS = [
 ]
 
 
-def _meta(tool_parser: str | None = "hermes", max_tool_calls: int | None = None) -> RequestMeta:
-    return RequestMeta(
-        req_id="req1",
+def _meta(tool_parser: str | None = "hermes", max_tool_calls: int | None = None) -> PreparedRequest:
+    return PreparedRequest(
+        message=GenerateRequest(
+            req_id="req1", prompt_token_ids=[], sampling_params=SamplingParams(), arrival_time=0.0
+        ),
         kind="chat",
         model="m",
-        created=0,
-        owner="",
-        arrival_time=0.0,
-        prompt_tail=[],
         num_prompt_tokens=0,
         stop=[],
         stream=True,
@@ -106,7 +105,7 @@ def test_records_stored_before_tools_still_read() -> None:
     assert again.tool_calls == [call] and again.tool_call_id is None
 
 
-def _spec(meta: RequestMeta) -> ResponseSpec:
+def _spec(meta: PreparedRequest) -> ResponseSpec:
     return ResponseSpec(
         request=meta,
         background=False,

@@ -29,7 +29,7 @@ from cbserve.defaults import (
     RedisMode,
 )
 from cbserve.processes import Child
-from cbserve.redis_resolver import RedisUnavailable, redact, resolve
+from cbserve.redis_resolver import RedisUnavailable, redact, resolve, write_private
 from cbserve.restarts import RestartBudget
 from cbserve.stack import ServiceArgs, Stack, celery_installed, cell_names, joined_workers, start_services
 
@@ -336,7 +336,11 @@ def run_up(opts: UpOptions) -> int:
             return 0
         model_name = served_model_name(base_url, model_dir.name)
         names = [c.name for c in stack.children()]
-        print(banner(base_url, redact(choice.url), model_name, describe(opts), stack.run_dir, names))
+        redis_shown = redact(choice.url)
+        if choice.server is not None:  # its password is the run's own: in a file only the user reads
+            url_file = write_private(stack.run_dir / "redis-url", choice.url)
+            redis_shown = f'"$(cat {url_file})"'
+        print(banner(base_url, redis_shown, model_name, describe(opts), stack.run_dir, names))
         sys.stdout.flush()
         supervise(stack, signals, RestartBudget(opts.max_restarts, DEFAULT_RESTART_WINDOW_S))
         return 0

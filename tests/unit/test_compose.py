@@ -133,9 +133,10 @@ def test_gpu_worker_reserves_a_gpu_and_checks_its_heartbeat_file(compose: dict[s
 def test_gateway_is_the_only_published_service(compose: dict[str, Any]) -> None:
     published = [name for name, spec in compose["services"].items() if "ports" in spec]
     assert published == ["gateway", "cluster_gateway"]
-    assert interpolate(compose["services"]["cluster_gateway"]["ports"][0]) == "8001:8000"
+    # Closed by default: published on loopback only, unless GATEWAY_BIND names an interface.
+    assert interpolate(compose["services"]["cluster_gateway"]["ports"][0]) == "127.0.0.1:8001:8000"
     [mapping] = compose["services"]["gateway"]["ports"]
-    assert interpolate(mapping).endswith(":8000")
+    assert interpolate(mapping) == "127.0.0.1:8000:8000"
     port = shlex.split(" ".join(compose["services"]["gateway"]["command"]))
     assert port[port.index("--port") + 1] == "8000"
     assert "http://127.0.0.1:8000/health" in " ".join(compose["services"]["gateway"]["healthcheck"]["test"])

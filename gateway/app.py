@@ -56,7 +56,6 @@ def create_app(settings: GatewaySettings) -> FastAPI:
             metrics,
             settings.retention_s,
             settings.resume_grace_s,
-            delivery=settings.delivery_stream,
         )
         batch_queue = BatchQueue(settings.redis_url)
         responses = ResponsesRunner(runner, ResponseStore(redis), settings.retention_s)

@@ -37,11 +37,6 @@ class GatewaySettings(BaseSettings):
     # `"resumable": true`: then it may resume (GET /v1/requests/{id}/stream) within this many seconds
     # before the request is aborted; 0 aborts even those at once.
     resume_grace_s: float = Field(default=30.0, ge=0)
-    # Follow the requests submitted here through one delivery stream per cell (common/delivery.py)
-    # instead of one token stream key each per read. Off: every request through its own token stream
-    # (also what a gateway must do while workers or batchers older than this one serve its cells).
-    # Opt-in until its gateway CPU per token is measured on a quiet host (docs/benchmarks.md).
-    delivery_stream: bool = False
     redis_url: str = redis_url_field()
     redis_cluster: bool = redis_cluster_field()
     cell: str = cell_field()

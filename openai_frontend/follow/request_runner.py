@@ -10,7 +10,6 @@ from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
 
-import msgspec
 import redis.asyncio as aioredis
 import redis.exceptions
 
@@ -70,12 +69,10 @@ class RequestRunner:
         metrics: RequestMetrics | None = None,
         retention_s: int = RETENTION_S,
         follow_ahead_s: float = 0.0,
-        delivery: bool = False,
     ) -> None:
         self._redis = redis
-        # One shared read for every token stream followed here; with `delivery`, the requests submitted
-        # here come through this gateway's delivery stream in each cell (one key, not one per request).
-        self._mux = TokenStreamMux(redis, delivery=delivery, own_ttl_s=request_timeout_s)
+        # One shared read per cell for every token stream followed here.
+        self._mux = TokenStreamMux(redis)
         self._served = served
         self._metrics = metrics
         self._request_timeout_s = request_timeout_s
@@ -94,7 +91,7 @@ class RequestRunner:
         Retried for a few seconds while Redis is unreachable: it is safe to repeat, since the entry
         is written only once per request id (the submit_once marker) and the record is the same.
         """
-        message = msgspec.structs.replace(request.message, deliver_to=self._mux.deliver_to(request.req_id))
+        message = request.message
         meta = request if keep_meta else None
         await retry_async(lambda: self._submit_once(message, meta), SUBMIT_RETRY_S)
         logger.info(
@@ -229,8 +226,6 @@ class RequestRunner:
                 logger.warning("request %s timed out after %.0f s", request.req_id, self._request_timeout_s)
             raise
         finally:
-            if done:
-                self._mux.forget(request.req_id)
             if not done and tracker is not None:
                 tracker.finish("abort")
             if held:

@@ -22,13 +22,12 @@ with a wake stream in that cell's slot.
 A failed read (Redis restarting, unreachable) is retried with backoff (common/retry.py) and fails no
 follower: each keeps its place (the last entry id it was given) and resumes from there once Redis is
 back, so an SSE stream survives a Redis restart. A follower gives up only at its own deadline
-(openai_frontend/follow/token_stream.py). Entry ids grow with the clock, so even a stream that lost its last
-entries in the restart (AOF everysec) gets new entries after a follower's last id.
+(openai_frontend/follow/token_stream.py). Entry ids grow with the clock, so even a stream that lost its
+last entries in the restart (AOF everysec) gets new entries after a follower's last id.
 
-That is still one key per request in each read. With delivery streams on (GATEWAY_DELIVERY_STREAM),
-the requests this gateway submits are followed instead through its delivery stream in their cell,
-one key per cell however many are in flight (openai_frontend/follow/delivery_reader.py); this per-request
-read serves the others: a resume or fetch of a request another gateway (or Celery) submitted.
+Each read names one key per request followed. Following a gateway's own requests through one
+delivery stream per cell instead (one key however many are in flight) cost the gateway more CPU per
+token at 16 and 64 in flight (docs/benchmarks.md, issue 24), and was removed.
 """
 
 from __future__ import annotations
@@ -36,8 +35,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 import uuid
+from dataclasses import dataclass, field
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -46,8 +45,6 @@ import redis.exceptions
 from common.redis_conn import MAX_BLOCK_MS, entry_key
 from common.retry import Backoff
 from common.streams import DEFAULT_CELL, cell_keys, cell_of, token_stream
-from openai_frontend.follow.delivery_followers import Entry, Subscription
-from openai_frontend.follow.delivery_reader import CellDelivery
 
 logger = logging.getLogger(__name__)
 
@@ -58,72 +55,43 @@ _READ_COUNT = 256
 _WAKE_TTL_S = 3600  # refreshed on every wake; outlives any pause of a live gateway
 
 
+Entry = tuple[str, dict[bytes, bytes]]  # (token stream entry id, fields)
+
+
+@dataclass(slots=True, eq=False)
+class Subscription:
+    req_id: str
+    last_id: str  # the newest entry already delivered (or the resume point)
+    queue: asyncio.Queue[list[Entry]] = field(default_factory=asyncio.Queue)
+
+
 class TokenStreamMux:
-    """The token streams this gateway follows, in every cell: one shared read per cell.
+    """The token streams this gateway follows, in every cell: one shared read per cell."""
 
-    With `delivery`, the requests this gateway submits name it (`deliver_to`) and are followed through
-    its delivery stream in their cell (openai_frontend/follow/delivery_reader.py), whatever their number; any
-    other request (submitted by another gateway, by then forgotten) through its own token stream.
-    """
-
-    def __init__(self, redis: aioredis.Redis, *, delivery: bool = False, own_ttl_s: float = 3600.0) -> None:
+    def __init__(self, redis: aioredis.Redis) -> None:
         self._redis = redis
         self.gateway_id = uuid.uuid4().hex
         self._cells: dict[str, CellStreamMux] = {}
-        self._delivery = delivery
-        self._deliveries: dict[str, CellDelivery] = {}
-        # The requests submitted here that may still run, by req_id -> time.monotonic() they are
-        # forgotten at (their follower's timeout: later, or once ended, the token stream serves).
-        self._own: dict[str, float] = {}
-        self._own_ttl_s = own_ttl_s
-
-    def deliver_to(self, req_id: str) -> str:
-        """The `deliver_to` of a request this gateway submits now ("" without delivery streams)."""
-        if not self._delivery:
-            return ""
-        now = time.monotonic()
-        while self._own:  # in insertion order, so in expiry order
-            first, expires = next(iter(self._own.items()))
-            if expires > now:
-                break
-            del self._own[first]
-        self._own[req_id] = now + self._own_ttl_s
-        return self.gateway_id
-
-    def forget(self, req_id: str) -> None:
-        """`req_id` ended: later followers (a replay) read its token stream."""
-        self._own.pop(req_id, None)
 
     async def subscribe(self, req_id: str, last_id: str = "0-0") -> Subscription:
         cell = cell_of(req_id)
-        if req_id in self._own:
-            delivery = self._deliveries.get(cell)
-            if delivery is None:
-                delivery = self._deliveries[cell] = CellDelivery(self._redis, cell, self.gateway_id)
-            return delivery.subscribe(req_id, last_id)
         mux = self._cells.get(cell)
         if mux is None:
             mux = self._cells[cell] = CellStreamMux(self._redis, cell, self.gateway_id)
         return await mux.subscribe(req_id, last_id)
 
     def unsubscribe(self, sub: Subscription) -> None:
-        cell = cell_of(sub.req_id)
-        delivery = self._deliveries.get(cell)
-        if delivery is not None:
-            delivery.unsubscribe(sub)
-        mux = self._cells.get(cell)
+        mux = self._cells.get(cell_of(sub.req_id))
         if mux is not None:
             mux.unsubscribe(sub)
 
     async def close(self) -> None:
-        readers: list[CellStreamMux | CellDelivery] = [*self._cells.values(), *self._deliveries.values()]
-        await asyncio.gather(*(reader.close() for reader in readers))
+        await asyncio.gather(*(mux.close() for mux in self._cells.values()))
 
     @property
     def redis_down(self) -> bool:
         """The last read of some cell failed: Redis (or that cell's shard) is unreachable."""
-        readers: list[CellStreamMux | CellDelivery] = [*self._cells.values(), *self._deliveries.values()]
-        return any(reader.redis_down for reader in readers)
+        return any(mux.redis_down for mux in self._cells.values())
 
 
 class CellStreamMux:

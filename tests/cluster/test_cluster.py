@@ -32,8 +32,7 @@ def stack(
     with cluster_stack(cluster.url, tiny_model_dir, tmp_path_factory.mktemp("cluster-stack")) as stack:
         stack.start_batcher()
         stack.start_worker()
-        # Delivery streams on (opt-in): the worker's script then writes two keys of the cell per event.
-        stack.start_gateway(GATEWAY_RESUME_GRACE_S="30", GATEWAY_DELIVERY_STREAM="true")
+        stack.start_gateway(GATEWAY_RESUME_GRACE_S="30")
         stack.wait_ready(num_workers=1, timeout=240)  # seven processes and a cluster on a shared machine
         yield stack
 

@@ -245,16 +245,15 @@ def test_resume_within_the_grace_window_keeps_the_request(
 def test_a_resume_through_another_gateway_gets_exactly_the_rest(
     make_gateway: Callable[..., RunningGateway], tok: Tokenizer
 ) -> None:
-    """The first gateway follows its request through its delivery stream; the client leaves and
+    """The first gateway follows its request through its token stream; the client leaves and
     resumes through a second gateway, which reads the token stream after Last-Event-ID: the same
     events, ids included, as a replay from the start, after that id."""
-    first_gw = make_gateway(resume_grace_s=30.0, delivery_stream=True)
+    first_gw = make_gateway(resume_grace_s=30.0)
     other_gw = make_gateway(resume_grace_s=30.0)
     first, rest = _ids(tok, " Return the"), _ids(tok, " value of the object")
     with ThreadPoolExecutor(max_workers=1) as pool:
         future = pool.submit(read_then_hang_up, first_gw.url, "/v1/completions", RESUMABLE_BODY, 2)
         request = first_gw.harness.next_request()
-        assert request.deliver_to  # the first gateway asked for its delivery stream
         first_gw.harness.emit_tokens(request.req_id, first, finish_reason=None)
         _, seen = future.result(timeout=30)
         last_id = seen[-1].id or ""
@@ -267,7 +266,7 @@ def test_a_resume_through_another_gateway_gets_exactly_the_rest(
         )
         first_gw.harness.emit_tokens(request.req_id, rest, start_index=len(first), finish_reason="length")
         _, events = resumed.result(timeout=30)
-    # A replay from the start on the first gateway (which still counts the request as its own).
+    # A replay from the start on the first gateway.
     _, whole = get_sse(first_gw.client, f"/v1/requests/{request.req_id}/stream")
     ids = [e.id for e in whole]
     assert whole[: len(seen)] == seen

@@ -15,6 +15,9 @@ from typing import Any
 
 # A file with more faults than this reports only the first ones.
 MAX_REPORTED_ERRORS = 100
+# Arrays and objects nested deeper than this fail the line (and so the batch, while validating): the
+# endpoints' own checks recurse, and a line of 50,000 `[` stopped the task in RecursionError.
+MAX_LINE_DEPTH = 128
 
 
 @dataclass(slots=True, frozen=True)
@@ -29,12 +32,31 @@ def _error(code: str, message: str, line: int, param: str | None = None) -> dict
     return {"code": code, "message": message, "param": param, "line": line}
 
 
+def _deeper_than(value: Any, limit: int) -> bool:
+    """Whether arrays and objects nest deeper than `limit` in `value` (no recursion of our own)."""
+    pending = [(value, 1)]
+    while pending:
+        item, depth = pending.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is None:
+            continue
+        if depth > limit:
+            return True
+        pending.extend((child, depth + 1) for child in children)
+    return False
+
+
 def _check(raw: str, line: int, endpoint: str) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
     """(the request object, None) for a well-formed line, else (None, its error)."""
+    too_deep = f"line {line} nests arrays and objects deeper than {MAX_LINE_DEPTH} levels"
     try:
         obj = json.loads(raw)
     except json.JSONDecodeError as exc:
         return None, _error("invalid_json_line", f"line {line} is not valid JSON: {exc.msg}", line)
+    except RecursionError:
+        return None, _error("invalid_request", too_deep, line)
+    if _deeper_than(obj, MAX_LINE_DEPTH):
+        return None, _error("invalid_request", too_deep, line)
     if not isinstance(obj, dict):
         return None, _error("invalid_request", f"line {line} must be a JSON object", line)
     custom_id = obj.get("custom_id")

@@ -255,6 +255,22 @@ def test_malformed_input_file_fails_the_batch_with_line_errors(alice: openai.Ope
     assert batch.output_file_id is None and batch.error_file_id is None
 
 
+def test_a_line_nested_50k_deep_fails_the_batch_instead_of_hanging(alice: openai.OpenAI) -> None:
+    """Before the bound (openai_frontend/batch/input.py) the task died in RecursionError and the batch
+    stayed `validating` for good."""
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    deep = '{"custom_id": "deep", "method": "POST", "url": "/v1/chat/completions", "body": {"x": '
+    content = json.dumps(request_line("a", body)) + "\n" + deep + "[" * 50_000 + "]" * 50_000 + "}}\n"
+    upload = alice.files.create(file=("deep.jsonl", content.encode()), purpose="batch")
+    batch = alice.batches.create(
+        input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+    batch = wait_final(alice, batch.id, timeout=60)
+    assert batch.status == "failed" and batch.errors and batch.errors.data, batch
+    [error] = batch.errors.data
+    assert (error.line, error.code) == (2, "invalid_request") and "deeper than" in (error.message or "")
+
+
 def test_uploads_and_batch_creation_are_checked(stack: Stack, alice: openai.OpenAI) -> None:
     with pytest.raises(openai.APIStatusError) as too_big:
         alice.files.create(file=("big.jsonl", b"x" * (MAX_FILE_BYTES + 1)), purpose="batch")

@@ -83,6 +83,10 @@ class CellKeys:
         that gateway's requests (common/delivery.py), so it reads one key per cell, not one per request."""
         return f"{_tag(self.cell)}:deliver:{gateway_id}"
 
+    def gateway_health(self) -> str:
+        """A key every gateway's /health writes (SET PX): does Redis take writes (not full, not read-only)?"""
+        return f"{_tag(self.cell)}:gateway:health"
+
     def gateway_wake(self, gateway_id: str) -> str:
         """A gateway's own small stream that wakes its shared token-stream read of this cell (TTL)."""
         return f"{_tag(self.cell)}:gateway:wake:{gateway_id}"

@@ -10,6 +10,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from common.redis_refusal import refuses_writes
 from gateway.errors import error_response
 from openai_frontend.protocol.errors import OpenAIError, validation_error
 
@@ -46,6 +47,15 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
 
 
 async def _redis_error(_: Request, exc: Exception) -> JSONResponse:
+    if refuses_writes(exc):  # up, but full (maxmemory) or read-only: say so, not "unreachable"
+        logger.warning("redis refuses writes: %s", exc)
+        message = "the request queue is full (redis refuses writes), retry later"
+        code = "redis_full"
+        return error_response(
+            OpenAIError(
+                503, message, type="server_error", code=code, headers={"Retry-After": REDIS_RETRY_AFTER_S}
+            )
+        )
     logger.warning("redis unavailable: %s", exc)
     error = OpenAIError(
         503,

@@ -1,0 +1,76 @@
+"""What GET /health checks: 200 only while the gateway's requests can be served.
+
+Redis answers and takes writes (a small SET: a full Redis under `noeviction`, a read-only replica or a
+failed RDB save refuse it), a batcher of one of the gateway's cells has published its stats recently
+(the active batcher refreshes `updated_at` twice a second), and a worker heartbeats. Each failure is a
+503 naming which, never an internal address. A cell whose batcher never wrote its stats (a new Redis,
+one restarted without AOF, a test driving the protocol by hand) is not judged on its batcher.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis.exceptions
+
+from common.redis_refusal import refuses_writes
+from common.streams import cell_keys
+from gateway.app_state import GatewayState
+
+# A probe must answer quickly even when Redis hangs.
+REDIS_TIMEOUT_S = 2.0
+# A batcher silent this long is gone (as `python -m batcher --healthcheck` judges it).
+BATCHER_SILENT_S = 10.0
+RETRY_AFTER_S = "2"
+
+
+@dataclass(frozen=True, slots=True)
+class Health:
+    status_code: int
+    body: dict[str, Any]
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+def _unavailable(status: str, reason: str, message: str, retry: bool = True) -> Health:
+    headers = {"Retry-After": RETRY_AFTER_S} if retry else {}
+    return Health(503, {"status": status, "reason": reason, "message": message}, headers)
+
+
+async def check(state: GatewayState) -> Health:
+    try:
+        async with asyncio.timeout(REDIS_TIMEOUT_S):
+            return await _check(state)
+    except redis.exceptions.ResponseError as exc:
+        if not refuses_writes(exc):
+            raise
+        message = "redis refuses writes (full under maxmemory, or read-only): new requests are refused"
+        return _unavailable("unavailable", "redis_refuses_writes", message)
+    except (redis.exceptions.RedisError, TimeoutError):
+        return _unavailable("degraded", "redis_unreachable", "degraded: redis unreachable")
+
+
+async def _check(state: GatewayState) -> Health:
+    await state.router.refresh(state.redis)
+    cells = list(state.router.cells)
+    await state.redis.set(cell_keys(cells[0]).gateway_health(), "1", px=5000)
+    now = time.time()
+    timeout_s = state.settings.heartbeat_timeout_s
+    cutoff_ms = int((now - timeout_s) * 1000)
+    num_alive = 0
+    batchers: list[bool] = []  # per cell with batcher stats: published recently
+    for cell in cells:  # every cell it places in
+        keys = cell_keys(cell)
+        num_alive += int(await state.redis.zcount(keys.heartbeat, f"({cutoff_ms}", "+inf"))
+        updated: Any = await state.redis.hget(keys.stats, "updated_at")
+        if updated is not None:
+            batchers.append(now - float(updated) < BATCHER_SILENT_S)
+    if batchers and not any(batchers):
+        message = f"no batcher has published in the last {BATCHER_SILENT_S:g} s"
+        return _unavailable("unavailable", "no_batcher", message)
+    if num_alive == 0:
+        message = f"no worker heartbeat in the last {timeout_s:g} s"
+        return _unavailable("unavailable", "no_worker", message, retry=False)
+    return Health(200, {"status": "ok", "num_workers": num_alive})

@@ -15,12 +15,13 @@ from typing import Any
 import pytest
 from tokenizers import Tokenizer
 
+from common.protocol import GenerateRequest
 from common.streams import FOLLOW_DEADLINES, request_meta
 from gateway.security.api_keys import hash_key
 from openai_frontend.follow.deadlines import MIN_DEADLINE_S
 from tests.harness.gateway_server import RunningGateway
 from tests.harness.services import wait_for
-from tests.harness.sse_client import get_sse, post_raw, post_sse, read_then_hang_up
+from tests.harness.sse_client import SSEEvent, get_sse, post_raw, post_sse, read_then_hang_up
 
 STREAM_BODY = {"prompt": "hi", "max_tokens": 50, "stream": True}
 RESUMABLE_BODY = {**STREAM_BODY, "resumable": True}  # outlives its connection for the resume window
@@ -209,6 +210,24 @@ def _deadline(gw: RunningGateway, req_id: str) -> float | None:
     return None if score is None else float(score)
 
 
+def _leave(
+    pool: ThreadPoolExecutor, gw: RunningGateway, first: list[int], num_events: int
+) -> tuple[GenerateRequest, list[SSEEvent]]:
+    """A resumable completion whose client reads `num_events` SSE events of `first` and hangs up:
+    the request as the gateway queued it, and the events the client saw."""
+    future = pool.submit(read_then_hang_up, gw.url, "/v1/completions", RESUMABLE_BODY, num_events)
+    request = gw.harness.next_request()
+    gw.harness.emit_tokens(request.req_id, first, finish_reason=None)
+    _, seen = future.result(timeout=30)
+    return request, seen
+
+
+def _wait_attached(gw: RunningGateway, req_id: str) -> None:
+    """The resumed follower is attached once its read is in place."""
+    meta_key = request_meta(req_id)
+    wait_for(lambda: int(gw.harness.redis.hget(meta_key, "attach")) == 1, 15, "the resume to attach")
+
+
 def test_resume_within_the_grace_window_keeps_the_request(
     make_gateway: Callable[..., RunningGateway], tok: Tokenizer
 ) -> None:
@@ -219,10 +238,7 @@ def test_resume_within_the_grace_window_keeps_the_request(
     gw = make_gateway(resume_grace_s=grace_s)
     first, rest = _ids(tok, " Return"), _ids(tok, " the value")
     with ThreadPoolExecutor(max_workers=1) as pool:
-        future = pool.submit(read_then_hang_up, gw.url, "/v1/completions", RESUMABLE_BODY, 1)
-        request = gw.harness.next_request()
-        gw.harness.emit_tokens(request.req_id, first, finish_reason=None)
-        _, seen = future.result(timeout=30)
+        request, seen = _leave(pool, gw, first, 1)
         # The hang-up cut the deadline to the window...
         wait_for(
             lambda: _deadline(gw, request.req_id) < time.time() + grace_s + 0.5, 15, "the window to start"
@@ -230,9 +246,7 @@ def test_resume_within_the_grace_window_keeps_the_request(
         resumed = pool.submit(
             get_sse, gw.client, f"/v1/requests/{request.req_id}/stream", {"Last-Event-ID": seen[-1].id or ""}
         )
-        # The resumed follower is attached once its read is in place; only then end the request.
-        meta_key = request_meta(request.req_id)
-        wait_for(lambda: int(gw.harness.redis.hget(meta_key, "attach")) == 1, 15, "the resume to attach")
+        _wait_attached(gw, request.req_id)  # only then end the request
         gw.harness.emit_tokens(request.req_id, rest, start_index=len(first), finish_reason="length")
         _, events = resumed.result(timeout=30)
     text = "".join(e.json()["choices"][0]["text"] for e in events if e.data != "[DONE]")
@@ -252,18 +266,12 @@ def test_a_resume_through_another_gateway_gets_exactly_the_rest(
     other_gw = make_gateway(resume_grace_s=30.0)
     first, rest = _ids(tok, " Return the"), _ids(tok, " value of the object")
     with ThreadPoolExecutor(max_workers=1) as pool:
-        future = pool.submit(read_then_hang_up, first_gw.url, "/v1/completions", RESUMABLE_BODY, 2)
-        request = first_gw.harness.next_request()
-        first_gw.harness.emit_tokens(request.req_id, first, finish_reason=None)
-        _, seen = future.result(timeout=30)
+        request, seen = _leave(pool, first_gw, first, 2)
         last_id = seen[-1].id or ""
         resumed = pool.submit(
             get_sse, other_gw.client, f"/v1/requests/{request.req_id}/stream", {"Last-Event-ID": last_id}
         )
-        meta_key = request_meta(request.req_id)
-        wait_for(
-            lambda: int(other_gw.harness.redis.hget(meta_key, "attach")) == 1, 15, "the resume to attach"
-        )
+        _wait_attached(other_gw, request.req_id)
         first_gw.harness.emit_tokens(request.req_id, rest, start_index=len(first), finish_reason="length")
         _, events = resumed.result(timeout=30)
     # A replay from the start on the first gateway.

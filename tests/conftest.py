@@ -24,6 +24,9 @@ if TYPE_CHECKING:
     from tests.harness.redis_cluster import RedisCluster
     from tests.harness.services import Stack
 
+# Workers run their decoder eagerly here: compiling costs seconds to minutes per process, and the
+# suite starts hundreds. tests/unit/gpu_worker/test_forward.py checks the compiled forward itself.
+os.environ.setdefault("WORKER_COMPILE", "false")
 # Triton kernels run under Triton's interpreter on CPU tensors unless the kernel tests are pointed at
 # a GPU (CBSERVE_TEST_DEVICE=cuda, as benchmarks/gpu_check.sh does). Triton reads this when a kernel
 # is defined, so it is set here, before any test module imports one.

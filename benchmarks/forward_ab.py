@@ -99,12 +99,45 @@ def agreement(reference: Variant, other: Variant, num_tokens: int) -> str:
     return f"{head}, first divergence at token {min(divergences)} (median {statistics.median(divergences)})"
 
 
+def random_prompts(args: argparse.Namespace) -> list[list[int]]:
+    from transformers import AutoConfig
+
+    vocab_size = int(AutoConfig.from_pretrained(args.model).get_text_config().vocab_size)
+    generator = torch.Generator().manual_seed(0)
+    high = min(1000, vocab_size)
+    return [
+        torch.randint(3, high, (args.prompt_len,), generator=generator).tolist()
+        for _ in range(args.num_requests)
+    ]
+
+
+def text_prompts(args: argparse.Namespace) -> list[list[int]]:
+    """English text a trained model has seen the like of (standard-library docstrings), tokenized by
+    the model's tokenizer: agreement on random ids says little about a real model."""
+    import inspect
+    import json
+    import textwrap
+
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    docs = [
+        inspect.getdoc(obj) or ""
+        for module in (json, textwrap, inspect)
+        for _, obj in inspect.getmembers(module)
+    ]
+    ids = tokenizer("\n\n".join(d for d in docs if d))["input_ids"]
+    stride = max(1, (len(ids) - args.prompt_len) // args.num_requests)
+    return [ids[i * stride : i * stride + args.prompt_len] for i in range(args.num_requests)]
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.forward_ab", description=__doc__)
     parser.add_argument("--model", required=True)
     parser.add_argument("--variants", default="eager,compiled")
     parser.add_argument("--num-requests", type=int, default=16)
     parser.add_argument("--prompt-len", type=int, default=144)
+    parser.add_argument("--text-prompts", action="store_true", help="prompts of real text, not random ids")
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--decode-steps", type=int, default=8)
     parser.add_argument("--num-threads", type=int, default=2)
@@ -113,12 +146,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     args.output_len = args.rounds * args.decode_steps + 1
     torch.set_num_threads(args.num_threads)
-    generator = torch.Generator().manual_seed(0)
-    vocab = 1000
-    prompts = [
-        torch.randint(3, vocab, (args.prompt_len,), generator=generator).tolist()
-        for _ in range(args.num_requests)
-    ]
+    prompts = text_prompts(args) if args.text_prompts else random_prompts(args)
     variants = [build(name, args, prompts) for name in args.variants.split(",")]
     for variant in variants:
         while variant.prefilling():

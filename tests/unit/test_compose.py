@@ -168,6 +168,8 @@ def test_dockerfile_installs_every_service() -> None:
         assert f"COPY {package} ./{package}" in dockerfile
     assert 'pip install ".[worker,gateway,celery]"' in dockerfile
     assert "pip install torch==" in dockerfile
+    # The worker compiles its forward (inductor's C++ on the CPU, Triton's launcher on CUDA).
+    assert "install -y --no-install-recommends g++" in dockerfile
 
 
 def test_no_default_redis_password() -> None:

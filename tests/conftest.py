@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from tests.harness.services import Stack
 
 # Workers run their decoder eagerly here: compiling costs seconds to minutes per process, and the
-# suite starts hundreds. tests/unit/gpu_worker/test_forward.py checks the compiled forward itself.
+# suite starts hundreds. tests/stack/test_compiled_forward.py compiles on purpose.
 os.environ.setdefault("WORKER_COMPILE", "false")
 # Triton kernels run under Triton's interpreter on CPU tensors unless the kernel tests are pointed at
 # a GPU (CBSERVE_TEST_DEVICE=cuda, as benchmarks/gpu_check.sh does). Triton reads this when a kernel

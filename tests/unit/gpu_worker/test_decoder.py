@@ -1,22 +1,18 @@
-"""The worker's own decoder (gpu_worker/forward/): merged GEMMs, compiled or eager, quantized.
+"""The worker's own decoder (gpu_worker/forward/), eager: merged GEMMs, each family, quantized weights.
 
 At fp32 it must give the very tokens transformers' `generate` gives, for each family it serves,
-compiled or not, through batching, chunked prefill and preemption; quantized weights are close, not
-equal, and say so.
+through batching, chunked prefill and preemption; quantized weights are close, not equal. The
+compiled decoder: tests/stack/test_compiled_forward.py.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from torch._dynamo.utils import counters
 from transformers import (
     LlamaForCausalLM,
     MistralConfig,
@@ -78,7 +74,7 @@ def family_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     }
 
 
-def _greedy_requests_equal_generate(runner: ModelRunner, model_dir: Path) -> None:
+def greedy_requests_equal_generate(runner: ModelRunner, model_dir: Path) -> None:
     params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in MAX_TOKENS]
     requests = make_requests(params)
     # Chunked prefill (a 40-token prompt at a 24-token budget), steps of one token and one row at the
@@ -88,29 +84,11 @@ def _greedy_requests_equal_generate(runner: ModelRunner, model_dir: Path) -> Non
         assert req.outputs == generate_alone(model_dir, req.prompt, req.params.max_tokens), req.req_id
 
 
-@pytest.fixture(scope="module")
-def compiled(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[ModelRunner, Path]:
-    """A runner whose forward was compiled (by its profiling step) into a cache of its own."""
-    cache_dir = tmp_path_factory.mktemp("inductor")
-    counters.clear()
-    return make_runner(tiny_model_dir, compile=True, compile_cache_dir=str(cache_dir)), cache_dir
-
-
-def test_compiled_decoder_equals_generate_and_compiles_once(
-    compiled: tuple[ModelRunner, Path], tiny_model_dir: Path
-) -> None:
-    runner, _ = compiled
-    assert isinstance(runner.model, Decoder) and isinstance(runner.model.run, CompiledForward)
-    _greedy_requests_equal_generate(runner, tiny_model_dir)
-    # One graph for every step shape: 1 or many tokens, 0, 1 or many sampled rows.
-    assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
-
-
 @pytest.mark.parametrize("family", ["qwen3", "qwen2", "mistral"])
 def test_each_family_equals_generate(family: str, family_dirs: dict[str, Path]) -> None:
     runner = make_runner(family_dirs[family], compile=False)
     assert isinstance(runner.model, Decoder)
-    _greedy_requests_equal_generate(runner, family_dirs[family])
+    greedy_requests_equal_generate(runner, family_dirs[family])
 
 
 def test_other_architectures_run_transformers_forward(tmp_path: Path) -> None:
@@ -159,20 +137,6 @@ def test_quantized_weights_stay_close(tiny_model_dir: Path, quantization: Any) -
     assert exact.topk(5).indices[0] in quantized.topk(5).indices
 
 
-def test_int8_compiled_equals_int8_eager(tiny_model_dir: Path, tmp_path: Path) -> None:
-    """The compiled graph takes the packed int8 GEMM as an opaque op: same tokens as eager int8."""
-    params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in MAX_TOKENS]
-    outputs = []
-    for compiled in (False, True):
-        runner = make_runner(
-            tiny_model_dir, quantization="int8", compile=compiled, compile_cache_dir=str(tmp_path)
-        )
-        requests = make_requests(params)
-        run_to_completion(runner, requests, preempt={})
-        outputs.append([r.outputs for r in requests])
-    assert outputs[0] == outputs[1]
-
-
 def _failing_backend(*args: Any) -> Any:
     raise RuntimeError("no compiler here")
 
@@ -185,33 +149,6 @@ def test_a_failed_compile_leaves_the_model_eager(
     assert isinstance(decoder, Decoder)
     decoder.run = CompiledForward(decoder, backend=_failing_backend)
     with caplog.at_level(logging.WARNING):
-        _greedy_requests_equal_generate(runner, Path(runner.model_name))
+        greedy_requests_equal_generate(runner, Path(runner.model_name))
     assert "torch.compile failed, running eager" in caplog.text
     assert decoder.run == decoder.logits_of
-
-
-_START_AND_COUNT = """
-import sys, torch
-from torch._dynamo.utils import counters
-from gpu_worker.model_runner import ModelRunner
-from tests.unit.gpu_worker.test_model_runner import make_runner
-torch.set_num_threads(1)
-make_runner(sys.argv[1], compile=True, compile_cache_dir=sys.argv[2])
-print(counters["inductor"]["fxgraph_cache_hit"], counters["inductor"]["fxgraph_cache_miss"])
-"""
-
-
-def test_a_restarted_worker_loads_its_compiled_graph(
-    compiled: tuple[ModelRunner, Path], tiny_model_dir: Path
-) -> None:
-    """A new process with the same model and cache directory compiles nothing."""
-    _, cache_dir = compiled
-    run = subprocess.run(
-        [sys.executable, "-c", _START_AND_COUNT, str(tiny_model_dir), str(cache_dir)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, "PYTHONPATH": str(Path.cwd())},
-    )
-    assert run.returncode == 0, run.stderr[-3000:]
-    assert run.stdout.split()[-2:] == ["1", "0"], run.stdout[-500:]

@@ -1,0 +1,88 @@
+"""The worker's decoder compiled with inductor (gpu_worker/forward/compile.py): the very tokens
+transformers' `generate` gives, one graph for every step shape, the graph loaded from disk by a
+restarted worker, and int8 weights compiled as they run eagerly.
+
+Here, not in tests/unit/: each compilation takes tens of seconds and one test starts a process.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+from common.protocol import SamplingParams
+from gpu_worker.forward.compile import CompiledForward
+from gpu_worker.forward.decoder import Decoder
+from gpu_worker.model_runner import ModelRunner
+from tests.unit.gpu_worker.test_decoder import MAX_TOKENS, greedy_requests_equal_generate
+from tests.unit.gpu_worker.test_model_runner import make_requests, make_runner, run_to_completion
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _few_threads() -> None:
+    torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def compiled(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[ModelRunner, Path]:
+    """A runner whose forward was compiled (by its profiling step) into a cache of its own."""
+    cache_dir = tmp_path_factory.mktemp("inductor")
+    counters.clear()
+    return make_runner(tiny_model_dir, compile=True, compile_cache_dir=str(cache_dir)), cache_dir
+
+
+def test_compiled_decoder_equals_generate_and_compiles_once(
+    compiled: tuple[ModelRunner, Path], tiny_model_dir: Path
+) -> None:
+    runner, _ = compiled
+    assert isinstance(runner.model, Decoder) and isinstance(runner.model.run, CompiledForward)
+    greedy_requests_equal_generate(runner, tiny_model_dir)
+    # One graph for every step shape: 1 or many tokens, 0, 1 or many sampled rows.
+    assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
+
+
+def test_int8_compiled_equals_int8_eager(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """The compiled graph takes the packed int8 GEMM as an opaque op: same tokens as eager int8."""
+    params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in MAX_TOKENS]
+    outputs = []
+    for compiled in (False, True):
+        runner = make_runner(
+            tiny_model_dir, quantization="int8", compile=compiled, compile_cache_dir=str(tmp_path)
+        )
+        requests = make_requests(params)
+        run_to_completion(runner, requests, preempt={})
+        outputs.append([r.outputs for r in requests])
+    assert outputs[0] == outputs[1]
+
+
+_START_AND_COUNT = """
+import sys, torch
+from torch._dynamo.utils import counters
+from gpu_worker.model_runner import ModelRunner
+from tests.unit.gpu_worker.test_model_runner import make_runner
+torch.set_num_threads(1)
+make_runner(sys.argv[1], compile=True, compile_cache_dir=sys.argv[2])
+print(counters["inductor"]["fxgraph_cache_hit"], counters["inductor"]["fxgraph_cache_miss"])
+"""
+
+
+def test_a_restarted_worker_loads_its_compiled_graph(
+    compiled: tuple[ModelRunner, Path], tiny_model_dir: Path
+) -> None:
+    """A new process with the same model and cache directory compiles nothing."""
+    _, cache_dir = compiled
+    run = subprocess.run(
+        [sys.executable, "-c", _START_AND_COUNT, str(tiny_model_dir), str(cache_dir)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "PYTHONPATH": str(Path.cwd())},
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.split()[-2:] == ["1", "0"], run.stdout[-500:]

@@ -75,6 +75,11 @@ class GatewaySettings(BaseSettings):
     # true restores the old behaviour (control tokens from message text), for trusted clients only.
     chat_content_special_tokens: bool = False
 
+    # A stream with nothing to send for this long gets an SSE comment (`: keep-alive`), which every
+    # client ignores: a client or proxy waiting on a queued or slow request sees the connection live.
+    # 0 sends none.
+    sse_keepalive_s: float = Field(default=5.0, ge=0)
+
     # --- connections (gateway/security/connection_guard.py) -----------------------------------------------
     # A client must send a request's headers within this many seconds of connecting (or of its first
     # byte on a kept-alive connection), and its body within body_timeout_s of the headers; else 408

@@ -86,7 +86,7 @@ async def resume_stream(
         # neither aborts it nor keeps it alive.
         follow = FollowPolicy(may_abort=False, track=False)
     return StreamingResponse(
-        stream_sse(state.runner, [request], chunks, follow, resume_after),
+        stream_sse(state.runner, [request], chunks, follow, resume_after, state.settings.sse_keepalive_s),
         media_type="text/event-stream",
         headers={**SSE_HEADERS, **request_id_header(request.req_id)},
     )

@@ -51,7 +51,7 @@ async def generate(
     if request.stream:
         chunks = endpoint.chunks(rid, created, state.served.name, request, formatter, requests)
         return StreamingResponse(
-            stream_sse(state.runner, requests, chunks, follow),
+            stream_sse(state.runner, requests, chunks, follow, keepalive_s=state.settings.sse_keepalive_s),
             media_type="text/event-stream",
             headers={**SSE_HEADERS, **headers},
         )

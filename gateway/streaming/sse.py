@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 DONE = b"data: [DONE]\n\n"
+# A comment line: every SSE client skips it; sent while a stream has nothing else to say.
+KEEPALIVE = b": keep-alive\n\n"
 # Every SSE answer: never cached, and not buffered by a proxy (nginx reads X-Accel-Buffering).
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 

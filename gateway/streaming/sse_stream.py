@@ -9,13 +9,14 @@ non-streaming answer is `openai_frontend/follow/collect.py`.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import aclosing
 
 import redis.exceptions
 
 from common.redis_conn import entry_key
-from gateway.streaming.sse import DONE, sse_event
+from gateway.streaming.sse import DONE, KEEPALIVE, sse_event
 from openai_frontend.follow.collect import timed_out_error, usage
 from openai_frontend.follow.fanout import merged_outputs
 from openai_frontend.follow.request_runner import FollowPolicy, RequestRunner
@@ -35,6 +36,7 @@ async def stream_sse(
     formatter: ChunkFormatter,
     follow: FollowPolicy | None = None,
     resume_after: str | None = None,
+    keepalive_s: float = 0.0,
 ) -> AsyncIterator[bytes]:
     """SSE body: opening chunks, one chunk per delta (id = its token event), usage, then [DONE].
 
@@ -42,6 +44,8 @@ async def stream_sse(
     disconnect Starlette cancels this generator; `outputs` then aborts the request without awaiting
     (or after the resume grace, per `follow`). With `resume_after` (a Last-Event-ID) the stream is
     replayed from its start through the same formatter, and only the events after that id are sent.
+    While nothing is sent for `keepalive_s` (queued, a slow step, Redis away) a keep-alive comment is:
+    the outputs come back empty at least once a second while the request waits.
     """
     num_output_tokens = [0] * len(requests)
     num_cached_tokens = [0] * len(requests)
@@ -55,15 +59,20 @@ async def stream_sse(
         if after is None:
             for data in formatter.opening():
                 yield sse_event(data)
+        sent_at = time.monotonic()
         async with aclosing(merged_outputs(runner, requests, follow)) as outputs:
             async for index, out in outputs:
-                if out is None:
-                    continue
-                num_output_tokens[index] = out.num_output_tokens
-                num_cached_tokens[index] = out.num_cached_tokens
-                chunk = formatter.delta(index, out)  # always: the formatter keeps state (logprob offsets)
-                if chunk is not None and is_new(out.entry_id):
-                    yield sse_event(chunk, out.entry_id if resumable else None)
+                if out is not None:
+                    num_output_tokens[index] = out.num_output_tokens
+                    num_cached_tokens[index] = out.num_cached_tokens
+                    chunk = formatter.delta(index, out)  # always: the formatter keeps state (logprob offsets)
+                    if chunk is not None and is_new(out.entry_id):
+                        yield sse_event(chunk, out.entry_id if resumable else None)
+                        sent_at = time.monotonic()
+                        continue
+                if keepalive_s and time.monotonic() - sent_at >= keepalive_s:
+                    yield KEEPALIVE
+                    sent_at = time.monotonic()
         if requests[0].include_usage:
             yield sse_event(formatter.usage(usage(requests, num_output_tokens, num_cached_tokens)))
     except RequestFailed as exc:

@@ -385,7 +385,8 @@ def main_compare(args: argparse.Namespace) -> int:
             print(format_repeated(spreads, paired, baseline, percentiles(args), args.repeat))
     if machine is not None:
         print()
-        batch = args.max_concurrency or len(workload.requests)
+        num_requests = len(workload.requests)  # the most that can be in flight
+        batch = min(args.max_concurrency or num_requests, num_requests)
         result["roofline"] = roofline_report(args.model, systems, rounds, machine, batch, workload.requests)
     write_json(path, result)
     print(f"result: {path}")

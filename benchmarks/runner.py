@@ -99,7 +99,10 @@ async def run(
     if len(arrivals) != len(requests):
         raise ValueError("one arrival time per request")
     limit = options.max_concurrency or 0
-    connector = aiohttp.TCPConnector(limit=limit, limit_per_host=limit, keepalive_timeout=60)
+    # One connection per request: a server that closes kept-alive connections on its own schedule
+    # (llama-server after a few requests) would fail the next request sent on one ("Server
+    # disconnected" before it was read). A local connect costs well under a millisecond.
+    connector = aiohttp.TCPConnector(limit=limit, limit_per_host=limit, force_close=True)
     timeout = aiohttp.ClientTimeout(total=options.request_timeout_s)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
         model = target.model or await served_model(session, target.base_url)

@@ -55,7 +55,7 @@ else
     log "skip kernels (Triton cannot build its launcher here: see toolchain.json)"
 fi
 for dtype in float32 bfloat16; do
-    step "parity_$dtype" 60 $PY -m benchmarks.gpu_parity --model models/demo --device "$DEVICE" \
+    step "parity_$dtype" 90 $PY -m benchmarks.gpu_parity --model models/demo --device "$DEVICE" \
         --dtype "$dtype" --num-prompts "$NUM_PROMPTS" --result-file "$WORK/parity_$dtype.json"
 done
 step decode 90 $PY -m benchmarks.decode_roofline --shape "$SHAPE" --batches "$BATCHES" --context "$CONTEXT" \
@@ -63,7 +63,7 @@ step decode 90 $PY -m benchmarks.decode_roofline --shape "$SHAPE" --batches "$BA
 if [ ! -f "$MODEL/config.json" ]; then
     step make_model 60 $PY -m benchmarks.make_model "$MODEL" --preset "$PRESET" --device "$DEVICE"
 fi
-step e2e_16 90 $PY -m benchmarks.serve compare "${SPEC_ARGS[@]}" --disable-tqdm \
+step e2e_16 150 $PY -m benchmarks.serve compare "${SPEC_ARGS[@]}" --disable-tqdm \
     --result-file "$WORK/e2e_16.json"
 step e2e_64 75 $PY -m benchmarks.serve compare "${SPEC64_ARGS[@]}" --disable-tqdm \
     --result-file "$WORK/e2e_64.json"

@@ -60,7 +60,7 @@ def load_model(settings: WorkerSettings) -> Model:
     if not own_decoder:
         return model
     decoder = Decoder(model, settings.quantization)
-    if settings.compile:
+    if settings.resolved_compile:
         compile_decoder(decoder, Path(settings.compile_cache_dir))
     return decoder
 

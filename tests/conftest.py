@@ -24,8 +24,8 @@ if TYPE_CHECKING:
     from tests.harness.redis_cluster import RedisCluster
     from tests.harness.services import Stack
 
-# Workers run their decoder eagerly here: compiling costs seconds to minutes per process, and the
-# suite starts hundreds. tests/stack/test_compiled_forward.py compiles on purpose.
+# Workers run their decoder eagerly here (as by default on the CPU, but also with quantized weights):
+# compiling costs seconds to minutes per process. tests/stack/test_compiled_forward.py compiles.
 os.environ.setdefault("WORKER_COMPILE", "false")
 # Triton kernels run under Triton's interpreter on CPU tensors unless the kernel tests are pointed at
 # a GPU (CBSERVE_TEST_DEVICE=cuda, as benchmarks/gpu_check.sh does). Triton reads this when a kernel

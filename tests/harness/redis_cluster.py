@@ -124,6 +124,12 @@ def _cluster_ok(port: int) -> bool:
     return "cluster_state:ok" in text
 
 
+def _synced(port: int) -> bool:
+    """A master, or a replica whose link to its master is up."""
+    info = redis.Redis(port=port, socket_timeout=1).info("replication")
+    return info.get("role") == "master" or info.get("master_link_status") == "up"
+
+
 @contextlib.contextmanager
 def redis_cluster(data_dir: Path, timeout_s: float = 30.0) -> Iterator[RedisCluster]:
     """Start the nodes, create the cluster, wait until every node serves every slot; kill them after."""
@@ -136,6 +142,8 @@ def redis_cluster(data_dir: Path, timeout_s: float = 30.0) -> Iterator[RedisClus
             node_dir.mkdir(parents=True, exist_ok=True)
             args = ["--port", str(port), "--bind", "127.0.0.1", "--dir", str(node_dir), "--save", ""]
             args += ["--appendonly", "no", "--cluster-enabled", "yes", "--cluster-node-timeout", "2000"]
+            # Replicas sync at once (Redis waits 5 s by default to batch diskless syncs).
+            args += ["--repl-diskless-sync-delay", "0"]
             # A bus port of its own: the default (port + 10000) fails for ports above 55535.
             args += ["--cluster-port", str(free_port())]
             log = open(node_dir / "redis.log", "wb")  # noqa: SIM115 - closed with the process
@@ -153,6 +161,10 @@ def redis_cluster(data_dir: Path, timeout_s: float = 30.0) -> Iterator[RedisClus
             wait_for(
                 lambda port=port: _cluster_ok(port), timeout_s, f"node {port} to report cluster_state:ok"
             )
+        # A replica that never synced refuses to take over its master: a test that kills a master
+        # right after start would wait for a failover that cannot happen.
+        for port in cluster.ports:
+            wait_for(lambda port=port: _synced(port), timeout_s, f"node {port}'s replication link")
         yield cluster
     finally:
         for proc in cluster.procs:

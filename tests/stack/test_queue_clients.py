@@ -7,6 +7,7 @@ docs/protocol.md's examples run verbatim, and a real Celery worker on the test's
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import os
 import subprocess
@@ -119,6 +120,10 @@ def celery_app(stack: Stack) -> Iterator[Celery]:
     app = make_app(settings)
     with start_worker(app, pool="threads", concurrency=4, perform_ping_check=False, shutdown_timeout=30):
         yield app
+    # The tests' AsyncResults unsubscribe when collected; collected after the stack's Redis is gone,
+    # each retries for 20 s in whatever thread the collector ran in (a later test's gateway loop).
+    gc.collect()
+    app.close()
 
 
 def test_celery_task_returns_the_tokens_http_gets(stack: Stack, celery_app: Celery) -> None:

@@ -118,7 +118,7 @@ class Decoder(nn.Module):
         lm_head = hf_model.lm_head
         self.lm_head = Linear(lm_head.weight, lm_head.bias, quantization)
         self.generation_config = hf_model.generation_config
-        # The compiled callable of `hidden_to_logits` (compile.py); the module itself until then.
+        # The compiled callable of `logits_of` (compile.py); `logits_of` itself until then.
         self.run: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] = self.logits_of
 
     def logits_of(self, input_ids: torch.Tensor, positions: torch.Tensor, kept: torch.Tensor) -> torch.Tensor:

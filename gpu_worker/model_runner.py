@@ -48,6 +48,7 @@ from gpu_worker.sampler import Sampler
 from gpu_worker.sampling_state import SamplingState
 from gpu_worker.settings import WorkerSettings
 from gpu_worker.step_checks import check_cached, check_new, check_scheduled
+from gpu_worker.step_hooks import with_step_hooks
 from gpu_worker.step_output import advance, token_events
 from gpu_worker.structured_output import StructuredOutputs
 
@@ -89,9 +90,8 @@ class ModelRunner:
         )
         # What the last step's grammars ended, by req_id, for advance().
         self._grammar_ends: dict[str, FinishReason] = {}
-        # Null-model mode times everything but the model: the step still builds its inputs.
-        self.null_model = settings.null_model
-        self.fail_on_token_id = settings.fail_on_token_id
+        # The real forward and sampling, or a test/benchmark stand-in chosen once (step_hooks.py).
+        self._sample_step = with_step_hooks(settings, self._sample)
         self.requests: dict[str, CachedRequestState] = {}
         # Logprobs of the last step's samples, by req_id, for its token events (only requests that asked).
         self._step_logprobs: dict[str, SampleLogprobs] = {}
@@ -99,7 +99,7 @@ class ModelRunner:
         self.decode_graphs: DecodeGraphs | None = None  # none during the profiling step
         self._size_kv_cache(settings, profile, memory_at_start)
         # Captured last, over the real pool: graphs hold the addresses of the pool and the weights.
-        if settings.resolved_cuda_graphs and not self.null_model:
+        if settings.resolved_cuda_graphs and not settings.null_model:
             self.decode_graphs = DecodeGraphs(
                 self.model,
                 self.attn_backend,
@@ -329,12 +329,10 @@ class ModelRunner:
         self._grammar_ends = {}
         if not batch.scheduled:
             return []
-        if self.fail_on_token_id is not None and any(
-            self.fail_on_token_id in r.state.token_ids for r in batch.scheduled
-        ):
-            raise RuntimeError(f"fail_on_token_id: token {self.fail_on_token_id} is in the batch")
-        if self.null_model:
-            return [0] * len(batch.sampling_reqs)
+        return self._sample_step(batch)
+
+    def _sample(self, batch: InputBatch) -> list[int]:
+        """Forward, grammar masks and sampling of a non-empty batch; the logprobs kept for its events."""
         logits = self._forward(batch)
         req_ids = [r.state.req_id for r in batch.sampling_reqs]
         grammar = self.structured_outputs.mask(req_ids)

@@ -9,7 +9,6 @@ import redis
 
 from batcher.request import Request
 from common import streams
-from common.delivery import append_event_args
 from common.protocol import FIELD, RequestError, encode
 from common.redis_conn import min_id
 
@@ -47,10 +46,8 @@ class Outbox:
             self.stats_dirty = True
 
     def _last_event(self, req: Request, event: RequestError) -> None:
-        """To its token stream and, when a gateway asked, that gateway's delivery stream too."""
-        delivery = self.keys.delivery(req.deliver_to) if req.deliver_to else None
-        key = streams.token_stream(req.req_id)
-        self.pipe.eval(*append_event_args(key, delivery, req.req_id, encode(event), self.retention_s))
+        """To its token stream (expire_request_keys gives it the resume window)."""
+        self.pipe.xadd(streams.token_stream(req.req_id), {FIELD: encode(event)})
 
     def expire_request_keys(self, req_id: str) -> None:
         """The request is over: its token stream (the worker sets its TTL with a last token; an aborted

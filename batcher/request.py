@@ -49,7 +49,6 @@ class Request:
     num_failed_deliveries: int = 0  # times a worker reported it failed alone (not counting dead workers)
     dead_letter: bool = False  # given up after too many failed deliveries: copied to the dead-letter stream
     error_code: str = "server_error"  # the RequestError's code: what the client is told the cause is
-    deliver_to: str = ""  # the gateway whose delivery stream also gets its events (GenerateRequest)
 
     @classmethod
     def from_message(cls, msg: GenerateRequest, entry_id: str) -> Request:
@@ -62,7 +61,6 @@ class Request:
             priority=msg.priority,
             owner=msg.owner,
             queue_deadline=msg.queue_deadline,
-            deliver_to=msg.deliver_to,
         )
 
     def to_message(self) -> GenerateRequest:
@@ -74,7 +72,6 @@ class Request:
             arrival_time=self.arrival_time,
             priority=self.priority,
             owner=self.owner,
-            deliver_to=self.deliver_to,
         )
 
     @property
@@ -112,5 +109,4 @@ class Request:
             block_ids=list(self.block_ids),
             num_computed_tokens=self.num_computed_tokens,
             attempt=self.attempt,
-            deliver_to=self.deliver_to,
         )

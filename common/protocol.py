@@ -72,9 +72,6 @@ class GenerateRequest(msgspec.Struct, tag="request", kw_only=True):
     user: str = ""  # the client's end-user id (OpenAI `user`), recorded for abuse tracing
     # Unix seconds; still waiting for its first step after this, the batcher fails it (`queue_timeout`).
     queue_deadline: float | None = None
-    # The id of the gateway following it: its events also go to that gateway's delivery stream
-    # (common/delivery.py). Empty: only the request's own token stream (raw clients, Celery).
-    deliver_to: str = ""
 
 
 class AbortRequest(msgspec.Struct, tag="abort", kw_only=True):
@@ -119,7 +116,6 @@ class NewRequestData(msgspec.Struct, kw_only=True):
     block_ids: list[int]  # KV blocks allocated so far, in order
     num_computed_tokens: int  # tokens whose KV is already in those blocks (0 without prefix caching)
     attempt: int  # bumped on every (re)schedule; fences stale writers of the token stream
-    deliver_to: str = ""  # GenerateRequest.deliver_to: the gateway whose delivery stream also gets its events
 
 
 class CachedRequestData(msgspec.Struct, kw_only=True):

@@ -78,11 +78,6 @@ class CellKeys:
         """Per-worker stream of SchedulerOutput, written by the batcher, read by that worker only."""
         return f"{_tag(self.cell)}:worker:{worker_id}:steps"
 
-    def delivery(self, gateway_id: str) -> str:
-        """A gateway's delivery stream in this cell: one entry per worker step with the token events of
-        that gateway's requests (common/delivery.py), so it reads one key per cell, not one per request."""
-        return f"{_tag(self.cell)}:deliver:{gateway_id}"
-
     def gateway_health(self) -> str:
         """A key every gateway's /health writes (SET PX): does Redis take writes (not full, not read-only)?"""
         return f"{_tag(self.cell)}:gateway:health"

@@ -22,7 +22,6 @@ class CachedRequestState:
     # Collected while its prompt is computed, when it asked and has no output yet (a request
     # recomputed with output tokens has sent them already).
     prompt_logprobs: PromptLogprobs | None = None
-    deliver_to: str = ""  # the gateway whose delivery stream also gets its events ("" for none)
 
     @classmethod
     def from_new(cls, new: NewRequestData) -> CachedRequestState:
@@ -37,7 +36,6 @@ class CachedRequestState:
             attempt=new.attempt,
             num_cached_tokens=0 if new.output_token_ids else new.num_computed_tokens,
             prompt_logprobs=None if k is None or new.output_token_ids else PromptLogprobs(k),
-            deliver_to=new.deliver_to,
         )
 
     @property

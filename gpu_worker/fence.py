@@ -14,38 +14,24 @@ from typing import Any
 
 import redis
 
-from common.delivery import DELIVER_LUA, DELIVERY_MAXLEN
 from common.protocol import FIELD
 from common.streams import CellKeys
 
-# KEYS: workers hash, inbox, steps stream, the n token streams, then the delivery streams.
-# ARGV: worker id, field, result, inbox MINID, steps MINID, token TTL, n, delivery MAXLEN, then per
-# token stream: event, "1" if last, its delivery stream (1-based among them, 0: none), req_id.
-_PUBLISH = (
-    DELIVER_LUA
-    + """
+# KEYS: workers hash, inbox, steps stream, then the n token streams.
+# ARGV: worker id, field, result, inbox MINID, steps MINID, token TTL, n, then per token stream:
+# event, "1" if last.
+_PUBLISH = """
 if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then return 0 end
 local n = tonumber(ARGV[7])
-local deliveries = {}
 for i = 1, n do
-  local j = 9 + (i - 1) * 4
-  local id = redis.call('XADD', KEYS[3 + i], '*', ARGV[2], ARGV[j])
+  local j = 8 + (i - 1) * 2
+  redis.call('XADD', KEYS[3 + i], '*', ARGV[2], ARGV[j])
   if ARGV[j + 1] == '1' then redis.call('EXPIRE', KEYS[3 + i], ARGV[6]) end
-  local d = tonumber(ARGV[j + 2])
-  if d > 0 then
-    local items = deliveries[d] or {}
-    deliveries[d] = items
-    items[#items + 1] = ARGV[j + 3]
-    items[#items + 1] = id
-    items[#items + 1] = ARGV[j]
-  end
 end
-for d = 1, #KEYS - 3 - n do deliver(KEYS[3 + n + d], deliveries[d], ARGV[8], ARGV[6]) end
 redis.call('XADD', KEYS[2], 'MINID', '~', ARGV[4], '*', ARGV[2], ARGV[3])
 redis.call('XTRIM', KEYS[3], 'MINID', '~', ARGV[5])
 return 1
 """
-)
 
 # KEYS: workers hash, heartbeat zset. ARGV: worker id, now (unix ms).
 _BEAT = """
@@ -60,8 +46,6 @@ class TokenWrite:
     stream: str  # the request's token stream
     event: bytes  # encoded TokenEvent
     last: bool  # the request finished: the stream starts its resume-window TTL
-    req_id: str = ""
-    delivery: str = ""  # the delivery stream that also gets it (common/delivery.py), "" for none
 
 
 class Fence:
@@ -85,16 +69,12 @@ class Fence:
         steps_min_id: str,
         token_ttl_s: int,
     ) -> bool:
-        """Append the token events (each to its token stream and, with `delivery`, to its gateway's
-        delivery stream) and the step result atomically; False when this worker is fenced."""
+        """Append the token events (each to its token stream) and the step result atomically; False
+        when this worker is fenced."""
         keys = [self._keys.workers, self._keys.inbox, steps_stream, *(t.stream for t in tokens)]
-        args: list[Any] = [worker_id, FIELD, result, inbox_min_id, steps_min_id, token_ttl_s]
-        args += [len(tokens), DELIVERY_MAXLEN]
-        deliveries: dict[str, int] = {}  # delivery stream -> its 1-based position after the token streams
+        args: list[Any] = [worker_id, FIELD, result, inbox_min_id, steps_min_id, token_ttl_s, len(tokens)]
         for t in tokens:
-            d = deliveries.setdefault(t.delivery, len(deliveries) + 1) if t.delivery else 0
-            args += [t.event, "1" if t.last else "0", d, t.req_id]
-        keys += deliveries
+            args += [t.event, "1" if t.last else "0"]
         return bool(self._publish(keys=keys, args=args, client=client))
 
     def beat(self, client: redis.Redis, worker_id: str) -> bool:

@@ -138,11 +138,7 @@ class Worker:
         """The writes of a step result, taken now: token events read request state the next step frees."""
         tokens = []
         for e in self.runner.token_events(output):
-            gateway_id = self.runner.requests[e.req_id].deliver_to  # its gateway's delivery stream too
-            delivery = self.keys.delivery(gateway_id) if gateway_id else ""
-            tokens.append(
-                TokenWrite(token_stream(e.req_id), encode(e), e.finish_reason is not None, e.req_id, delivery)
-            )
+            tokens.append(TokenWrite(token_stream(e.req_id), encode(e), e.finish_reason is not None))
         return PublishJob(self.worker_id, output.step_id, tokens, encode(output), self._last_id)
 
     def publish_job(self, job: PublishJob) -> bool:

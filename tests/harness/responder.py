@@ -1,7 +1,7 @@
 """A stand-in worker for gateway tests that only need requests to finish: answers every request.
 
 A thread reads each GenerateRequest from the requests stream and writes `num_tokens` token events to
-its token stream and its gateway's delivery stream (with logprobs when asked, as the worker would),
+its token stream (with logprobs when asked, as the worker would),
 the last one finishing it, and keeps a worker heartbeat fresh so /health says 200.
 """
 
@@ -15,11 +15,8 @@ from typing import Any
 
 import redis
 
-from common.delivery import append_event_args
 from common.protocol import FIELD, GenerateRequest, TokenEvent, decode_request, encode
-from common.streams import REQUESTS_STREAM, WORKERS_HEARTBEAT, cell_keys, token_stream
-
-DEFAULT_KEYS = cell_keys()
+from common.streams import REQUESTS_STREAM, WORKERS_HEARTBEAT, token_stream
 
 TOKEN_ID = 300
 
@@ -59,9 +56,7 @@ class Responder:
                 top_token_ids=[] if k is None else [TOKEN_ID + i for i in range(k)],
                 top_logprobs=[] if k is None else [-0.5 - i for i in range(k)],
             )
-            key = token_stream(request.req_id)
-            delivery = DEFAULT_KEYS.delivery(request.deliver_to) if request.deliver_to else None
-            pipe.eval(*append_event_args(key, delivery, request.req_id, encode(event), 3600))
+            pipe.xadd(token_stream(request.req_id), {FIELD: encode(event)})
         pipe.execute()
 
     def start(self) -> None:

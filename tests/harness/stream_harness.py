@@ -1,8 +1,7 @@
 """Plays the worker's part of the Redis protocol for gateway tests: no batcher, no GPU.
 
 It reads GenerateRequests from the requests stream, writes TokenEvents / RequestErrors to a request's
-token stream (and, as the worker does, to the delivery stream its `deliver_to` names), seeds worker
-heartbeats, and reads AbortRequests from the batcher's inbox, all through a
+token stream, seeds worker heartbeats, and reads AbortRequests from the batcher's inbox, all through a
 real Redis with the real message encoding.
 """
 
@@ -14,7 +13,6 @@ from typing import Any
 
 import redis
 
-from common.delivery import append_event_args
 from common.protocol import (
     FIELD,
     AbortRequest,
@@ -26,7 +24,7 @@ from common.protocol import (
     decode_request,
     encode,
 )
-from common.streams import BATCHER_INBOX, REQUESTS_STREAM, WORKERS_HEARTBEAT, cell_keys, cell_of, token_stream
+from common.streams import BATCHER_INBOX, REQUESTS_STREAM, WORKERS_HEARTBEAT, token_stream
 
 BLOCK_MS = 200
 
@@ -36,18 +34,10 @@ class StreamHarness:
         # Typed loosely: redis-py's sync stubs union every possible reply shape.
         self.redis: Any = redis.Redis.from_url(redis_url)
         self._last_read = {REQUESTS_STREAM: "0-0", BATCHER_INBOX: "0-0"}  # stream -> last entry id read
-        self._deliver_to: dict[str, str] = {}  # req_id -> its GenerateRequest's deliver_to
 
     def append(self, req_id: str, event: bytes) -> str:
-        """XADD one encoded event to `req_id`'s token stream (and its delivery stream) as a writer does."""
-        if req_id not in self._deliver_to:  # a request the test did not take with next_request
-            for _, fields in self.redis.xrange(REQUESTS_STREAM):
-                request = decode_request(fields[FIELD])
-                self._deliver_to.setdefault(request.req_id, request.deliver_to)
-        gateway_id = self._deliver_to.get(req_id, "")
-        delivery = cell_keys(cell_of(req_id)).delivery(gateway_id) if gateway_id else None
-        args = append_event_args(token_stream(req_id), delivery, req_id, event, 3600)
-        return self.redis.eval(*args).decode()
+        """XADD one encoded event to `req_id`'s token stream as a writer does; its entry id."""
+        return self.redis.xadd(token_stream(req_id), {FIELD: event}).decode()
 
     def close(self) -> None:
         self.redis.close()
@@ -71,9 +61,7 @@ class StreamHarness:
     def next_request(self, timeout_s: float = 10.0) -> GenerateRequest:
         """The next GenerateRequest on the requests stream, waiting up to `timeout_s`."""
         for data in self._read_new(REQUESTS_STREAM, 1, timeout_s):
-            request = decode_request(data)
-            self._deliver_to[request.req_id] = request.deliver_to
-            return request
+            return decode_request(data)
         raise TimeoutError("no GenerateRequest arrived")
 
     def num_requests(self) -> int:

@@ -32,6 +32,8 @@ class PreparedRequest(msgspec.Struct, kw_only=True, frozen=True):
     echo_text: str | None = None  # completions with echo: the prompt text that starts each choice
     tool_parser: str | None = None  # chat with tools: the format tool calls are read back in
     max_tool_calls: int | None = None  # 1 with parallel_tool_calls false
+    # Per function, its string parameters: formats that write values raw read them back by these.
+    tool_strings: dict[str, list[str]] | None = None
 
     @property
     def req_id(self) -> str:

@@ -99,6 +99,7 @@ def prepare_choices(
             echo_text=echo_text,
             tool_parser=tools.parser,
             max_tool_calls=tools.max_calls,
+            tool_strings=tools.strings,
         )
         choices += fan_out(request, len(choices))
     return choices

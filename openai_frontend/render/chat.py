@@ -1,5 +1,5 @@
 """The answers of /v1/chat/completions: the role first, content (and tool call) deltas, optional
-usage; or one body. With tools, each choice's text goes through its tool parser (tool_parsers/)."""
+usage; or one body. With tools, each choice's text goes through its tool parser (tools/parsers/)."""
 
 from __future__ import annotations
 
@@ -19,17 +19,16 @@ from openai_frontend.protocol.openai_schemas import (
 )
 from openai_frontend.render.answer import Chunks, Endpoint
 from openai_frontend.render.logprobs import LogprobsFormatter
-from openai_frontend.tools.parsers import HermesToolParser, new_parser
-from openai_frontend.tools.parsers.hermes import ParsedDelta, ToolCallDelta
+from openai_frontend.tools.parsers import ParsedDelta, ToolCallDelta, ToolParser, new_parser
 
 
-def _parser(request: PreparedRequest) -> HermesToolParser | None:
+def _parser(request: PreparedRequest) -> ToolParser | None:
     if request.tool_parser is None:
         return None
-    return new_parser(request.tool_parser, request.req_id, request.max_tool_calls)
+    return new_parser(request.tool_parser, request.req_id, request.max_tool_calls, request.tool_strings)
 
 
-def _finish_reason(finish_reason: str | None, parser: HermesToolParser | None) -> str | None:
+def _finish_reason(finish_reason: str | None, parser: ToolParser | None) -> str | None:
     # As OpenAI and vLLM: a turn that ended by itself after calling tools ends with "tool_calls".
     return (
         "tool_calls"
@@ -64,7 +63,9 @@ class ChatChunks(Chunks):
 
     def opening(self) -> list[str]:
         return [
-            self._chunk([ChatChunkChoice(index=i, delta={"role": "assistant", "content": ""})])
+            self._chunk(
+                [ChatChunkChoice(index=i, delta={"role": "assistant", "content": ""})], self.usage_so_far(i)
+            )
             for i in range(self.request.n)
         ]
 
@@ -89,7 +90,7 @@ class ChatChunks(Chunks):
         )
 
 
-def _message(done: Completed, parser: HermesToolParser | None) -> AssistantMessage:
+def _message(done: Completed, parser: ToolParser | None) -> AssistantMessage:
     if parser is None:
         return AssistantMessage(content=done.text)
     parsed = parser.feed(done.text)

@@ -1,13 +1,13 @@
 """A response's output items (messages and function calls) read from its text, in the order written.
 
 Without tools the output is one message, opened before any text. With tools the text goes through
-the request's tool parser (tool_parsers/): text outside calls opens a message item (or extends the
+the request's tool parser (tools/parsers/): text outside calls opens a message item (or extends the
 one being written), each call opens a `function_call` item whose arguments then grow; an item is done
 when the next one opens or the response ends. Every change is reported, so the stream's events and
 the Response object's `output` come from the same code: the object is the whole text read at once.
 
 A parser's delta holds content and call pieces without their order, so the text is fed in pieces
-that each end a call block (`</tool_call>`): in each delta, pieces of the call already open come
+that each end a call block (`</tool_call>` in Hermes): in each delta, pieces of the call already open come
 first, then content, then a new call. That makes the items the same however the text was cut.
 """
 
@@ -19,8 +19,7 @@ from typing import Literal
 
 from openai_frontend.generate.request import PreparedRequest
 from openai_frontend.responses.store import StoredCall, Turn
-from openai_frontend.tools.parsers import HermesToolParser, new_parser
-from openai_frontend.tools.parsers.hermes import END, ParsedDelta, ToolCallDelta
+from openai_frontend.tools.parsers import ParsedDelta, ToolCallDelta, ToolParser, new_parser
 
 _MESSAGE_PREFIX, _CALL_PREFIX, _ITEM_PREFIX = "msg_", "call_", "fc_"
 
@@ -44,16 +43,19 @@ Item = MessageItem | CallItem
 Change = tuple[Literal["added", "text", "arguments", "done"], int, str]
 
 
-def _pieces(text: str) -> list[str]:
-    """`text` cut after each end of a call block."""
-    parts = text.split(END)
-    return [p + END for p in parts[:-1]] + ([parts[-1]] if parts[-1] else [])
+def _pieces(text: str, end: str | None) -> list[str]:
+    """`text` cut after each end of a call block (formats that mark none: models write their content
+    before their calls)."""
+    if end is None:
+        return [text]
+    parts = text.split(end)
+    return [p + end for p in parts[:-1]] + ([parts[-1]] if parts[-1] else [])
 
 
-def parser_of(meta: PreparedRequest) -> HermesToolParser | None:
+def parser_of(meta: PreparedRequest) -> ToolParser | None:
     if meta.tool_parser is None:
         return None
-    return new_parser(meta.tool_parser, meta.req_id, meta.max_tool_calls)
+    return new_parser(meta.tool_parser, meta.req_id, meta.max_tool_calls, meta.tool_strings)
 
 
 class OutputItems:
@@ -74,7 +76,7 @@ class OutputItems:
         if self._parser is None:
             return self._content(text)
         changes: list[Change] = []
-        for piece in _pieces(text):
+        for piece in _pieces(text, self._parser.call_end):
             changes += self._apply(self._parser.feed(piece))
         return changes
 

@@ -21,7 +21,7 @@ from common.protocol import StructuredOutput
 from openai_frontend.model.served_model import ServedModel
 from openai_frontend.protocol.errors import invalid_request
 from openai_frontend.protocol.openai_schemas import ChatCompletionRequest
-from openai_frontend.tools.parsers import forced_grammar, parser_for_template, strict_grammar
+from openai_frontend.tools.parsers import forced_grammar, parser_for_template, strict_grammar, string_params
 from openai_frontend.tools.parsers.hermes_grammar import arguments_schema
 
 MAX_TOOLS = 128  # as OpenAI allows
@@ -37,6 +37,7 @@ class ToolUse:
     parser: str | None = None  # reads calls back from the output; None: the output is content only
     max_calls: int | None = None  # 1 with parallel_tool_calls false; later calls are dropped
     grammar: StructuredOutput | None = None  # forces the calls (required, named) or their schemas (strict)
+    strings: dict[str, list[str]] | None = None  # per function, its string parameters (parsers/ uses)
 
 
 def tool_use(body: ChatCompletionRequest, served: ServedModel) -> ToolUse:
@@ -79,7 +80,8 @@ def tool_use(body: ChatCompletionRequest, served: ServedModel) -> ToolUse:
             build_grammar(grammar)
     except GrammarError as exc:
         raise invalid_request(f"tools cannot be enforced: {exc}", "tools") from None
-    return ToolUse(tools=body.tools, parser=parser, max_calls=1 if one_call else None, grammar=grammar)
+    strings = string_params(functions) or None
+    return ToolUse(body.tools, parser, 1 if one_call else None, grammar, strings)
 
 
 def _function(i: int, tool: dict[str, Any]) -> dict[str, Any]:

@@ -1,44 +1,154 @@
-"""Tool-call formats: which one a model writes (read from its chat template), its parser and the
-grammar that forces calls in it. Hermes (`<tool_call>` JSON blocks) is the one implemented."""
+"""Tool-call formats: which one a model writes (read from its chat template, or named by
+GATEWAY_TOOL_PARSER), its parser and the grammars that force calls in it.
+
+- hermes (Qwen2.5, Qwen3, QwQ, Hermes): `<tool_call>{"name": .., "arguments": ..}</tool_call>`
+- llama3_json (Llama 3.1-3.3): `{"name": .., "parameters": ..}`, maybe after `<|python_tag|>`
+- pythonic (Llama 4): `[get_weather(city="Paris"), now()]`
+- mistral (v3 tokenizers: Nemo, ...): `[TOOL_CALLS][{"name": .., "arguments": ..}]`
+- mistral_v11 (Mistral Small 3.2, Devstral, Magistral): `[TOOL_CALLS]name[ARGS]{...}`
+- qwen3_xml (Qwen3-Coder, Qwen3.5): `<tool_call><function=name><parameter=key>value</parameter>..`
+- deepseek_v3 (DeepSeek V3, R1): `<｜tool▁call▁begin｜>function<｜tool▁sep｜>name` and fenced JSON
+- deepseek_v31 (DeepSeek V3.1): `<｜tool▁call▁begin｜>name<｜tool▁sep｜>{...}<｜tool▁call▁end｜>`
+"""
 
 from __future__ import annotations
 
 import hashlib
+from functools import partial
 from typing import Any
 
+from openai_frontend.tools.parsers.deltas import ParsedDelta, ToolCallDelta, ToolParser
+from openai_frontend.tools.parsers.family_grammar import (
+    CallSyntax,
+    forced_family_grammar,
+    strict_family_grammar,
+)
 from openai_frontend.tools.parsers.hermes import START, HermesToolParser
 from openai_frontend.tools.parsers.hermes_grammar import forced_calls_grammar, strict_auto_grammar
+from openai_frontend.tools.parsers.json_calls import (
+    DEEPSEEK_V3,
+    LLAMA3_JSON,
+    MISTRAL,
+    MISTRAL_V11,
+    read_json_calls,
+)
+from openai_frontend.tools.parsers.pythonic import read_pythonic
+from openai_frontend.tools.parsers.qwen3_xml import StringParams, read_qwen3_xml
+from openai_frontend.tools.parsers.snapshot import ReadFn, SnapshotToolParser
 
-__all__ = ["HermesToolParser", "forced_grammar", "new_parser", "parser_for_template", "strict_grammar"]
+__all__ = [
+    "PARSERS",
+    "ParsedDelta",
+    "ToolCallDelta",
+    "ToolParser",
+    "forced_grammar",
+    "new_parser",
+    "parser_for_template",
+    "strict_grammar",
+    "string_params",
+]
 
 HERMES = "hermes"
+LLAMA3 = "llama3_json"
+PYTHONIC = "pythonic"
+MISTRAL_V3 = "mistral"
+MISTRAL_ARGS = "mistral_v11"
+QWEN3_XML = "qwen3_xml"
+DEEPSEEK = "deepseek_v3"
+DEEPSEEK_V31 = "deepseek_v31"
+
+_SYNTAX: dict[str, CallSyntax] = {
+    LLAMA3: CallSyntax("", '{"name": "{name}", "parameters": ', "}", "; ", ""),
+    PYTHONIC: CallSyntax("[", "{name}(", ")", ", ", "]", style="pythonic"),
+    MISTRAL_V3: CallSyntax("[TOOL_CALLS][", '{"name": "{name}", "arguments": ', "}", ", ", "]"),
+    MISTRAL_ARGS: CallSyntax("", "[TOOL_CALLS]{name}[ARGS]", "", "", ""),
+    QWEN3_XML: CallSyntax(
+        "", "<tool_call>\n<function={name}>\n", "\n</function>\n</tool_call>", "\n", "", style="qwen_xml"
+    ),
+    DEEPSEEK: CallSyntax(
+        "<｜tool▁calls▁begin｜>",
+        "<｜tool▁call▁begin｜>function<｜tool▁sep｜>{name}\n```json\n",
+        "\n```<｜tool▁call▁end｜>",
+        "\n",
+        "<｜tool▁calls▁end｜>",
+    ),
+    DEEPSEEK_V31: CallSyntax(
+        "<｜tool▁calls▁begin｜>",
+        "<｜tool▁call▁begin｜>{name}<｜tool▁sep｜>",
+        "<｜tool▁call▁end｜>",
+        "",
+        "<｜tool▁calls▁end｜>",
+    ),
+}
+PARSERS = (HERMES, *_SYNTAX)
+
+# What each format's template shows its model, checked in this order (Qwen3-Coder's template also
+# writes `<tool_call>`, Mistral v11's also `[TOOL_CALLS]`).
+_SIGNS: list[tuple[str, tuple[str, ...]]] = [
+    (QWEN3_XML, ("<function=", "<parameter=")),
+    (DEEPSEEK, ("tool▁calls▁begin", "```json")),
+    (DEEPSEEK_V31, ("tool▁calls▁begin",)),
+    (MISTRAL_ARGS, ("[TOOL_CALLS]", "[ARGS]")),
+    (MISTRAL_V3, ("[TOOL_CALLS]",)),
+    (HERMES, (START,)),
+    (PYTHONIC, ("[func_name1(",)),
+    (LLAMA3, ("<|python_tag|>",)),
+    (LLAMA3, ('"parameters": dictionary of argument name',)),
+]
 
 
 def parser_for_template(template: str | None) -> str | None:
     """The tool-call format a chat template teaches its model, or None when it knows no tools."""
-    if template is not None and "tools" in template and START in template:
-        return HERMES
-    return None
+    if template is None or "tool" not in template:  # DeepSeek's templates render no tool list
+        return None
+    return next((name for name, signs in _SIGNS if all(s in template for s in signs)), None)
 
 
 def forced_grammar(parser: str, functions: list[dict[str, Any]], one_call: bool) -> str:
-    """EBNF for calls in `parser`'s format (only Hermes exists); raises GrammarError."""
-    assert parser == HERMES, parser
-    return forced_calls_grammar(functions, one_call)
+    """EBNF for calls in `parser`'s format and nothing else; raises GrammarError."""
+    if parser == HERMES:
+        return forced_calls_grammar(functions, one_call)
+    return forced_family_grammar(_SYNTAX[parser], functions, one_call)
 
 
 def strict_grammar(parser: str, functions: list[dict[str, Any]], one_call: bool) -> str:
     """EBNF for `auto` with strict functions in `parser`'s format; raises GrammarError."""
-    assert parser == HERMES, parser
-    return strict_auto_grammar(functions, one_call)
+    if parser == HERMES:
+        return strict_auto_grammar(functions, one_call)
+    return strict_family_grammar(_SYNTAX[parser], functions, one_call)
 
 
-def new_parser(parser: str, req_id: str, max_calls: int | None) -> HermesToolParser:
+def string_params(functions: list[dict[str, Any]]) -> dict[str, list[str]]:
+    """Per function, the parameters whose schema is a string: formats that write values raw
+    (Qwen3-Coder's XML) need them to read the values back."""
+    found: dict[str, list[str]] = {}
+    for function in functions:
+        properties = (function.get("parameters") or {}).get("properties") or {}
+        keys = [k for k, s in properties.items() if isinstance(s, dict) and s.get("type") == "string"]
+        if keys:
+            found[function["name"]] = keys
+    return found
+
+
+def new_parser(
+    parser: str, req_id: str, max_calls: int | None, strings: StringParams | None = None
+) -> ToolParser:
     """A parser for one choice. Its call ids derive from the choice's request id, so a replay (resume,
     fetch by id) names the calls as the first answer did; they reveal nothing of the id."""
-    assert parser == HERMES, parser
 
     def call_id(index: int) -> str:
         return "call_" + hashlib.sha256(f"{req_id}:{index}".encode()).hexdigest()[:24]
 
-    return HermesToolParser(call_id, max_calls)
+    if parser == HERMES:
+        return HermesToolParser(call_id, max_calls)
+    readers: dict[str, tuple[ReadFn, str | None]] = {
+        LLAMA3: (partial(read_json_calls, LLAMA3_JSON), None),
+        PYTHONIC: (read_pythonic, None),
+        MISTRAL_V3: (partial(read_json_calls, MISTRAL), None),
+        MISTRAL_ARGS: (partial(read_json_calls, MISTRAL_V11), None),
+        QWEN3_XML: (partial(read_qwen3_xml, strings or {}), "</tool_call>"),
+        DEEPSEEK: (partial(read_json_calls, DEEPSEEK_V3), "<｜tool▁call▁end｜>"),
+        DEEPSEEK_V31: (partial(read_json_calls, DEEPSEEK_V3), "<｜tool▁call▁end｜>"),
+    }
+    read, call_end = readers[parser]
+    return SnapshotToolParser(read, call_id, max_calls, call_end)

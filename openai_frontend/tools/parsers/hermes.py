@@ -16,25 +16,12 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
+
+from openai_frontend.tools.parsers.deltas import ParsedDelta, ToolCallDelta
 
 START, END = "<tool_call>", "</tool_call>"
 # A call's head, name first (as the template writes it); its arguments follow.
 _HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arguments"\s*:\s*')
-
-
-@dataclass(slots=True)
-class ToolCallDelta:
-    index: int  # the call's position among the choice's calls
-    arguments: str  # the next piece of its arguments ("" in the piece that opens the call)
-    id: str | None = None  # set in the first piece of a call only, with its name
-    name: str | None = None
-
-
-@dataclass(slots=True)
-class ParsedDelta:
-    content: str = ""
-    tool_calls: list[ToolCallDelta] = field(default_factory=list)
 
 
 def _held_prefix(text: str, tag: str) -> int:
@@ -54,6 +41,8 @@ def _json_string(literal: str) -> str | None:
 
 class HermesToolParser:
     """Feed a choice's text as it arrives; each feed returns what it adds to the message."""
+
+    call_end: str | None = END
 
     def __init__(self, call_id: Callable[[int], str], max_calls: int | None = None) -> None:
         self._call_id = call_id

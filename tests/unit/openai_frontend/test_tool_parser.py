@@ -3,13 +3,13 @@ output is split into deltas (a stream's pieces always add up to the non-streamed
 
 from __future__ import annotations
 
-import itertools
 import random
 
 import pytest
 
 from openai_frontend.tools.parsers import new_parser, parser_for_template
 from openai_frontend.tools.parsers.hermes import HermesToolParser
+from tests.harness.parsed_deltas import joined
 
 CALL = '<tool_call>\n{"name": "get", "arguments": {"a": {"b": "x}"}, "c": [1, 2]}}\n</tool_call>'
 # name -> (output, its content, its calls as (name, arguments))
@@ -47,18 +47,7 @@ CASES: dict[str, tuple[str, str, list[tuple[str, str]]]] = {
 
 
 def _parse(text: str, cuts: list[int], max_calls: int | None = None) -> tuple[str, list[list[str]]]:
-    parser = HermesToolParser(lambda i: f"call_{i}", max_calls)
-    bounds = [0, *sorted(cuts), len(text)]
-    deltas = [parser.feed(text[a:b]) for a, b in itertools.pairwise(bounds)] + [parser.finish()]
-    content, calls = "", {}
-    for delta in deltas:
-        content += delta.content
-        for call in delta.tool_calls:
-            if call.id is not None:
-                assert call.index not in calls
-                calls[call.index] = [call.id, call.name or "", ""]
-            calls[call.index][2] += call.arguments
-    return content, list(calls.values())
+    return joined(HermesToolParser(lambda i: f"call_{i}", max_calls), text, cuts)
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

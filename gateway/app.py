@@ -13,6 +13,7 @@ from gateway.api import (
     routes_dashboard,
     routes_files,
     routes_generation,
+    routes_messages,
     routes_metrics,
     routes_models,
     routes_requests,
@@ -92,6 +93,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     app.include_router(routes_responses.router)
     app.include_router(routes_requests.router)
     app.include_router(routes_models.router)
+    app.include_router(routes_messages.router)
     app.include_router(routes_metrics.router)
     app.include_router(routes_dashboard.router)
     app.include_router(routes_files.router)

@@ -1,5 +1,6 @@
 """An OpenAIError as an HTTP answer, for the exception handlers (gateway/api/error_handlers.py) and the
-middlewares that refuse a request before any route runs (gateway/security/)."""
+middlewares that refuse a request before any route runs (gateway/security/): in OpenAI's shape, or in
+Anthropic's on the Messages API's paths."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import logging
 
 from fastapi.responses import JSONResponse
 
+from openai_frontend.anthropic.errors import error_body, speaks_anthropic
 from openai_frontend.protocol.errors import OpenAIError
 
 logger = logging.getLogger(__name__)
@@ -15,8 +17,9 @@ logger = logging.getLogger(__name__)
 _LOGGED_REASON_CHARS = 160
 
 
-def error_response(error: OpenAIError) -> JSONResponse:
-    """The error as an HTTP answer; every refusal (4xx) is logged with the rule that refused it."""
+def error_response(error: OpenAIError, path: str = "") -> JSONResponse:
+    """The error as an HTTP answer to a request for `path`; every refusal (4xx) is logged with the
+    rule that refused it."""
     if error.status < 500:
         logger.info(
             "refused: status=%d type=%s code=%s param=%s reason=%s",
@@ -26,4 +29,5 @@ def error_response(error: OpenAIError) -> JSONResponse:
             error.param,
             error.message[:_LOGGED_REASON_CHARS],
         )
-    return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
+    body = error_body(error) if speaks_anthropic(path) else error.body()
+    return JSONResponse(body, status_code=error.status, headers=error.headers)

@@ -12,6 +12,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from common.redis_refusal import refuses_writes
 from gateway.errors import error_response
+from openai_frontend.anthropic.errors import speaks_anthropic
 from openai_frontend.protocol.errors import OpenAIError, validation_error
 
 logger = logging.getLogger(__name__)
@@ -20,14 +21,15 @@ logger = logging.getLogger(__name__)
 REDIS_RETRY_AFTER_S = "2"
 
 
-async def _openai_error(_: Request, exc: Exception) -> JSONResponse:
+async def _openai_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, OpenAIError)
-    return error_response(exc)
+    return error_response(exc, request.url.path)
 
 
-async def _validation_error(_: Request, exc: Exception) -> JSONResponse:
+async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
-    return error_response(validation_error(exc.errors()))
+    api = "Anthropic Messages API" if speaks_anthropic(request.url.path) else "OpenAI API"
+    return error_response(validation_error(exc.errors(), api), request.url.path)
 
 
 async def _http_error(request: Request, exc: Exception) -> JSONResponse:
@@ -43,10 +45,11 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     elif exc.status_code == 405:
         message = f"Method {request.method} is not allowed for {path}"
         code = "method_not_allowed"
-    return error_response(OpenAIError(exc.status_code, message, type=kind, code=code, headers=headers))
+    error = OpenAIError(exc.status_code, message, type=kind, code=code, headers=headers)
+    return error_response(error, path)
 
 
-async def _redis_error(_: Request, exc: Exception) -> JSONResponse:
+async def _redis_error(request: Request, exc: Exception) -> JSONResponse:
     if refuses_writes(exc):  # up, but full (maxmemory) or read-only: say so, not "unreachable"
         logger.warning("redis refuses writes: %s", exc)
         message = "the request queue is full (redis refuses writes), retry later"
@@ -54,7 +57,8 @@ async def _redis_error(_: Request, exc: Exception) -> JSONResponse:
         return error_response(
             OpenAIError(
                 503, message, type="server_error", code=code, headers={"Retry-After": REDIS_RETRY_AFTER_S}
-            )
+            ),
+            request.url.path,
         )
     logger.warning("redis unavailable: %s", exc)
     error = OpenAIError(
@@ -64,7 +68,7 @@ async def _redis_error(_: Request, exc: Exception) -> JSONResponse:
         code="redis_unavailable",
         headers={"Retry-After": REDIS_RETRY_AFTER_S},
     )
-    return error_response(error)
+    return error_response(error, request.url.path)
 
 
 def install_error_handlers(app: FastAPI) -> None:

@@ -1,5 +1,6 @@
 """Bearer API keys on every path but /health and the dashboard's static files, as a pure ASGI
-middleware (it never buffers a stream).
+middleware (it never buffers a stream). Anthropic's clients send the key as `x-api-key`: it counts as
+the Bearer token does.
 
 The owner (the key's name) is put in the ASGI scope; routes read it with `request_owner`, so a request
 carries who made it into Redis without the key itself ever leaving this module.
@@ -39,17 +40,21 @@ class AuthMiddleware:
         if scope["type"] != "http" or not self.keys.enabled or scope["path"] in OPEN_PATHS:
             await self.app(scope, receive, send)
             return
-        header = HTTPConnection(scope).headers.get("authorization", "")
-        scheme, _, key = header.partition(" ")
+        headers = HTTPConnection(scope).headers
+        scheme, _, key = headers.get("authorization", "").partition(" ")
         if scheme.lower() != "bearer" or not key.strip():
+            key = headers.get("x-api-key", "")  # Anthropic's header
+        path = scope["path"]
+        if not key.strip():
             error = _unauthorized(
-                "You didn't provide an API key. Send it in the Authorization header as `Bearer <key>`."
+                "You didn't provide an API key. Send it in the Authorization header as `Bearer <key>` "
+                "(or as x-api-key)."
             )
-            await error_response(error)(scope, receive, send)
+            await error_response(error, path)(scope, receive, send)
             return
         owner = self.keys.owner_of(key.strip())
         if owner is None:
-            await error_response(_unauthorized("Incorrect API key provided."))(scope, receive, send)
+            await error_response(_unauthorized("Incorrect API key provided."), path)(scope, receive, send)
             return
         scope[_OWNER_KEY] = owner
         await self.app(scope, receive, send)

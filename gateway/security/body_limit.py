@@ -33,7 +33,7 @@ class BodySizeLimitMiddleware:
         limit = self.path_limits.get(scope["path"], self.max_body_bytes)
         declared = _content_length(scope)
         if declared is not None and declared > limit:
-            await error_response(_too_large(limit))(scope, receive, send)
+            await error_response(_too_large(limit), scope["path"])(scope, receive, send)
             return
         chunks: list[bytes] = []
         size = 0
@@ -46,7 +46,7 @@ class BodySizeLimitMiddleware:
             body = message.get("body", b"")
             size += len(body)
             if size > limit:
-                await error_response(_too_large(limit))(scope, receive, send)
+                await error_response(_too_large(limit), scope["path"])(scope, receive, send)
                 return
             chunks.append(body)
             if not message.get("more_body", False):

@@ -77,11 +77,11 @@ def _param_name(loc: tuple[int | str, ...]) -> str | None:
     return "".join(parts) or None
 
 
-def validation_error(errors: Sequence[Any]) -> OpenAIError:
+def validation_error(errors: Sequence[Any], api: str = "OpenAI API") -> OpenAIError:
     """A body that failed its schema (pydantic's `errors()`): 400 naming the bad parameter, as OpenAI
     answers. The HTTP handler and batch lines answer with it, so a line fails exactly as the same body
-    sent alone."""
-    message, param = _validation_message(errors)
+    sent alone. `api` names the API whose fields an unknown parameter is not among."""
+    message, param = _validation_message(errors, api)
     return OpenAIError(400, message, param=param)
 
 
@@ -91,7 +91,7 @@ def _most_telling(errors: Sequence[Any]) -> Any:
     return next((e for e in errors if e.get("type") == "value_error"), errors[0])
 
 
-def _validation_message(errors: Sequence[Any]) -> tuple[str, str | None]:
+def _validation_message(errors: Sequence[Any], api: str) -> tuple[str, str | None]:
     if not errors:
         return "invalid request body", None
     first = _most_telling(errors)
@@ -102,5 +102,5 @@ def _validation_message(errors: Sequence[Any]) -> tuple[str, str | None]:
     if first.get("type") == "string_unicode":  # pydantic's own check, on a field name
         message = "a field name is not valid Unicode (a lone surrogate)"
     if first.get("type") == "extra_forbidden":
-        message = "unknown parameter (not part of the OpenAI API this server implements)"
+        message = f"unknown parameter (not part of the {api} this server implements)"
     return (f"{param}: {message}" if param else message), param

@@ -49,9 +49,10 @@ def _assert_401(response: httpx.Response) -> None:
         {"Authorization": "Bearer"},
         {"Authorization": f"Basic {ALICE}"},
         {"Authorization": ALICE},
-        {"X-Api-Key": ALICE},
+        {"Api-Key": ALICE},
+        {"X-Api-Key": ALICE + "x"},
     ],
-    ids=["none", "wrong", "longer", "empty", "basic", "no-scheme", "other-header"],
+    ids=["none", "wrong", "longer", "empty", "basic", "no-scheme", "other-header", "wrong-x-api-key"],
 )
 @pytest.mark.parametrize(
     ("method", "path"),

@@ -1,5 +1,5 @@
-"""The curl and OpenAI SDK examples of the README and docs/api.md, run verbatim against a live stack
-serving the model as `demo`.
+"""The curl, OpenAI and Anthropic SDK examples of the README and docs/api.md, run verbatim against a
+live stack serving the model as `demo`.
 
 Each answer is checked against the same request sent with httpx, not only for its shape.
 """
@@ -79,3 +79,13 @@ def test_openai_sdk_async_example(stack: Stack) -> None:
         for p in prompts
     ]
     assert out.splitlines() == expected
+
+
+def test_anthropic_sdk_example(stack: Stack) -> None:
+    out = run(stack, "anthropic-sdk", "python", API_DOC)
+    system = [{"role": "system", "content": "You answer questions about Python."}]
+    expected = post(stack, "/v1/chat/completions", {"messages": system + QUESTION, "max_tokens": 32})
+    text, usage = out.rsplit("\n", 2)[:2]
+    assert text == expected["choices"][0]["message"]["content"]
+    assert f"input_tokens={expected['usage']['prompt_tokens']}" in usage
+    assert f"output_tokens={expected['usage']['completion_tokens']}" in usage

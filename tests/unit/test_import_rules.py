@@ -33,6 +33,7 @@ FRONTEND_LAYERS = (
     "follow",  # submitting and following a request's tokens
     "render",  # OpenAI answer objects
     "responses",  # the Responses API
+    "anthropic",  # the Anthropic Messages API, as chat requests
     "batch",  # the Files and Batch APIs
 )
 FRONTEND = ROOT / "openai_frontend"

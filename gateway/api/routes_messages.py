@@ -1,0 +1,83 @@
+"""The Anthropic Messages API: POST /v1/messages and POST /v1/messages/count_tokens.
+
+A message runs as one chat request (openai_frontend/anthropic/input.py) on the same admission,
+queue, rate limit and runner as /v1/chat/completions; its answer is the Message object or its stream
+of Anthropic's events. Errors on these paths are in Anthropic's shape (gateway/errors.py), and the
+API key may come as `x-api-key` (gateway/security/auth.py); `anthropic-version` and `anthropic-beta`
+headers are accepted and change nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncGenerator, AsyncIterator
+from contextlib import aclosing
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends
+from starlette.requests import Request
+from starlette.responses import JSONResponse, StreamingResponse
+
+from gateway.app_state import GatewayState, get_state
+from gateway.generation.admission import checked_requests
+from gateway.generation.flow import request_id_header
+from gateway.streaming.sse import SSE_HEADERS, sse_event
+from openai_frontend.anthropic.answer import message_body
+from openai_frontend.anthropic.events import Event
+from openai_frontend.anthropic.input import anthropic_terms, chat_request
+from openai_frontend.anthropic.schemas import CountTokensRequest, MessagesRequest
+from openai_frontend.anthropic.stream import message_events
+from openai_frontend.follow.collect import collect
+from openai_frontend.follow.request_runner import FollowPolicy
+from openai_frontend.generate.prompts import chat_prompt_ids
+from openai_frontend.generate.validation import check_model
+from openai_frontend.model.served_model import ServedModel
+from openai_frontend.protocol.openai_schemas import ChatCompletionRequest
+from openai_frontend.tools.tool_choice import tool_use
+
+router = APIRouter()
+State = Annotated[GatewayState, Depends(get_state)]
+
+
+def _headers(req_id: str) -> dict[str, str]:
+    # `request-id` is where Anthropic's SDKs read a response's id from (`_request_id`).
+    return {**request_id_header(req_id), "request-id": req_id}
+
+
+async def _sse(events: AsyncGenerator[Event, None]) -> AsyncIterator[bytes]:
+    async with aclosing(events) as stream:
+        async for type_, data in stream:
+            yield sse_event(data, event=type_)
+
+
+@router.post("/v1/messages")
+async def create_message(body: MessagesRequest, http_request: Request, state: State) -> Any:
+    with anthropic_terms():
+        chat = chat_request(body)
+        [request] = await checked_requests(chat, http_request, state)
+    await state.runner.submit(request)
+    # A client that goes away cancels its message, as on the chat endpoint.
+    follow = FollowPolicy()
+    tokenizer = state.served.tokenizer
+    if body.stream:
+        events = message_events(state.runner, request, tokenizer, follow, state.settings.sse_keepalive_s)
+        return StreamingResponse(
+            _sse(events), media_type="text/event-stream", headers={**SSE_HEADERS, **_headers(request.req_id)}
+        )
+    [done] = await collect(state.runner, [request], http_request, follow)
+    return JSONResponse(message_body(request, done, tokenizer), headers=_headers(request.req_id))
+
+
+def _num_prompt_tokens(chat: ChatCompletionRequest, served: ServedModel) -> int:
+    check_model(chat.model, served)
+    tools = tool_use(chat, served)  # the tools' checks, and what the template lists
+    return len(chat_prompt_ids(chat.messages, served, tools.tools))
+
+
+@router.post("/v1/messages/count_tokens")
+async def count_tokens(body: CountTokensRequest, state: State) -> dict[str, int]:
+    """The prompt's tokens, as /v1/messages would count them in `usage.input_tokens`."""
+    with anthropic_terms():
+        chat = chat_request(body)
+        # Off the event loop: a forced tool_choice builds its grammar (and may import xgrammar).
+        return {"input_tokens": await asyncio.to_thread(_num_prompt_tokens, chat, state.served)}

@@ -147,7 +147,11 @@ class RequestRunner:
         follow = follow or FollowPolicy()
         bind_request_id(request.req_id)  # this task's log lines are about this request from now on
         processor = OutputProcessor(
-            self._served.tokenizer.tokenizer, request.message.prompt_token_ids, request.stop
+            self._served.tokenizer.tokenizer,
+            request.message.prompt_token_ids,
+            request.stop,
+            skip_special_tokens=request.skip_special_tokens,
+            include_stop=request.include_stop_str_in_output,
         )
         tracker = None
         if follow.track and self._metrics is not None:

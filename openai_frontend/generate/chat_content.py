@@ -12,7 +12,7 @@ import re
 import secrets
 from typing import Any
 
-from openai_frontend.model.chat_template import render_chat
+from openai_frontend.model.chat_template import ChatRender, render_chat
 from openai_frontend.model.tokenizer import ModelTokenizer
 
 _CLIENT_FIELDS = ("content", "name", "tool_call_id")  # the strings a client writes into a conversation
@@ -23,13 +23,15 @@ def encode_chat(
     chat: list[dict[str, Any]],
     template: str,
     tools: list[dict[str, Any]] | None = None,
+    render: ChatRender | None = None,
 ) -> list[int]:
-    """Token ids of `chat` rendered by `template` with a generation prompt; raises ChatTemplateError."""
+    """Token ids of `chat` rendered by `template` (with a generation prompt unless `render` says
+    otherwise); raises ChatTemplateError."""
     client_texts = [m[f] for m in chat for f in _CLIENT_FIELDS if isinstance(m.get(f), str)]
     if not any(tokenizer.has_special_text(text) for text in client_texts):
         # The common case, tokenized exactly as transformers tokenizes the rendered template.
         text = render_chat(
-            template, chat, special_tokens=tokenizer.special_tokens, add_generation_prompt=True, tools=tools
+            template, chat, special_tokens=tokenizer.special_tokens, tools=tools, render=render
         )
         return tokenizer.encode(text, add_special_tokens=False)
     # Private-use characters and a random tag: no client text can contain or forge a placeholder.
@@ -47,8 +49,8 @@ def encode_chat(
         template,
         placeholders,
         special_tokens=tokenizer.special_tokens,
-        add_generation_prompt=True,
         tools=tools,
+        render=render,
     )
     token_ids: list[int] = []
     # split() with one group alternates markup and placeholder indices: markup, index, markup, ...

@@ -6,7 +6,7 @@ from typing import Any
 
 from openai_frontend.generate.chat_content import encode_chat
 from openai_frontend.generate.validation import check_token_ids
-from openai_frontend.model.chat_template import ChatTemplateError, render_chat
+from openai_frontend.model.chat_template import ChatRender, ChatTemplateError, render_chat
 from openai_frontend.model.served_model import ServedModel
 from openai_frontend.protocol.errors import invalid_request
 from openai_frontend.protocol.openai_schemas import ChatMessage
@@ -34,12 +34,13 @@ def split_prompts(prompt: str | list[int] | list[str] | list[list[int]]) -> list
     return [prompt]  # type: ignore[list-item]  # token ids (or empty: refused below)
 
 
-def completion_prompt_ids(prompt: Prompt, served: ServedModel) -> list[int]:
-    """Text is tokenized with the tokenizer's own special tokens (e.g. BOS); ids are taken as given."""
+def completion_prompt_ids(prompt: Prompt, served: ServedModel, add_special_tokens: bool = True) -> list[int]:
+    """Text is tokenized with the tokenizer's own special tokens (e.g. BOS) unless the client says
+    not to; ids are taken as given."""
     if isinstance(prompt, str):
         if not prompt:
             raise invalid_request("prompt must not be empty", "prompt")
-        token_ids = served.tokenizer.encode(prompt, add_special_tokens=True)
+        token_ids = served.tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
     else:
         token_ids = [int(t) for t in prompt]
         check_token_ids(token_ids, served, "prompt")
@@ -80,11 +81,16 @@ def _message_dict(i: int, message: ChatMessage) -> dict[str, Any]:
 
 
 def chat_prompt_ids(
-    messages: list[ChatMessage], served: ServedModel, tools: list[dict[str, Any]] | None = None
+    messages: list[ChatMessage],
+    served: ServedModel,
+    tools: list[dict[str, Any]] | None = None,
+    render: ChatRender | None = None,
+    add_special_tokens: bool = False,
 ) -> list[int]:
-    """Render the chat template (it carries its own special tokens) and tokenize without adding more;
-    special-token strings in the messages are text unless the operator allows them (see chat_content).
-    In tools and tool calls, which templates write as JSON, they are refused."""
+    """Render the chat template (it carries its own special tokens) and tokenize without adding more
+    unless `add_special_tokens` (vLLM's option); special-token strings in the messages are text unless
+    the operator allows them (see chat_content). In tools and tool calls, which templates write as
+    JSON, they are refused."""
     tokenizer = served.tokenizer
     if tokenizer.chat_template is None:
         raise invalid_request("this model has no chat template; use /v1/completions", "messages")
@@ -97,17 +103,19 @@ def chat_prompt_ids(
                 tokenizer.chat_template,
                 chat,
                 special_tokens=tokenizer.special_tokens,
-                add_generation_prompt=True,
                 tools=tools,
+                render=render,
             )
             token_ids = tokenizer.encode(text, add_special_tokens=False)
         else:
             for param, text in client_tool_texts(chat, tools):
                 if tokenizer.has_special_text(text):
                     raise invalid_request(f"{param} holds a special token's text", param)
-            token_ids = encode_chat(tokenizer, chat, tokenizer.chat_template, tools)
+            token_ids = encode_chat(tokenizer, chat, tokenizer.chat_template, tools, render)
     except ChatTemplateError as exc:
         raise invalid_request(f"the chat template rejected the messages: {exc}", "messages") from exc
+    if add_special_tokens:
+        token_ids = tokenizer.with_special_tokens(token_ids)
     if not token_ids:
         raise invalid_request("the messages render to an empty prompt", "messages")
     return token_ids

@@ -32,6 +32,15 @@ class PreparedRequest(msgspec.Struct, kw_only=True, frozen=True):
     echo_text: str | None = None  # completions with echo: the prompt text that starts each choice
     tool_parser: str | None = None  # chat with tools: the format tool calls are read back in
     max_tool_calls: int | None = None  # 1 with parallel_tool_calls false
+    # vLLM's output options: special tokens shown, the stop string (or stop token) kept in the text.
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+    continuous_usage: bool = False  # streaming: every chunk carries the usage so far
+    prompt_logprobs: bool = False  # add the prompt's logprobs to the answer (vLLM's shape)
+    # OpenAI's: the client's labels and end user, kept with the request and logged.
+    metadata: dict[str, str] = {}
+    safety_identifier: str = ""
+    store: bool = False  # chat: kept as a stored chat completion once it finishes
     # Per function, its string parameters: formats that write values raw read them back by these.
     tool_strings: dict[str, list[str]] | None = None
 

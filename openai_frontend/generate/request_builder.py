@@ -6,6 +6,13 @@ import msgspec
 
 from common.protocol import GenerateRequest
 from common.stream_client import new_req_id
+from openai_frontend.generate.options import (
+    checked_metadata,
+    num_prompt_logprobs,
+    priority_level,
+    template_variables,
+    truncated,
+)
 from openai_frontend.generate.prompts import (
     MAX_PROMPTS,
     chat_prompt_ids,
@@ -24,6 +31,7 @@ from openai_frontend.generate.validation import (
     sampling_params,
     stop_strings,
 )
+from openai_frontend.model.chat_template import ChatRender, template_reads
 from openai_frontend.model.served_model import ServedModel
 from openai_frontend.protocol.errors import invalid_request
 from openai_frontend.protocol.openai_schemas import ChatCompletionRequest, CompletionRequest
@@ -54,36 +62,48 @@ def prepare_choices(
     owner: str = "",
     queue_deadline: float | None = None,
     req_id: str | None = None,
-    priority: int = 0,
+    priority: int | None = None,
 ) -> list[PreparedRequest]:
     """Every choice of `body`, all checked and tokenized before any is queued: n per prompt (a
     completions body may hold a list of prompts), choice `prompt_index * n + i` as OpenAI and vLLM
     number them. Raises OpenAIError (400/404) on anything it cannot serve.
 
-    `req_id` defaults to a new random id; a batch line passes one derived from its batch and index.
+    `req_id` defaults to a new random id; a batch line passes one derived from its batch and index,
+    and its own `priority` (else the body's `priority` picks the level).
     """
     check_model(body.model, served)
     check_unsupported(body)
     stop = stop_strings(body.stop)
     user = check_user(body.user)
+    safety_identifier = check_user(body.safety_identifier)
+    metadata = checked_metadata(body.metadata)
+    level = priority_level(body) if priority is None else priority
+    k_prompt = num_prompt_logprobs(body)
     n = num_choices(body)
     req_id = req_id or new_req_id()
     tools = tool_use(body, served) if isinstance(body, ChatCompletionRequest) else ToolUse()
     choices: list[PreparedRequest] = []
     for prompt_token_ids, echo_text in _prompts(body, n, served, tools):
+        prompt_token_ids = truncated(prompt_token_ids, body, served.max_model_len)
         prompt_param = "messages" if isinstance(body, ChatCompletionRequest) else "prompt"
         check_prompt_length(len(prompt_token_ids), served, prompt_param)
         max_tokens = resolve_max_tokens(body, len(prompt_token_ids), served)
+        params = sampling_params(body, max_tokens, served, tools.grammar)
+        if k_prompt is not None:
+            params = msgspec.structs.replace(
+                params, prompt_logprobs=max(k_prompt, params.prompt_logprobs or 0)
+            )
         message = GenerateRequest(
             req_id=req_id,
             prompt_token_ids=prompt_token_ids,
-            sampling_params=sampling_params(body, max_tokens, served, tools.grammar),
+            sampling_params=params,
             arrival_time=arrival_time,
-            user=user,
+            user=safety_identifier or user,  # OpenAI's newer name for the end user wins
             owner=owner,
             queue_deadline=queue_deadline,
-            priority=priority,
+            priority=level,
         )
+        include_usage = bool(body.stream and body.stream_options and body.stream_options.include_usage)
         request = PreparedRequest(
             message=message,
             kind="chat" if isinstance(body, ChatCompletionRequest) else "completion",
@@ -91,7 +111,7 @@ def prepare_choices(
             num_prompt_tokens=len(prompt_token_ids),
             stop=stop,
             stream=bool(body.stream),
-            include_usage=bool(body.stream and body.stream_options and body.stream_options.include_usage),
+            include_usage=include_usage,
             resumable=bool(body.resumable),
             return_token_ids=bool(body.return_token_ids),
             n=n,
@@ -100,6 +120,15 @@ def prepare_choices(
             tool_parser=tools.parser,
             max_tool_calls=tools.max_calls,
             tool_strings=tools.strings,
+            skip_special_tokens=body.skip_special_tokens is not False,
+            include_stop_str_in_output=bool(body.include_stop_str_in_output),
+            # As vLLM: usage on every chunk only for a stream that asked for usage at all.
+            continuous_usage=include_usage
+            and bool(body.stream_options and body.stream_options.continuous_usage_stats),
+            prompt_logprobs=k_prompt is not None,
+            metadata=metadata,
+            safety_identifier=safety_identifier,
+            store=bool(body.store),
         )
         choices += fan_out(request, len(choices))
     return choices
@@ -110,15 +139,41 @@ def _prompts(
 ) -> list[tuple[list[int], str | None]]:
     """Each prompt's token ids, and with echo the text each of its choices starts with."""
     if isinstance(body, ChatCompletionRequest):
-        return [(chat_prompt_ids(body.messages, served, tools.tools), None)]
+        return [
+            (
+                chat_prompt_ids(
+                    body.messages, served, tools.tools, _render(body, served), bool(body.add_special_tokens)
+                ),
+                None,
+            )
+        ]
     prompts = split_prompts(body.prompt)
     if len(prompts) * n > MAX_PROMPTS:
         raise invalid_request(f"at most {MAX_PROMPTS} choices (prompts x n) per request", "prompt")
     result = []
     for prompt in prompts:
-        token_ids = completion_prompt_ids(prompt, served)
+        token_ids = completion_prompt_ids(prompt, served, body.add_special_tokens is not False)
         echo_text = None
         if body.echo:  # as the client wrote it; token ids decoded (special tokens left out)
             echo_text = prompt if isinstance(prompt, str) else served.tokenizer.decode(token_ids)
         result.append((token_ids, echo_text))
     return result
+
+
+def _render(body: ChatCompletionRequest, served: ServedModel) -> ChatRender:
+    """The request's template controls (vLLM's): generation prompt, continuing the last message, and
+    the template's extra variables."""
+    template = served.tokenizer.chat_template
+    reads = template_reads(template) if template is not None else frozenset()
+    add_generation_prompt = body.add_generation_prompt is not False
+    if body.continue_final_message and add_generation_prompt:
+        raise invalid_request(
+            "continue_final_message and add_generation_prompt cannot both be true: set "
+            "add_generation_prompt to false to continue the last message",
+            "continue_final_message",
+        )
+    return ChatRender(
+        add_generation_prompt=add_generation_prompt,
+        continue_final_message=bool(body.continue_final_message),
+        variables=template_variables(body, reads),
+    )

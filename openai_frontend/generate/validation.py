@@ -42,11 +42,8 @@ def check_model(requested: str | None, served: ServedModel) -> None:
 # (null always does). Anything else is refused by name: an ignored field would change the answer (or its
 # billing, storage, safety checks) without the client knowing.
 _UNSUPPORTED_COMMON: dict[str, tuple[Any, ...]] = {
-    "metadata": (),
-    "store": (False,),
     "service_tier": ("auto", "default"),
-    "safety_identifier": (),
-    "prompt_cache_key": (),
+    "store": (False,),  # until stored chat completions exist
 }
 _UNSUPPORTED_CHAT: dict[str, tuple[Any, ...]] = {
     **_UNSUPPORTED_COMMON,
@@ -56,8 +53,6 @@ _UNSUPPORTED_CHAT: dict[str, tuple[Any, ...]] = {
     "modalities": (["text"],),
     "prediction": (),
     "web_search_options": (),
-    "reasoning_effort": (),
-    "verbosity": (),
 }
 _UNSUPPORTED_COMPLETION: dict[str, tuple[Any, ...]] = {**_UNSUPPORTED_COMMON, "suffix": ("",)}
 _UNSUPPORTED_MESSAGE = ("function_call", "refusal", "audio")

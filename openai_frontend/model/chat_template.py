@@ -7,12 +7,15 @@ transformers provides (`raise_exception`, `strftime_now`, `tojson`, `dict`, `nam
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from datetime import datetime
 from functools import lru_cache
 from typing import Any
 
 import jinja2
 import jinja2.ext
+import jinja2.meta
 import jinja2.nodes
 import jinja2.parser
 import jinja2.runtime
@@ -22,6 +25,15 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 class ChatTemplateError(ValueError):
     """The template refused the conversation (e.g. `raise_exception('roles must alternate')`)."""
+
+
+@dataclass(slots=True, frozen=True)
+class ChatRender:
+    """How a conversation is rendered, as a request's template controls ask (vLLM's names)."""
+
+    add_generation_prompt: bool = True  # end with the assistant's turn header
+    continue_final_message: bool = False  # end inside the last message, so the model continues it
+    variables: Mapping[str, Any] = field(default_factory=dict)  # chat_template_kwargs and the like
 
 
 class _GenerationTag(jinja2.ext.Extension):
@@ -104,22 +116,46 @@ def render_chat(
     special_tokens: dict[str, str],
     add_generation_prompt: bool = True,
     tools: list[dict[str, Any]] | None = None,
+    render: ChatRender | None = None,
 ) -> str:
     """The prompt text for `messages` (and `tools`, the request's tool objects, as transformers passes
-    them); raises ChatTemplateError when the template rejects them."""
+    them); raises ChatTemplateError when the template rejects them. `render`, when given, decides the
+    generation prompt instead of `add_generation_prompt`."""
     # Like transformers: keys whose value is None are dropped, since templates handle a missing key better.
     chat = [{k: v for k, v in m.items() if v is not None} for m in messages]
+    render = render or ChatRender(add_generation_prompt=add_generation_prompt)
     try:
         compiled = _compile(template)
-        return compiled.render(
+        text = compiled.render(
+            **render.variables,
             messages=chat,
             tools=tools,
             documents=None,
-            add_generation_prompt=add_generation_prompt,
+            add_generation_prompt=render.add_generation_prompt,
             **special_tokens,
         )
     except jinja2.exceptions.TemplateError as exc:
         raise ChatTemplateError(str(exc)) from exc
+    return _cut_after_final(text, chat) if render.continue_final_message else text
+
+
+def _cut_after_final(text: str, chat: list[dict[str, Any]]) -> str:
+    """The rendering cut right after the last message's content, as transformers'
+    `continue_final_message` cuts it: the model then continues that message."""
+    final = chat[-1].get("content") if chat else None
+    if not isinstance(final, str) or not final.strip() or final.strip() not in text:
+        raise ChatTemplateError("continue_final_message needs a last message whose text the template writes")
+    at = text.rindex(final.strip())
+    # The template kept the message's spacing: keep it too; else cut after the stripped text.
+    end = len(final.lstrip()) if text[at : at + len(final.lstrip())] == final.lstrip() else len(final.strip())
+    return text[: at + end]
+
+
+@lru_cache(maxsize=8)
+def template_reads(template: str) -> frozenset[str]:
+    """The variables a template reads from its context (`reasoning_effort`, `enable_thinking`, ...)."""
+    env = ImmutableSandboxedEnvironment(extensions=[_GenerationTag, jinja2.ext.loopcontrols])
+    return frozenset(jinja2.meta.find_undeclared_variables(env.parse(template)))
 
 
 def check_template(template: str) -> None:

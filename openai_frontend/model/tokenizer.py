@@ -95,6 +95,10 @@ class ModelTokenizer:
         self._special_text = re.compile("|".join(map(re.escape, specials))) if specials else None
         self._plain = Tokenizer.from_str(self.tokenizer.to_str())
         self._plain.encode_special_tokens = True
+        # What encode(add_special_tokens=True) puts around a text (e.g. BOS before it), found once.
+        marked, plain = self.encode("a", add_special_tokens=True), self.encode("a", add_special_tokens=False)
+        at = next((i for i in range(len(marked)) if marked[i : i + len(plain)] == plain), len(marked))
+        self._special_prefix, self._special_suffix = marked[:at], marked[at + len(plain) :]
 
     def _eos_ids(self, model_dir: Path) -> list[int]:
         for name in ("generation_config.json", "config.json"):
@@ -115,6 +119,10 @@ class ModelTokenizer:
     def has_special_text(self, text: str) -> bool:
         return self._special_text is not None and self._special_text.search(text) is not None
 
-    def decode(self, token_ids: list[int]) -> str:
-        """Text of `token_ids` as clients see it: special tokens left out."""
-        return str(self.tokenizer.decode(token_ids, skip_special_tokens=True))
+    def with_special_tokens(self, token_ids: list[int]) -> list[int]:
+        """`token_ids` with the special tokens the tokenizer adds around a text (its BOS, say)."""
+        return [*self._special_prefix, *token_ids, *self._special_suffix]
+
+    def decode(self, token_ids: list[int], *, skip_special_tokens: bool = True) -> str:
+        """Text of `token_ids` as clients see it: special tokens left out unless asked for."""
+        return str(self.tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens))

@@ -32,6 +32,8 @@ class _Strict(BaseModel):
 
 class StreamOptions(_Strict):
     include_usage: bool | None = False  # end the stream with a chunk that carries usage
+    # vLLM's: with include_usage, every chunk also carries the usage so far (guidellm asks for it).
+    continuous_usage_stats: bool | None = False
 
 
 class StructuredOutputsParams(_Strict):
@@ -91,12 +93,20 @@ class _SamplingRequest(_Strict):
     return_token_ids: bool | None = False
     # vLLM's extension: the output follows a JSON schema, regex, choice or grammar (both endpoints).
     structured_outputs: StructuredOutputsParams | None = None
-    # OpenAI fields we do not implement: refused by name in validation.check_unsupported.
-    metadata: JSONObject | None = None
-    store: bool | None = None
-    service_tier: Text | None = None
-    safety_identifier: Text | None = None
-    prompt_cache_key: Text | None = None
+    # vLLM's detokenizer and stop options (docs/api.md).
+    skip_special_tokens: bool | None = True  # false: special tokens show in the text
+    spaces_between_special_tokens: bool | None = True  # slow tokenizers only; ours are fast
+    include_stop_str_in_output: bool | None = False  # the stop string (or EOS token) ends the text
+    add_special_tokens: bool | None = None  # default: true for a completion prompt, false for chat
+    truncate_prompt_tokens: int | None = None  # keep only the prompt's last N tokens (-1: the context)
+    prompt_logprobs: int | None = None  # vLLM's: each prompt token's logprob and this many top ones
+    priority: int | None = None  # vLLM's: lower runs first; within what the API key may use
+    # OpenAI's: kept with the request and logged (metadata up to 16 string pairs).
+    metadata: dict[Text, Text] | None = None
+    store: bool | None = None  # chat: kept for GET /v1/chat/completions/{id}
+    service_tier: Text | None = None  # refused by name, but for "auto" and "default"
+    safety_identifier: Text | None = None  # the end user: recorded, the tenant of rate limits
+    prompt_cache_key: Text | None = None  # requests with the same key are placed together
     # Ours: the request outlives its connection for GATEWAY_RESUME_GRACE_S, so that its client can
     # resume it (GET /v1/requests/{id}/stream). Otherwise a client that goes away cancels it.
     resumable: bool | None = False
@@ -141,6 +151,11 @@ class ChatCompletionRequest(_SamplingRequest):
     tools: list[JSONObject] | None = None
     tool_choice: Text | JSONObject | None = None  # none, auto, required or {"type": "function", ...}
     parallel_tool_calls: bool | None = None  # false: at most one call
+    # vLLM's template controls: extra variables for the chat template (e.g. enable_thinking), the
+    # generation prompt, and continuing the last (assistant) message instead of starting a new one.
+    chat_template_kwargs: JSONObject | None = None
+    add_generation_prompt: bool | None = True
+    continue_final_message: bool | None = False
     # OpenAI fields we do not implement: refused by name in validation.check_unsupported.
     functions: list[JSONObject] | None = None
     function_call: Text | JSONObject | None = None
@@ -148,6 +163,7 @@ class ChatCompletionRequest(_SamplingRequest):
     modalities: list[Text] | None = None
     prediction: JSONObject | None = None
     web_search_options: JSONObject | None = None
+    # Handed to the chat template; refused when the template does not read them.
     reasoning_effort: Text | None = None
     verbosity: Text | None = None
 
@@ -181,12 +197,26 @@ class CompletionLogprobs(BaseModel):
     text_offset: list[int] = []  # character offset of each token in the choice's text
 
 
+class PromptLogprob(BaseModel):
+    """vLLM's Logprob: one token of one prompt position."""
+
+    logprob: float
+    rank: int | None  # 1 for the most likely token; null when not among the top ones
+    decoded_token: str
+
+
+# vLLM's prompt_logprobs: per prompt token, null for the first, else token id -> its PromptLogprob.
+PromptLogprobs = list[dict[str, PromptLogprob] | None]
+
+
 class CompletionChoice(BaseModel):
     index: int = 0
     text: str
     logprobs: CompletionLogprobs | None = None
     finish_reason: str | None = None
     token_ids: list[int] | None = None  # only with return_token_ids
+    # Only with prompt_logprobs (left out otherwise, as vLLM leaves it null).
+    prompt_logprobs: PromptLogprobs | None = Field(default=None, exclude_if=lambda v: v is None)
 
 
 class CompletionResponse(BaseModel):
@@ -247,6 +277,8 @@ class ChatCompletionResponse(BaseModel):
     model: str
     choices: list[ChatChoice]
     usage: UsageInfo
+    # Only with prompt_logprobs: vLLM puts the (one) prompt's on the response, not on a choice.
+    prompt_logprobs: PromptLogprobs | None = Field(default=None, exclude_if=lambda v: v is None)
 
 
 class ChatChunkChoice(BaseModel):

@@ -62,7 +62,17 @@ class Chunks(ABC):
         """The chunk of one choice's step: `fields` say what it adds, `out` how it ends and its ids."""
         fields.setdefault("finish_reason", out.finish_reason)  # the endpoint may name it (tool_calls)
         choice = choice_type(index=index, token_ids=out.token_ids, **fields)
-        return self._chunk([choice])
+        return self._chunk([choice], self.usage_so_far(index, out.num_output_tokens, out.num_cached_tokens))
+
+    def usage_so_far(
+        self, index: int, num_output_tokens: int = 0, num_cached_tokens: int = 0
+    ) -> UsageInfo | None:
+        """With continuous_usage_stats (vLLM's), each chunk's usage: its choice's prompt and the tokens
+        generated so far; else None (the usage comes once, at the end)."""
+        if not self.request.continuous_usage:
+            return None
+        request = self.choices[index]
+        return usage([request], [num_output_tokens], [num_cached_tokens])
 
     @abstractmethod
     def opening(self) -> list[str]: ...
@@ -98,11 +108,15 @@ class Endpoint:
     ) -> dict[str, Any]:
         """The non-streaming body (also what a fetch by id and a batch line return)."""
         request = requests[0]
+        extra: dict[str, Any] = {}
+        if self.kind == "chat" and request.prompt_logprobs:  # chat's one prompt: on the response (vLLM)
+            extra["prompt_logprobs"] = formatter.prompt_logprobs(done[0].prompt)
         response = self.response_type(
             id=response_id,
             created=created,
             model=model,
             choices=[self.choice(i, c, requests[i], formatter) for i, c in enumerate(done)],
             usage=usage(requests, [c.num_output_tokens for c in done], [c.num_cached_tokens for c in done]),
+            **extra,
         )
         return response.model_dump(exclude=response_exclude(return_token_ids=request.return_token_ids))

@@ -21,7 +21,7 @@ class CompletionChunks(Chunks):
     def opening(self) -> list[str]:
         # An echo with logprobs waits for the prompt's logprobs, and goes out with them.
         return [
-            self._chunk([CompletionChoice(index=i, text=r.echo_text)])
+            self._chunk([CompletionChoice(index=i, text=r.echo_text)], self.usage_so_far(i))
             for i, r in enumerate(self.choices)
             if r.echo_text and not r.echo_logprobs
         ]
@@ -54,6 +54,7 @@ def _choice(
         logprobs=logprobs,
         finish_reason=done.finish_reason,
         token_ids=done.token_ids,
+        prompt_logprobs=formatter.prompt_logprobs(done.prompt) if request.prompt_logprobs else None,
     )
 
 

@@ -12,7 +12,14 @@ from __future__ import annotations
 from tokenizers import Tokenizer
 
 from common.protocol import PromptEvent, TokenEvent
-from openai_frontend.protocol.openai_schemas import ChatLogprobs, CompletionLogprobs, TokenLogprob, TopLogprob
+from openai_frontend.protocol.openai_schemas import (
+    ChatLogprobs,
+    CompletionLogprobs,
+    PromptLogprob,
+    PromptLogprobs,
+    TokenLogprob,
+    TopLogprob,
+)
 
 
 class LogprobsFormatter:
@@ -70,6 +77,29 @@ class LogprobsFormatter:
             ids, values = prompt.top_token_ids[i - 1], prompt.top_logprobs[i - 1]
             result.top_logprobs.append({self.token_text(t): lp for t, lp in zip(ids, values, strict=True)})
         return result, text_offset
+
+    def prompt_logprobs(self, prompt: PromptEvent | None) -> PromptLogprobs:
+        """vLLM's `prompt_logprobs`: per prompt token, null for the first (nothing precedes it), else
+        token id -> logprob, rank (1 is the most likely; null when the prompt's own token is not
+        among the top ones) and decoded text, for the prompt's token and the most likely ones."""
+        if prompt is None:
+            return []
+        result: PromptLogprobs = [None]
+        for i, token_id in enumerate(prompt.token_ids[1:]):
+            ids, values = prompt.top_token_ids[i], prompt.top_logprobs[i]
+            entry = {
+                str(token_id): PromptLogprob(
+                    logprob=prompt.logprobs[i],
+                    rank=ids.index(token_id) + 1 if token_id in ids else None,
+                    decoded_token=self.token_text(token_id),
+                )
+            }
+            for rank, (t, lp) in enumerate(zip(ids, values, strict=True), start=1):
+                entry.setdefault(
+                    str(t), PromptLogprob(logprob=lp, rank=rank, decoded_token=self.token_text(t))
+                )
+            result.append(entry)
+        return result
 
 
 def joined(first: CompletionLogprobs, then: CompletionLogprobs) -> CompletionLogprobs:

@@ -15,15 +15,20 @@ _REPLACEMENT_CHAR = "\ufffd"
 
 
 class IncrementalDetokenizer:
-    def __init__(self, tokenizer: Tokenizer, prompt_token_ids: list[int]) -> None:
+    def __init__(
+        self, tokenizer: Tokenizer, prompt_token_ids: list[int], skip_special_tokens: bool = True
+    ) -> None:
         self._tokenizer = tokenizer
+        self._skip_special_tokens = skip_special_tokens  # false: special tokens show (vLLM's option)
         self._token_ids = list(prompt_token_ids[-NUM_CONTEXT_TOKENS:])
         # Text up to read_offset has been emitted; prefix_offset:read_offset is the context window.
         self._prefix_offset = 0
         self._read_offset = len(self._token_ids)
 
     def _decode(self, start: int, end: int | None = None) -> str:
-        return str(self._tokenizer.decode(self._token_ids[start:end], skip_special_tokens=True))
+        return str(
+            self._tokenizer.decode(self._token_ids[start:end], skip_special_tokens=self._skip_special_tokens)
+        )
 
     def step(self, token_id: int) -> str:
         """Append one token and return the new text it completes (often "", e.g. mid-character)."""

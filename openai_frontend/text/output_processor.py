@@ -18,9 +18,20 @@ class OutputDelta:
 
 
 class OutputProcessor:
-    def __init__(self, tokenizer: Tokenizer, prompt_token_ids: list[int], stop: list[str]) -> None:
-        self._detokenizer = IncrementalDetokenizer(tokenizer, prompt_token_ids)
-        self._matcher = StopStringMatcher(stop)
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        prompt_token_ids: list[int],
+        stop: list[str],
+        *,
+        skip_special_tokens: bool = True,
+        include_stop: bool = False,
+    ) -> None:
+        """`include_stop` (vLLM's include_stop_str_in_output): the stop string, or the EOS / stop token
+        that ended the output, stays in the text."""
+        self._detokenizer = IncrementalDetokenizer(tokenizer, prompt_token_ids, skip_special_tokens)
+        self._matcher = StopStringMatcher(stop, include_stop)
+        self._include_stop = include_stop
         self.num_output_tokens = 0
 
     @property
@@ -31,8 +42,9 @@ class OutputProcessor:
     def process(self, token_id: int, finish_reason: str | None) -> OutputDelta:
         """One new token; `finish_reason` is the worker's ("stop" for EOS / stop_token_ids, "length")."""
         self.num_output_tokens += 1
-        # As in vLLM, the token that stopped generation (EOS or a stop token id) is counted but not shown.
-        if finish_reason != "stop":
+        # As in vLLM, the token that stopped generation (EOS or a stop token id) is counted but not shown,
+        # unless the client asked for it (it is text only with skip_special_tokens false, or a plain token).
+        if finish_reason != "stop" or self._include_stop:
             self._matcher.append(self._detokenizer.step(token_id))
         stop_string_hit = self._matcher.stopped
         finish = "stop" if stop_string_hit else finish_reason

@@ -10,8 +10,9 @@ class StopStringMatcher:
     a stop string that the next token completes, and a client must never see part of a stop string.
     """
 
-    def __init__(self, stop: list[str]) -> None:
+    def __init__(self, stop: list[str], include_stop: bool = False) -> None:
         self.stop = [s for s in stop if s]
+        self._include_stop = include_stop  # cut after the stop string instead (include_stop_str_in_output)
         self._hold = max((len(s) for s in self.stop), default=1) - 1
         self.text = ""
         self.stopped = False
@@ -24,12 +25,10 @@ class StopStringMatcher:
         # Only a match overlapping the new text is new; earlier text was already searched.
         search_from = max(len(self.text) - self._hold, 0)
         self.text += delta
-        cut = min(
-            (pos for s in self.stop if (pos := self.text.find(s, search_from)) != -1),
-            default=-1,
-        )
-        if cut != -1:
-            self.text = self.text[:cut]
+        hits = [(pos, s) for s in self.stop if (pos := self.text.find(s, search_from)) != -1]
+        if hits:
+            pos, s = min(hits)
+            self.text = self.text[: pos + len(s)] if self._include_stop else self.text[:pos]
             self.stopped = True
         return self.stopped
 

@@ -45,11 +45,9 @@ SAMPLING: dict[str, Row] = {
     "temperature": (0.5, HONOURED, {}),
     "top_p": (0.5, HONOURED, {}),
     "user": ("user-1", HONOURED, {}),
-    "metadata": ({"k": "v"}, REFUSED, {}),
     "store": (True, REFUSED, {}),
     "service_tier": ("flex", REFUSED, {}),
-    "safety_identifier": ("s-1", REFUSED, {}),
-    "prompt_cache_key": ("p-1", REFUSED, {}),
+    "safety_identifier": ("s-1", HONOURED, {}),  # the request's end user
     # vLLM's extensions
     "top_k": (5, HONOURED, {}),
     "min_p": (0.1, HONOURED, {}),
@@ -59,6 +57,8 @@ SAMPLING: dict[str, Row] = {
     "ignore_eos": (True, HONOURED, {}),
     "structured_outputs": ({"choice": ["yes", "no"]}, HONOURED, {}),
     "return_token_ids": (True, HONOURED, {}),
+    "prompt_logprobs": (1, HONOURED, {}),
+    "priority": (1, HONOURED, {}),
 }
 FIELDS: dict[str, dict[str, Row]] = {
     CHAT: {
@@ -73,6 +73,16 @@ FIELDS: dict[str, dict[str, Row]] = {
         # One call or one or more: a different grammar for forced calls.
         "parallel_tool_calls": (False, HONOURED, {"tools": [FUNCTION], "tool_choice": "required"}),
         "prediction": ({"type": "content", "content": "x"}, REFUSED, {}),
+        "add_generation_prompt": (False, HONOURED, {}),
+        "truncate_prompt_tokens": (1, HONOURED, {}),
+        "continue_final_message": (
+            True,
+            HONOURED,
+            {
+                "add_generation_prompt": False,
+                "messages": [*BASE[CHAT]["messages"], {"role": "assistant", "content": "The"}],
+            },
+        ),
         "reasoning_effort": ("low", REFUSED, {}),
         "response_format": ({"type": "json_object"}, HONOURED, {}),
         "tool_choice": ("required", HONOURED, {"tools": [FUNCTION]}),  # a grammar forces a call
@@ -84,13 +94,31 @@ FIELDS: dict[str, dict[str, Row]] = {
         **SAMPLING,
         "logprobs": (2, HONOURED, {}),
         "echo": (True, HONOURED, {}),
+        "truncate_prompt_tokens": (1, HONOURED, {"prompt": "Return the value"}),  # "hi" is one token
         "best_of": (2, REFUSED, {}),  # best_of == n is the same request; more candidates are not ranked
         "suffix": ("end", REFUSED, {}),
     },
 }
 # Honoured without a difference this test can see from one request: `model` must name the served
-# model; `resumable` changes what happens after a disconnect (tests/stack/test_resume_api.py).
-NO_VISIBLE_EFFECT = {"model": None, "resumable": True}
+# model; `resumable` changes what happens after a disconnect (tests/stack/test_resume_api.py);
+# `metadata` and `prompt_cache_key` are kept and logged, and place the request; the detokenizer and
+# stop options change the text only when special tokens or stop strings are in it, and the tiny
+# tokenizer adds no special tokens (each of those: tests/stack/test_vllm_options.py).
+NO_VISIBLE_EFFECT: dict[str, Any] = {
+    "model": None,
+    "resumable": True,
+    "metadata": {"k": "v"},
+    "prompt_cache_key": "p-1",
+    "skip_special_tokens": False,
+    "spaces_between_special_tokens": False,
+    "include_stop_str_in_output": True,
+    "add_special_tokens": True,
+}
+# Chat's own: the ChatML template reads no extra variable (one that does: test_vllm_options.py).
+NO_VISIBLE_EFFECT_BY_PATH: dict[str, dict[str, Any]] = {
+    CHAT: {**NO_VISIBLE_EFFECT, "chat_template_kwargs": {"enable_thinking": True}},
+    COMPLETIONS: NO_VISIBLE_EFFECT,
+}
 REQUIRED = {CHAT: {"messages"}, COMPLETIONS: {"prompt"}}
 SCHEMAS = {CHAT: ChatCompletionRequest, COMPLETIONS: CompletionRequest}
 
@@ -121,7 +149,7 @@ def _observed(gateway: RunningGateway, responder: Responder, path: str, body: di
 
 def test_every_declared_field_has_a_row() -> None:
     for path, schema in SCHEMAS.items():
-        listed = set(FIELDS[path]) | set(NO_VISIBLE_EFFECT) | REQUIRED[path]
+        listed = set(FIELDS[path]) | set(NO_VISIBLE_EFFECT_BY_PATH[path]) | REQUIRED[path]
         assert listed == set(schema.model_fields), path
 
 
@@ -156,7 +184,7 @@ def test_fields_without_a_visible_effect_are_accepted(
 ) -> None:
     gateway, _ = served
     model = gateway.client.get("/v1/models").json()["data"][0]["id"]
-    for name, value in {**NO_VISIBLE_EFFECT, "model": model}.items():
+    for name, value in {**NO_VISIBLE_EFFECT_BY_PATH[path], "model": model}.items():
         response = gateway.client.post(path, json={**BASE[path], name: value})
         assert response.status_code == 200, (name, response.text)
 

@@ -5,6 +5,8 @@ Q/K/V and RoPE as usual, then calls `paged_attention_forward` per layer with the
 `AttentionContext` passed down as the `attn_metadata` forward kwarg (Llama forwards **kwargs from
 `model(...)` to every attention call). The context's backend writes this step's K/V into the pool and
 attends each request over its own cached K/V, so no DynamicCache and no dense [T, T] mask ever exists.
+The layer's sliding window, logit softcap and sinks, which transformers passes as kwargs, go to the
+backend as its `AttentionVariant`.
 """
 
 from __future__ import annotations
@@ -15,14 +17,13 @@ import torch
 from transformers import AttentionInterface
 
 from gpu_worker.attention_backend import AttentionContext
+from gpu_worker.attention_variant import AttentionVariant
 
 ATTN_IMPLEMENTATION = "cbserve_paged"
 
-# Attention kwargs of other architectures that change the result; none is implemented, and ignoring
-# one would serve wrong text (Gemma 2's softcap, gpt-oss's sinks). A sliding window is refused only
-# where it slides: within the window it is full attention (model_support.py lets such models load
-# with WORKER_MAX_MODEL_LEN at most the window).
-UNSUPPORTED_KWARGS = ("softcap", "s_aux", "sinks", "position_bias")
+# Attention kwargs of other architectures that change the result and are not implemented: ignoring
+# one would serve wrong text (model_support.py refuses such models at load).
+UNSUPPORTED_KWARGS = ("position_bias", "indices")
 
 
 def paged_attention_forward(
@@ -40,9 +41,6 @@ def paged_attention_forward(
     if context is None:
         raise RuntimeError(f"{ATTN_IMPLEMENTATION} attention needs attn_metadata=AttentionContext(...)")
     unsupported = [name for name in UNSUPPORTED_KWARGS if kwargs.get(name) is not None]
-    window = kwargs.get("sliding_window")
-    if window is not None and context.common.max_seq_len > window:
-        unsupported.append(f"sliding_window={window} (a sequence of {context.common.max_seq_len} tokens)")
     if unsupported or dropout:
         raise NotImplementedError(
             f"{ATTN_IMPLEMENTATION} attention does not implement "
@@ -56,8 +54,21 @@ def paged_attention_forward(
         value[0].transpose(0, 1),
         context.metadata,
         scale,
+        variant_of(kwargs),
     )
     return out.unsqueeze(0), None
+
+
+def variant_of(kwargs: dict[str, Any]) -> AttentionVariant:
+    """The variant transformers asks of this call (gpt-oss passes its sinks as `s_aux`, others as
+    `sinks`)."""
+    window, softcap = kwargs.get("sliding_window"), kwargs.get("softcap")
+    sinks = kwargs.get("s_aux")
+    return AttentionVariant(
+        window=None if window is None else int(window),
+        softcap=None if softcap is None else float(softcap),
+        sinks=kwargs.get("sinks") if sinks is None else sinks,
+    )
 
 
 def register_paged_attention() -> str:

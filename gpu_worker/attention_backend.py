@@ -14,6 +14,7 @@ from typing import Any, ClassVar, Generic, Literal, TypeVar
 
 import torch
 
+from gpu_worker.attention_variant import PLAIN, AttentionVariant
 from gpu_worker.kv_cache import KVCache
 
 BackendName = Literal["torch", "triton"]
@@ -67,9 +68,11 @@ class AttentionBackend(ABC, Generic[M]):
         value: torch.Tensor,
         metadata: M,
         scale: float,
+        variant: AttentionVariant = PLAIN,
     ) -> torch.Tensor:
         """query [T, heads, head_dim], key/value [T, kv_heads, head_dim] (after RoPE, last dim
-        contiguous) -> output [T, heads, head_dim]; stores key/value at the step's slots first."""
+        contiguous) -> output [T, heads, head_dim]; stores key/value at the step's slots first.
+        `variant`: the layer's window, softcapping and sinks (attention_variant.py)."""
 
 
 @dataclass(slots=True)

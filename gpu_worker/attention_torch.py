@@ -4,17 +4,18 @@ against): gathers each group's K/V out of the pool into a workspace and runs SDP
 Decodes are attended in groups of similar context length (one gather and one SDPA per group), and
 every prefill chunk by itself; a first chunk attends over its own K/V without reading the pool. With
 cascade attention (the CPU default), decodes sharing leading blocks read them once
-(cascade_attention.py).
+(cascade_attention.py). A layer's variant (attention_variant.py) adds its window to the masks (built
+once per step and window) and computes softcapping and sinks with eager attention, which SDPA cannot.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 
 from gpu_worker.attention_backend import AttentionBackend, CommonAttentionMetadata
+from gpu_worker.attention_variant import PLAIN, AttentionVariant, allowed_positions, attend
 from gpu_worker.cascade_attention import (
     MIN_HEAD_BLOCKS,
     CascadeDecodes,
@@ -38,6 +39,7 @@ class PrefillChunk:
     end: int  # one past its last token
     block_table: torch.Tensor  # [nb] blocks covering positions 0 .. context_len - 1
     context_len: int  # tokens it attends over: already cached + this chunk
+    cached: int  # tokens cached before this chunk (its first query's position)
     # [q, context_len] bool, True = may attend; None when the chunk starts at position 0 (plain causal)
     causal_mask: torch.Tensor | None
 
@@ -51,6 +53,8 @@ class DecodeGroup:
     block_tables: torch.Tensor  # [b, nb] padded with block 0 (masked out)
     # [b, 1, 1, nb * block_size] bool, True below each context length; None when every table is full
     mask: torch.Tensor | None
+    query_pos: torch.Tensor  # [b] host: position of each decoded token (context length - 1)
+    num_keys: int  # positions the gather reads per row: table blocks * block size
 
 
 @dataclass(slots=True)
@@ -60,6 +64,28 @@ class TorchAttentionMetadata:
     prefills: list[PrefillChunk]
     # Set instead of `decodes` when some decodes share a head (cascade_attention.py).
     cascade: CascadeDecodes | None = None
+    max_seq_len: int = 0
+    # window -> (a mask per decode group, a mask per prefill chunk), built when a layer first asks.
+    window_masks: dict[int, tuple[list[torch.Tensor], list[torch.Tensor]]] = field(default_factory=dict)
+
+    def masks_for(self, window: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Bool masks (True = may attend) of every decode group and prefill chunk under `window`."""
+        if window not in self.window_masks:
+            decodes = [
+                allowed_positions(g.query_pos, g.num_keys, window)
+                .view(g.end - g.start, 1, 1, -1)
+                .to(g.block_tables.device)
+                for g in self.decodes
+            ]
+            # A first chunk (nothing cached) attends over its own K/V: [q, q], the same formula.
+            prefills = [
+                allowed_positions(torch.arange(c.cached, c.context_len), c.context_len, window).to(
+                    c.block_table.device
+                )
+                for c in self.prefills
+            ]
+            self.window_masks[window] = (decodes, prefills)
+        return self.window_masks[window]
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -100,8 +126,8 @@ class TorchAttentionBackend(AttentionBackend[TorchAttentionMetadata]):
                 query_pos = torch.arange(cached, context_len).unsqueeze(1)
                 causal = (torch.arange(context_len).unsqueeze(0) <= query_pos).to(device)
             table = common.block_tables[seq, : _ceil_div(context_len, block_size)]
-            chunks.append(PrefillChunk(start, end, table, context_len, causal))
-        return TorchAttentionMetadata(common.slot_mapping, groups, chunks, cascade)
+            chunks.append(PrefillChunk(start, end, table, context_len, cached, causal))
+        return TorchAttentionMetadata(common.slot_mapping, groups, chunks, cascade, common.max_seq_len)
 
     def _cascade(self, common: CommonAttentionMetadata, context_lens: list[int]) -> CascadeDecodes | None:
         """The cascade plan of the step's decodes, None when no decode has a head."""
@@ -134,7 +160,14 @@ class TorchAttentionBackend(AttentionBackend[TorchAttentionMetadata]):
         if lens[-1] < num_table_blocks * block_size:  # someone's table ends before it is full
             full = torch.arange(num_table_blocks * block_size).unsqueeze(0) < torch.tensor(lens).unsqueeze(1)
             mask = full.view(end - start, 1, 1, -1).to(common.block_tables.device)
-        return DecodeGroup(start=start, end=end, block_tables=tables, mask=mask)
+        return DecodeGroup(
+            start=start,
+            end=end,
+            block_tables=tables,
+            mask=mask,
+            query_pos=torch.tensor(lens) - 1,
+            num_keys=num_table_blocks * block_size,
+        )
 
     def forward(
         self,
@@ -144,57 +177,67 @@ class TorchAttentionBackend(AttentionBackend[TorchAttentionMetadata]):
         value: torch.Tensor,
         metadata: TorchAttentionMetadata,
         scale: float,
+        variant: AttentionVariant = PLAIN,
     ) -> torch.Tensor:
         self.kv_cache.write(layer, metadata.slot_mapping, key, value)
         out = torch.empty_like(query)
+        variant = variant.within(metadata.max_seq_len)
+        decode_masks: list[torch.Tensor | None] = [group.mask for group in metadata.decodes]
+        prefill_masks: list[torch.Tensor | None] = [chunk.causal_mask for chunk in metadata.prefills]
+        if variant.window is not None:
+            windowed_decodes, windowed_prefills = metadata.masks_for(variant.window)
+            decode_masks, prefill_masks = list(windowed_decodes), list(windowed_prefills)
         if metadata.cascade is not None:
             decodes = slice(0, metadata.cascade.num_decodes)
-            attend_cascade(self.kv_cache, layer, metadata.cascade, query[decodes], scale, out[decodes])
-        for group in metadata.decodes:
-            self._decode(layer, group, query[group.start : group.end], scale, out[group.start : group.end])
-        for chunk in metadata.prefills:
-            self._prefill(layer, chunk, query, key, value, scale, out[chunk.start : chunk.end])
+            attend_cascade(
+                self.kv_cache, layer, metadata.cascade, query[decodes], scale, out[decodes], variant
+            )
+        for group, mask in zip(metadata.decodes, decode_masks, strict=True):
+            q = query[group.start : group.end]
+            self._decode(layer, group, mask, q, scale, variant, out[group.start : group.end])
+        for chunk, mask in zip(metadata.prefills, prefill_masks, strict=True):
+            self._prefill(layer, chunk, mask, query, key, value, scale, variant, out[chunk.start : chunk.end])
         return out
 
     def _decode(
-        self, layer: int, group: DecodeGroup, q: torch.Tensor, scale: float, out: torch.Tensor
+        self,
+        layer: int,
+        group: DecodeGroup,
+        mask: torch.Tensor | None,
+        q: torch.Tensor,
+        scale: float,
+        variant: AttentionVariant,
+        out: torch.Tensor,
     ) -> None:
         # A group's single-token queries in one gather and one SDPA: [b, H, 1, D] over [b, KVH, L, D].
         k_cache, v_cache = self.kv_cache.gather(layer, group.block_tables)
-        attn = F.scaled_dot_product_attention(
-            q.unsqueeze(2),
-            k_cache.transpose(1, 2),
-            v_cache.transpose(1, 2),
-            attn_mask=group.mask,
-            scale=scale,
-            enable_gqa=True,
-        )
+        attn = attend(q.unsqueeze(2), k_cache.transpose(1, 2), v_cache.transpose(1, 2), mask, scale, variant)
         out.copy_(attn.squeeze(2))
 
     def _prefill(
         self,
         layer: int,
         chunk: PrefillChunk,
+        mask: torch.Tensor | None,
         query: torch.Tensor,
         key: torch.Tensor,
         value: torch.Tensor,
         scale: float,
+        variant: AttentionVariant,
         out: torch.Tensor,
     ) -> None:
         q = query[chunk.start : chunk.end].transpose(0, 1).unsqueeze(0)  # [1, H, q, D]
-        if chunk.causal_mask is None:
+        if chunk.cached == 0:
             # Nothing cached before this chunk: its own K/V are the whole context, no pool read needed.
             k = key[chunk.start : chunk.end].transpose(0, 1).unsqueeze(0)
             v = value[chunk.start : chunk.end].transpose(0, 1).unsqueeze(0)
-            attn = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=True)
         else:
             # Later chunk of a prompt: read earlier chunks back through the block table, causal by position.
             k_cache, v_cache = self.kv_cache.gather(layer, chunk.block_table.unsqueeze(0))
             k = k_cache[:, : chunk.context_len].transpose(1, 2)
             v = v_cache[:, : chunk.context_len].transpose(1, 2)
-            attn = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=chunk.causal_mask, scale=scale, enable_gqa=True
-            )
+        # No mask only for a first chunk without a window: plain causal.
+        attn = attend(q, k, v, mask, scale, variant, is_causal=mask is None)
         out.copy_(attn[0].transpose(0, 1))
 
 

@@ -2,7 +2,8 @@
 
 Per layer and step: one KV-write launch for all tokens, one decode launch for all decodes and one
 prefill launch for all prefill chunks, whatever their lengths; no gather copy, no Python loop over
-sequences. Its metadata is the common metadata itself (fixed-shape tensors plus three ints), which is
+sequences; a layer's window, softcapping and sinks are the kernels' arguments. Its metadata is the
+common metadata itself (fixed-shape tensors plus three ints), which is
 what CUDA graphs need: padding rows are seq_len 0 and slot -1.
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from gpu_worker.attention_backend import AttentionBackend, CommonAttentionMetadata
+from gpu_worker.attention_variant import PLAIN, AttentionVariant
 from gpu_worker.kv_cache import KVCache
 from gpu_worker.triton_kernels.kv_write import kv_write
 from gpu_worker.triton_kernels.paged_decode import paged_decode
@@ -43,6 +45,7 @@ class TritonAttentionBackend(AttentionBackend[CommonAttentionMetadata]):
         value: torch.Tensor,
         metadata: CommonAttentionMetadata,
         scale: float,
+        variant: AttentionVariant = PLAIN,
     ) -> torch.Tensor:
         k_cache, v_cache = self.kv_cache.k_pools[layer], self.kv_cache.v_pools[layer]
         kv_write(key, value, k_cache, v_cache, metadata.slot_mapping)
@@ -56,6 +59,7 @@ class TritonAttentionBackend(AttentionBackend[CommonAttentionMetadata]):
             metadata.block_tables,
             metadata.seq_lens,
             scale,
+            variant,
         )
         paged_prefill(
             out,
@@ -69,5 +73,6 @@ class TritonAttentionBackend(AttentionBackend[CommonAttentionMetadata]):
             num_seqs=metadata.num_reqs - num_decodes,
             max_query_len=metadata.max_query_len,
             scale=scale,
+            variant=variant,
         )
         return out

@@ -8,6 +8,9 @@ consecutively is read in place, as a view of the pool, with no gather at all.
 
 The CPU flash-attention kernel is called directly (`_scaled_dot_product_flash_attention_for_cpu`, what
 `F.scaled_dot_product_attention` dispatches to on the CPU) because it also returns the log-sum-exp.
+A layer's variant (attention_variant.py): its window masks each decode's positions before its window
+in the head and the tail alike, softcapping runs both parts in eager attention (which returns the
+log-sum-exp too), and sinks scale the merged result by the share of the softmax they leave.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
+from gpu_worker.attention_variant import AttentionVariant, eager_attention_lse
 from gpu_worker.kv_cache import KVCache
 
 # Shorter shared heads are left to the per-decode path: an extra SDPA and merge per layer cost more
@@ -71,6 +75,7 @@ class HeadRead:
     """A shared head as one step reads it: in place when its blocks are consecutive, else gathered."""
 
     rows: torch.Tensor  # [g] int64
+    query_pos: torch.Tensor  # [g] position of each row's decoded token (for windows)
     first_block: int
     num_blocks: int
     block_table: torch.Tensor | None  # [1, num_blocks], None when read in place
@@ -83,6 +88,8 @@ class TailGroup:
     rows: torch.Tensor  # [b] int64, longest tail first
     block_tables: torch.Tensor  # [b, nb] padded with block 0
     mask: torch.Tensor | None  # [b, 1, 1, nb * block_size] additive: 0 or -inf past each tail
+    query_pos: torch.Tensor  # [b] position of each row's decoded token
+    first_pos: torch.Tensor  # [b] position of each row's first tail key (its head's length)
 
 
 @dataclass(slots=True)
@@ -110,7 +117,8 @@ def build_cascade(
             head_blocks[row] = len(head.blocks)
         table = None if head.contiguous else torch.tensor([head.blocks], device=device)
         rows = torch.tensor(head.rows, device=device)
-        reads.append(HeadRead(rows, head.blocks[0], len(head.blocks), table))
+        query_pos = torch.tensor([context_lens[row] - 1 for row in head.rows], device=device)
+        reads.append(HeadRead(rows, query_pos, head.blocks[0], len(head.blocks), table))
     tail_lens = [n - h * block_size for n, h in zip(context_lens, head_blocks, strict=True)]
     order = sorted(range(len(tables)), key=lambda row: -tail_lens[row])
     tails = []
@@ -128,7 +136,9 @@ def build_cascade(
             mask = torch.zeros(hidden.shape, dtype=dtype).masked_fill(hidden, float("-inf"))
             mask = mask.view(len(members), 1, 1, -1).to(device)
         tables_t = torch.tensor(padded, device=device)
-        tails.append(TailGroup(torch.tensor(members, device=device), tables_t, mask))
+        query_pos = torch.tensor([context_lens[row] - 1 for row in members], device=device)
+        first_pos = torch.tensor([head_blocks[row] * block_size for row in members], device=device)
+        tails.append(TailGroup(torch.tensor(members, device=device), tables_t, mask, query_pos, first_pos))
     return CascadeDecodes(num_decodes=len(tables), heads=reads, tails=tails)
 
 
@@ -142,6 +152,42 @@ def _flash(
     return out, lse
 
 
+def _partial(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    plain_mask: torch.Tensor | None,
+    allowed: torch.Tensor | None,
+    scale: float,
+    variant: AttentionVariant,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One part (head or tail) of the decodes' attention with its log-sum-exp, as _flash: the flash
+    kernel for plain attention (`plain_mask` additive), else eager attention with the bool `allowed`
+    (sinks are left to the merge)."""
+    if not _eager(variant):
+        return _flash(q, k, v, plain_mask, scale)
+    scores_only = AttentionVariant(softcap=variant.softcap)
+    return eager_attention_lse(q, k.transpose(1, 2), v.transpose(1, 2), allowed, scale, scores_only)
+
+
+def _eager(variant: AttentionVariant) -> bool:
+    """Whether the parts run in eager attention: the flash kernel takes neither a window's per-row
+    masks in the shared head nor softcapping."""
+    return variant.window is not None or variant.softcap is not None
+
+
+def _allowed(
+    first_pos: torch.Tensor, num_keys: int, query_pos: torch.Tensor, window: int | None
+) -> torch.Tensor:
+    """[n, num_keys] bool: which keys at first_pos + 0 .. num_keys - 1 each query at `query_pos` [n]
+    sees (causal, and within the window)."""
+    keys = first_pos.unsqueeze(1) + torch.arange(num_keys, device=first_pos.device)
+    allowed = keys <= query_pos.unsqueeze(1)
+    if window is not None:
+        allowed &= keys > (query_pos - window).unsqueeze(1)
+    return allowed
+
+
 def attend_cascade(
     kv_cache: KVCache,
     layer: int,
@@ -149,6 +195,7 @@ def attend_cascade(
     query: torch.Tensor,
     scale: float,
     out: torch.Tensor,
+    variant: AttentionVariant,
 ) -> None:
     """Decode queries `query` [nd, H, D] -> `out` [nd, H, D]: heads, then tails merged with them."""
     num_decodes, num_heads, head_dim = query.shape
@@ -168,7 +215,12 @@ def attend_cascade(
         # One query sequence per KV head: every query of every sharing decode, no mask.
         q = query.index_select(0, head.rows).view(g, kv_heads, rep, head_dim)
         q = q.transpose(0, 1).reshape(1, kv_heads, g * rep, head_dim)
-        o, lse = _flash(q, k, v, None, scale)
+        # Under a window: row (decode i, head j) sees the head's keys inside decode i's window.
+        allowed = None
+        if variant.window is not None:
+            allowed = _allowed(torch.zeros_like(head.query_pos), k.shape[1], head.query_pos, variant.window)
+            allowed = allowed.repeat_interleave(rep, dim=0)
+        o, lse = _partial(q, k, v, None, allowed, scale, variant)
         o = o.view(kv_heads, g, rep, head_dim).transpose(0, 1).reshape(g, num_heads, head_dim)
         head_out.index_copy_(0, head.rows, o)
         head_lse.index_copy_(0, head.rows, lse.view(kv_heads, g, rep).transpose(0, 1).reshape(g, num_heads))
@@ -176,10 +228,17 @@ def attend_cascade(
         k, v = kv_cache.gather(layer, tail.block_tables)
         b = tail.rows.numel()
         q = query.index_select(0, tail.rows).view(b, kv_heads, rep, head_dim)
-        o, lse = _flash(q, k, v, tail.mask, scale)
+        allowed = None
+        if _eager(variant):
+            allowed = _allowed(tail.first_pos, k.shape[1], tail.query_pos, variant.window).view(b, 1, 1, -1)
+        o, lse = _partial(q, k, v, tail.mask, allowed, scale, variant)
         tail_out, tail_lse = o.reshape(b, num_heads, head_dim), lse.reshape(b, num_heads)
         h_out, h_lse = head_out.index_select(0, tail.rows), head_lse.index_select(0, tail.rows)
         top = torch.maximum(h_lse, tail_lse)
         w_head, w_tail = torch.exp(h_lse - top).unsqueeze(-1), torch.exp(tail_lse - top).unsqueeze(-1)
         merged = (h_out * w_head + tail_out * w_tail) / (w_head + w_tail)
+        if variant.sinks is not None:
+            # Each head's sink takes exp(sink) of the softmax's denominator exp(lse) + exp(sink).
+            lse_all = top + torch.log(w_head + w_tail).squeeze(-1)
+            merged = merged * torch.sigmoid(lse_all - variant.sinks.float()).unsqueeze(-1)
         out.index_copy_(0, tail.rows, merged.to(out.dtype))

@@ -1,10 +1,12 @@
 """Attention features the paged backends do not implement: refused at load, never served as wrong text.
 
-transformers hands such features to the attention function as kwargs (`sliding_window`, `softcap`,
-`s_aux` / `sinks`, `indices` for sparse attention, `position_bias`) that paged attention would ignore
-(the model lists below come from a scan of transformers' `attention_interface(...)` calls), or encodes
-them in a layout the KV pool does not have (K and V of different head sizes). Read from the config,
-before any weight is loaded.
+Sliding windows (one for every layer, or alternating local and global layers), logit softcapping and
+attention sinks are implemented (gpu_worker/attention_variant.py). What is not: features transformers
+hands to the attention function as kwargs paged attention would ignore (`indices` for sparse
+attention, `position_bias`; the model lists below come from a scan of transformers'
+`attention_interface(...)` calls), layers of other kinds (linear attention, chunked local attention),
+position biases, bidirectional attention, and layouts the KV pool does not have (K and V of different
+head sizes: multi-head latent attention). Read from the config, before any weight is loaded.
 """
 
 from __future__ import annotations
@@ -13,21 +15,6 @@ from typing import Any
 
 from transformers import PretrainedConfig
 
-# Models whose attention adds learned sink logits (transformers passes `s_aux` / `sinks`).
-_SINK_MODELS = frozenset(
-    {
-        "gpt_oss",
-        "deepseek_v4",
-        "flint",
-        "granite_swa",
-        "granitemoe_swa",
-        "hy_v4",
-        "hy_v4_vl",
-        "mimo_v2_flash",
-        "inkling2",
-        "inkling2_loop",
-    }
-)
 # Models that add a learned relative-position bias to the scores (transformers passes `position_bias`).
 _POSITION_BIAS_MODELS = frozenset({"cpmant", "inkling", "inkling2", "inkling2_loop"})
 # Models whose attention reads only the KV positions an indexer picks (transformers passes `indices`).
@@ -43,20 +30,16 @@ _SPARSE_MODELS = frozenset(
         "minimax_m3_vl",
     }
 )
-_LAYER_TYPES = frozenset({"full_attention", "sliding_attention"})  # the sliding ones are checked below
+_LAYER_TYPES = frozenset({"full_attention", "sliding_attention"})
 
 
 class UnsupportedModelError(ValueError):
     """The model's attention needs a feature the paged attention backends do not implement."""
 
 
-def check_attention_supported(config: PretrainedConfig, max_model_len: int | None) -> None:
-    """Raise UnsupportedModelError naming every unsupported feature `config` uses.
-
-    `max_model_len` is WORKER_MAX_MODEL_LEN: a sliding window at least that long never slides, so
-    full attention is exact and the model is served.
-    """
-    problems = unsupported_attention_features(config, max_model_len)
+def check_attention_supported(config: PretrainedConfig) -> None:
+    """Raise UnsupportedModelError naming every unsupported feature `config` uses."""
+    problems = unsupported_attention_features(config)
     if problems:
         model_type = config.get_text_config().model_type or config.model_type
         raise UnsupportedModelError(
@@ -65,16 +48,13 @@ def check_attention_supported(config: PretrainedConfig, max_model_len: int | Non
         )
 
 
-def unsupported_attention_features(config: PretrainedConfig, max_model_len: int | None) -> list[str]:
+def unsupported_attention_features(config: PretrainedConfig) -> list[str]:
     text = config.get_text_config()
     model_type = str(text.model_type or config.model_type)
     layer_types = list(getattr(text, "layer_types", None) or [])
     problems = [f"{kind} layers" for kind in sorted(set(layer_types) - _LAYER_TYPES)]
-    problems += _sliding_window(text, layer_types, max_model_len)
-    if getattr(text, "attn_logit_softcapping", None) is not None:
-        problems.append(f"attention logit softcapping (attn_logit_softcapping={text.attn_logit_softcapping})")
-    if model_type in _SINK_MODELS:
-        problems.append("attention sinks")
+    if getattr(text, "use_bidirectional_attention", False):  # EmbeddingGemma: not a causal LM
+        problems.append("bidirectional attention (use_bidirectional_attention)")
     if model_type in _SPARSE_MODELS:
         problems.append("sparse attention over indexer-selected positions")
     if model_type in _POSITION_BIAS_MODELS:
@@ -89,22 +69,18 @@ def unsupported_attention_features(config: PretrainedConfig, max_model_len: int 
     return problems
 
 
-def _sliding_window(text: PretrainedConfig, layer_types: list[str], max_model_len: int | None) -> list[str]:
+def sliding_window_slides(config: PretrainedConfig, max_model_len: int | None) -> bool:
+    """Whether some layer's sliding window is shorter than the longest sequence (`max_model_len`, or
+    the model's own positions): a window covering every sequence never hides a position."""
+    text = config.get_text_config()
     window = getattr(text, "sliding_window", None)
+    layer_types = list(getattr(text, "layer_types", None) or [])
     if layer_types:
         sliding = "sliding_attention" in layer_types
     else:  # Mistral-style: one window for every layer; Qwen2-style configs can switch it off
         sliding = window is not None and getattr(text, "use_sliding_window", True) is not False
-    if not sliding:
-        return []
-    # A window covering the longest sequence never slides: full attention is then exact.
     longest = max_model_len or getattr(text, "max_position_embeddings", None)
-    if window is not None and longest is not None and longest <= window:
-        return []
-    return [
-        f"sliding-window attention (window {window} tokens; WORKER_MAX_MODEL_LEN={window} "
-        "or less would serve it exactly)"
-    ]
+    return sliding and (window is None or longest is None or longest > window)
 
 
 def _uses_alibi(text: PretrainedConfig, model_type: str) -> bool:

@@ -9,13 +9,22 @@ import torch
 import triton
 import triton.language as tl
 
-from gpu_worker.triton_kernels.paged_tile import INTERPRETED, LOG2E, attend_context, dot_precision, pad16
+from gpu_worker.attention_variant import PLAIN, AttentionVariant
+from gpu_worker.triton_kernels.paged_tile import (
+    LOG2E,
+    KernelVariant,
+    attend_context,
+    pad16,
+    shared_args,
+    sink_logits,
+)
 
 TILE_N = 32  # keys per softmax step
 
 
-# The block-table width changes per step: not specialized, so a new width never recompiles.
-@triton.jit(do_not_specialize=["stride_bt"])
+# The block-table width changes per step: not specialized, so a new width never recompiles (nor does
+# a layer's window).
+@triton.jit(do_not_specialize=["stride_bt", "window"])
 def _paged_decode_kernel(
     out_ptr,
     q_ptr,
@@ -23,7 +32,10 @@ def _paged_decode_kernel(
     v_cache_ptr,
     block_tables_ptr,
     seq_lens_ptr,
+    sinks_ptr,
     qk_scale,
+    window,
+    softcap,
     stride_ot,
     stride_oh,
     stride_qt,
@@ -39,6 +51,9 @@ def _paged_decode_kernel(
     TILE: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     WHILE_LOOP: tl.constexpr,
+    HAS_WINDOW: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
 ):
     seq = tl.program_id(0)  # decodes come first in the batch: sequence i is token i
     kv_head = tl.program_id(1)
@@ -52,10 +67,14 @@ def _paged_decode_kernel(
 
     q_pos = tl.zeros([HEADS_PAD], dtype=tl.int32) + seq_len - 1  # the token being decoded
     table = block_tables_ptr + seq.to(tl.int64) * stride_bt
+    kv_start = 0
+    if HAS_WINDOW:
+        kv_start = tl.maximum(seq_len - window, 0)  # the first position inside the window
+    m_init = sink_logits(sinks_ptr, heads, group < QUERIES_PER_KV, HAS_SINKS)
     out = attend_context(
-        q, q_pos, seq_len,
+        q, q_pos, kv_start, seq_len, window, softcap, m_init,
         k_cache_ptr, v_cache_ptr, table, kv_head, dims, stride_cache_slot, stride_cache_head, qk_scale,
-        BLOCK_SIZE, HEAD_DIM, TILE, DOT_PRECISION, WHILE_LOOP,
+        BLOCK_SIZE, HEAD_DIM, TILE, DOT_PRECISION, WHILE_LOOP, HAS_WINDOW, HAS_SOFTCAP,
     )  # fmt: skip
     # A padding row (seq_len 0) gets zeros, never NaN.
     tl.store(
@@ -73,11 +92,12 @@ def paged_decode(
     block_tables: torch.Tensor,
     seq_lens: torch.Tensor,
     scale: float,
+    variant: AttentionVariant = PLAIN,
 ) -> None:
     """out/query [num_decodes, heads, head_dim] (one token per sequence); pools [num_blocks, block_size,
     kv_heads, head_dim] contiguous; block_tables [>= num_decodes, max_blocks] int32; seq_lens
     [>= num_decodes] int32, each including the token being decoded (0: a padding row, output zeros)."""
-    num_decodes, num_heads, head_dim = query.shape
+    num_decodes, num_heads = query.shape[:2]
     if num_decodes == 0:
         return
     num_kv_heads = k_cache.shape[2]
@@ -89,20 +109,10 @@ def paged_decode(
         v_cache,
         block_tables,
         seq_lens,
-        scale * LOG2E,
-        out.stride(0),
-        out.stride(1),
-        query.stride(0),
-        query.stride(1),
-        block_tables.stride(0),
-        k_cache.stride(1),
-        k_cache.stride(2),
+        qk_scale=scale * LOG2E,
         QUERIES_PER_KV=queries_per_kv,
-        HEAD_DIM=head_dim,
-        BLOCK_SIZE=k_cache.shape[1],
         HEADS_PAD=pad16(queries_per_kv),
-        HEAD_DIM_PAD=pad16(head_dim),
         TILE=TILE_N,
-        DOT_PRECISION=dot_precision(k_cache.dtype),
-        WHILE_LOOP=INTERPRETED,
+        **shared_args(out, query, k_cache, block_tables),
+        **KernelVariant.of(variant).args(seq_lens),
     )

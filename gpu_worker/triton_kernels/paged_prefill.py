@@ -14,15 +14,23 @@ import torch
 import triton
 import triton.language as tl
 
-from gpu_worker.triton_kernels.paged_tile import INTERPRETED, LOG2E, attend_context, dot_precision, pad16
+from gpu_worker.attention_variant import PLAIN, AttentionVariant
+from gpu_worker.triton_kernels.paged_tile import (
+    LOG2E,
+    KernelVariant,
+    attend_context,
+    pad16,
+    shared_args,
+    sink_logits,
+)
 
 TILE_N = 32  # keys per softmax step
 BLOCK_M = 64  # query rows (tokens x heads of one kv head) per program
 
 
 # Per-step integers are not specialized (Triton would compile a variant for 1 and for multiples of
-# 16), so the first mixed steps of a run do not recompile the kernel.
-@triton.jit(do_not_specialize=["first_seq", "stride_bt"])
+# 16), so the first mixed steps of a run do not recompile the kernel (nor does a layer's window).
+@triton.jit(do_not_specialize=["first_seq", "stride_bt", "window"])
 def _paged_prefill_kernel(
     out_ptr,
     q_ptr,
@@ -32,7 +40,10 @@ def _paged_prefill_kernel(
     seq_lens_ptr,
     query_start_loc_ptr,
     first_seq,
+    sinks_ptr,
     qk_scale,
+    window,
+    softcap,
     stride_ot,
     stride_oh,
     stride_qt,
@@ -49,6 +60,9 @@ def _paged_prefill_kernel(
     TILE: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     WHILE_LOOP: tl.constexpr,
+    HAS_WINDOW: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
 ):
     seq = first_seq + tl.program_id(0)
     q_block = tl.program_id(1)
@@ -72,10 +86,15 @@ def _paged_prefill_kernel(
         table = block_tables_ptr + seq.to(tl.int64) * stride_bt
         # Keys past this block's last query are masked for all of its rows: stop before them.
         kv_end = tl.minimum(seq_len, context_start + (q_block + 1) * BLOCK_Q)
+        kv_start = 0
+        if HAS_WINDOW:
+            # Keys before this block's first query's window are masked for all of its rows: skip them.
+            kv_start = tl.maximum(context_start + q_block * BLOCK_Q - window + 1, 0)
+        m_init = sink_logits(sinks_ptr, head, row_valid, HAS_SINKS)
         out = attend_context(
-            q, q_pos, kv_end,
+            q, q_pos, kv_start, kv_end, window, softcap, m_init,
             k_cache_ptr, v_cache_ptr, table, kv_head, dims, stride_cache_slot, stride_cache_head, qk_scale,
-            BLOCK_SIZE, HEAD_DIM, TILE, DOT_PRECISION, WHILE_LOOP,
+            BLOCK_SIZE, HEAD_DIM, TILE, DOT_PRECISION, WHILE_LOOP, HAS_WINDOW, HAS_SOFTCAP,
         )  # fmt: skip
         o_offsets = (q_start + token).to(tl.int64)[:, None] * stride_ot + head[:, None] * stride_oh
         tl.store(out_ptr + o_offsets + dims[None, :], out.to(out_ptr.dtype.element_ty), mask=q_mask)
@@ -93,6 +112,7 @@ def paged_prefill(
     num_seqs: int,
     max_query_len: int,
     scale: float,
+    variant: AttentionVariant = PLAIN,
 ) -> None:
     """Attend sequences first_seq .. first_seq + num_seqs - 1 of the step.
 
@@ -101,7 +121,7 @@ def paged_prefill(
     K/V; block_tables [B, max_blocks] int32; seq_lens [B] int32 (cached + this step's tokens)."""
     if num_seqs == 0:
         return
-    num_heads, head_dim = query.shape[1:]
+    num_heads = query.shape[1]
     num_kv_heads = k_cache.shape[2]
     queries_per_kv = num_heads // num_kv_heads
     block_m = max(BLOCK_M, pad16(queries_per_kv))
@@ -116,21 +136,11 @@ def paged_prefill(
         seq_lens,
         query_start_loc,
         first_seq,
-        scale * LOG2E,
-        out.stride(0),
-        out.stride(1),
-        query.stride(0),
-        query.stride(1),
-        block_tables.stride(0),
-        k_cache.stride(1),
-        k_cache.stride(2),
+        qk_scale=scale * LOG2E,
         QUERIES_PER_KV=queries_per_kv,
-        HEAD_DIM=head_dim,
-        BLOCK_SIZE=k_cache.shape[1],
         BLOCK_M=block_m,
         BLOCK_Q=block_q,
-        HEAD_DIM_PAD=pad16(head_dim),
         TILE=TILE_N,
-        DOT_PRECISION=dot_precision(k_cache.dtype),
-        WHILE_LOOP=INTERPRETED,
+        **shared_args(out, query, k_cache, block_tables),
+        **KernelVariant.of(variant).args(seq_lens),
     )

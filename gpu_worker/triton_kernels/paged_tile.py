@@ -1,11 +1,21 @@
 """The attention loop shared by the decode and prefill kernels: K/V tiles read through a block table,
-folded into an online softmax."""
+folded into an online softmax.
+
+A layer's variant (gpu_worker/attention_variant.py) enters here: the window as a lower bound on the
+positions each row sees (and the first tile the loop reads), softcapping applied to the scores, and
+sinks as the softmax's starting state (running max = the sink, sum = 1).
+"""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 import triton
 import triton.language as tl
+
+from gpu_worker.attention_variant import AttentionVariant
 
 # Scores are scaled by log2(e) so that the softmax runs on exp2.
 LOG2E = 1.4426950408889634
@@ -42,10 +52,17 @@ def load_kv_tiles(
 
 
 @triton.jit
+def _tanh(x):
+    # Written with exp2 (Triton's core language has no tanh): saturates to +-1, never NaN.
+    return 1.0 - 2.0 / (tl.exp2(x * (2.0 * LOG2E)) + 1.0)
+
+
+@triton.jit
 def _attend_tile(
-    q, q_pos, m_i, l_i, acc, start, kv_end,
+    q, q_pos, m_i, l_i, acc, start, kv_end, window, softcap,
     k_cache_ptr, v_cache_ptr, table_ptr, kv_head, dims, stride_slot, stride_head, qk_scale,
     BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, TILE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
 ):  # fmt: skip
     positions = start + tl.arange(0, TILE)
     valid = positions < kv_end
@@ -54,7 +71,13 @@ def _attend_tile(
         BLOCK_SIZE, HEAD_DIM,
     )  # fmt: skip
     s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
-    s = tl.where(valid[None, :] & (positions[None, :] <= q_pos[:, None]), s, float("-inf"))
+    if HAS_SOFTCAP:
+        # `softcap` and the scores are both in log2 units: cap * tanh(s / cap) scales through.
+        s = softcap * _tanh(s / softcap)
+    allowed = valid[None, :] & (positions[None, :] <= q_pos[:, None])
+    if HAS_WINDOW:
+        allowed = allowed & (positions[None, :] > q_pos[:, None] - window)
+    s = tl.where(allowed, s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, axis=1))
     # A row with nothing allowed yet keeps m = -inf, and exp2(-inf - -inf) would be NaN.
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -67,43 +90,100 @@ def _attend_tile(
 
 @triton.jit
 def attend_context(
-    q, q_pos, kv_end,
+    q, q_pos, kv_start, kv_end, window, softcap, m_init,
     k_cache_ptr, v_cache_ptr, table_ptr, kv_head, dims, stride_slot, stride_head, qk_scale,
     BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, TILE: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    WHILE_LOOP: tl.constexpr,
+    WHILE_LOOP: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
 ):  # fmt: skip
-    """Softmax attention of the float32 rows `q` [M, HEAD_DIM_PAD] over key positions [0, kv_end) of
-    one sequence, each row seeing the positions up to its own `q_pos` [M] (causal by absolute
-    position). Returns [M, HEAD_DIM_PAD] float32; a row that sees nothing gets zeros."""
-    M: tl.constexpr = q.shape[0]
-    m_i = tl.full([M], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([M], dtype=tl.float32)
+    """Softmax attention of the float32 rows `q` [M, HEAD_DIM_PAD] over key positions [kv_start,
+    kv_end) of one sequence, each row seeing the positions up to its own `q_pos` [M] (causal by
+    absolute position) and, with HAS_WINDOW, after q_pos - window. `m_init` [M]: each row's sink
+    logit in log2 units, or -inf for none. Returns [M, HEAD_DIM_PAD] float32; a row that sees nothing
+    (and has no sink) gets zeros."""
+    m_i = m_init
+    l_i = tl.where(m_init == float("-inf"), 0.0, 1.0)  # the sink's own term exp(sink - m) = 1
     acc = tl.zeros(q.shape, dtype=tl.float32)
     if WHILE_LOOP:
         # Triton's interpreter (under numpy >= 2.4) cannot take a loaded value as a range() bound.
-        start = 0
+        start = kv_start
         while start < kv_end:
             m_i, l_i, acc = _attend_tile(
-                q, q_pos, m_i, l_i, acc, start, kv_end,
+                q, q_pos, m_i, l_i, acc, start, kv_end, window, softcap,
                 k_cache_ptr, v_cache_ptr, table_ptr, kv_head, dims, stride_slot, stride_head, qk_scale,
-                BLOCK_SIZE, HEAD_DIM, TILE, DOT_PRECISION,
+                BLOCK_SIZE, HEAD_DIM, TILE, DOT_PRECISION, HAS_WINDOW, HAS_SOFTCAP,
             )  # fmt: skip
             start += TILE
     else:
         # A for loop, which the compiler software-pipelines (the next tile loads during this one's math).
-        for start in range(0, kv_end, TILE):
+        for start in range(kv_start, kv_end, TILE):
             m_i, l_i, acc = _attend_tile(
-                q, q_pos, m_i, l_i, acc, start, kv_end,
+                q, q_pos, m_i, l_i, acc, start, kv_end, window, softcap,
                 k_cache_ptr, v_cache_ptr, table_ptr, kv_head, dims, stride_slot, stride_head, qk_scale,
-                BLOCK_SIZE, HEAD_DIM, TILE, DOT_PRECISION,
+                BLOCK_SIZE, HEAD_DIM, TILE, DOT_PRECISION, HAS_WINDOW, HAS_SOFTCAP,
             )  # fmt: skip
     return acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+
+
+@triton.jit
+def sink_logits(sinks_ptr, heads, valid, HAS_SINKS: tl.constexpr):
+    """[M] each row's sink logit in log2 units (the scores' units), -inf where a row has none."""
+    if HAS_SINKS:
+        sinks = tl.load(sinks_ptr + heads, mask=valid, other=float("-inf")).to(tl.float32) * LOG2E
+    else:
+        sinks = tl.full(heads.shape, float("-inf"), dtype=tl.float32)
+    return sinks
 
 
 def dot_precision(dtype: torch.dtype) -> str:
     """float32 pools get exact float32 products (tf32 would change greedy tokens); 16-bit values are
     exact in tf32, so their products use the tensor cores at no cost in accuracy."""
     return "ieee" if dtype == torch.float32 else "tf32"
+
+
+@dataclass(frozen=True, slots=True)
+class KernelVariant:
+    """A layer's variant as the kernels take it: plain numbers, 0 for off, and the constexpr flags
+    that compile each feature in only where it is used."""
+
+    window: int
+    softcap: float  # in log2 units, as the scores
+    sinks: torch.Tensor | None
+
+    @classmethod
+    def of(cls, variant: AttentionVariant) -> KernelVariant:
+        softcap = 0.0 if variant.softcap is None else variant.softcap * LOG2E
+        return cls(variant.window or 0, softcap, variant.sinks)
+
+    def args(self, like: torch.Tensor) -> dict[str, Any]:
+        """The kernel arguments: `sinks_ptr`, `window`, `softcap` and the three flags."""
+        return {
+            "sinks_ptr": like if self.sinks is None else self.sinks,  # never read without HAS_SINKS
+            "window": self.window,
+            "softcap": self.softcap,
+            "HAS_WINDOW": self.window > 0,
+            "HAS_SOFTCAP": self.softcap > 0,
+            "HAS_SINKS": self.sinks is not None,
+        }
+
+
+def shared_args(
+    out: torch.Tensor, query: torch.Tensor, k_cache: torch.Tensor, block_tables: torch.Tensor
+) -> dict[str, Any]:
+    """The arguments the decode and prefill kernels take alike: strides, pool layout, dot precision."""
+    return {
+        "stride_ot": out.stride(0),
+        "stride_oh": out.stride(1),
+        "stride_qt": query.stride(0),
+        "stride_qh": query.stride(1),
+        "stride_bt": block_tables.stride(0),
+        "stride_cache_slot": k_cache.stride(1),
+        "stride_cache_head": k_cache.stride(2),
+        "HEAD_DIM": query.shape[2],
+        "BLOCK_SIZE": k_cache.shape[1],
+        "HEAD_DIM_PAD": pad16(query.shape[2]),
+        "DOT_PRECISION": dot_precision(k_cache.dtype),
+        "WHILE_LOOP": INTERPRETED,
+    }
 
 
 def pad16(n: int) -> int:

@@ -1,4 +1,5 @@
-"""Models whose attention the paged backends do not implement are refused at load, naming the feature.
+"""Models whose attention the paged backends do not implement are refused at load, naming the feature;
+windows, softcapping and sinks load.
 
 Each case is a tiny random model of the real model type, saved and loaded back through
 `from_pretrained` as a user's model directory would be.
@@ -18,16 +19,19 @@ from transformers import (
     DeepseekV3Config,
     FalconConfig,
     Gemma2Config,
+    Gemma3TextConfig,
     GptOssConfig,
     Llama4TextConfig,
     LlamaConfig,
     MistralConfig,
     MptConfig,
     PretrainedConfig,
+    PreTrainedModel,
     Qwen2Config,
     Qwen3NextConfig,
 )
 
+from gpu_worker.forward.decoder import Decoder
 from gpu_worker.model_runner import ModelRunner
 from gpu_worker.model_support import UnsupportedModelError, unsupported_attention_features
 from gpu_worker.settings import WorkerSettings
@@ -54,27 +58,10 @@ def load(path: Path, **settings: object) -> ModelRunner:
 
 
 REFUSED: dict[str, tuple[Callable[[], PretrainedConfig], list[str]]] = {
-    # Mistral v0.1: one window for every layer, shorter than the context.
-    "mistral-sliding-window": (lambda: MistralConfig(**SMALL, sliding_window=64), ["sliding-window"]),
-    # Qwen2 with use_sliding_window: layer_types mark the layers past max_window_layers as sliding.
-    "qwen2-use-sliding-window": (
-        lambda: Qwen2Config(**SMALL, use_sliding_window=True, sliding_window=64, max_window_layers=1),
-        ["sliding-window"],
-    ),
-    # Gemma 2: logit softcapping in every layer, sliding window in every other one.
-    "gemma2-softcap": (
-        lambda: Gemma2Config(**SMALL, head_dim=8, sliding_window=64, attn_logit_softcapping=50.0),
-        ["softcapping", "sliding-window"],
-    ),
-    "gpt-oss-sinks": (
-        lambda: GptOssConfig(
-            **{**SMALL, "max_position_embeddings": 64},
-            head_dim=8,
-            num_local_experts=2,
-            num_experts_per_tok=1,
-            sliding_window=64,
-        ),
-        ["attention sinks"],
+    # EmbeddingGemma: Gemma 3 whose attention sees both ways.
+    "gemma3-bidirectional": (
+        lambda: Gemma3TextConfig(**SMALL, head_dim=8, use_bidirectional_attention=True),
+        ["bidirectional attention"],
     ),
     "falcon-alibi": (
         lambda: FalconConfig(
@@ -97,11 +84,37 @@ def test_unsupported_attention_is_refused_at_load_naming_the_feature(tmp_path: P
         assert feature in message
 
 
-def test_a_window_longer_than_every_sequence_is_served(tmp_path: Path) -> None:
-    # Capped at the window, sliding-window attention never slides: full attention is exact.
+SERVED: dict[str, Callable[[], PretrainedConfig]] = {
+    # Mistral v0.1: one window for every layer, shorter than the context.
+    "mistral-sliding-window": lambda: MistralConfig(**SMALL, sliding_window=64),
+    # Qwen2 with use_sliding_window: layer_types mark the layers past max_window_layers as sliding.
+    "qwen2-use-sliding-window": lambda: Qwen2Config(
+        **SMALL, use_sliding_window=True, sliding_window=64, max_window_layers=1
+    ),
+    # Gemma 2: logit softcapping in every layer, sliding window in every other one.
+    "gemma2-softcap": lambda: Gemma2Config(
+        **SMALL, head_dim=8, sliding_window=64, attn_logit_softcapping=50.0
+    ),
+    "gpt-oss-sinks": lambda: GptOssConfig(
+        **SMALL, head_dim=8, num_local_experts=2, num_experts_per_tok=1, sliding_window=64
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(SERVED))
+def test_windows_softcapping_and_sinks_are_served_by_transformers_forward(tmp_path: Path, case: str) -> None:
+    # The worker's own decoder has no window: a Llama-family model whose window slides runs
+    # transformers' forward, which passes the window to paged attention.
+    runner = load(save_tiny(tmp_path / case, SERVED[case]()))
+    assert isinstance(runner.model, PreTrainedModel)
+
+
+def test_a_window_longer_than_every_sequence_is_full_attention(tmp_path: Path) -> None:
+    # Capped at the window, sliding-window attention never slides: the decoder's full attention is exact.
     path = save_tiny(tmp_path / "mistral", MistralConfig(**SMALL, sliding_window=64))
     runner = load(path, max_model_len=64)
     assert runner.max_model_len == 64
+    assert isinstance(runner.model, Decoder)
 
 
 @pytest.mark.parametrize(
@@ -134,6 +147,6 @@ def test_the_tiny_llama_loads(tiny_model_dir: Path) -> None:
 def test_default_configs_of_other_unsupported_model_types_name_their_feature(
     config: Callable[[], PretrainedConfig], feature: str
 ) -> None:
-    [problem] = unsupported_attention_features(config(), max_model_len=None)
+    [problem] = unsupported_attention_features(config())
     assert feature in problem
-    assert unsupported_attention_features(LlamaConfig(), max_model_len=None) == []
+    assert unsupported_attention_features(LlamaConfig()) == []

@@ -25,4 +25,6 @@ def load_served_model(settings: GatewaySettings) -> ServedModel:
         max_prompt_tokens=settings.max_prompt_tokens,
         max_tokens=settings.max_tokens,
         special_tokens_in_content=settings.chat_content_special_tokens,
+        tool_parser=settings.tool_parser,
+        reasoning_parser=settings.reasoning_parser,
     )

@@ -74,6 +74,13 @@ class GatewaySettings(BaseSettings):
     # Chat message text is tokenized as text: "<|im_end|>" written by a client is not the control token.
     # true restores the old behaviour (control tokens from message text), for trusted clients only.
     chat_content_special_tokens: bool = False
+    # The format the model writes tool calls in (openai_frontend/tools/parsers/): auto reads it from the
+    # chat template; a name (hermes, llama3_json, pythonic, mistral, mistral_v11, qwen3_xml, deepseek_v3,
+    # deepseek_v31) overrides it; none turns tool calling off (tools are refused).
+    tool_parser: str = "auto"
+    # How the model's thoughts are told apart (openai_frontend/reasoning/): auto reads it from the chat
+    # template; think (`<think>` ... `</think>`); none leaves them in the content.
+    reasoning_parser: str = "auto"
 
     # A stream with nothing to send for this long gets an SSE comment (`: keep-alive`), which every
     # client ignores: a client or proxy waiting on a queued or slow request sees the connection live.
@@ -114,6 +121,26 @@ class GatewaySettings(BaseSettings):
             raise ValueError(
                 f"GATEWAY_MODEL (or MODEL, --model) must be a model directory containing tokenizer.json; "
                 f"{value} has none"
+            )
+        return value
+
+    @field_validator("tool_parser")
+    @classmethod
+    def _check_tool_parser(cls, value: str) -> str:
+        from openai_frontend.tools.parsers import PARSERS
+
+        if value not in ("auto", "none", *PARSERS):
+            raise ValueError(f"GATEWAY_TOOL_PARSER must be auto, none or one of {', '.join(PARSERS)}")
+        return value
+
+    @field_validator("reasoning_parser")
+    @classmethod
+    def _check_reasoning_parser(cls, value: str) -> str:
+        from openai_frontend.reasoning import REASONING_PARSERS
+
+        if value not in ("auto", "none", *REASONING_PARSERS):
+            raise ValueError(
+                f"GATEWAY_REASONING_PARSER must be auto, none or one of {', '.join(REASONING_PARSERS)}"
             )
         return value
 

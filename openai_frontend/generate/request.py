@@ -43,6 +43,8 @@ class PreparedRequest(msgspec.Struct, kw_only=True, frozen=True):
     store: bool = False  # chat: kept as a stored chat completion once it finishes
     # Per function, its string parameters: formats that write values raw read them back by these.
     tool_strings: dict[str, list[str]] | None = None
+    reasoning_parser: str | None = None  # chat with a model that thinks: how its thoughts are told apart
+    reasoning_open: bool = False  # the prompt opened the thoughts: the output starts inside them
 
     @property
     def req_id(self) -> str:

@@ -18,4 +18,8 @@ class ServedModel:
     max_tokens: int | None = None  # operator's cap on max_tokens, also its default (GATEWAY_MAX_TOKENS)
     # Special-token strings in chat messages become control tokens (GATEWAY_CHAT_CONTENT_SPECIAL_TOKENS).
     special_tokens_in_content: bool = False
+    # The tool-call and reasoning formats (GATEWAY_TOOL_PARSER, GATEWAY_REASONING_PARSER): a name, none,
+    # or auto (read from the chat template).
+    tool_parser: str = "auto"
+    reasoning_parser: str = "auto"
     created: int = field(default_factory=lambda: int(time.time()))

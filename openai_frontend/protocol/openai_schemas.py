@@ -181,11 +181,19 @@ class PromptTokensDetails(BaseModel):
     cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
 
 
+class CompletionTokensDetails(BaseModel):
+    reasoning_tokens: int = 0  # the thoughts' tokens (openai_frontend/reasoning/)
+
+
 class UsageInfo(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
     prompt_tokens_details: PromptTokensDetails = PromptTokensDetails()
+    # Only for a model that thinks (a reasoning parser), as vLLM gives it.
+    completion_tokens_details: CompletionTokensDetails | None = Field(
+        default=None, exclude_if=lambda details: details is None
+    )
 
 
 class CompletionLogprobs(BaseModel):
@@ -244,6 +252,8 @@ class ToolCall(BaseModel):
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None  # null when the model only called tools
+    # The model's thoughts (a reasoning parser split them off), as vLLM names them; left out without.
+    reasoning_content: str | None = Field(default=None, exclude_if=lambda text: text is None)
     # Left out when there are none, as OpenAI leaves it out.
     tool_calls: list[ToolCall] | None = Field(default=None, exclude_if=lambda calls: not calls)
 

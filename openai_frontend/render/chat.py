@@ -1,8 +1,10 @@
 """The answers of /v1/chat/completions: the role first, content (and tool call) deltas, optional
-usage; or one body. With tools, each choice's text goes through its tool parser (tools/parsers/)."""
+usage; or one body. With tools or a model that thinks, each choice's text goes through its answer
+parser (reasoning/answer.py): thoughts become `reasoning_content`, calls `tool_calls`."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from openai_frontend.follow.collect import Completed
@@ -14,21 +16,20 @@ from openai_frontend.protocol.openai_schemas import (
     ChatChunkChoice,
     ChatCompletionChunk,
     ChatCompletionResponse,
+    CompletionTokensDetails,
     FunctionCall,
     ToolCall,
+    UsageInfo,
 )
+from openai_frontend.reasoning.answer import AnswerParser
+from openai_frontend.reasoning.usage import ReasoningCounter
 from openai_frontend.render.answer import Chunks, Endpoint
+from openai_frontend.render.answer_parser import answer_parser
 from openai_frontend.render.logprobs import LogprobsFormatter
-from openai_frontend.tools.parsers import ParsedDelta, ToolCallDelta, ToolParser, new_parser
+from openai_frontend.tools.parsers import ToolCallDelta
 
 
-def _parser(request: PreparedRequest) -> ToolParser | None:
-    if request.tool_parser is None:
-        return None
-    return new_parser(request.tool_parser, request.req_id, request.max_tool_calls, request.tool_strings)
-
-
-def _finish_reason(finish_reason: str | None, parser: ToolParser | None) -> str | None:
+def _finish_reason(finish_reason: str | None, parser: AnswerParser | None) -> str | None:
     # As OpenAI and vLLM: a turn that ended by itself after calling tools ends with "tool_calls".
     return (
         "tool_calls"
@@ -59,7 +60,12 @@ class ChatChunks(Chunks):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        self._parsers = {i: _parser(request) for i, request in enumerate(self.choices)}
+        self._parsers = {i: answer_parser(request) for i, request in enumerate(self.choices)}
+        self._reasoning = {
+            i: ReasoningCounter(request.reasoning_open, self.logprobs.token_text)
+            for i, request in enumerate(self.choices)
+            if request.reasoning_parser is not None
+        }
 
     def opening(self) -> list[str]:
         return [
@@ -71,15 +77,18 @@ class ChatChunks(Chunks):
 
     def delta(self, index: int, out: Output) -> str | None:
         logprobs = self.logprobs.chat(out.events) if self.request.logprobs else None
+        if (counter := self._reasoning.get(index)) is not None:
+            counter.add(out.token_ids)
         parser = self._parsers.get(index)
         if parser is None:
             delta: dict[str, Any] = {"content": out.text} if out.text else {}
             return self._delta_chunk(ChatChunkChoice, index, out, delta=delta, logprobs=logprobs)
         parsed = parser.feed(out.text)
         if out.finish_reason is not None:
-            end = parser.finish()
-            parsed = ParsedDelta(parsed.content + end.content, parsed.tool_calls + end.tool_calls)
-        delta = {"content": parsed.content} if parsed.content else {}
+            parsed = parsed.then(parser.finish())
+        delta = {"reasoning_content": parsed.reasoning} if parsed.reasoning else {}
+        if parsed.content:
+            delta["content"] = parsed.content
         if parsed.tool_calls:
             delta["tool_calls"] = _tool_call_deltas(parsed.tool_calls)
         if not delta and out.finish_reason is None and logprobs is None and not self.request.return_token_ids:
@@ -89,27 +98,39 @@ class ChatChunks(Chunks):
             ChatChunkChoice, index, out, delta=delta, logprobs=logprobs, finish_reason=finish_reason
         )
 
+    def usage(self, usage: UsageInfo) -> str:
+        if self._reasoning:
+            usage = with_reasoning(usage, sum(c.num_tokens for c in self._reasoning.values()))
+        return super().usage(usage)
 
-def _message(done: Completed, parser: ToolParser | None) -> AssistantMessage:
+
+def with_reasoning(usage: UsageInfo, num_reasoning_tokens: int) -> UsageInfo:
+    details = CompletionTokensDetails(reasoning_tokens=num_reasoning_tokens)
+    return usage.model_copy(update={"completion_tokens_details": details})
+
+
+def _message(done: Completed, parser: AnswerParser | None) -> AssistantMessage:
     if parser is None:
         return AssistantMessage(content=done.text)
-    parsed = parser.feed(done.text)
-    end = parser.finish()
+    parsed = parser.feed(done.text).then(parser.finish())
     calls: dict[int, ToolCall] = {}
-    for call in parsed.tool_calls + end.tool_calls:
+    for call in parsed.tool_calls:
         if call.id is not None:
             calls[call.index] = ToolCall(
                 id=call.id, function=FunctionCall(name=call.name or "", arguments="")
             )
         calls[call.index].function.arguments += call.arguments
-    content = parsed.content + end.content
-    return AssistantMessage(content=content or (None if calls else ""), tool_calls=list(calls.values()))
+    return AssistantMessage(
+        content=parsed.content or (None if calls else ""),
+        reasoning_content=parsed.reasoning or None,
+        tool_calls=list(calls.values()),
+    )
 
 
 def _choice(
     index: int, done: Completed, request: PreparedRequest, formatter: LogprobsFormatter
 ) -> ChatChoice:
-    parser = _parser(request)
+    parser = answer_parser(request)
     return ChatChoice(
         index=index,
         message=_message(done, parser),
@@ -119,4 +140,23 @@ def _choice(
     )
 
 
-CHAT = Endpoint("chat", ChatChunks, ChatCompletionResponse, _choice)
+class ChatEndpoint(Endpoint):
+    def body(self, requests: Sequence[PreparedRequest], done: list[Completed], *rest: Any) -> dict[str, Any]:
+        """The body, with the thoughts' tokens in its usage when the model thinks (`rest`: the id,
+        creation time, model and logprobs formatter, as Endpoint.body takes them)."""
+        body = super().body(requests, done, *rest)
+        formatter: LogprobsFormatter = rest[-1]
+        counters = [
+            ReasoningCounter(request.reasoning_open, formatter.token_text)
+            for request in requests
+            if request.reasoning_parser is not None
+        ]
+        if counters:
+            for counter, choice in zip(counters, done, strict=True):
+                counter.add(choice.token_ids)
+            reasoning_tokens = sum(c.num_tokens for c in counters)
+            body["usage"]["completion_tokens_details"] = {"reasoning_tokens": reasoning_tokens}
+        return body
+
+
+CHAT = ChatEndpoint("chat", ChatChunks, ChatCompletionResponse, _choice)

@@ -1,4 +1,5 @@
-"""A response's output items (messages and function calls) read from its text, in the order written.
+"""A response's output items (thoughts, messages and function calls) read from its text, in the order
+written. A model that thinks (reasoning/) opens a `reasoning` item first, done when its answer begins.
 
 Without tools the output is one message, opened before any text. With tools the text goes through
 the request's tool parser (tools/parsers/): text outside calls opens a message item (or extends the
@@ -18,10 +19,17 @@ from dataclasses import dataclass
 from typing import Literal
 
 from openai_frontend.generate.request import PreparedRequest
+from openai_frontend.render.answer_parser import answer_parser
 from openai_frontend.responses.store import StoredCall, Turn
-from openai_frontend.tools.parsers import ParsedDelta, ToolCallDelta, ToolParser, new_parser
+from openai_frontend.tools.parsers import ParsedDelta, ToolCallDelta
 
-_MESSAGE_PREFIX, _CALL_PREFIX, _ITEM_PREFIX = "msg_", "call_", "fc_"
+_MESSAGE_PREFIX, _CALL_PREFIX, _ITEM_PREFIX, _REASONING_PREFIX = "msg_", "call_", "fc_", "rs_"
+
+
+@dataclass(slots=True)
+class ReasoningItem:
+    id: str
+    text: str = ""
 
 
 @dataclass(slots=True)
@@ -38,9 +46,9 @@ class CallItem:
     arguments: str = ""
 
 
-Item = MessageItem | CallItem
-# (what happened, output index, the added text or arguments); "added" and "done" carry "".
-Change = tuple[Literal["added", "text", "arguments", "done"], int, str]
+Item = ReasoningItem | MessageItem | CallItem
+# (what happened, output index, the added text, thoughts or arguments); "added" and "done" carry "".
+Change = tuple[Literal["added", "reasoning", "text", "arguments", "done"], int, str]
 
 
 def _pieces(text: str, end: str | None) -> list[str]:
@@ -52,18 +60,12 @@ def _pieces(text: str, end: str | None) -> list[str]:
     return [p + end for p in parts[:-1]] + ([parts[-1]] if parts[-1] else [])
 
 
-def parser_of(meta: PreparedRequest) -> ToolParser | None:
-    if meta.tool_parser is None:
-        return None
-    return new_parser(meta.tool_parser, meta.req_id, meta.max_tool_calls, meta.tool_strings)
-
-
 class OutputItems:
     """Feed a response's text as it arrives; each call says how the items changed."""
 
     def __init__(self, meta: PreparedRequest) -> None:
         self._req_id = meta.req_id
-        self._parser = parser_of(meta)
+        self._parser = answer_parser(meta)
         self.items: list[Item] = []
         self._open = False  # the last item is still being written
         self._calls: dict[int, int] = {}  # a parser call index -> its output index
@@ -91,8 +93,8 @@ class OutputItems:
         return [("done", len(self.items) - 1, "")]
 
     def _apply(self, delta: ParsedDelta) -> list[Change]:
+        changes = self._reasoning(delta.reasoning)
         current = self._open_call_index()
-        changes: list[Change] = []
         for call in delta.tool_calls:
             if call.index == current:
                 changes += self._arguments(call)
@@ -106,6 +108,17 @@ class OutputItems:
         if not self._open or not isinstance(self.items[-1], CallItem):
             return None
         return next(i for i, at in self._calls.items() if at == len(self.items) - 1)
+
+    def _reasoning(self, text: str) -> list[Change]:
+        if not text:
+            return []
+        changes: list[Change] = []
+        if not (self._open and isinstance(self.items[-1], ReasoningItem)):
+            changes += self._open_item(ReasoningItem(_REASONING_PREFIX + self._req_id))
+        item = self.items[-1]
+        assert isinstance(item, ReasoningItem)
+        item.text += text
+        return [*changes, ("reasoning", len(self.items) - 1, text)]
 
     def _content(self, text: str) -> list[Change]:
         if not text:

@@ -4,7 +4,8 @@ Events are numbered from 0 (`sequence_number`) in OpenAI's order: `response.crea
 `response.in_progress`, then for each output item (responses_items.py) `response.output_item.added`,
 its deltas and `response.output_item.done`: for a message `response.content_part.added`, one
 `response.output_text.delta` per text delta, `response.output_text.done`, `response.content_part.done`;
-for a function call `response.function_call_arguments.delta`s and `.done`. Then
+for a function call `response.function_call_arguments.delta`s and `.done`; for the thoughts of a model
+that thinks, `response.reasoning_text.delta`s and `.done`. Then
 `response.completed` (or `response.incomplete` when max_output_tokens cut it). A request that fails
 or is cancelled ends with `response.failed` instead. Replaying a token stream gives the same deltas,
 so the same numbers: that is how `starting_after` resumes a stream.
@@ -18,17 +19,29 @@ from typing import Any, Literal
 
 from openai_frontend.follow.collect import Completed
 from openai_frontend.protocol.errors import OpenAIError, from_request_error
-from openai_frontend.responses.items import CallItem, Change, Item, MessageItem, OutputItems, output_items
+from openai_frontend.responses.items import (
+    CallItem,
+    Change,
+    Item,
+    MessageItem,
+    OutputItems,
+    ReasoningItem,
+    output_items,
+)
 from openai_frontend.responses.schemas import (
     FunctionCallItem,
     IncompleteDetails,
     InputTokensDetails,
     OutputMessage,
     OutputText,
+    ReasoningText,
     ResponseError,
     ResponseObject,
     ResponseStatus,
     ResponseUsage,
+)
+from openai_frontend.responses.schemas import (
+    ReasoningItem as ReasoningObject,
 )
 from openai_frontend.responses.store import ResponseResult, StoredResponse
 from openai_frontend.responses.text import TEXT
@@ -61,7 +74,12 @@ def _item_status(status: ResponseStatus) -> ItemStatus:
     return "incomplete" if status == "incomplete" else "completed"
 
 
-def _output_item(item: Item, status: ItemStatus) -> OutputMessage | FunctionCallItem:
+OutputObject = ReasoningObject | OutputMessage | FunctionCallItem
+
+
+def _output_item(item: Item, status: ItemStatus) -> OutputObject:
+    if isinstance(item, ReasoningItem):
+        return ReasoningObject(id=item.id, status=status, content=[ReasoningText(text=item.text)])
     if isinstance(item, MessageItem):
         return OutputMessage(id=item.id, status=status, content=[OutputText(text=item.text)])
     return FunctionCallItem(
@@ -69,7 +87,7 @@ def _output_item(item: Item, status: ItemStatus) -> OutputMessage | FunctionCall
     )
 
 
-def _output(stored: StoredResponse, text: str) -> list[OutputMessage | FunctionCallItem]:
+def _output(stored: StoredResponse, text: str) -> list[OutputObject]:
     """Every item is done; only the last one can have been cut by max_output_tokens."""
     items = output_items(stored.spec.request, text)
     last = _item_status(stored.status)
@@ -155,6 +173,10 @@ class ResponseEvents:
                 events.append(
                     self._event("response.output_text.delta", **at, content_index=0, delta=piece, logprobs=[])
                 )
+            elif kind == "reasoning":
+                events.append(
+                    self._event("response.reasoning_text.delta", **at, content_index=0, delta=piece)
+                )
             elif kind == "arguments":
                 events.append(self._event("response.function_call_arguments.delta", **at, delta=piece))
             else:
@@ -164,6 +186,9 @@ class ResponseEvents:
     def _added(self, item: Item, index: int) -> list[Event]:
         """An item as it opens: a message without content, then its empty part; a call without arguments."""
         added = _output_item(item, "in_progress").model_dump()
+        if isinstance(item, ReasoningItem):
+            added["content"] = []
+            return [self._event("response.output_item.added", output_index=index, item=added)]
         if isinstance(item, CallItem):
             added["arguments"] = ""
             return [self._event("response.output_item.added", output_index=index, item=added)]
@@ -177,6 +202,11 @@ class ResponseEvents:
     def _done(self, item: Item, index: int, status: ItemStatus) -> list[Event]:
         at: dict[str, Any] = {"item_id": item.id, "output_index": index}
         done = _output_item(item, status).model_dump()
+        if isinstance(item, ReasoningItem):
+            return [
+                self._event("response.reasoning_text.done", **at, content_index=0, text=item.text),
+                self._event("response.output_item.done", output_index=index, item=done),
+            ]
         if isinstance(item, CallItem):
             return [
                 self._event("response.function_call_arguments.done", **at, arguments=item.arguments),

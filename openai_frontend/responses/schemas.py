@@ -134,6 +134,21 @@ class FunctionCallItem(BaseModel):
     status: Literal["in_progress", "completed", "incomplete"]
 
 
+class ReasoningText(BaseModel):
+    type: Literal["reasoning_text"] = "reasoning_text"
+    text: str
+
+
+class ReasoningItem(BaseModel):
+    """The model's thoughts (a reasoning parser split them off), before its answer."""
+
+    id: str
+    type: Literal["reasoning"] = "reasoning"
+    summary: list[Any] = []  # no summaries are written: the thoughts are given as they are
+    content: list[ReasoningText]
+    status: Literal["in_progress", "completed", "incomplete"]
+
+
 class InputTokensDetails(BaseModel):
     cached_tokens: int = 0  # input tokens whose KV came from the prefix cache
 
@@ -172,7 +187,7 @@ class ResponseObject(BaseModel):
     max_output_tokens: int | None
     metadata: dict[str, str]
     model: str
-    output: list[OutputMessage | FunctionCallItem]
+    output: list[ReasoningItem | OutputMessage | FunctionCallItem]
     parallel_tool_calls: bool = True
     previous_response_id: str | None
     store: bool

@@ -21,7 +21,7 @@ from common.protocol import StructuredOutput
 from openai_frontend.model.served_model import ServedModel
 from openai_frontend.protocol.errors import invalid_request
 from openai_frontend.protocol.openai_schemas import ChatCompletionRequest
-from openai_frontend.tools.parsers import forced_grammar, parser_for_template, strict_grammar, string_params
+from openai_frontend.tools.parsers import chosen_parser, forced_grammar, strict_grammar, string_params
 from openai_frontend.tools.parsers.hermes_grammar import arguments_schema
 
 MAX_TOOLS = 128  # as OpenAI allows
@@ -55,9 +55,13 @@ def tool_use(body: ChatCompletionRequest, served: ServedModel) -> ToolUse:
     duplicate = next((n for i, n in enumerate(names) if n in names[:i]), None)
     if duplicate is not None:
         raise invalid_request(f"tool names must be unique; {duplicate!r} is given twice", "tools")
-    parser = parser_for_template(served.tokenizer.chat_template)
+    parser = chosen_parser(served.tool_parser, served.tokenizer.chat_template)
     if parser is None:
-        raise invalid_request("this model's chat template does not support tool calling", "tools")
+        raise invalid_request(
+            "this model's chat template does not support tool calling (GATEWAY_TOOL_PARSER names a "
+            "format when the template's is not recognised)",
+            "tools",
+        )
     choice, named = _choice(body.tool_choice, names)
     strict = next((i for i, f in enumerate(functions) if f.get("strict")), None)
     if strict is not None and choice == "none":

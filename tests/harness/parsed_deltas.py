@@ -5,6 +5,7 @@ tests, which check that any cutting joins to the same message as the whole text.
 from __future__ import annotations
 
 import itertools
+from typing import Any
 
 from openai_frontend.tools.parsers.deltas import ParsedDelta, ToolParser
 
@@ -25,3 +26,27 @@ def join(deltas: list[ParsedDelta]) -> tuple[str, list[list[str]]]:
                 calls[call.index] = [call.id, call.name or "", ""]
             calls[call.index][2] += call.arguments
     return content, list(calls.values())
+
+
+def sdk_stream(stream: Any) -> dict[int, dict[str, Any]]:
+    """Each choice of an `openai` SDK chat stream, joined as clients join it: its thoughts
+    (vLLM's `reasoning_content`), content, calls ([id, name, arguments] by index), finish reason and
+    number of tokens (with logprobs)."""
+    choices: dict[int, dict[str, Any]] = {}
+    for chunk in stream:
+        for c in chunk.choices:
+            got = choices.setdefault(
+                c.index, {"reasoning": "", "content": "", "calls": {}, "finish": None, "tokens": 0}
+            )
+            got["reasoning"] += getattr(c.delta, "reasoning_content", None) or ""
+            got["content"] += c.delta.content or ""
+            for call in c.delta.tool_calls or []:
+                if call.id is not None:
+                    assert call.index not in got["calls"] and call.type == "function"
+                    got["calls"][call.index] = [call.id, call.function.name, ""]
+                else:
+                    assert call.function.name is None
+                got["calls"][call.index][2] += call.function.arguments or ""
+            got["tokens"] += len(c.logprobs.content or []) if c.logprobs else 0
+            got["finish"] = c.finish_reason or got["finish"]
+    return choices

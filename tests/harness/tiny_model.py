@@ -7,10 +7,14 @@ paths users take with a real model directory.
 from __future__ import annotations
 
 import inspect
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from benchmarks.chatml_tokenizer import config_token_ids, fast_tokenizer, generation_config, train_tokenizer
+
+# Chat templates in model families' formats, on ChatML turns (tool calls, thoughts): `<name>.jinja`.
+TEMPLATES = Path(__file__).resolve().parent / "templates"
 
 
 def byte_token_id(tokenizer: Any, byte: int) -> int:
@@ -41,12 +45,27 @@ def _corpus() -> list[str]:
     return lines
 
 
-def build_tiny_model(path: Path, *, seed: int = 0, vocab_size: int = 512, max_len: int = 512) -> Path:
+def build_tiny_model(
+    path: Path,
+    *,
+    seed: int = 0,
+    vocab_size: int = 512,
+    max_len: int = 512,
+    chat_template: str | None = None,
+    added_tokens: Sequence[str] = (),
+) -> Path:
+    """`chat_template` replaces the ChatML one (a family's format, tests/harness/templates/);
+    `added_tokens` become whole tokens that are not special (as Qwen3's `<think>`), so they stay in
+    the text and a test can bias them."""
     import torch
+    from tokenizers import AddedToken
     from transformers import LlamaConfig, LlamaForCausalLM
 
     tok = train_tokenizer(_corpus(), vocab_size)
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in added_tokens])
     fast = fast_tokenizer(tok, max_len)
+    if chat_template is not None:
+        fast.chat_template = chat_template
 
     torch.manual_seed(seed)
     config = LlamaConfig(

@@ -27,6 +27,7 @@ from gateway.model_loader import load_served_model
 from gateway.settings import GatewaySettings
 from openai_frontend.generate.prompts import chat_prompt_ids
 from openai_frontend.protocol.openai_schemas import ChatMessage
+from tests.harness.parsed_deltas import sdk_stream
 from tests.harness.services import Stack, module_stack
 
 MODEL = "tiny-llama"
@@ -163,25 +164,6 @@ def tiny_tokens(tool_model_dir: Path) -> dict[str, int]:
     return {t: tokenizer.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")}
 
 
-def _streamed(stream: Any) -> dict[int, dict[str, Any]]:
-    """Each choice's content, calls and finish reason, joined from the deltas as OpenAI clients join them."""
-    choices: dict[int, dict[str, Any]] = {}
-    for chunk in stream:
-        for c in chunk.choices:
-            got = choices.setdefault(c.index, {"content": "", "calls": {}, "finish": None, "tokens": 0})
-            got["content"] += c.delta.content or ""
-            for call in c.delta.tool_calls or []:
-                if call.id is not None:
-                    assert call.index not in got["calls"] and call.type == "function"
-                    got["calls"][call.index] = [call.id, call.function.name, ""]
-                else:
-                    assert call.function.name is None
-                got["calls"][call.index][2] += call.function.arguments or ""
-            got["tokens"] += len(c.logprobs.content or []) if c.logprobs else 0
-            got["finish"] = c.finish_reason or got["finish"]
-    return choices
-
-
 @pytest.mark.parametrize(
     "tool_choice", ["required", {"type": "function", "function": {"name": "get_weather"}}]
 )
@@ -197,7 +179,7 @@ def test_streamed_deltas_join_to_the_answer(client: openai.OpenAI, tool_choice: 
         "logprobs": True,
     }
     answer = client.chat.completions.create(**body)
-    streamed = _streamed(client.chat.completions.create(**body, stream=True))
+    streamed = sdk_stream(client.chat.completions.create(**body, stream=True))
     assert sorted(streamed) == [0, 1]
     for choice in answer.choices:
         got = streamed[choice.index]
@@ -232,7 +214,7 @@ def test_auto_parses_what_the_model_wrote(client: openai.OpenAI) -> None:
     assert choice.message.content == "Sure."
     [call] = choice.message.tool_calls or []
     assert (call.function.name, call.function.arguments) == ("get_weather", '{"city": "Paris"}')
-    streamed = _streamed(client.chat.completions.create(**body, stream=True))[0]
+    streamed = sdk_stream(client.chat.completions.create(**body, stream=True))[0]
     assert streamed["content"] == "Sure." and streamed["finish"] == "tool_calls"
     assert [c[1:] for c in streamed["calls"].values()] == [["get_weather", '{"city": "Paris"}']]
     # parallel_tool_calls false keeps the first call of two.

@@ -29,6 +29,7 @@ FRONTEND_LAYERS = (
     "text",  # tokens back to text
     "structured",  # response_format / structured_outputs to the worker's constraint
     "tools",  # function tools and their call parsers
+    "reasoning",  # a thinking model's thoughts told apart, and grammars that start after them
     "generate",  # a body to a queued request and its record
     "follow",  # submitting and following a request's tokens
     "render",  # OpenAI answer objects

@@ -41,6 +41,7 @@ __all__ = [
     "ParsedDelta",
     "ToolCallDelta",
     "ToolParser",
+    "chosen_parser",
     "forced_grammar",
     "new_parser",
     "parser_for_template",
@@ -102,6 +103,13 @@ def parser_for_template(template: str | None) -> str | None:
     if template is None or "tool" not in template:  # DeepSeek's templates render no tool list
         return None
     return next((name for name, signs in _SIGNS if all(s in template for s in signs)), None)
+
+
+def chosen_parser(setting: str, template: str | None) -> str | None:
+    """The format GATEWAY_TOOL_PARSER names: auto reads it from the template, none turns tools off."""
+    if setting == "auto":
+        return parser_for_template(template)
+    return None if setting == "none" else setting
 
 
 def forced_grammar(parser: str, functions: list[dict[str, Any]], one_call: bool) -> str:

@@ -21,6 +21,12 @@ class ParsedDelta:
     tool_calls: list[ToolCallDelta] = field(default_factory=list)
     reasoning: str = ""  # the model's thoughts (reasoning/), before the content
 
+    def then(self, later: ParsedDelta) -> ParsedDelta:
+        """This delta followed by `later`, as one."""
+        return ParsedDelta(
+            self.content + later.content, self.tool_calls + later.tool_calls, self.reasoning + later.reasoning
+        )
+
 
 class ToolParser(Protocol):
     # Where a call's text ends, if the format marks it: the Responses API feeds text cut after each

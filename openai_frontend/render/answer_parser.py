@@ -1,0 +1,20 @@
+"""The parser of one choice's text, from its request's record: thoughts first (reasoning/), then tool
+calls in the answer (tools/parsers/). Chat and the Responses API read answers through it."""
+
+from __future__ import annotations
+
+from openai_frontend.generate.request import PreparedRequest
+from openai_frontend.reasoning.answer import AnswerParser
+from openai_frontend.reasoning.think import ThinkParser
+from openai_frontend.tools.parsers import new_parser
+
+
+def answer_parser(request: PreparedRequest) -> AnswerParser | None:
+    """None when the choice's text is all content."""
+    if request.tool_parser is None and request.reasoning_parser is None:
+        return None
+    tools = None
+    if request.tool_parser is not None:
+        tools = new_parser(request.tool_parser, request.req_id, request.max_tool_calls, request.tool_strings)
+    reasoning = ThinkParser(request.reasoning_open) if request.reasoning_parser is not None else None
+    return AnswerParser(reasoning, tools)

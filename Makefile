@@ -1,5 +1,6 @@
 # Two commands matter: `make run` (serve the demo model; `make run ARGS="--workers 2"`) and `make test`
-# (`make test-fast`: only the tests that start no service, tests/unit/, in about two minutes).
+# (`make test-fast`: only the tests that start no service, tests/unit/, in about two minutes). `make run`
+# installs only what serves (the `serve` extra); the test toolchain (`dev`) comes with `make test`.
 VENV ?= .venv
 PY := $(VENV)/bin/python
 # Passed to `cbserve up`, e.g. ARGS="--model /path/to/model --port 8123 --workers 2". A MODEL given on
@@ -12,17 +13,28 @@ ARGS ?=
 TORCH_INDEX_URL ?=
 TORCH_PIP_ARGS := $(if $(TORCH_INDEX_URL),$(if $(shell command -v nvidia-smi),,--index-url $(TORCH_INDEX_URL)))
 
-.PHONY: install check-deps test test-fast lint run train-demo-model
+.PHONY: install install-serve check-deps test test-fast lint run train-demo-model
 
 # --no-compile: Python compiles only what is imported, when first imported, instead of pip
 # byte-compiling every file of torch and transformers up front (a minute of a clean CI run).
-$(VENV)/.installed: pyproject.toml
+define pip_install
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --no-compile torch==2.13.0 $(TORCH_PIP_ARGS)
-	$(PY) -m pip install -q --no-compile -e ".[dev]"
+	$(PY) -m pip install -q --no-compile -e ".[$(1)]"
+endef
+
+# Everything: what serves, the benchmarks and the test toolchain (dev includes serve).
+$(VENV)/.installed: pyproject.toml
+	$(call pip_install,dev)
+	touch $@ $(VENV)/.installed-serve
+
+# What serves, for `make run`.
+$(VENV)/.installed-serve: pyproject.toml
+	$(call pip_install,serve)
 	touch $@
 
 install: $(VENV)/.installed
+install-serve: $(VENV)/.installed-serve
 
 lint: install
 	$(PY) -m ruff check .
@@ -65,7 +77,7 @@ test-fast: install
 
 # Redis (REDIS_URL if reachable, else redis-server from PATH, else the embedded one), the batcher,
 # worker(s) and the gateway on :8000 in one command; Ctrl-C stops them all. See `cbserve up --help`.
-run: install
+run: install-serve
 	$(VENV)/bin/cbserve up $(ARGS)
 
 # Retrain the shipped demo model (deterministic; its card, models/demo/README.md, gives the time).

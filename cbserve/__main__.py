@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from cbserve.defaults import (
     DEFAULT_BASE_URL,
+    DEFAULT_COMPLETE_MAX_TOKENS,
     DEFAULT_MAX_RESTARTS,
     DEFAULT_MODEL_DIR,
     DEFAULT_READY_TIMEOUT_S,
@@ -32,14 +33,17 @@ def _positive_int(value: str) -> int:
     return number
 
 
-def _add_sampling_args(parser: argparse.ArgumentParser) -> None:
+def _add_sampling_args(parser: argparse.ArgumentParser, max_tokens: int | None = None) -> None:
     parser.add_argument(
         "--base-url",
         default=os.environ.get("CBSERVE_URL") or DEFAULT_BASE_URL,
         help=f"gateway URL (default: $CBSERVE_URL, else {DEFAULT_BASE_URL})",
     )
     parser.add_argument("--model", help="model name (default: the first one GET /v1/models lists)")
-    parser.add_argument("--max-tokens", type=_positive_int, help="tokens per reply (default: the server's)")
+    shown = "the server's" if max_tokens is None else str(max_tokens)
+    parser.add_argument(
+        "--max-tokens", type=_positive_int, default=max_tokens, help=f"tokens per reply (default: {shown})"
+    )
     parser.add_argument("--temperature", type=float, help="0 is greedy (default: the server's, 1.0)")
 
 
@@ -91,7 +95,12 @@ def build_parser() -> argparse.ArgumentParser:
         f"{DEFAULT_RESTART_WINDOW_S:g} s; then everything stops (default {DEFAULT_MAX_RESTARTS}; "
         "0: stop at the first death)",
     )
-    up.add_argument("--run-dir", type=Path, help="logs and Redis data (default ./.cbserve/runs/<time>-<pid>)")
+    up.add_argument(
+        "--run-dir",
+        type=Path,
+        help="logs and Redis data (default ./.cbserve/runs/<time>-<pid>); given, it also keeps what the next "
+        "run reuses (Redis' port and password, the env file), which ./.cbserve keeps otherwise",
+    )
     up.add_argument(
         "--ready-timeout",
         dest="ready_timeout_s",
@@ -107,7 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     complete = commands.add_parser("complete", help="one text completion, printed as it streams")
     complete.add_argument("prompt")
-    _add_sampling_args(complete)
+    _add_sampling_args(complete, max_tokens=DEFAULT_COMPLETE_MAX_TOKENS)
     complete.add_argument(
         "--stream", action=argparse.BooleanOptionalAction, default=True, help="stream tokens (default on)"
     )

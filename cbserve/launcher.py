@@ -29,8 +29,9 @@ from cbserve.defaults import (
     RedisMode,
 )
 from cbserve.processes import Child
-from cbserve.redis_resolver import RedisUnavailable, redact, resolve, write_private
+from cbserve.redis_resolver import RedisUnavailable, redact, resolve
 from cbserve.restarts import RestartBudget
+from cbserve.run_state import RunState
 from cbserve.stack import ServiceArgs, Stack, celery_installed, cell_names, joined_workers, start_services
 
 
@@ -235,14 +236,22 @@ def describe(opts: UpOptions) -> str:
     return workers if opts.cells == 1 else f"{opts.cells} cells of {workers}"
 
 
-def banner(base_url: str, redis_url: str, model: str, size: str, run_dir: Path, names: list[str]) -> str:
+def shown_path(path: Path) -> str:
+    """`path` relative to the working directory when it is below it (as `make run` prints it)."""
+    with contextlib.suppress(ValueError):
+        return str(path.relative_to(Path.cwd()))
+    return str(path)
+
+
+def banner(base_url: str, env_file: Path, model: str, size: str, run_dir: Path, names: list[str]) -> str:
     hello = [{"role": "user", "content": "Hello"}]
     body = json.dumps({"model": model, "messages": hello, "max_tokens": 32, "stream": True})
     return f"""
 cbserve is ready: {base_url}  (model "{model}", {size})
 logs:  {run_dir}/{{{",".join(names)}}}.log
 stop:  Ctrl-C
-the README's examples read:  export CBSERVE_URL={base_url} REDIS_URL={redis_url}
+the README's examples read CBSERVE_URL and REDIS_URL:  source {shown_path(env_file)}
+  (the same in every run from this directory: Redis keeps its port and password)
 
 Stream a chat completion with curl:
   curl -N {base_url}/v1/chat/completions -H 'content-type: application/json' -d '{body}'
@@ -315,7 +324,10 @@ def run_up(opts: UpOptions) -> int:
     try:
         say(f"model {model_dir}, {describe(opts)} on {device} ({device_why})")
         say(f"run directory (logs, Redis data): {stack.run_dir}")
-        choice = resolve(opts.redis, stack.run_dir / "redis", stack.run_dir / "redis.log", os.environ)
+        # What runs share (Redis' port and password, the env file): the checkout's, or the --run-dir's.
+        state = RunState(opts.run_dir.resolve() if opts.run_dir else Path.cwd() / ".cbserve")
+        redis_dir, redis_log = stack.run_dir / "redis", stack.run_dir / "redis.log"
+        choice = resolve(opts.redis, redis_dir, redis_log, os.environ, state)
         stack.redis_server = choice.server
         say(f"Redis: {choice.kind} at {redact(choice.url)}")
         for reason in choice.reasons:
@@ -336,11 +348,9 @@ def run_up(opts: UpOptions) -> int:
             return 0
         model_name = served_model_name(base_url, model_dir.name)
         names = [c.name for c in stack.children()]
-        redis_shown = redact(choice.url)
-        if choice.server is not None:  # its password is the run's own: in a file only the user reads
-            url_file = write_private(stack.run_dir / "redis-url", choice.url)
-            redis_shown = f'"$(cat {url_file})"'
-        print(banner(base_url, redis_shown, model_name, describe(opts), stack.run_dir, names))
+        # Redis' password goes in a file only the user reads, never on the screen.
+        env_file = state.write_env(base_url, choice.url)
+        print(banner(base_url, env_file, model_name, describe(opts), stack.run_dir, names))
         sys.stdout.flush()
         supervise(stack, signals, RestartBudget(opts.max_restarts, DEFAULT_RESTART_WINDOW_S))
         return 0

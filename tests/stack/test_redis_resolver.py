@@ -11,6 +11,7 @@ import redis
 
 from cbserve import processes
 from cbserve.redis_resolver import RedisChoice, RedisUnavailable, find_embedded, ping, redact, resolve
+from cbserve.run_state import RunState
 from tests.harness.redis_server import free_port
 
 
@@ -23,7 +24,8 @@ def choices() -> Iterator[list[RedisChoice]]:
 
 
 def _resolve(made: list[RedisChoice], mode: str, tmp_path: Path, env: dict[str, str]) -> RedisChoice:
-    choice = resolve(mode, tmp_path / "data", tmp_path / "redis.log", env)  # type: ignore[arg-type]
+    state = RunState(tmp_path / "state")
+    choice = resolve(mode, tmp_path / "data", tmp_path / "redis.log", env, state)  # type: ignore[arg-type]
     made.append(choice)
     return choice
 
@@ -75,6 +77,30 @@ def test_started_server_is_private_and_keeps_an_append_only_file(
     assert choice.server.exited() and ping(choice.url, timeout_s=0.2) is not None
     aof = list((tmp_path / "data").rglob("*.aof"))
     assert aof and any(b"probe" in path.read_bytes() for path in aof)
+
+
+def test_the_next_run_starts_redis_at_the_same_url(
+    tmp_path: Path, choices: list[RedisChoice], redis_url: str
+) -> None:
+    """An exported REDIS_URL stays true: the port and password are the state directory's."""
+    first = _resolve(choices, "binary", tmp_path, {})
+    assert first.server is not None
+    processes.stop([first.server])
+    # The first run's URL, exported and now dead, falls back to a server started at that very URL.
+    again = _resolve(choices, "auto", tmp_path, {"REDIS_URL": first.url})
+    assert again.kind == "binary" and again.url == first.url and ping(again.url) is None
+    password = (tmp_path / "state" / "redis-password").read_text().strip()
+    assert f":{password}@" in first.url
+    assert (tmp_path / "state" / "redis-password").stat().st_mode & 0o777 == 0o600
+    assert again.server is not None
+    processes.stop([again.server])
+    # A port someone else took meanwhile: another one, remembered for the runs after.
+    taken = int(redis_url.rsplit(":", 1)[1].split("/")[0])
+    (tmp_path / "state" / "redis-port").write_text(f"{taken}\n")
+    moved = _resolve(choices, "binary", tmp_path, {})
+    assert moved.url != first.url and ping(moved.url) is None
+    port = int((tmp_path / "state" / "redis-port").read_text())
+    assert port != taken and f"127.0.0.1:{port}/" in moved.url
 
 
 def test_without_redis_url_or_binary_the_embedded_server_is_started(

@@ -35,8 +35,6 @@ from openai_frontend.model.chat_template import ChatRender, template_reads
 from openai_frontend.model.served_model import ServedModel
 from openai_frontend.protocol.errors import invalid_request
 from openai_frontend.protocol.openai_schemas import ChatCompletionRequest, CompletionRequest
-from openai_frontend.reasoning.grammar import after_thoughts
-from openai_frontend.reasoning.request import thinking
 from openai_frontend.tools.tool_choice import ToolUse, tool_use
 
 
@@ -95,11 +93,10 @@ def prepare_choices(
             params = msgspec.structs.replace(
                 params, prompt_logprobs=max(k_prompt, params.prompt_logprobs or 0)
             )
-        think = thinking(served, isinstance(body, ChatCompletionRequest), prompt_token_ids)
         message = GenerateRequest(
             req_id=req_id,
             prompt_token_ids=prompt_token_ids,
-            sampling_params=after_thoughts(params, think),
+            sampling_params=params,
             arrival_time=arrival_time,
             user=safety_identifier or user,  # OpenAI's newer name for the end user wins
             owner=owner,
@@ -123,7 +120,6 @@ def prepare_choices(
             tool_parser=tools.parser,
             max_tool_calls=tools.max_calls,
             tool_strings=tools.strings,
-            **think,
             skip_special_tokens=body.skip_special_tokens is not False,
             include_stop_str_in_output=bool(body.include_stop_str_in_output),
             # As vLLM: usage on every chunk only for a stream that asked for usage at all.
@@ -181,3 +177,8 @@ def _render(body: ChatCompletionRequest, served: ServedModel) -> ChatRender:
         continue_final_message=bool(body.continue_final_message),
         variables=template_variables(body, reads),
     )
+
+
+def prompt_ids_of(body: ChatCompletionRequest, served: ServedModel) -> list[int]:
+    """The prompt a chat body queues (template controls and tools included), for /tokenize."""
+    return _prompts(body, 1, served, tool_use(body, served))[0][0]

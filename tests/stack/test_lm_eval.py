@@ -12,10 +12,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import lm_eval
 import pytest
 
 from tests.harness.services import Stack, running_stack
+from tests.harness.sse_client import post_sse
 
 TASK = "cbserve_tiny_mc"
 # Questions in the tiny model's training text (standard-library docstrings), four choices each.
@@ -75,18 +77,13 @@ def evaluate(model: str, model_args: str, task_dir: Path) -> dict[str, Any]:
     return result
 
 
-def test_local_completions_scores_as_transformers(
-    stack: Stack, tiny_model_dir: Path, task_dir: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    served = evaluate(
-        "local-completions",
-        f"model={tiny_model_dir.name},base_url={stack.base_url}/v1/completions,"
-        f"tokenizer={tiny_model_dir},tokenizer_backend=huggingface,tokenized_requests=True,num_concurrent=1",
-        task_dir,
-    )
-    reference = evaluate("hf", f"pretrained={tiny_model_dir},dtype=float32", task_dir)
+@pytest.fixture(scope="module")
+def reference(tiny_model_dir: Path, task_dir: Path) -> dict[str, Any]:
+    """lm-eval's `hf` model on the same weights: the scores every served run must give."""
+    return evaluate("hf", f"pretrained={tiny_model_dir},dtype=float32", task_dir)
+
+
+def assert_scores_as(served: dict[str, Any], reference: dict[str, Any]) -> None:
     served_samples = sorted(served["samples"][TASK], key=lambda s: s["doc_id"])
     reference_samples = sorted(reference["samples"][TASK], key=lambda s: s["doc_id"])
     assert len(served_samples) == len(QUESTIONS)
@@ -97,3 +94,55 @@ def test_local_completions_scores_as_transformers(
         assert scores == pytest.approx(expected, abs=1e-3), mine["doc"]
         assert [r[0][1] for r in mine["resps"]] == [r[0][1] for r in theirs["resps"]]  # is_greedy
     assert served["results"][TASK]["acc,none"] == reference["results"][TASK]["acc,none"]
+
+
+@pytest.fixture()
+def offline(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+
+@pytest.mark.usefixtures("offline")
+def test_local_completions_scores_as_transformers(
+    stack: Stack, tiny_model_dir: Path, task_dir: Path, reference: dict[str, Any]
+) -> None:
+    served = evaluate(
+        "local-completions",
+        f"model={tiny_model_dir.name},base_url={stack.base_url}/v1/completions,"
+        f"tokenizer={tiny_model_dir},tokenizer_backend=huggingface,tokenized_requests=True,num_concurrent=1",
+        task_dir,
+    )
+    assert_scores_as(served, reference)
+
+
+@pytest.mark.usefixtures("offline")
+def test_local_completions_with_only_model_and_base_url(
+    stack: Stack, tiny_model_dir: Path, task_dir: Path, reference: dict[str, Any]
+) -> None:
+    """Zero configuration, offline: lm-eval finds /tokenizer_info and /tokenize and tokenizes through
+    the server (its remote tokenizer) instead of asking the hub for a model named like ours."""
+    served = evaluate(
+        "local-completions", f"model={tiny_model_dir.name},base_url={stack.base_url}/v1/completions", task_dir
+    )
+    assert_scores_as(served, reference)
+
+
+def test_guidellm_streaming_request(stack: Stack, tiny_model_dir: Path) -> None:
+    """guidellm's default streaming body (its text-completions handler): usage on every chunk, so it
+    times each token; the last usage counts every token asked for (ignore_eos)."""
+    body = {
+        "model": tiny_model_dir.name,
+        "prompt": "Return the value of the",
+        "max_tokens": 8,
+        "stop": None,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+    }
+    with httpx.Client(base_url=stack.base_url, timeout=60) as client:
+        response, events = post_sse(client, "/v1/completions", body)
+    assert response.status_code == 200
+    chunks = [e.json() for e in events if e.data != "[DONE]"]
+    assert all(c["usage"] is not None for c in chunks)
+    assert chunks[-1]["usage"]["completion_tokens"] == 8
+    assert "".join(c["choices"][0]["text"] for c in chunks if c["choices"])

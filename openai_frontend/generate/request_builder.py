@@ -35,6 +35,8 @@ from openai_frontend.model.chat_template import ChatRender, template_reads
 from openai_frontend.model.served_model import ServedModel
 from openai_frontend.protocol.errors import invalid_request
 from openai_frontend.protocol.openai_schemas import ChatCompletionRequest, CompletionRequest
+from openai_frontend.reasoning.grammar import after_thoughts
+from openai_frontend.reasoning.request import thinking
 from openai_frontend.tools.tool_choice import ToolUse, tool_use
 
 
@@ -93,10 +95,11 @@ def prepare_choices(
             params = msgspec.structs.replace(
                 params, prompt_logprobs=max(k_prompt, params.prompt_logprobs or 0)
             )
+        think = thinking(served, isinstance(body, ChatCompletionRequest), prompt_token_ids)
         message = GenerateRequest(
             req_id=req_id,
             prompt_token_ids=prompt_token_ids,
-            sampling_params=params,
+            sampling_params=after_thoughts(params, think),
             arrival_time=arrival_time,
             user=safety_identifier or user,  # OpenAI's newer name for the end user wins
             owner=owner,
@@ -120,6 +123,7 @@ def prepare_choices(
             tool_parser=tools.parser,
             max_tool_calls=tools.max_calls,
             tool_strings=tools.strings,
+            **think,
             skip_special_tokens=body.skip_special_tokens is not False,
             include_stop_str_in_output=bool(body.include_stop_str_in_output),
             # As vLLM: usage on every chunk only for a stream that asked for usage at all.

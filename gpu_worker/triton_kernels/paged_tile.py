@@ -19,6 +19,8 @@ from gpu_worker.attention_variant import AttentionVariant
 
 # Scores are scaled by log2(e) so that the softmax runs on exp2.
 LOG2E = 1.4426950408889634
+# The same inside kernels, which may read only constexpr globals.
+LOG2E_C = tl.constexpr(LOG2E)
 # Whether the kernels defined next run under Triton's interpreter, which needs the while-loop form of
 # the key loop (read here, as @triton.jit reads TRITON_INTERPRET, when the kernels are defined).
 INTERPRETED = bool(triton.knobs.runtime.interpret)
@@ -54,7 +56,7 @@ def load_kv_tiles(
 @triton.jit
 def _tanh(x):
     # Written with exp2 (Triton's core language has no tanh): saturates to +-1, never NaN.
-    return 1.0 - 2.0 / (tl.exp2(x * (2.0 * LOG2E)) + 1.0)
+    return 1.0 - 2.0 / (tl.exp2(x * (2.0 * LOG2E_C)) + 1.0)
 
 
 @triton.jit
@@ -128,7 +130,7 @@ def attend_context(
 def sink_logits(sinks_ptr, heads, valid, HAS_SINKS: tl.constexpr):
     """[M] each row's sink logit in log2 units (the scores' units), -inf where a row has none."""
     if HAS_SINKS:
-        sinks = tl.load(sinks_ptr + heads, mask=valid, other=float("-inf")).to(tl.float32) * LOG2E
+        sinks = tl.load(sinks_ptr + heads, mask=valid, other=float("-inf")).to(tl.float32) * LOG2E_C
     else:
         sinks = tl.full(heads.shape, float("-inf"), dtype=tl.float32)
     return sinks

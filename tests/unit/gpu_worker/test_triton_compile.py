@@ -1,0 +1,30 @@
+"""The Triton kernels compile for a GPU, every variant flag on and off, on this machine without one.
+
+The CPU suite runs the kernels under Triton's interpreter, which takes the while-loop form of the key
+loop and forgives what the compiler refuses (a kernel reading a plain Python global, say); this
+compiles the form the GPU runs (tests/harness/triton_compile.py), in a process of its own because
+the interpreter is on in this one."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from tests.harness.services import ROOT
+
+
+def test_kernels_compile_for_a_hopper_gpu() -> None:
+    env = {**os.environ, "TRITON_INTERPRET": "0"}
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.harness.triton_compile"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    compiled = done.stdout.splitlines()
+    assert len(compiled) == 16 and all(line.startswith("compiled ") for line in compiled)
+    assert "compiled prefill window=True softcap=True sinks=True" in compiled

@@ -15,12 +15,15 @@ import torch
 from transformers import (
     AutoModelForCausalLM,
     Gemma2Config,
+    Gemma3Config,
     Gemma3TextConfig,
     GptOssConfig,
     MistralConfig,
     Phi3Config,
     PretrainedConfig,
+    Qwen2Config,
     Qwen3MoeConfig,
+    SiglipVisionConfig,
 )
 
 WINDOW = 7  # tokens: shorter than most test prompts, not a multiple of the block size
@@ -56,12 +59,34 @@ FAMILIES: dict[str, Callable[[], PretrainedConfig]] = {
         sliding_window_pattern=3,
         query_pre_attn_scalar=24,
     ),
+    # Gemma 3 as its 4B and larger checkpoints ship: the text model inside an image-text one (a tiny
+    # vision tower, never given an image here).
+    "gemma3_vlm": lambda: Gemma3Config(
+        text_config=FAMILIES["gemma3"]().to_dict(),
+        vision_config=SiglipVisionConfig(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            image_size=28,
+            patch_size=14,
+        ).to_dict(),
+        mm_tokens_per_image=4,
+        boi_token_index=509,
+        eoi_token_index=510,
+        image_token_index=511,
+    ),
     # Attention sinks in every layer, local and global layers alternating, a mixture of experts.
     "gpt_oss": lambda: GptOssConfig(
         **SMALL, head_dim=16, sliding_window=WINDOW, num_local_experts=4, num_experts_per_tok=2
     ),
     # Mistral v0.1: one window for every layer (served by transformers' forward, not the decoder).
     "mistral": lambda: MistralConfig(**SMALL, sliding_window=WINDOW),
+    # Qwen2 with use_sliding_window: the layers from max_window_layers on slide (served by
+    # transformers' forward, not the decoder).
+    "qwen2_window": lambda: Qwen2Config(
+        **SMALL, use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1
+    ),
     # Fused qkv and gate/up projections, partial RoPE settings of its own.
     "phi3": lambda: Phi3Config(**SMALL, pad_token_id=0, eos_token_id=1, bos_token_id=2),
     "qwen3_moe": lambda: Qwen3MoeConfig(

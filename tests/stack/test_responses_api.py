@@ -302,6 +302,24 @@ def test_background_stream_resumes_after_a_disconnect(client: openai.OpenAI, mod
     assert text == chat_text(client, model_name, [{"role": "user", "content": "Write a poem."}], 300)
 
 
+def test_stream_helper_reads_a_cut_response_as_from_openai(client: openai.OpenAI, model_name: str) -> None:
+    """Cut by max_output_tokens, the stream ends as OpenAI's does (`response.incomplete` carrying the
+    whole Response), which the SDK's helper iterates without error; its get_final_response() keeps
+    only a `response.completed`, so the last event is where a client finds the final Response."""
+    body = {"model": model_name, "input": "Say hello.", "max_output_tokens": 6, **GREEDY}
+    with client.responses.stream(**body) as stream:
+        events = list(stream)
+    final = events[-1]
+    assert final.type == "response.incomplete"
+    response = final.response
+    assert response.status == "incomplete" and response.incomplete_details is not None
+    assert response.incomplete_details.reason == "max_output_tokens"
+    assert response.usage is not None and response.usage.output_tokens == 6
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert response.output_text == text == client.responses.create(**body).output_text
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+
+
 def test_leaving_a_foreground_stream_cancels_it(client: openai.OpenAI, model_name: str) -> None:
     seen: list[Any] = []
     stream = client.responses.create(

@@ -192,6 +192,16 @@ def owner_files(owner: str) -> str:
     return f"{_API}:files:{owner or '-'}"
 
 
+def stored_chat_key(completion_id: str) -> str:
+    """Hash of a stored chat completion (`store: true`): the answer, its messages, its metadata."""
+    return f"{_API}:chatcmpl:{completion_id}"
+
+
+def owner_stored_chats(owner: str) -> str:
+    """Sorted set of an API key's stored chat completion ids, scored by creation time (for listing)."""
+    return f"{_API}:chatcmpls:{owner or '-'}"
+
+
 def batch_key(batch_id: str) -> str:
     """Hash of one batch: `object` (its fixed fields, JSON), `status`, timestamps, file ids, `errors`."""
     return f"{_API}:batch:{batch_id}"

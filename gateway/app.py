@@ -18,6 +18,7 @@ from gateway.api import (
     routes_models,
     routes_requests,
     routes_responses,
+    routes_stored_chat,
     routes_tokenizer,
 )
 from gateway.api.error_handlers import install_error_handlers
@@ -95,6 +96,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     app.include_router(routes_requests.router)
     app.include_router(routes_models.router)
     app.include_router(routes_tokenizer.router)
+    app.include_router(routes_stored_chat.router)
     app.include_router(routes_messages.router)
     app.include_router(routes_metrics.router)
     app.include_router(routes_dashboard.router)

@@ -105,6 +105,10 @@ class GatewaySettings(BaseSettings):
     # A request still waiting for its first step after this long fails with a `queue_timeout` error.
     max_queue_wait_s: float = Field(default=600.0, gt=0)
 
+    # --- stored chat completions (store: true) ---------------------------------------------------
+    # How long a stored chat completion is kept, from when it was answered (OpenAI keeps them 30 days).
+    stored_completions_ttl_s: int = Field(default=30 * 24 * 3600, gt=0)
+
     # --- files and batches (OpenAI Files and Batch API) ------------------------------------------
     # Largest file POST /v1/files accepts (413 past it); files are kept in Redis.
     max_file_bytes: int = Field(default=64 * 1024 * 1024, gt=0)

@@ -13,6 +13,7 @@ from starlette.responses import JSONResponse, StreamingResponse
 
 from gateway.app_state import GatewayState
 from gateway.generation.admission import admit
+from gateway.generation.stored import save, storing
 from gateway.streaming.sse import SSE_HEADERS
 from gateway.streaming.sse_stream import stream_sse
 from openai_frontend.follow.collect import collect
@@ -50,11 +51,18 @@ async def generate(
     follow = client_follow(requests, state.settings.resume_grace_s)
     if request.stream:
         chunks = endpoint.chunks(rid, created, state.served.name, request, formatter, requests)
+        events = stream_sse(
+            state.runner, requests, chunks, follow, keepalive_s=state.settings.sse_keepalive_s
+        )
+        if request.store and isinstance(body, ChatCompletionRequest):
+            events = storing(events, state, http_request, body, requests)
         return StreamingResponse(
-            stream_sse(state.runner, requests, chunks, follow, keepalive_s=state.settings.sse_keepalive_s),
+            events,
             media_type="text/event-stream",
             headers={**SSE_HEADERS, **headers},
         )
     done = await collect(state.runner, requests, http_request, follow)
     answer = endpoint.body(requests, done, rid, created, state.served.name, formatter)
+    if request.store and isinstance(body, ChatCompletionRequest):
+        await save(state, http_request, body, answer)
     return JSONResponse(answer, headers=headers)

@@ -43,7 +43,6 @@ def check_model(requested: str | None, served: ServedModel) -> None:
 # billing, storage, safety checks) without the client knowing.
 _UNSUPPORTED_COMMON: dict[str, tuple[Any, ...]] = {
     "service_tier": ("auto", "default"),
-    "store": (False,),  # until stored chat completions exist
 }
 _UNSUPPORTED_CHAT: dict[str, tuple[Any, ...]] = {
     **_UNSUPPORTED_COMMON,
@@ -54,7 +53,12 @@ _UNSUPPORTED_CHAT: dict[str, tuple[Any, ...]] = {
     "prediction": (),
     "web_search_options": (),
 }
-_UNSUPPORTED_COMPLETION: dict[str, tuple[Any, ...]] = {**_UNSUPPORTED_COMMON, "suffix": ("",)}
+# Stored completions are chat's (GET /v1/chat/completions/{id}); OpenAI stores no legacy completion.
+_UNSUPPORTED_COMPLETION: dict[str, tuple[Any, ...]] = {
+    **_UNSUPPORTED_COMMON,
+    "suffix": ("",),
+    "store": (False,),
+}
 _UNSUPPORTED_MESSAGE = ("function_call", "refusal", "audio")
 
 

@@ -45,7 +45,6 @@ SAMPLING: dict[str, Row] = {
     "temperature": (0.5, HONOURED, {}),
     "top_p": (0.5, HONOURED, {}),
     "user": ("user-1", HONOURED, {}),
-    "store": (True, REFUSED, {}),
     "service_tier": ("flex", REFUSED, {}),
     "safety_identifier": ("s-1", HONOURED, {}),  # the request's end user
     # vLLM's extensions
@@ -97,6 +96,7 @@ FIELDS: dict[str, dict[str, Row]] = {
         "truncate_prompt_tokens": (1, HONOURED, {"prompt": "Return the value"}),  # "hi" is one token
         "best_of": (2, REFUSED, {}),  # best_of == n is the same request; more candidates are not ranked
         "suffix": ("end", REFUSED, {}),
+        "store": (True, REFUSED, {}),  # OpenAI stores chat completions only
     },
 }
 # Honoured without a difference this test can see from one request: `model` must name the served
@@ -114,9 +114,14 @@ NO_VISIBLE_EFFECT: dict[str, Any] = {
     "include_stop_str_in_output": True,
     "add_special_tokens": True,
 }
-# Chat's own: the ChatML template reads no extra variable (one that does: test_vllm_options.py).
+# Chat's own: the ChatML template reads no extra variable (one that does: test_vllm_options.py), and
+# a stored completion answers as any other.
 NO_VISIBLE_EFFECT_BY_PATH: dict[str, dict[str, Any]] = {
-    CHAT: {**NO_VISIBLE_EFFECT, "chat_template_kwargs": {"enable_thinking": True}},
+    CHAT: {
+        **NO_VISIBLE_EFFECT,
+        "chat_template_kwargs": {"enable_thinking": True},
+        "store": True,  # kept for GET /v1/chat/completions/{id} (test_stored_chat.py)
+    },
     COMPLETIONS: NO_VISIBLE_EFFECT,
 }
 REQUIRED = {CHAT: {"messages"}, COMPLETIONS: {"prompt"}}

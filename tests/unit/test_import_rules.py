@@ -36,6 +36,7 @@ FRONTEND_LAYERS = (
     "responses",  # the Responses API
     "anthropic",  # the Anthropic Messages API, as chat requests
     "batch",  # the Files and Batch APIs
+    "stored",  # stored chat completions (store: true)
 )
 FRONTEND = ROOT / "openai_frontend"
 # The gateway's folders and the folders each may not import: the routes (api/) use the rest, never the

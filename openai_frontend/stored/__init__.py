@@ -1,0 +1,1 @@
+"""Stored chat completions (`store: true`), OpenAI's: kept per API key, listed, updated, deleted."""

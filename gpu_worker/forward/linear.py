@@ -1,7 +1,10 @@
 """Linear layers in the weight format WORKER_QUANTIZATION picks, quantized at load from the
 checkpoint's weights.
 
-- `None`: the checkpoint's dtype, `F.linear`.
+- `None`: the checkpoint's dtype. On the CPU at float32 the weight is reordered once, at load, into
+  oneDNN's blocked layout and multiplied by oneDNN (`cbserve::packed_linear`): MKL's sgemm, which
+  `F.linear` calls, takes a slow path on AMD hosts, and a packed weight is read in the order the
+  kernel walks it. Elsewhere `F.linear`.
 - `int8` (CPU): int8 weights with one scale per output channel, activations quantized per token at
   each call (W8A8 dynamic), multiplied by `torch._int_mm` (int8 x int8 -> int32): a quarter of fp32's
   weight bytes and int8 arithmetic. Per-token activation scales, not one per tensor (fbgemm's
@@ -26,9 +29,36 @@ FP8_MAX = float(torch.finfo(FP8).max)
 INT8_MAX = 127.0
 
 
+# The token count the weight's blocked layout is chosen for: a decode step of 16 sequences.
+PACK_ROWS_HINT = 16
+
+
+@torch.library.custom_op("cbserve::packed_linear", mutates_args=())
+def packed_linear(
+    x: torch.Tensor, weight_packed: torch.Tensor, bias: torch.Tensor | None, out_features: int
+) -> torch.Tensor:
+    """x [T, in] float32 -> [T, out], the weight in oneDNN's blocked layout. Opaque to inductor, whose
+    own lowering of this call accepts only weights frozen into the graph as constants."""
+    return torch.ops.mkldnn._linear_pointwise(x.contiguous(), weight_packed, bias, "none", [], "")
+
+
+@packed_linear.register_fake
+def _(
+    x: torch.Tensor, weight_packed: torch.Tensor, bias: torch.Tensor | None, out_features: int
+) -> torch.Tensor:
+    return x.new_empty(x.shape[0], out_features)
+
+
+def packs_on_cpu(weight: torch.Tensor) -> bool:
+    return (
+        weight.device.type == "cpu" and weight.dtype == torch.float32 and torch.backends.mkldnn.is_available()
+    )
+
+
 class Linear(nn.Module):
     """y = x W^T + b with W stored as `quantization` says."""
 
+    weight_packed: torch.Tensor  # float32 in oneDNN's blocked layout (torch._mkldnn), [out, in]
     weight_q: torch.Tensor  # int8 [in, out] (the layout torch._int_mm reads) or float8 [out, in]
     weight_scale: torch.Tensor  # [1, out] float32
 
@@ -39,6 +69,11 @@ class Linear(nn.Module):
         self.quantization = quantization
         self.out_features, self.in_features = weight.shape
         self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
+        self.packed = quantization is None and packs_on_cpu(weight)
+        if self.packed:
+            packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), PACK_ROWS_HINT)
+            self.register_buffer("weight_packed", packed)
+            return
         if quantization is None:
             self.weight = nn.Parameter(weight.detach(), requires_grad=False)
             return
@@ -48,6 +83,8 @@ class Linear(nn.Module):
         self.register_buffer("weight_scale", scale.view(1, -1))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.packed:
+            return packed_linear(x, self.weight_packed, self.bias, self.out_features)
         if self.quantization is None:
             return F.linear(x, self.weight, self.bias)
         flat = x.reshape(-1, self.in_features)
@@ -74,7 +111,8 @@ class Linear(nn.Module):
         )
 
     def extra_repr(self) -> str:
-        return f"{self.in_features} -> {self.out_features}, weights {self.quantization or 'as loaded'}"
+        weights = self.quantization or ("packed for oneDNN" if self.packed else "as loaded")
+        return f"{self.in_features} -> {self.out_features}, weights {weights}"
 
 
 def quantize_fp8_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -28,6 +28,7 @@ from transformers import (
 from common.protocol import SamplingParams
 from gpu_worker.forward.compile import CompiledForward
 from gpu_worker.forward.decoder import Decoder
+from gpu_worker.forward.linear import Linear
 from gpu_worker.model_runner import ModelRunner
 from tests.harness.family_models import SMALL
 from tests.harness.worker_steps import new_request, prefill_step
@@ -97,11 +98,22 @@ def test_merged_gemms_read_the_checkpoints_weights(tiny_model_dir: Path) -> None
     decoder = Decoder(hf, None)
     layer: Any = hf.model.layers[1]
     attn, mlp = layer.self_attn, layer.mlp
-    merged = decoder.layers[1].qkv_proj.weight
+    # The weight as the layer multiplies by it, whatever its stored layout: x = I gives W^T exactly.
+    qkv, gate_up = decoder.layers[1].qkv_proj, decoder.layers[1].gate_up_proj
+    with torch.inference_mode():
+        merged = qkv(torch.eye(qkv.in_features)).t()
+        merged_mlp = gate_up(torch.eye(gate_up.in_features)).t()
     assert torch.equal(merged, torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]))
-    assert torch.equal(
-        decoder.layers[1].gate_up_proj.weight, torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])
-    )
+    assert torch.equal(merged_mlp, torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]))
+
+
+def test_fp32_weights_are_packed_for_onednn_on_the_cpu(tiny_model_dir: Path) -> None:
+    hf = LlamaForCausalLM.from_pretrained(tiny_model_dir)
+    decoder = Decoder(hf, None)
+    assert all(lin.packed for lin in decoder.modules() if isinstance(lin, Linear))
+    x = torch.randn(5, hf.config.hidden_size)
+    with torch.inference_mode():
+        torch.testing.assert_close(decoder.lm_head(x), hf.lm_head(x), rtol=1e-5, atol=1e-5)
 
 
 def _first_logits(runner: ModelRunner, prompt: list[int]) -> torch.Tensor:

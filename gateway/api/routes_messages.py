@@ -29,11 +29,10 @@ from openai_frontend.anthropic.schemas import CountTokensRequest, MessagesReques
 from openai_frontend.anthropic.stream import message_events
 from openai_frontend.follow.collect import collect
 from openai_frontend.follow.request_runner import FollowPolicy
-from openai_frontend.generate.prompts import chat_prompt_ids
+from openai_frontend.generate.request_builder import prompt_ids_of
 from openai_frontend.generate.validation import check_model
 from openai_frontend.model.served_model import ServedModel
 from openai_frontend.protocol.openai_schemas import ChatCompletionRequest
-from openai_frontend.tools.tool_choice import tool_use
 
 router = APIRouter()
 State = Annotated[GatewayState, Depends(get_state)]
@@ -70,8 +69,7 @@ async def create_message(body: MessagesRequest, http_request: Request, state: St
 
 def _num_prompt_tokens(chat: ChatCompletionRequest, served: ServedModel) -> int:
     check_model(chat.model, served)
-    tools = tool_use(chat, served)  # the tools' checks, and what the template lists
-    return len(chat_prompt_ids(chat.messages, served, tools.tools))
+    return len(prompt_ids_of(chat, served))  # what the chat request would queue, tools included
 
 
 @router.post("/v1/messages/count_tokens")

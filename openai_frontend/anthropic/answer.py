@@ -15,7 +15,7 @@ import pydantic_core
 from openai_frontend.follow.collect import Completed
 from openai_frontend.generate.request import PreparedRequest
 from openai_frontend.model.tokenizer import ModelTokenizer
-from openai_frontend.responses.items import CallItem, Item, output_items
+from openai_frontend.responses.items import CallItem, Item, ReasoningItem, output_items
 
 _CALL_PREFIX, _TOOL_USE_PREFIX = "call_", "toolu_"
 
@@ -42,12 +42,16 @@ def opened_block(item: Item) -> dict[str, Any]:
     """A block as `content_block_start` shows it: before any of its text or input."""
     if isinstance(item, CallItem):
         return {"type": "tool_use", "id": tool_use_id(item.call_id), "name": item.name, "input": {}}
+    if isinstance(item, ReasoningItem):  # a thinking model's thoughts (reasoning/): unsigned
+        return {"type": "thinking", "thinking": "", "signature": ""}
     return {"type": "text", "text": ""}
 
 
 def block(item: Item) -> dict[str, Any]:
     if isinstance(item, CallItem):
         return {**opened_block(item), "input": tool_input(item.arguments)}
+    if isinstance(item, ReasoningItem):
+        return {**opened_block(item), "thinking": item.text}
     return {"type": "text", "text": item.text}
 
 

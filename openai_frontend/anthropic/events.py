@@ -46,6 +46,9 @@ class MessageEvents:
             elif kind == "text":
                 delta = {"type": "text_delta", "text": piece}
                 events.append(event("content_block_delta", index=index, delta=delta))
+            elif kind == "reasoning":
+                delta = {"type": "thinking_delta", "thinking": piece}
+                events.append(event("content_block_delta", index=index, delta=delta))
             elif kind == "arguments":
                 delta = {"type": "input_json_delta", "partial_json": piece}
                 events.append(event("content_block_delta", index=index, delta=delta))

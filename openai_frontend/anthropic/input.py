@@ -5,10 +5,11 @@ content and each `tool_result` block a `tool` message answering the call it name
 text starts with "Error: ", so the model reads that the tool failed); an assistant message's text
 blocks are its content and its `tool_use` blocks chat's `tool_calls`. Text blocks are joined with
 "\n", as chat joins text parts, and consecutive messages of one role are one turn, as Anthropic reads
-them. `max_tokens`, `stop_sequences`, temperature, top_p and top_k carry over, `metadata.user_id` is
-chat's `user`, `output_config.format` chat's `response_format`, tools and tool_choice chat's
-(tools.py). From there it is exactly a chat request: same template, tokenization, checks, grammar and
-text (the tests compare the two endpoints' greedy text).
+them; a final assistant message is continued (chat's `continue_final_message`). `max_tokens`,
+`stop_sequences`, temperature, top_p and top_k carry over, `metadata.user_id` is chat's `user`,
+`output_config.format` chat's `response_format`, tools and tool_choice chat's (tools.py). From there
+it is exactly a chat request: same template, tokenization, checks, grammar and text (the tests compare
+the two endpoints' greedy text).
 """
 
 from __future__ import annotations
@@ -136,11 +137,19 @@ def chat_messages(body: CountTokensRequest) -> list[ChatMessage]:
                 messages.append(_tool_message(block, call_ids, param))
         if texts or calls or message.role == "assistant":
             _turn(messages, message.role, "\n".join(texts) if texts else None, calls)
-    if body.messages[-1].role == "assistant":
-        raise _unsupported(
-            "a final assistant message (prefill) is not supported by this server; end with a user message"
-        )
     return messages
+
+
+def _check_prefill(final: ChatMessage) -> None:
+    """A final assistant message is continued (chat's continue_final_message): text only, and, as
+    Anthropic requires, without trailing whitespace."""
+    if final.tool_calls:
+        raise invalid_request("a final assistant message with tool_use blocks cannot be continued")
+    text = final.content if isinstance(final.content, str) else ""
+    if not text:
+        raise invalid_request("a final assistant message must have text content to continue")
+    if text != text.rstrip():
+        raise invalid_request("final assistant content cannot end with trailing whitespace")
 
 
 def _check_unsupported(body: CountTokensRequest) -> None:
@@ -198,9 +207,16 @@ def chat_request(body: CountTokensRequest) -> ChatCompletionRequest:
     if isinstance(body, MessagesRequest):
         fields = body.model_dump(include={"max_tokens", "temperature", "top_p", "top_k"}, exclude_none=True)
         fields.update(stop=body.stop_sequences, stream=bool(body.stream), user=_user(body.metadata))
+    messages = chat_messages(body)
+    # A final assistant turn is a prefill: the answer continues it rather than opening a new turn.
+    prefill = body.messages[-1].role == "assistant"
+    if prefill:
+        _check_prefill(messages[-1])
     return ChatCompletionRequest(
         model=body.model,
-        messages=chat_messages(body),
+        messages=messages,
+        add_generation_prompt=not prefill,
+        continue_final_message=prefill,
         tools=chat_tools(body.tools),
         tool_choice=tool_choice,
         parallel_tool_calls=parallel,

@@ -41,7 +41,7 @@ def grammar_after_thoughts(output: StructuredOutput, open_in_prompt: bool) -> St
     thoughts: dict[str, Any] = {
         "type": "tag",
         "begin": "" if open_in_prompt else OPEN,
-        "content": {"type": "any_text"},
+        "content": {"type": "any_text", "excludes": [OPEN]},  # thoughts do not nest
         "end": CLOSE,
     }
     if not open_in_prompt:

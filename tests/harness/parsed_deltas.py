@@ -50,3 +50,11 @@ def sdk_stream(stream: Any) -> dict[int, dict[str, Any]]:
             got["tokens"] += len(c.logprobs.content or []) if c.logprobs else 0
             got["finish"] = c.finish_reason or got["finish"]
     return choices
+
+
+def forced_call(choice: Any) -> Any:
+    """The one call of an SDK chat choice whose call was forced (parallel_tool_calls false)."""
+    assert choice.finish_reason == "tool_calls", choice.message
+    [call] = choice.message.tool_calls or []
+    assert call.id.startswith("call_") and call.type == "function"
+    return call

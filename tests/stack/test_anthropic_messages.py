@@ -123,6 +123,25 @@ def test_create_is_the_chat_answer(claude: anthropic.Anthropic, client: openai.O
     assert count.input_tokens == message.usage.input_tokens
 
 
+def test_a_final_assistant_message_is_continued(claude: anthropic.Anthropic, client: openai.OpenAI) -> None:
+    """A prefill: the answer continues the assistant's text (chat's continue_final_message), and holds
+    only what follows it, as Anthropic's does."""
+    prefill = {"role": "assistant", "content": "A tuple is"}
+    message = _create(claude, messages=[*CONVERSATION, prefill], max_tokens=12)
+    chat = client.chat.completions.create(
+        model=MODEL,
+        messages=[*CHAT_CONVERSATION, prefill],  # type: ignore[list-item]
+        max_tokens=12,
+        temperature=0.0,
+        extra_body={"continue_final_message": True, "add_generation_prompt": False},
+    )
+    assert _text(message) == chat.choices[0].message.content
+    assert chat.usage is not None and message.usage.input_tokens == chat.usage.prompt_tokens
+    assert _text(message) != _text(_create(claude, max_tokens=12))  # not a new turn
+    count = claude.messages.count_tokens(model=MODEL, system=SYSTEM, messages=[*CONVERSATION, prefill])  # type: ignore[arg-type, list-item]
+    assert count.input_tokens == message.usage.input_tokens
+
+
 def test_metadata_user_id_is_kept_with_the_request(stack: Stack, claude: anthropic.Anthropic) -> None:
     _create(claude, max_tokens=2, metadata={"user_id": "user-anthropic-2"})
     with stack.redis() as r:
@@ -344,7 +363,7 @@ def _refused(
             },
             "'image'",
         ),
-        ({"messages": [*CONVERSATION, {"role": "assistant", "content": "Well,"}]}, "prefill"),
+        ({"messages": [*CONVERSATION, {"role": "assistant", "content": "Well, "}]}, "trailing whitespace"),
         ({"extra_body": {"thinking": {"type": "enabled", "budget_tokens": 1024}}}, "thinking"),
         ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "web_search_20250305"),
         ({"tools": TOOLS, "tool_choice": {"type": "tool", "name": "nope"}}, "'nope'"),
@@ -365,7 +384,7 @@ def _refused(
     ],
     ids=[
         "image",
-        "prefill",
+        "prefill-space",
         "thinking",
         "server-tool",
         "unknown-tool",

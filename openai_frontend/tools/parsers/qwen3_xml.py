@@ -1,7 +1,7 @@
 """Qwen3-Coder's XML tool calls: `<tool_call>\n<function=name>\n<parameter=key>\nvalue\n</parameter>\n
 </function>\n</tool_call>`. A value is raw text for a parameter whose schema is a string, JSON
 otherwise (as the template writes it: strings as they are, the rest `tojson`); a value that is not
-JSON is read as a string, as vLLM's qwen3_coder parser does.
+JSON is read as a string, as vLLM's qwen3_coder parser does. Blanks around a value are dropped.
 
 A call opens at `<function=name>`; its arguments are a JSON object built from the parameters, given
 out one whole parameter at a time (`{"key": value`, `, "key2": value`, then `}`), so the pieces still
@@ -77,8 +77,9 @@ def _calls(string_params: StringParams, text: str, at: int, final: bool) -> Read
 
 
 def _value(raw: str, is_string: bool) -> str:
-    """A parameter's value as JSON text; the newlines the template puts around it are not part of it."""
-    raw = raw.removeprefix("\n").removesuffix("\n")
+    """A parameter's value as JSON text. The blanks around it are not part of it: the template puts
+    a newline each side, the forcing grammar allows up to two blanks (xgrammar's qwen_xml style)."""
+    raw = raw.strip()
     if not is_string:
         try:
             return json.dumps(json.loads(raw), ensure_ascii=False)

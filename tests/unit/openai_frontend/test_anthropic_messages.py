@@ -137,6 +137,16 @@ def test_tools_and_tool_choice_are_chats(tool_choice: Any, chat_choice: Any, par
     assert (chat.tool_choice, chat.parallel_tool_calls) == (chat_choice, parallel)
 
 
+def test_a_final_assistant_message_is_continued() -> None:
+    chat = chat_request(
+        _body(messages=[{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Well,"}])
+    )
+    assert chat.messages[-1].model_dump(exclude_none=True) == {"role": "assistant", "content": "Well,"}
+    assert (chat.continue_final_message, chat.add_generation_prompt) == (True, False)
+    plain = chat_request(_body())
+    assert (plain.continue_final_message, plain.add_generation_prompt) == (False, True)
+
+
 def test_output_config_format_is_a_json_schema() -> None:
     chat = chat_request(_body(output_config={"format": {"type": "json_schema", "schema": SCHEMA}}))
     assert chat.response_format is not None and chat.response_format.type == "json_schema"
@@ -178,8 +188,21 @@ def test_count_tokens_body_is_the_same_prompt() -> None:
         ),
         ({"messages": [{"role": "system", "content": "x"}]}, "role"),
         (
-            {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Well"}]},
-            "prefill",
+            {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Well "}]},
+            "trailing",
+        ),
+        (
+            {
+                "tools": [TOOL],
+                "messages": [
+                    {"role": "user", "content": "Hi"},
+                    {
+                        "role": "assistant",
+                        "content": [{"type": "tool_use", "id": "t", "name": "get_weather", "input": {}}],
+                    },
+                ],
+            },
+            "cannot be continued",
         ),
         (
             {

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections.abc import AsyncGenerator, Coroutine
@@ -94,10 +95,14 @@ class RequestRunner:
         message = request.message
         meta = request if keep_meta else None
         await retry_async(lambda: self._submit_once(message, meta), SUBMIT_RETRY_S)
+        # The client's end user and labels go to the log with it, for abuse tracing and accounting.
+        labels = f", user {message.user!r}" if message.user else ""
+        labels += f", metadata {json.dumps(request.metadata, sort_keys=True)}" if request.metadata else ""
         logger.info(
-            "request queued: %d prompt tokens, max_tokens %d",
+            "request queued: %d prompt tokens, max_tokens %d%s",
             len(message.prompt_token_ids),
             message.sampling_params.max_tokens,
+            labels,
             extra={"request_id": request.req_id},
         )
 

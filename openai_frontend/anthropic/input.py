@@ -30,8 +30,16 @@ _BLOCK_FIELDS = {
     "text": {"text", "citations"},
     "tool_use": {"id", "name", "input", "caller"},
     "tool_result": {"tool_use_id", "content", "is_error"},
+    "thinking": {"thinking", "signature"},
+    "redacted_thinking": {"data"},
 }
-_ROLE_BLOCKS = {"user": ("text", "tool_result"), "assistant": ("text", "tool_use")}
+_ROLE_BLOCKS = {
+    "user": ("text", "tool_result"),
+    "assistant": ("text", "tool_use", "thinking", "redacted_thinking"),
+}
+# An earlier answer's thoughts, sent back with it: left out of the prompt, as Anthropic leaves out
+# earlier turns' thinking and chat templates of thinking models drop earlier thoughts.
+_DROPPED_BLOCKS = ("thinking", "redacted_thinking")
 ERROR_PREFIX = "Error: "  # starts the text of a tool_result with is_error
 
 
@@ -123,6 +131,8 @@ def chat_messages(body: CountTokensRequest) -> list[ChatMessage]:
         for j, block in enumerate(_blocks(message.content)):
             param = f"messages[{i}].content[{j}]"
             _check_block(block, kinds, param)
+            if block.type in _DROPPED_BLOCKS:
+                continue
             if block.type == "text":
                 if block.text is None:
                     raise invalid_request(f"{param}.text: Field required")

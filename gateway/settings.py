@@ -63,6 +63,9 @@ class GatewaySettings(BaseSettings):
     # Per key (or for everyone together when no keys are set); 0 turns the limit off.
     rate_limit_rpm: int = Field(default=0, ge=0)  # requests per minute
     rate_limit_tpm: int = Field(default=0, ge=0)  # prompt + max_tokens (x n) per minute
+    # Per end user of a key (the request's safety_identifier, or user), on top of the key's own.
+    rate_limit_user_rpm: int = Field(default=0, ge=0)
+    rate_limit_user_tpm: int = Field(default=0, ge=0)
 
     # --- limits ---------------------------------------------------------------------------------
     # Larger bodies are refused (413) before any JSON is parsed.

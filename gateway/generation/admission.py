@@ -64,5 +64,5 @@ async def checked_requests(
     # Each prompt once, and every choice's output.
     num_tokens = sum(r.num_prompt_tokens for r in requests[:: request.n])
     num_tokens += sum(r.message.sampling_params.max_tokens for r in requests)
-    await state.rate_limiter.check(owner, num_tokens)
+    await state.rate_limiter.check(owner, num_tokens, request.message.user)
     return requests

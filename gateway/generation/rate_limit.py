@@ -1,4 +1,6 @@
-"""Per-owner requests- and tokens-per-minute limits, counted in Redis so every gateway shares them.
+"""Per-owner requests- and tokens-per-minute limits, counted in Redis so every gateway shares them;
+optionally also per end user of an owner (the request's `safety_identifier`, or `user`), so one
+tenant of a shared key cannot use the whole key's budget.
 
 A fixed one-minute window, checked and counted in one Lua script (atomic, and timed by Redis's own
 clock so gateways with skewed clocks agree). A refused request is not counted. Tokens are what a
@@ -54,16 +56,25 @@ class RateLimits:
 
 
 class RateLimiter:
-    def __init__(self, redis: aioredis.Redis, limits: RateLimits) -> None:
+    def __init__(
+        self, redis: aioredis.Redis, limits: RateLimits, user_limits: RateLimits | None = None
+    ) -> None:
         self._limits = limits
+        self._user_limits = user_limits or RateLimits(0, 0)
         self._script = redis.register_script(_SCRIPT)
         # None: windows follow Redis's clock. A test sets a clock of its own so that no window ends
         # while it runs.
         self.clock: Callable[[], float] | None = None
 
-    async def check(self, owner: str, num_tokens: int) -> None:
-        """Count one request of `num_tokens` for `owner`, or raise a 429 OpenAIError without counting."""
-        limits = self._limits
+    async def check(self, owner: str, num_tokens: int, user: str = "") -> None:
+        """Count one request of `num_tokens` for `owner` (and for its end `user` when there are
+        per-user limits), or raise a 429 OpenAIError. The end user's limit is checked first: a request
+        it refuses costs the key nothing (one the key's limit then refuses has counted for the user)."""
+        if user and self._user_limits.enabled:
+            await self._check(f"{owner}/{user}", self._user_limits, num_tokens, f" for end user {user!r}")
+        await self._check(owner, self._limits, num_tokens, "")
+
+    async def _check(self, counter: str, limits: RateLimits, num_tokens: int, whose: str) -> None:
         if not limits.enabled:
             return
         tpm = limits.tokens_per_minute
@@ -77,7 +88,7 @@ class RateLimiter:
                 code="rate_limit_exceeded",
             )
         reply = await self._script(
-            keys=[rate_limit_key(owner)],
+            keys=[rate_limit_key(counter)],
             args=[limits.requests_per_minute, tpm, num_tokens, WINDOW_S]
             + ([] if self.clock is None else [self.clock()]),
         )
@@ -90,7 +101,7 @@ class RateLimiter:
             detail = f"tokens per min (TPM): Limit {tpm}, Used {used}, Requested {num_tokens}"
         raise OpenAIError(
             429,
-            f"Rate limit reached on {detail}. Please try again in {retry_after}s.",
+            f"Rate limit reached{whose} on {detail}. Please try again in {retry_after}s.",
             type=kind,
             code="rate_limit_exceeded",
             headers={"Retry-After": str(retry_after)},

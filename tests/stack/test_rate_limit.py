@@ -127,3 +127,25 @@ def test_without_keys_everyone_shares_one_budget(
     assert gateway.client.post("/v1/completions", json=_body()).status_code == 200
     _assert_429(gateway.client.post("/v1/completions", json=_body()), "requests")
     assert gateway.harness.redis.ttl(rate_limit_key("")) > 0  # counters expire on their own
+
+
+def test_each_end_user_of_a_key_has_its_own_limit_within_the_keys(
+    make_gateway: Callable[..., RunningGateway], responder: Responder
+) -> None:
+    """safety_identifier (or user) is the tenant: one end user's burst leaves the others their share."""
+    gateway = make_gateway(api_key_hashes=KEYS, rate_limit_rpm=3, rate_limit_user_rpm=1)
+    post = gateway.client.post
+    assert post("/v1/completions", json=_body(safety_identifier="u1"), headers=ALICE).status_code == 200
+    error = _assert_429(
+        post("/v1/completions", json=_body(safety_identifier="u1"), headers=ALICE), "requests"
+    )
+    assert "end user 'u1'" in error["message"]
+    # Another end user, named either way, has its own minute; the key's own limit still holds over all.
+    assert post("/v1/completions", json=_body(user="u2"), headers=ALICE).status_code == 200
+    assert post("/v1/completions", json=_body(safety_identifier="u3"), headers=ALICE).status_code == 200
+    error = _assert_429(
+        post("/v1/completions", json=_body(safety_identifier="u4"), headers=ALICE), "requests"
+    )
+    assert "end user" not in error["message"]
+    # Bob's u1 is not Alice's.
+    assert post("/v1/completions", json=_body(safety_identifier="u1"), headers=BOB).status_code == 200

@@ -1,6 +1,7 @@
 """The Triton attention backend's kernels against the torch backend (the reference), under Triton's
 interpreter on CPU tensors: block sizes, GQA ratios, ragged and long contexts, chunked prefill over
-cached context, shuffled block tables with holes, float32 and bfloat16."""
+cached context, shuffled block tables with holes, float32 and bfloat16, sliding windows, softcapping
+and sinks (the torch backend's against transformers' eager attention: test_attention_variants.py)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import torch
 
 from gpu_worker.attention_torch import TorchAttentionBackend
 from gpu_worker.attention_triton import TritonAttentionBackend
+from gpu_worker.attention_variant import PLAIN, AttentionVariant
 from gpu_worker.triton_kernels.kv_write import kv_write
 from gpu_worker.triton_kernels.paged_decode import paged_decode
 from tests.harness.paged_steps import DEVICE, make_step, pool
@@ -45,8 +47,29 @@ def test_long_context_matches_torch_backend(dtype: torch.dtype) -> None:
     _check_step(LONG_SEQS, 16, 4, dtype)
 
 
+# Every feature at once, in a window shorter than most contexts, and each alone.
+SINKS = [0.5, -1.0, 2.0, 0.0, 1.0, -0.5, 3.0, 0.25]  # one per query head
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("variant", ["window", "softcap", "sinks", "all"])
+def test_variant_matches_torch_backend(variant: str, dtype: torch.dtype) -> None:
+    sinks = torch.tensor(SINKS, device=DEVICE, dtype=dtype)
+    variants = {
+        "window": AttentionVariant(window=21),
+        "softcap": AttentionVariant(softcap=2.0),
+        "sinks": AttentionVariant(sinks=sinks),
+        "all": AttentionVariant(window=21, softcap=2.0, sinks=sinks),
+    }
+    _check_step(SEQS, 16, 4, dtype, variants[variant])
+
+
 def _check_step(
-    seqs: list[tuple[int, int]], block_size: int, queries_per_kv: int, dtype: torch.dtype
+    seqs: list[tuple[int, int]],
+    block_size: int,
+    queries_per_kv: int,
+    dtype: torch.dtype,
+    variant: AttentionVariant = PLAIN,
 ) -> None:
     """One step of `seqs` through the triton backend and the torch backend (in float32, on the same
     pool): same output, same pool after."""
@@ -54,7 +77,7 @@ def _check_step(
     triton_backend = TritonAttentionBackend(pool(num_blocks, block_size, NUM_KV_HEADS, HEAD_DIM, dtype))
     step = make_step(triton_backend, seqs, num_heads=NUM_KV_HEADS * queries_per_kv, dtype=dtype)
     assert step.common.num_decodes == sum(n == 1 for _, n in seqs)
-    out = triton_backend.forward(0, step.query, step.key, step.value, step.common, scale=HEAD_DIM**-0.5)
+    out = triton_backend.forward(0, step.query, step.key, step.value, step.common, HEAD_DIM**-0.5, variant)
 
     # The reference in float32 on the same pool: its KV write is index_copy_ at the same slots.
     reference = TorchAttentionBackend(
@@ -68,7 +91,8 @@ def _check_step(
         step.key.float(),
         step.value.float(),
         reference.build_metadata(step.common),
-        scale=HEAD_DIM**-0.5,
+        HEAD_DIM**-0.5,
+        variant,
     )
     assert not out.isnan().any()
     torch.testing.assert_close(out.float(), expected, **_tolerance(dtype))

@@ -25,6 +25,7 @@ from gateway.api.error_handlers import install_error_handlers
 from gateway.app_state import GatewayState
 from gateway.batch_queue import BatchQueue
 from gateway.cell_router import CellRouter
+from gateway.generation.cell_guard import CellGuard
 from gateway.generation.rate_limit import RateLimiter, RateLimits
 from gateway.model_loader import load_served_model
 from gateway.observability.metrics import GatewayMetrics
@@ -82,6 +83,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
                 settings.cell_prefix_blocks,
                 discover=settings.discover_cells,
             ),
+            cell_guard=CellGuard(settings.redis_memory_headroom),
         )
         try:
             yield

@@ -10,6 +10,7 @@ from starlette.requests import Request
 from common.streams import CellKeys, cell_keys
 from gateway.batch_queue import BatchQueue
 from gateway.cell_router import CellRouter
+from gateway.generation.cell_guard import CellGuard
 from gateway.generation.rate_limit import RateLimiter
 from gateway.observability.metrics import GatewayMetrics
 from gateway.settings import GatewaySettings
@@ -33,6 +34,7 @@ class GatewayState:
     batch_queue: BatchQueue  # hands new batches to the Celery workers
     responses: ResponsesRunner  # the Responses API's responses and their store
     router: CellRouter  # which cell a new request goes to
+    cell_guard: CellGuard  # whether that cell takes a new request now (a batcher, Redis headroom)
 
     @property
     def keys(self) -> CellKeys:

@@ -1,10 +1,12 @@
 """What GET /health checks: 200 only while the gateway's requests can be served.
 
 Redis answers and takes writes (a small SET: a full Redis under `noeviction`, a read-only replica or a
-failed RDB save refuse it), a batcher of one of the gateway's cells has published its stats recently
-(the active batcher refreshes `updated_at` twice a second), and a worker heartbeats. Each failure is a
-503 naming which, never an internal address. A cell whose batcher never wrote its stats (a new Redis,
-one restarted without AOF, a test driving the protocol by hand) is not judged on its batcher.
+failed RDB save refuse it) and has the headroom admission keeps (GATEWAY_REDIS_MEMORY_HEADROOM of its
+`maxmemory` free), a batcher of one of the gateway's cells has published its stats recently
+or holds its lease (common/batcher_liveness.py), and a worker heartbeats. Each failure is a 503
+naming which, never an internal address. A cell with no batcher stats, no lease and no registered
+worker (a new Redis, one restarted without AOF, a test driving the protocol by hand) is not judged on
+its batcher.
 """
 
 from __future__ import annotations
@@ -16,14 +18,16 @@ from typing import Any
 
 import redis.exceptions
 
+from common.batcher_liveness import BATCHER_SILENT_S, batcher_state
 from common.redis_refusal import refuses_writes
 from common.streams import cell_keys
 from gateway.app_state import GatewayState
+from gateway.generation.redis_memory import memory_use
+
+__all__ = ["BATCHER_SILENT_S", "Health", "check"]
 
 # A probe must answer quickly even when Redis hangs.
 REDIS_TIMEOUT_S = 2.0
-# A batcher silent this long is gone (as `python -m batcher --healthcheck` judges it).
-BATCHER_SILENT_S = 10.0
 RETRY_AFTER_S = "2"
 
 
@@ -60,14 +64,17 @@ async def _check(state: GatewayState) -> Health:
     timeout_s = state.settings.heartbeat_timeout_s
     cutoff_ms = int((now - timeout_s) * 1000)
     num_alive = 0
-    batchers: list[bool] = []  # per cell with batcher stats: published recently
+    batchers: set[str] = set()  # the states of the cells' batchers
+    memory = []  # per cell: its Redis lacks the headroom admission keeps
     for cell in cells:  # every cell it places in
         keys = cell_keys(cell)
         num_alive += int(await state.redis.zcount(keys.heartbeat, f"({cutoff_ms}", "+inf"))
-        updated: Any = await state.redis.hget(keys.stats, "updated_at")
-        if updated is not None:
-            batchers.append(now - float(updated) < BATCHER_SILENT_S)
-    if batchers and not any(batchers):
+        batchers.add(await batcher_state(state.redis, cell))
+        memory.append((await memory_use(state.redis, cell)).over(state.settings.redis_memory_headroom))
+    if all(memory):
+        message = "redis is nearly full (less than its headroom of maxmemory free): new requests are refused"
+        return _unavailable("unavailable", "redis_nearly_full", message)
+    if "gone" in batchers and "live" not in batchers:
         message = f"no batcher has published in the last {BATCHER_SILENT_S:g} s"
         return _unavailable("unavailable", "no_batcher", message)
     if num_alive == 0:

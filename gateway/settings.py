@@ -107,6 +107,9 @@ class GatewaySettings(BaseSettings):
     max_queued_requests: int = Field(default=1000, ge=0)
     # A request still waiting for its first step after this long fails with a `queue_timeout` error.
     max_queue_wait_s: float = Field(default=600.0, gt=0)
+    # Share of Redis' `maxmemory` kept free for the requests already running: while less is free, new
+    # requests get 503 `redis_full` (and /health says so). No effect on a Redis without maxmemory.
+    redis_memory_headroom: float = Field(default=0.1, ge=0, lt=1)
 
     # --- stored chat completions (store: true) ---------------------------------------------------
     # How long a stored chat completion is kept, from when it was answered (OpenAI keeps them 30 days).

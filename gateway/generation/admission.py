@@ -15,6 +15,7 @@ from starlette.requests import Request
 from common.stream_client import new_req_id
 from common.streams import cell_keys, placed_req_id
 from gateway.app_state import GatewayState
+from gateway.generation.cell_guard import request_bytes
 from gateway.generation.queue_bound import check_queue
 from gateway.security.auth import request_owner
 from openai_frontend.generate.request import PreparedRequest, with_message
@@ -60,9 +61,12 @@ async def checked_requests(
     cell = await state.router.place(state.redis, requests[0].message.prompt_token_ids)
     requests = [with_message(r, req_id=placed_req_id(cell, r.req_id)) for r in requests]
     request = requests[0]
-    await check_queue(state.redis, cell_keys(cell), state.settings.max_queued_requests, len(requests))
     # Each prompt once, and every choice's output.
-    num_tokens = sum(r.num_prompt_tokens for r in requests[:: request.n])
-    num_tokens += sum(r.message.sampling_params.max_tokens for r in requests)
+    num_prompt_tokens = sum(r.num_prompt_tokens for r in requests[:: request.n])
+    num_output_tokens = sum(r.message.sampling_params.max_tokens for r in requests)
+    num_bytes = request_bytes(len(requests), num_prompt_tokens, num_output_tokens)
+    await state.cell_guard.check(state.redis, cell, num_bytes)
+    await check_queue(state.redis, cell_keys(cell), state.settings.max_queued_requests, len(requests))
+    num_tokens = num_prompt_tokens + num_output_tokens
     await state.rate_limiter.check(owner, num_tokens, request.message.user)
     return requests

@@ -172,7 +172,7 @@ class RequestRunner:
         events: list[TokenEvent] = []
         num_cached_tokens = 0
         try:
-            batches = follow_token_stream(self._mux, request.req_id, deadline=deadline)
+            batches = follow_token_stream(self._mux, request.req_id, deadline=deadline, submitted=True)
             async with aclosing(batches):
                 async for batch in batches:
                     read_at = time.monotonic()

@@ -25,6 +25,11 @@ back, so an SSE stream survives a Redis restart. A follower gives up only at its
 (openai_frontend/follow/token_stream.py). Entry ids grow with the clock, so even a stream that lost its
 last entries in the restart (AOF everysec) gets new entries after a follower's last id.
 
+Every few seconds the reader also asks whether its followed requests can still end
+(openai_frontend/follow/stream_watch.py): one whose state Redis lost, or whose cell has had no batcher
+for a while, is ended with an error after the entries already handed over, instead of waiting out
+the request timeout.
+
 Each read names one key per request followed. Following a gateway's own requests through one
 delivery stream per cell instead (one key however many are in flight) cost the gateway more CPU per
 token at 16 and 64 in flight (docs/benchmarks.md, issue 24), and was removed.
@@ -35,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,9 +48,11 @@ from typing import Any
 import redis.asyncio as aioredis
 import redis.exceptions
 
+from common.protocol import RequestError
 from common.redis_conn import MAX_BLOCK_MS, entry_key
 from common.retry import Backoff
 from common.streams import DEFAULT_CELL, cell_keys, cell_of, token_stream
+from openai_frontend.follow.stream_watch import StreamWatch
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +71,9 @@ class Subscription:
     req_id: str
     last_id: str  # the newest entry already delivered (or the resume point)
     queue: asyncio.Queue[list[Entry]] = field(default_factory=asyncio.Queue)
+    # Set when the request can no longer end by itself (stream_watch.py): the follower raises it once
+    # it has taken every entry queued before.
+    failure: RequestError | None = None
 
 
 class TokenStreamMux:
@@ -73,12 +84,14 @@ class TokenStreamMux:
         self.gateway_id = uuid.uuid4().hex
         self._cells: dict[str, CellStreamMux] = {}
 
-    async def subscribe(self, req_id: str, last_id: str = "0-0") -> Subscription:
+    async def subscribe(self, req_id: str, last_id: str = "0-0", submitted: bool = False) -> Subscription:
+        """Follow `req_id`'s token stream after `last_id`; `submitted`: the request was written to
+        Redis (its loss is then noticed even before its keys were seen, stream_watch.py)."""
         cell = cell_of(req_id)
         mux = self._cells.get(cell)
         if mux is None:
             mux = self._cells[cell] = CellStreamMux(self._redis, cell, self.gateway_id)
-        return await mux.subscribe(req_id, last_id)
+        return await mux.subscribe(req_id, last_id, submitted)
 
     def unsubscribe(self, sub: Subscription) -> None:
         mux = self._cells.get(cell_of(sub.req_id))
@@ -107,9 +120,12 @@ class CellStreamMux:
         self._closing = False
         self._closed = asyncio.Event()  # set by `close`: wakes a backoff wait
         self.redis_down = False  # the last read failed: Redis is unreachable (followers wait)
+        self._watch = StreamWatch(redis, cell)
 
-    async def subscribe(self, req_id: str, last_id: str = "0-0") -> Subscription:
+    async def subscribe(self, req_id: str, last_id: str = "0-0", submitted: bool = False) -> Subscription:
         sub = Subscription(req_id, last_id)
+        if submitted:
+            self._watch.seen.add(req_id)
         self._subs.setdefault(token_stream(req_id), []).append(sub)
         self._has_subs.set()
         if self._task is None or self._task.done():
@@ -182,6 +198,16 @@ class CellStreamMux:
             if self._closing:
                 return
             self._dispatch(reply, read_from)
+            if self._watch.due(time.monotonic()):
+                await self._fail_stuck()
+
+    async def _fail_stuck(self) -> None:
+        """End the followed requests that can no longer end by themselves (stream_watch.py)."""
+        req_ids = {subs[0].req_id for subs in self._subs.values() if subs}
+        for error in await self._watch.failures(req_ids) if req_ids else []:
+            for sub in self._subs.get(token_stream(error.req_id), []):
+                sub.failure = error
+                sub.queue.put_nowait([])  # wakes a follower waiting for entries
 
     def _dispatch(self, reply: Any, read_from: dict[str, str]) -> None:
         # connect_async speaks RESP2: [[stream, [(id, fields), ...]], ...], or [] on timeout.

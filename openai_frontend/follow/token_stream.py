@@ -15,22 +15,26 @@ __all__ = ["EventFilter", "RequestFailed", "RequestTimedOut", "follow_token_stre
 
 
 async def follow_token_stream(
-    mux: TokenStreamMux, req_id: str, *, deadline: float, last_id: str = "0-0"
+    mux: TokenStreamMux, req_id: str, *, deadline: float, last_id: str = "0-0", submitted: bool = False
 ) -> AsyncGenerator[list[tuple[str, TokenEvent | PromptEvent]], None]:
     """Yield the new token (and prompt) events of each read (possibly none, about once a second) until
     the last one.
 
     Empty batches give the caller a regular chance to notice that its client went away. Raises
-    RequestFailed on a RequestError event and RequestTimedOut past `deadline` (time.monotonic()).
+    RequestFailed on a RequestError event, or once the reader found the request cannot end (its
+    state lost, no batcher: token_mux.py), and RequestTimedOut past `deadline` (time.monotonic()).
+    `submitted`: the caller wrote the request to Redis (TokenStreamMux.subscribe).
     While Redis is unreachable the shared read retries and this keeps yielding empty batches.
     """
     event_filter = EventFilter()
-    sub = await mux.subscribe(req_id, last_id)
+    sub = await mux.subscribe(req_id, last_id, submitted)
     try:
         while True:
             remaining_s = deadline - time.monotonic()
             if remaining_s <= 0:
                 raise RequestTimedOut(req_id)
+            if sub.failure is not None and sub.queue.empty():  # every entry read before it is taken
+                raise RequestFailed(sub.failure)
             try:
                 item = sub.queue.get_nowait()
             except asyncio.QueueEmpty:

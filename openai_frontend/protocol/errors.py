@@ -14,6 +14,8 @@ _STATUS_BY_CODE = {
     "rate_limit_exceeded": 429,
     "queue_timeout": 503,  # waited longer than GATEWAY_MAX_QUEUE_WAIT_S for a slot: overload
     "request_aborted": 410,  # its client left and nobody resumed it within the grace window
+    "request_lost": 503,  # Redis lost it (restarted without persistence): send it again
+    "no_batcher": 503,  # its cell had no batcher for a while (openai_frontend/follow/stream_watch.py)
 }
 
 

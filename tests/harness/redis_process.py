@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -59,3 +61,14 @@ class RedisProcess:
         """The AOF file that the running server appends to (Redis 7 multi-part AOF)."""
         (path,) = (self.data_dir / "appendonlydir").glob("*.incr.aof")
         return path
+
+
+@contextlib.contextmanager
+def running_redis(data_dir: Path) -> Iterator[RedisProcess]:
+    """A RedisProcess started in `data_dir`, killed when the block ends."""
+    proc = RedisProcess(data_dir)
+    proc.start()
+    try:
+        yield proc
+    finally:
+        proc.stop(signal.SIGKILL)

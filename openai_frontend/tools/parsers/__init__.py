@@ -102,6 +102,8 @@ def parser_for_template(template: str | None) -> str | None:
     """The tool-call format a chat template teaches its model, or None when it knows no tools."""
     if template is None or "tool" not in template:  # DeepSeek's templates render no tool list
         return None
+    if "<arg_key>" in template:  # GLM's `<tool_call>` holds XML arguments, not Hermes' JSON
+        return None
     return next((name for name, signs in _SIGNS if all(s in template for s in signs)), None)
 
 

@@ -122,6 +122,7 @@ def test_max_calls_drops_later_calls() -> None:
         ("{{ tool_calls }} <｜tool▁calls▁begin｜> ```json", "deepseek_v3"),
         ("{{ tool_calls }} <｜tool▁calls▁begin｜>", "deepseek_v31"),
         ("{{ tools }} <tool_call>", "hermes"),
+        ("{{ tools }} <tool_call>{{ name }}<arg_key>", None),
         ("{{ messages }}", None),
     ],
 )

@@ -18,6 +18,11 @@ With discovery (GATEWAY_CELLS=*) the cells are those whose batcher scored the re
 `LIVE_WITHIN_S`, read again at most every `REFRESH_S`: a cell started at run time is placed in from
 then on, one gone stops being placed in once its score ages out.
 
+A request's `prompt_cache_key` (OpenAI's placement hint) counts as a whole-prompt match in the cell
+the last request with that key went to: a conversation whose turns differ early (a changed system
+prompt, a summary) still goes where its cache is while loads are near. The last `KEY_CAPACITY` keys
+are remembered, each scoped to its API key.
+
 Ties go round-robin, so idle cells share the traffic. Each gateway keeps its own index of what it
 placed, so several gateways each see part of the picture; the cells' caches evict on their own. A
 cell seen dead has its index dropped: a batcher that comes back starts with an empty cache. One
@@ -31,6 +36,7 @@ import asyncio
 import itertools
 import random
 import time
+from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from typing import Any, Literal
 
@@ -45,6 +51,8 @@ from gateway.prefix_index import BLOCK_TOKENS, PrefixIndex, prompt_hashes
 LIVE_WITHIN_S = 10.0
 # How often a discovering router reads the registry of cells again.
 REFRESH_S = 1.0
+# prompt_cache_key -> the cell its last request went to, for this many keys (least recently used go).
+KEY_CAPACITY = 100_000
 
 CellPolicy = Literal["cache_aware", "least_load", "random"]
 
@@ -70,9 +78,13 @@ class CellRouter:
         self._refreshed_at = float("-inf")
         self._turn = itertools.count()  # round-robin among equally costly cells
         self._random = random.Random()
+        self._key_cells: OrderedDict[str, str] = OrderedDict()  # prompt_cache_key -> its last cell
 
-    async def place(self, redis: aioredis.Redis, prompt_token_ids: Sequence[int] = ()) -> str:
-        """The cell for the next request, whose (first) prompt is `prompt_token_ids`."""
+    async def place(
+        self, redis: aioredis.Redis, prompt_token_ids: Sequence[int] = (), cache_key: str = ""
+    ) -> str:
+        """The cell for the next request, whose (first) prompt is `prompt_token_ids` and whose
+        `prompt_cache_key` (scoped to its API key) is `cache_key`."""
         await self.refresh(redis)
         if len(self.cells) == 1:
             return self.cells[0]
@@ -84,7 +96,7 @@ class CellRouter:
                 if load is not None and c not in self.block_tokens
             ]
             await asyncio.gather(*(self._learn_block_tokens(redis, cell) for cell in unknown))
-        return self.choose(dict(zip(self.cells, loads, strict=True)), prompt_token_ids)
+        return self.choose(dict(zip(self.cells, loads, strict=True)), prompt_token_ids, cache_key)
 
     async def _learn_block_tokens(self, redis: aioredis.Redis, cell: str) -> None:
         """The block size one of the cell's workers announced (all of a cell's workers share one)."""
@@ -104,7 +116,9 @@ class CellRouter:
         # A cell no longer registered is forgotten with its index, as one seen dead is.
         self.indexes = {c: self.indexes.get(c) or PrefixIndex(self._index_blocks) for c in self.cells}
 
-    def choose(self, loads: dict[str, float | None], prompt_token_ids: Sequence[int]) -> str:
+    def choose(
+        self, loads: dict[str, float | None], prompt_token_ids: Sequence[int], cache_key: str = ""
+    ) -> str:
         """The cell for a prompt given each cell's load (None: not live); records the placement."""
         live = {cell: load for cell, load in loads.items() if load is not None}
         for cell in loads.keys() - live.keys():
@@ -116,10 +130,19 @@ class CellRouter:
             return self._random.choice(list(live))
         hashes = self._hashes(prompt_token_ids, live)
         costs = {cell: load - self._affinity(cell, hashes[cell]) for cell, load in live.items()}
+        keyed = self._key_cells.get(cache_key) if cache_key and self.prefix_weight else None
+        if keyed in costs:
+            # Its cache is there: as if the whole prompt matched (the better of the two affinities).
+            costs[keyed] = min(costs[keyed], live[keyed] - self.prefix_weight)
         least = min(costs.values())
         tied = [cell for cell, cost in costs.items() if cost == least]
         cell = tied[next(self._turn) % len(tied)]
         self.indexes[cell].add(hashes[cell])
+        if cache_key and self.prefix_weight:
+            self._key_cells[cache_key] = cell
+            self._key_cells.move_to_end(cache_key)
+            if len(self._key_cells) > KEY_CAPACITY:
+                self._key_cells.popitem(last=False)
         return cell
 
     def _hashes(self, prompt_token_ids: Sequence[int], cells: Iterable[str]) -> dict[str, list[bytes]]:

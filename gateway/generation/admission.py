@@ -58,7 +58,9 @@ async def checked_requests(
     # Checking a grammar builds it (and the first time imports xgrammar): off the event loop.
     requests = await asyncio.to_thread(prepare) if asks_for_grammar(body) else prepare()
     # Placed once tokenized (the router weighs the prompt); every choice goes to the first's cell.
-    cell = await state.router.place(state.redis, requests[0].message.prompt_token_ids)
+    # prompt_cache_key is a placement hint within its API key (gateway/cell_router.py).
+    cache_key = f"{owner}\0{body.prompt_cache_key}" if body.prompt_cache_key else ""
+    cell = await state.router.place(state.redis, requests[0].message.prompt_token_ids, cache_key)
     requests = [with_message(r, req_id=placed_req_id(cell, r.req_id)) for r in requests]
     request = requests[0]
     # Each prompt once, and every choice's output.

@@ -76,3 +76,23 @@ def test_a_cell_is_matched_in_the_block_size_its_workers_announce() -> None:
     assert router.choose({first: 1, other: 0}, [*shared, 2, 2, 2, 2]) == first  # 1 - 4 x 2/3 < 0
     router.choose({first: None, other: 0}, shared)  # seen dead: its index and block size forgotten
     assert first not in router.block_tokens
+
+
+def test_a_prompt_cache_key_follows_its_cell_until_the_load_gap_outweighs_it() -> None:
+    router = CellRouter(["a", "b"], "cache_aware", prefix_weight=4.0)
+    key = "alice\0conversation-7"
+
+    def fresh(n: int) -> list[int]:  # a prompt sharing no block with any other: only the key can match
+        return prompt(n, shared=[n] * BLOCK_TOKENS)
+
+    first = router.choose({"a": 0, "b": 0}, fresh(1), key)
+    other = "b" if first == "a" else "a"
+    assert router.choose({first: 3, other: 0}, fresh(2), key) == first  # 3 - 4 < 0
+    assert router.choose({first: 5, other: 0}, fresh(3), key) == other  # 5 - 4 > 0
+    # That placement moved the key: it follows its latest cell. Another API key's same key is not it.
+    assert router.choose({first: 0, other: 3}, fresh(4), key) == other
+    assert router.choose({first: 0, other: 3}, fresh(5), "bob\0conversation-7") == first
+    # Least-load placement keeps no keys.
+    plain = CellRouter(["a", "b"], "least_load")
+    plain.choose({"a": 0, "b": 0}, fresh(6), "k")
+    assert plain.choose({"a": 1, "b": 0}, fresh(7), "k") == "b"

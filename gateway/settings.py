@@ -120,6 +120,11 @@ class GatewaySettings(BaseSettings):
     max_file_bytes: int = Field(default=64 * 1024 * 1024, gt=0)
     # Most requests (non-blank lines) in one batch input file.
     batch_max_requests: int = Field(default=50_000, gt=0)
+    # Per API key (or for everyone together without keys): uploaded files kept at once, their bytes
+    # together, and batches not yet finished; past them 429 (413 for bytes) naming the quota. 0: none.
+    max_files_per_key: int = Field(default=100, ge=0)
+    max_file_bytes_per_key: int = Field(default=256 * 1024 * 1024, ge=0)
+    max_batches_per_key: int = Field(default=10, ge=0)
     # Files, batches and batch results are kept this long after creation (OpenAI keeps batch files
     # 30 days); it must outlast the 24 h completion window.
     file_expires_s: int = Field(default=30 * 24 * 3600, gt=24 * 3600)

@@ -3,7 +3,8 @@
 Creating a batch records it (status `validating`, with a copy of its input file) and queues the
 Celery task `cbserve.run_batch` (cbserve_celery/batch_task.py), which validates the lines, runs them
 at batch priority through the same requests stream as interactive requests, and writes the output
-and error files. Only the API key that created a batch can see or cancel it.
+and error files. Only the API key that created a batch can see or cancel it, and a key has at most
+GATEWAY_MAX_BATCHES_PER_KEY batches in flight (gateway/security/quotas.py).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from gateway.api.routes_files import file_not_found
 from gateway.app_state import GatewayState, get_state
 from gateway.batch_queue import BatchQueueUnavailable
 from gateway.security.auth import request_owner
+from gateway.security.quotas import check_batch_quota
 from openai_frontend.batch.objects import COMPLETION_WINDOWS, ENDPOINTS, BatchObject, BatchSpec, BatchState
 from openai_frontend.protocol.errors import OpenAIError, invalid_request
 from openai_frontend.protocol.list_page import list_page
@@ -106,6 +108,7 @@ async def create_batch(
             f"file {body.input_file_id} has purpose {input_file.purpose!r}; a batch needs purpose 'batch'",
             "input_file_id",
         )
+    await check_batch_quota(state.batches, owner, state.settings.max_batches_per_key)
     spec = _spec(body, owner, state)
     if not await state.batches.create(spec):
         raise file_not_found(body.input_file_id, "input_file_id")  # deleted meanwhile

@@ -1,7 +1,9 @@
 """The OpenAI Files API: POST /v1/files (multipart `file` + `purpose`), list, get, content, delete.
 
 Files are kept in Redis (openai_frontend/batch/files_store.py), at most GATEWAY_MAX_FILE_BYTES each,
-and only the API key that uploaded a file can see it: any other gets 404, as for an unknown id.
+and only the API key that uploaded a file can see it: any other gets 404, as for an unknown id. Each
+key stores at most GATEWAY_MAX_FILES_PER_KEY files of GATEWAY_MAX_FILE_BYTES_PER_KEY bytes together
+(gateway/security/quotas.py).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from starlette.responses import Response
 
 from gateway.app_state import GatewayState, get_state
 from gateway.security.auth import request_owner
+from gateway.security.quotas import check_file_quota
 from openai_frontend.batch.files_store import FileObject
 from openai_frontend.protocol.errors import OpenAIError, invalid_request
 from openai_frontend.protocol.list_page import list_page
@@ -62,9 +65,14 @@ async def upload_file(
 ) -> dict[str, Any]:
     content = await file.read()
     check_upload(content, purpose, state)
+    owner = request_owner(http_request)
+    limits = state.settings
+    await check_file_quota(
+        state.files, owner, len(content), limits.max_files_per_key, limits.max_file_bytes_per_key
+    )
     expires_at = int(time.time()) + state.settings.file_expires_s
     meta = await state.files.put(
-        request_owner(http_request), file.filename or "upload.jsonl", purpose, content, expires_at=expires_at
+        owner, file.filename or "upload.jsonl", purpose, content, expires_at=expires_at
     )
     return FileObject.of(meta).model_dump()
 

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -429,3 +431,56 @@ def test_x_api_key_is_the_bearer_key(make_gateway: Callable[..., RunningGateway]
     # As the Bearer token, on every path.
     assert gateway.client.get("/v1/models", headers={"x-api-key": key}).status_code == 200
     assert gateway.client.get("/v1/models").status_code == 401
+
+
+def test_a_waiting_stream_sends_pings(make_gateway: Callable[..., RunningGateway]) -> None:
+    """While the message waits (queued here: no batcher answers), Anthropic's `ping` event keeps the
+    stream alive, after the opening events."""
+    gateway = make_gateway(sse_keepalive_s=1.0)
+    gateway.harness.heartbeat()  # a worker seems alive; nothing answers the request
+    body = {
+        "model": "tiny-llama",
+        "max_tokens": 4,
+        "stream": True,
+        "messages": [{"role": "user", "content": "Hi"}],
+    }
+    names: list[str] = []
+    started = time.monotonic()
+    with httpx.stream("POST", f"{gateway.url}/v1/messages", json=body, timeout=30) as response:
+        assert response.status_code == 200
+        for line in response.iter_lines():
+            if line.startswith("event: "):
+                names.append(line.removeprefix("event: "))
+            if names.count("ping") >= 3:
+                break
+    assert names == ["message_start", "content_block_start", "ping", "ping", "ping"], names
+    assert time.monotonic() - started < 10
+    gateway.harness.next_request()  # the request was queued as usual
+
+
+def test_a_failed_request_is_an_error_event_or_answer(make_gateway: Callable[..., RunningGateway]) -> None:
+    """After the stream began, a failure is Anthropic's `error` event (the SDK raises it); before, an
+    error answer in Anthropic's shape with the failure's status."""
+    gateway = make_gateway()
+    gateway.harness.heartbeat()
+    body: dict[str, Any] = {
+        "model": "tiny-llama",
+        "max_tokens": 4,
+        "messages": [{"role": "user", "content": "Hi"}],
+    }
+    expected = {"type": "error", "error": {"type": "api_error", "message": "the worker broke"}}
+    with anthropic.Anthropic(base_url=gateway.url, api_key="unused", max_retries=0) as claude:
+        with claude.messages.stream(**body) as stream:
+            req_id = gateway.harness.next_request().req_id
+            gateway.harness.emit_tokens(req_id, [5, 6], finish_reason=None)
+            gateway.harness.emit_error(req_id, "the worker broke")
+            with pytest.raises(anthropic.APIStatusError) as caught:
+                stream.get_final_message()
+        assert caught.value.body == expected
+        with ThreadPoolExecutor(1) as pool:
+            future = pool.submit(claude.messages.create, **body)
+            req_id = gateway.harness.next_request().req_id
+            gateway.harness.emit_error(req_id, "the worker broke")
+            with pytest.raises(anthropic.InternalServerError) as raised:
+                future.result(timeout=30)
+    assert raised.value.status_code == 500 and raised.value.body == expected

@@ -26,6 +26,7 @@ from gateway.app_state import GatewayState
 from gateway.batch_queue import BatchQueue
 from gateway.cell_router import CellRouter
 from gateway.generation.cell_guard import CellGuard
+from gateway.generation.queue_bound import QueueBound
 from gateway.generation.rate_limit import RateLimiter, RateLimits
 from gateway.model_loader import load_served_model
 from gateway.observability.metrics import GatewayMetrics
@@ -84,6 +85,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
                 discover=settings.discover_cells,
             ),
             cell_guard=CellGuard(settings.redis_memory_headroom),
+            queue_bound=QueueBound(settings.max_queued_requests),
         )
         try:
             yield

@@ -11,6 +11,7 @@ from common.streams import CellKeys, cell_keys
 from gateway.batch_queue import BatchQueue
 from gateway.cell_router import CellRouter
 from gateway.generation.cell_guard import CellGuard
+from gateway.generation.queue_bound import QueueBound
 from gateway.generation.rate_limit import RateLimiter
 from gateway.observability.metrics import GatewayMetrics
 from gateway.settings import GatewaySettings
@@ -35,6 +36,7 @@ class GatewayState:
     responses: ResponsesRunner  # the Responses API's responses and their store
     router: CellRouter  # which cell a new request goes to
     cell_guard: CellGuard  # whether that cell takes a new request now (a batcher, Redis headroom)
+    queue_bound: QueueBound  # and whether its queue has room (GATEWAY_MAX_QUEUED_REQUESTS)
 
     @property
     def keys(self) -> CellKeys:

@@ -13,10 +13,9 @@ import time
 from starlette.requests import Request
 
 from common.stream_client import new_req_id
-from common.streams import cell_keys, placed_req_id
+from common.streams import cell_keys, cell_of, placed_req_id
 from gateway.app_state import GatewayState
 from gateway.generation.cell_guard import request_bytes
-from gateway.generation.queue_bound import check_queue
 from gateway.security.auth import request_owner
 from openai_frontend.generate.request import PreparedRequest, with_message
 from openai_frontend.generate.request_builder import prepare_choices
@@ -30,13 +29,16 @@ async def admit(
     """The request's choices (n per prompt), all submitted; raises OpenAIError when refused."""
     requests = await checked_requests(body, http_request, state)
     request = requests[0]
-    if len(requests) == 1:
-        # Kept so that the client can resume the stream or fetch the result by id, through any gateway.
-        await state.runner.submit(request, keep_meta=True)
+    try:
+        if len(requests) == 1:
+            # Kept so that the client can resume the stream or fetch the result by id, through any gateway.
+            await state.runner.submit(request, keep_meta=True)
+            return requests
+        for choice_request in requests:
+            await state.runner.submit(choice_request)
         return requests
-    for choice_request in requests:
-        await state.runner.submit(choice_request)
-    return requests
+    finally:  # written (or failed): the queue's own count has them now
+        state.queue_bound.release(cell_of(request.req_id), request.req_id)
 
 
 async def checked_requests(
@@ -68,7 +70,11 @@ async def checked_requests(
     num_output_tokens = sum(r.message.sampling_params.max_tokens for r in requests)
     num_bytes = request_bytes(len(requests), num_prompt_tokens, num_output_tokens)
     await state.cell_guard.check(state.redis, cell, num_bytes)
-    await check_queue(state.redis, cell_keys(cell), state.settings.max_queued_requests, len(requests))
+    await state.queue_bound.check(state.redis, cell_keys(cell), request.req_id, len(requests))
     num_tokens = num_prompt_tokens + num_output_tokens
-    await state.rate_limiter.check(owner, num_tokens, request.message.user)
+    try:
+        await state.rate_limiter.check(owner, num_tokens, request.message.user)
+    except BaseException:
+        state.queue_bound.release(cell, request.req_id)  # refused: it never waits
+        raise
     return requests

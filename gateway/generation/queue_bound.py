@@ -5,11 +5,16 @@ Waiting = requests on the requests stream that no batcher has claimed yet (the c
 its stats hash): waiting Batch API lines do not count, since they are admitted only after every
 waiting interactive request. Both are read in one round trip. Several gateways read the same
 numbers, so the bound is shared, though soft: gateways admitting at the same instant can overshoot it
-by a few requests.
+by a few requests. Within one gateway, the requests it admitted and has not written yet count too: a
+burst whose checks all read the queue before any of them was written would otherwise pass the bound
+together (20 was overshot to 106 by one gateway). A caller that does not release them has them
+counted until `ADMITTED_S` has passed.
 """
 
 from __future__ import annotations
 
+import time
+from dataclasses import dataclass, field
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -19,6 +24,8 @@ from openai_frontend.protocol.errors import OpenAIError
 
 # A queue that is full now is usually not empty a second later; clients back off and try again.
 RETRY_AFTER_S = 2
+# Longer than a request takes from its check to its XADD (a rate-limit round trip and the submit).
+ADMITTED_S = 2.0
 
 
 async def num_queued(redis: aioredis.Redis, keys: CellKeys) -> int:
@@ -46,20 +53,41 @@ def _unclaimed(groups: Any, length: int) -> int:
     return length
 
 
-async def check_queue(redis: aioredis.Redis, keys: CellKeys, max_queued: int, num_new: int) -> None:
-    """Raise 429 when admitting `num_new` requests (one per choice) would exceed `max_queued`."""
-    if max_queued <= 0:
-        return
-    queued = await num_queued(redis, keys)
-    if queued + num_new > max_queued:
-        raise OpenAIError(
-            429,
-            f"The server is overloaded: {queued} requests are waiting (limit {max_queued}). "
-            f"Please retry after {RETRY_AFTER_S}s.",
-            type="server_overloaded",
-            code="queue_full",
-            headers={"Retry-After": str(RETRY_AFTER_S)},
-        )
+@dataclass(slots=True)
+class QueueBound:
+    """GATEWAY_MAX_QUEUED_REQUESTS for one gateway: what Redis says waits, plus what it admitted and
+    has not written yet."""
+
+    max_queued: int  # 0: no bound
+    # by cell: admitted req_id -> (when, its choices), until `release` (or ADMITTED_S)
+    _admitted: dict[str, dict[str, tuple[float, int]]] = field(default_factory=dict)
+
+    async def check(self, redis: aioredis.Redis, keys: CellKeys, req_id: str, num_new: int) -> None:
+        """Raise 429 when admitting `req_id`'s `num_new` requests (one per choice) would exceed the
+        bound; else count them as waiting until `release(req_id)`."""
+        if self.max_queued <= 0:
+            return
+        queued = await num_queued(redis, keys)
+        # No await from here on: the count and the admission are one step for this gateway.
+        now = time.monotonic()
+        admitted = self._admitted.setdefault(keys.cell, {})
+        for old in [r for r, (at, _) in admitted.items() if now - at >= ADMITTED_S]:
+            del admitted[old]  # a caller that submits without releasing (it counted twice until now)
+        queued += sum(n for _, n in admitted.values())
+        if queued + num_new > self.max_queued:
+            raise OpenAIError(
+                429,
+                f"The server is overloaded: {queued} requests are waiting (limit {self.max_queued}). "
+                f"Please retry after {RETRY_AFTER_S}s.",
+                type="server_overloaded",
+                code="queue_full",
+                headers={"Retry-After": str(RETRY_AFTER_S)},
+            )
+        admitted[req_id] = (now, num_new)
+
+    def release(self, cell: str, req_id: str) -> None:
+        """`req_id` was written (or refused after all): Redis counts it from now on."""
+        self._admitted.get(cell, {}).pop(req_id, None)
 
 
 def _s(value: bytes | str) -> str:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+
+import httpx
 
 from tests.harness.gateway_server import RunningGateway
 
@@ -37,3 +40,22 @@ def test_the_bound_can_be_turned_off(make_gateway: Callable[..., RunningGateway]
         for r in requests:
             gateway.harness.emit_tokens(r.req_id, [300])
         assert future.result(timeout=30).status_code == 200
+
+
+def test_a_burst_does_not_overshoot_the_bound(make_gateway: Callable[..., RunningGateway]) -> None:
+    """Concurrent admissions each read the queue before any was written: before, all of a burst of 40
+    passed a bound of 5 (20 was overshot to 106 by one gateway)."""
+    gateway = make_gateway(max_queued_requests=5)
+
+    async def burst() -> list[int]:
+        async with httpx.AsyncClient(base_url=gateway.url, timeout=30) as client:
+
+            async def one() -> int:  # the status only; leaving the stream aborts the request
+                async with client.stream("POST", "/v1/completions", json={**BODY, "stream": True}) as r:
+                    return r.status_code
+
+            return await asyncio.gather(*(one() for _ in range(40)))
+
+    statuses = asyncio.run(burst())
+    assert statuses.count(200) == 5 and statuses.count(429) == 35, statuses
+    assert gateway.harness.num_requests() == 5

@@ -77,7 +77,7 @@ def prepare_choices(
     check_unsupported(body)
     stop = stop_strings(body.stop)
     user = check_user(body.user)
-    safety_identifier = check_user(body.safety_identifier)
+    safety_identifier = check_user(body.safety_identifier, "safety_identifier")
     metadata = checked_metadata(body.metadata)
     level = priority_level(body) if priority is None else priority
     k_prompt = num_prompt_logprobs(body)

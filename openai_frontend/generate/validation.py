@@ -121,10 +121,11 @@ def stop_strings(stop: str | list[str] | None) -> list[str]:
     return stops
 
 
-def check_user(user: str | None) -> str:
+def check_user(user: str | None, param: str = "user") -> str:
+    """An end-user id (`user`, `safety_identifier`): stored with the request, so bounded."""
     user = user or ""
     if len(user) > MAX_USER_CHARS:
-        raise invalid_request(f"user must be at most {MAX_USER_CHARS} characters", "user")
+        raise invalid_request(f"{param} must be at most {MAX_USER_CHARS} characters", param)
     return user
 
 

@@ -165,6 +165,8 @@ def test_priority_metadata_and_safety_identifier_are_kept_with_the_request(
         "/v1/chat/completions", json=body | {"metadata": {str(i): "x" for i in range(17)}}
     )
     assert too_many.status_code == 400 and too_many.json()["error"]["param"] == "metadata"
+    too_long = gateway.client.post("/v1/chat/completions", json=body | {"safety_identifier": "u" * 257})
+    assert too_long.status_code == 400 and too_long.json()["error"]["param"] == "safety_identifier"
 
 
 def test_prompt_logprobs_in_vllms_shape(

@@ -26,14 +26,8 @@ from openai_frontend.protocol.tokenizer_schemas import (
 def tokenize(body: TokenizeCompletionRequest | TokenizeChatRequest, served: ServedModel) -> TokenizeResponse:
     check_model(body.model, served)
     if isinstance(body, TokenizeChatRequest):
-        chat = ChatCompletionRequest(
-            messages=body.messages,
-            tools=body.tools,
-            chat_template_kwargs=body.chat_template_kwargs,
-            add_generation_prompt=body.add_generation_prompt,
-            continue_final_message=body.continue_final_message,
-            add_special_tokens=body.add_special_tokens,
-        )
+        # Every field but return_token_strs is the chat endpoint's own, with its meaning.
+        chat = ChatCompletionRequest.model_validate(body.model_dump(exclude={"return_token_strs"}))
         token_ids = prompt_ids_of(chat, served)
     else:
         token_ids = completion_prompt_ids(body.prompt, served, body.add_special_tokens is not False)

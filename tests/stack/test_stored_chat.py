@@ -94,3 +94,29 @@ def test_stored_completions_are_per_api_key(
     assert gw.client.get("/v1/chat/completions", headers=bob).json()["data"] == []
     refused = gw.client.post("/v1/completions", json={"prompt": "hi", "store": True}, headers=alice)
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "store"
+
+
+def test_every_new_option_at_once_is_answered_and_stored(
+    gateway: RunningGateway, tiny_model_dir: Any
+) -> None:
+    tok = Tokenizer.from_file(str(tiny_model_dir / "tokenizer.json"))
+    ids = tok.encode(" It checks<|im_end|>", add_special_tokens=False).ids
+    body = {
+        "messages": MESSAGES,
+        "max_tokens": 16,
+        "stream": True,
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+        "chat_template_kwargs": {"enable_thinking": False},
+        "skip_special_tokens": False,
+        "include_stop_str_in_output": True,
+        "stop": ["checks"],
+        "metadata": {"client": "held-out"},
+        "store": True,
+    }
+    events = _answer(gateway, body, ids)
+    chunks = [e.json() for e in events if e.data != "[DONE]"]
+    assert all(c["usage"] is not None for c in chunks)
+    text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
+    assert text == " It checks"  # cut after the stop string, which stays
+    stored = gateway.client.get(f"/v1/chat/completions/{chunks[0]['id']}").json()
+    assert stored["choices"][0]["message"]["content"] == text and stored["metadata"] == {"client": "held-out"}

@@ -22,7 +22,7 @@ from gateway.app_state import GatewayState, get_state
 from gateway.generation.admission import checked_requests
 from gateway.generation.flow import request_id_header
 from gateway.security.auth import request_owner
-from gateway.streaming.sse import SSE_HEADERS, sse_event
+from gateway.streaming.sse import KEEPALIVE, SSE_HEADERS, sse_event
 from openai_frontend.follow.collect import collect
 from openai_frontend.follow.request_runner import FollowPolicy
 from openai_frontend.generate.request_meta import kept
@@ -86,18 +86,32 @@ async def _history(body: ResponsesRequest, http_request: Request, state: Gateway
     return [message_of(t) for t in [*previous.spec.conversation, answer]]
 
 
-async def _sse(events: AsyncGenerator[Event, None], starting_after: int | None) -> AsyncIterator[bytes]:
+async def _sse(
+    events: AsyncGenerator[Event | None, None], starting_after: int | None, keepalive_s: float
+) -> AsyncIterator[bytes]:
+    """The events as SSE; while none is sent for `keepalive_s`, a keep-alive comment is (as chat's)."""
+    sent_at = time.monotonic()
     async with aclosing(events) as stream:
-        async for number, type_, data in stream:
-            if starting_after is None or number > starting_after:
-                yield sse_event(data, event=type_)
+        async for event in stream:
+            if event is not None:
+                number, type_, data = event
+                if starting_after is None or number > starting_after:
+                    yield sse_event(data, event=type_)
+                    sent_at = time.monotonic()
+                    continue
+            if keepalive_s and time.monotonic() - sent_at >= keepalive_s:
+                yield KEEPALIVE
+                sent_at = time.monotonic()
 
 
 def _streaming(
-    events: AsyncGenerator[Event, None], req_id: str, starting_after: int | None = None
+    events: AsyncGenerator[Event | None, None],
+    req_id: str,
+    keepalive_s: float,
+    starting_after: int | None = None,
 ) -> StreamingResponse:
     return StreamingResponse(
-        _sse(events, starting_after),
+        _sse(events, starting_after, keepalive_s),
         media_type="text/event-stream",
         headers={**SSE_HEADERS, **request_id_header(req_id)},
     )
@@ -139,7 +153,8 @@ async def create_response(
     # A background response outlives its client; a foreground one is cancelled when its client leaves.
     follow = BACKGROUND if spec.background else FollowPolicy()
     if body.stream:
-        return _streaming(state.responses.events(stored, follow, persist), request.req_id)
+        keepalive_s = state.settings.sse_keepalive_s
+        return _streaming(state.responses.events(stored, follow, persist), request.req_id, keepalive_s)
     if spec.background:
         state.responses.follow_in_background(stored)
         return JSONResponse(response_body(stored), headers=headers)
@@ -169,7 +184,8 @@ async def retrieve_response(
                 "this response's event stream has expired; fetch it without stream",
                 code="stream_expired",
             )
-        return _streaming(state.responses.events(stored, WATCHER), req_id, starting_after)
+        events = state.responses.events(stored, WATCHER)
+        return _streaming(events, req_id, state.settings.sse_keepalive_s, starting_after)
     stored = await state.responses.settle(stored)
     return JSONResponse(response_body(stored), headers=request_id_header(req_id))
 

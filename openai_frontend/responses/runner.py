@@ -84,8 +84,10 @@ class ResponsesRunner:
 
     async def events(
         self, stored: StoredResponse, follow: FollowPolicy, persist: bool = True
-    ) -> AsyncGenerator[Event, None]:
-        """Every event of the response from its start, following its token stream to the end."""
+    ) -> AsyncGenerator[Event | None, None]:
+        """Every event of the response from its start, following its token stream to the end; None
+        after a read that brought nothing to show (about once a second while the request waits), so
+        that a stream can send keep-alives."""
         events = ResponseEvents(StoredResponse(stored.spec, initial_status(stored.spec), None), store=persist)
         for event in events.opening():
             yield event
@@ -95,6 +97,7 @@ class ResponsesRunner:
             async with aclosing(self.runner.outputs(request, follow)) as outputs:
                 async for out in outputs:
                     if out is None:
+                        yield None
                         continue
                     done.add(out)
                     if out.text:

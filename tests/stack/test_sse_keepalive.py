@@ -29,3 +29,25 @@ def test_a_waiting_stream_sends_keepalive_comments(make_gateway: Callable[..., R
     assert lines.count(": keep-alive") == 2 and waited_s < 10, (lines, waited_s)
     assert not any(line.startswith("data: ") and '"text"' in line for line in lines), lines  # no token yet
     gateway.harness.next_request()  # the request was queued as usual
+
+
+def test_a_waiting_response_stream_sends_keepalive_comments(
+    make_gateway: Callable[..., RunningGateway],
+) -> None:
+    """The Responses API's stream too (before, it sent nothing between its opening events and the
+    first token)."""
+    gateway = make_gateway(sse_keepalive_s=1.0)
+    gateway.harness.heartbeat()
+    body = {"input": "hi", "max_output_tokens": 4, "stream": True}
+    lines: list[str] = []
+    started = time.monotonic()
+    with httpx.stream("POST", f"{gateway.url}/v1/responses", json=body, timeout=30) as response:
+        assert response.status_code == 200
+        for line in response.iter_lines():
+            lines.append(line)
+            if lines.count(": keep-alive") >= 2:
+                break
+    waited_s = time.monotonic() - started
+    assert lines.count(": keep-alive") == 2 and waited_s < 10, (lines, waited_s)
+    assert "event: response.created" in lines, lines  # the opening events came first
+    assert not any("output_text.delta" in line for line in lines), lines  # no token yet

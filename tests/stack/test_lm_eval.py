@@ -127,22 +127,34 @@ def test_local_completions_with_only_model_and_base_url(
     assert_scores_as(served, reference)
 
 
-def test_guidellm_streaming_request(stack: Stack, tiny_model_dir: Path) -> None:
-    """guidellm's default streaming body (its text-completions handler): usage on every chunk, so it
-    times each token; the last usage counts every token asked for (ignore_eos)."""
+# guidellm's default streaming bodies (its text- and chat-completions handlers): usage on every chunk,
+# so it times each token; output of a fixed length (ignore_eos), stop strings off with a null.
+GUIDELLM_STREAM = {"stream": True, "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+GUIDELLM_BODIES = {
+    "/v1/completions": {"prompt": "Return the value of the", "max_tokens": 8},
+    "/v1/chat/completions": {
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "Return the value of the"}]}],
+        "max_completion_tokens": 8,
+    },
+}
+
+
+@pytest.mark.parametrize("path", list(GUIDELLM_BODIES))
+def test_guidellm_streaming_request(stack: Stack, tiny_model_dir: Path, path: str) -> None:
     body = {
         "model": tiny_model_dir.name,
-        "prompt": "Return the value of the",
-        "max_tokens": 8,
+        **GUIDELLM_BODIES[path],
         "stop": None,
         "ignore_eos": True,
-        "stream": True,
-        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+        **GUIDELLM_STREAM,
     }
     with httpx.Client(base_url=stack.base_url, timeout=60) as client:
-        response, events = post_sse(client, "/v1/completions", body)
+        response, events = post_sse(client, path, body)
     assert response.status_code == 200
     chunks = [e.json() for e in events if e.data != "[DONE]"]
     assert all(c["usage"] is not None for c in chunks)
     assert chunks[-1]["usage"]["completion_tokens"] == 8
-    assert "".join(c["choices"][0]["text"] for c in chunks if c["choices"])
+    text_of = (
+        (lambda c: c["text"]) if path == "/v1/completions" else (lambda c: c["delta"].get("content", ""))
+    )
+    assert "".join(text_of(c["choices"][0]) for c in chunks if c["choices"])

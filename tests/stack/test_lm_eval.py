@@ -20,6 +20,7 @@ from tests.harness.services import Stack, running_stack
 from tests.harness.sse_client import post_sse
 
 TASK = "cbserve_tiny_mc"
+GEN_TASK = "cbserve_tiny_gen"
 # Questions in the tiny model's training text (standard-library docstrings), four choices each.
 QUESTIONS = [
     ("Return a new", [" dictionary", " object", " list", " string"], 1),
@@ -58,20 +59,33 @@ def task_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
         'doc_to_target: "{{answer}}"\n'
         "metric_list:\n  - metric: acc\n"
     )
+    # The same questions as a generation task, for the chat model (it generates; it cannot score).
+    (path / f"{GEN_TASK}.yaml").write_text(
+        f"task: {GEN_TASK}\n"
+        "dataset_path: json\n"
+        f"dataset_kwargs:\n  data_files:\n    test: {data}\n"
+        "test_split: test\n"
+        "output_type: generate_until\n"
+        'doc_to_text: "{{question}}"\n'
+        'doc_to_target: "{{choices[answer]}}"\n'
+        "generation_kwargs:\n  until: ['\\n']\n  max_gen_toks: 8\n"
+        "metric_list:\n  - metric: exact_match\n"
+    )
     return path
 
 
-def evaluate(model: str, model_args: str, task_dir: Path) -> dict[str, Any]:
+def evaluate(model: str, model_args: str, task_dir: Path, task: str = TASK, **options: Any) -> dict[str, Any]:
     from lm_eval.tasks import TaskManager  # here, not at the top: it imports datasets (3 s) on collection
 
     result = lm_eval.simple_evaluate(
         model=model,
         model_args=model_args,
-        tasks=[TASK],
+        tasks=[task],
         task_manager=TaskManager(include_path=str(task_dir)),
         batch_size=4,
         log_samples=True,
         device="cpu",
+        **options,
     )
     assert result is not None
     return result
@@ -125,6 +139,24 @@ def test_local_completions_with_only_model_and_base_url(
         "local-completions", f"model={tiny_model_dir.name},base_url={stack.base_url}/v1/completions", task_dir
     )
     assert_scores_as(served, reference)
+
+
+@pytest.mark.usefixtures("offline")
+def test_local_chat_completions_with_only_model_and_base_url(
+    stack: Stack, tiny_model_dir: Path, task_dir: Path
+) -> None:
+    """lm-eval's chat model, zero configuration: every question answered through /v1/chat/completions."""
+    result = evaluate(
+        "local-chat-completions",
+        f"model={tiny_model_dir.name},base_url={stack.base_url}/v1/chat/completions",
+        task_dir,
+        GEN_TASK,
+        apply_chat_template=True,
+    )
+    samples = result["samples"][GEN_TASK]
+    assert len(samples) == len(QUESTIONS)
+    assert all(isinstance(s["resps"][0][0], str) for s in samples)
+    assert "exact_match,none" in result["results"][GEN_TASK]
 
 
 # guidellm's default streaming bodies (its text- and chat-completions handlers): usage on every chunk,

@@ -105,6 +105,9 @@ def _prepare(ctx: LineContext, line: InputLine, req_id: str) -> list[PreparedReq
         raise validation_error(exc.errors()) from None
     if body.stream:
         raise invalid_request("stream is not supported in a batch: each line gets one response", "stream")
+    if body.store:
+        # A line's answer is kept in the batch's output file; it is not a stored chat completion.
+        raise invalid_request("store is not supported in a batch: the output file holds each answer", "store")
     spec = ctx.spec
     return prepare_choices(
         body,

@@ -227,6 +227,15 @@ def test_completions_batch_and_lines_that_fail_as_the_endpoint_would(
     assert errors["streamed"]["response"]["body"]["error"]["param"] == "stream"
 
 
+def test_a_stored_chat_line_is_refused_by_name(alice: openai.OpenAI) -> None:
+    """store: true asks for a stored chat completion, which a batch line does not make: refused."""
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "store": True}
+    batch = run_batch(alice, [request_line("stored", body)])
+    assert batch.request_counts is not None and batch.request_counts.failed == 1
+    error = file_lines(alice, batch.error_file_id)["stored"]["response"]
+    assert error["status_code"] == 400 and error["body"]["error"]["param"] == "store"
+
+
 def test_malformed_input_file_fails_the_batch_with_line_errors(alice: openai.OpenAI) -> None:
     body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
     content = (

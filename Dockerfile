@@ -4,10 +4,11 @@ FROM python:3.11-slim
 ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /app
 
-# A C++ compiler: the worker compiles its forward at startup (inductor's C++ kernels on the CPU,
-# Triton's launcher on CUDA); without one it runs eagerly, with a warning. Its cache lives in the
-# container's ~/.cache, so a restarted container loads its graph instead of compiling it again.
-RUN apt-get update && apt-get install -y --no-install-recommends g++ && rm -rf /var/lib/apt/lists/*
+# A C++ compiler (and ninja, which torch's extension builder drives): the worker compiles its forward
+# at startup (inductor's C++ kernels and gpu_worker/cpu_kernels/ on the CPU, Triton's launcher on
+# CUDA); without one it runs eagerly and gathers K/V for decode attention, with a warning. Its cache
+# lives in the container's ~/.cache, so a restarted container loads its builds instead of compiling.
+RUN apt-get update && apt-get install -y --no-install-recommends g++ ninja-build && rm -rf /var/lib/apt/lists/*
 
 # torch first and on its own layer: it is the big one, and its build (CUDA on PyPI's Linux wheel)
 # is chosen here rather than by a dependency resolver.

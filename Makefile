@@ -66,13 +66,16 @@ PYTEST_WORKERS ?= 2
 # FastAPI: they share compiled bytecode only if the first is allowed to write it, even where the
 # environment sets PYTHONDONTWRITEBYTECODE (Python reads an empty value as unset).
 test: export PYTHONDONTWRITEBYTECODE :=
+# The CPU kernels (gpu_worker/cpu_kernels/) are compiled once, before any test's worker would wait on it.
 test: check-deps lint
+	$(PY) -m gpu_worker.cpu_kernels
 	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile
 
 # The tests that start no service (marked `unit` by their folder, tests/unit/): no Redis, no stack, no
 # lint. The lane to run while changing code; `make test` is still the one that must pass.
 test-fast: export PYTHONDONTWRITEBYTECODE :=
 test-fast: install
+	$(PY) -m gpu_worker.cpu_kernels
 	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile -m unit
 
 # Redis (REDIS_URL if reachable, else redis-server from PATH, else the embedded one), the batcher,

@@ -17,12 +17,14 @@ import argparse
 import statistics
 import time
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 import torch
 
 from batcher.request import Request
 from batcher.scheduler import Scheduler, SchedulerConfig
 from common.protocol import SamplingParams
+from gpu_worker import attention_torch
 from gpu_worker.forward import linear
 from gpu_worker.model_runner import ModelRunner
 from gpu_worker.settings import Quantization, WorkerSettings
@@ -52,21 +54,20 @@ class Variant:
 
 
 def parse_variant(name: str) -> tuple[bool, Quantization | None]:
-    """`eager`, `compiled`, `int8-eager`, `int8-compiled`, `fp8-...`, and `mkl-eager` /
-    `mkl-compiled` (fp32 weights left unpacked, for `F.linear`): (compile, quantization)."""
+    """`eager`, `compiled`, `int8-eager`, `int8-compiled`, `fp8-...`, and the earlier fp32 CPU paths
+    for A/B: `gather-eager` / `-compiled` (decode attention gathers its K/V instead of the CPU
+    kernel reading the pool) and `mkl-eager` / `-compiled` (that, and fp32 weights left unpacked, for
+    `F.linear`): (compile, quantization)."""
     quantization, _, mode = name.rpartition("-")
-    if mode not in ("eager", "compiled") or quantization not in ("", "int8", "fp8", "mkl"):
-        raise SystemExit(f"unknown variant {name!r}: [int8-|fp8-|mkl-]eager or [int8-|fp8-|mkl-]compiled")
-    return mode == "compiled", None if quantization in ("", "mkl") else quantization  # type: ignore[return-value]
+    if mode not in ("eager", "compiled") or quantization not in ("", "int8", "fp8", "gather", "mkl"):
+        raise SystemExit(
+            f"unknown variant {name!r}: [int8-|fp8-|gather-|mkl-]eager or [int8-|fp8-|gather-|mkl-]compiled"
+        )
+    return mode == "compiled", None if quantization in ("", "gather", "mkl") else quantization  # type: ignore[return-value]
 
 
 def build(name: str, args: argparse.Namespace, prompts: list[list[int]]) -> Variant:
     compile, quantization = parse_variant(name)
-    # The `mkl-` variants measure what packing the fp32 weights for oneDNN buys: the worker's
-    # Linear decides at load whether to pack, so the decision is turned off for this load only.
-    packs = linear.packs_on_cpu
-    if name.startswith("mkl-"):
-        linear.packs_on_cpu = lambda weight: False
     settings = WorkerSettings(
         model=args.model,
         num_threads=args.num_threads,
@@ -78,10 +79,17 @@ def build(name: str, args: argparse.Namespace, prompts: list[list[int]]) -> Vari
         worker_id=name,
     )
     started = time.perf_counter()
+    # The earlier paths are chosen at load (Linear packs its weight, the backend looks for the kernel),
+    # so the choices are turned off for this load only.
+    packs, kernels = linear.packs_on_cpu, attention_torch.cpu_kernels
+    if name.startswith("mkl-"):
+        linear.packs_on_cpu = lambda weight: False
+    if name.startswith(("mkl-", "gather-")):
+        attention_torch.cpu_kernels = SimpleNamespace(load=lambda: False)  # type: ignore[assignment]
     try:
         runner = ModelRunner(settings)
     finally:
-        linear.packs_on_cpu = packs
+        linear.packs_on_cpu, attention_torch.cpu_kernels = packs, kernels
     print(f"{name}: ready in {time.perf_counter() - started:.1f} s", flush=True)
     scheduler = Scheduler(SchedulerConfig())
     scheduler.add_worker(runner.worker_info())

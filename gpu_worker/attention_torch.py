@@ -2,11 +2,13 @@
 against): gathers each group's K/V out of the pool into a workspace and runs SDPA with masks.
 
 Decodes are attended in groups of similar context length (one gather and one SDPA per group), and
-every prefill chunk by itself; a first chunk attends over its own K/V without reading the pool. With
-cascade attention (the CPU default), decodes sharing leading blocks read them once
-(cascade_attention.py). A layer's variant (attention_variant.py) adds its window to the masks (built
-once per step and window; blocks wholly before a group's or chunk's window are not gathered) and
-computes softcapping and sinks with eager attention, which SDPA cannot.
+every prefill chunk by itself; a first chunk attends over its own K/V without reading the pool. On
+the CPU at float32 a plain layer's decodes read the pool directly through their block tables
+(cpu_kernels/paged_decode.cpp) instead of gathering a copy first. With cascade attention (the CPU
+default), decodes sharing leading blocks read them once (cascade_attention.py). A layer's variant
+(attention_variant.py) adds its window to the masks (built once per step and window; blocks wholly
+before a group's or chunk's window are not gathered) and computes softcapping and sinks with eager
+attention, which SDPA cannot.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from gpu_worker import cpu_kernels
 from gpu_worker.attention_backend import AttentionBackend, CommonAttentionMetadata
 from gpu_worker.attention_variant import PLAIN, AttentionVariant, allowed_positions, attend
 from gpu_worker.cascade_attention import (
@@ -55,6 +58,7 @@ class DecodeGroup:
     # [b, 1, 1, nb * block_size] bool, True below each context length; None when every table is full
     mask: torch.Tensor | None
     query_pos: torch.Tensor  # [b] host: position of each decoded token (context length - 1)
+    context_lens: torch.Tensor  # [b] int32: keys each query attends over (the CPU kernel's input)
     num_keys: int  # positions the gather reads per row: table blocks * block size
 
 
@@ -107,6 +111,8 @@ class TorchAttentionBackend(AttentionBackend[TorchAttentionMetadata]):
         self.group_decodes = group_decodes
         # CPU only: it calls the CPU flash kernel for the log-sum-exp.
         self.cascade = cascade
+        pool = kv_cache.k_pools[0]
+        self.decode_kernel = pool.device.type == "cpu" and pool.dtype == torch.float32 and cpu_kernels.load()
 
     def build_metadata(self, common: CommonAttentionMetadata) -> TorchAttentionMetadata:
         block_size = self.kv_cache.block_size
@@ -161,7 +167,7 @@ class TorchAttentionBackend(AttentionBackend[TorchAttentionMetadata]):
         num_table_blocks = _ceil_div(lens[0], block_size)  # the longest comes first
         # Rows are padded with block 0, which is harmless: the mask hides every position past the
         # context length.
-        tables = common.block_tables[start:end, :num_table_blocks]
+        tables = common.block_tables[start:end, :num_table_blocks].contiguous()
         mask: torch.Tensor | None = None
         if lens[-1] < num_table_blocks * block_size:  # someone's table ends before it is full
             full = torch.arange(num_table_blocks * block_size).unsqueeze(0) < torch.tensor(lens).unsqueeze(1)
@@ -172,6 +178,7 @@ class TorchAttentionBackend(AttentionBackend[TorchAttentionMetadata]):
             block_tables=tables,
             mask=mask,
             query_pos=torch.tensor(lens) - 1,
+            context_lens=torch.tensor(lens, dtype=torch.int32, device=tables.device),
             num_keys=num_table_blocks * block_size,
         )
 
@@ -214,6 +221,17 @@ class TorchAttentionBackend(AttentionBackend[TorchAttentionMetadata]):
         variant: AttentionVariant,
         out: torch.Tensor,
     ) -> None:
+        if self.decode_kernel and variant.is_plain:
+            result = (
+                out if out.is_contiguous() else torch.empty_like(out, memory_format=torch.contiguous_format)
+            )
+            torch.ops.cbserve_cpu.paged_decode_attention(
+                result, q.contiguous(), self.kv_cache.k_pools[layer], self.kv_cache.v_pools[layer],
+                group.block_tables, group.context_lens, scale,
+            )  # fmt: skip
+            if result is not out:
+                out.copy_(result)
+            return
         # A group's single-token queries in one gather and one SDPA: [b, H, 1, D] over [b, KVH, L, D].
         first_block, mask = read
         k_cache, v_cache = self.kv_cache.gather(layer, group.block_tables[:, first_block:])

@@ -1,0 +1,52 @@
+"""C++ kernels for the CPU, built with the host's compiler at first use (torch.utils.cpp_extension)
+and cached in torch's extensions directory, so a restart loads them in milliseconds.
+
+`python -m gpu_worker.cpu_kernels` builds them ahead of time (`make test` does, so that no test's
+worker waits on the compiler).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+SOURCES = [Path(__file__).with_name("paged_decode.cpp")]
+
+
+def _host_tag() -> str:
+    """The build is tuned for this CPU (-march=native): a cache shared with another CPU model must not
+    load it, so the extension's name carries a digest of the CPU's flags."""
+    try:
+        flags = next(
+            line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")
+        )
+    except (OSError, StopIteration):
+        flags = "unknown"
+    return hashlib.sha1(flags.encode()).hexdigest()[:10]
+
+
+@functools.cache
+def load() -> bool:
+    """Build (or load the cached build of) the kernels and register their ops under
+    `torch.ops.cbserve_cpu`; False, with a warning, where no C++ compiler can build them."""
+    from torch.utils import cpp_extension
+
+    try:
+        cpp_extension.load(
+            name=f"cbserve_cpu_kernels_{_host_tag()}",
+            sources=[str(path) for path in SOURCES],
+            extra_cflags=["-O3", "-march=native", "-fopenmp"],
+            extra_ldflags=["-fopenmp"],
+            is_python_module=False,
+            verbose=False,
+        )
+    except Exception as exc:  # a missing compiler or headers: the gathering path still works
+        log.warning("CPU attention kernels unavailable, decodes gather their K/V instead: %s", exc)
+        return False
+    return hasattr(torch.ops.cbserve_cpu, "paged_decode_attention")

@@ -1,0 +1,71 @@
+"""The CPU decode-attention kernel (gpu_worker/cpu_kernels/): reading the pool through the block tables
+gives what gathering the K/V and running SDPA gives, on the same pool and step."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gpu_worker import cpu_kernels
+from gpu_worker.attention_torch import TorchAttentionBackend
+from gpu_worker.attention_variant import AttentionVariant
+from gpu_worker.input_batch import ScheduledRequest, build_input_batch
+from tests.harness.paged_steps import pool, scheduled_request
+
+BS = 16
+
+
+def _kernel_against_gather(
+    requests: list[ScheduledRequest], queries_per_kv: int, variant: AttentionVariant | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The backend's output with the kernel and with it turned off, over one random pool and step."""
+    num_kv_heads, head_dim = 2, 32
+    kv_cache = pool(512, BS, num_kv_heads, head_dim, torch.float32)
+    fill = torch.Generator().manual_seed(3)
+    for p in (*kv_cache.k_pools, *kv_cache.v_pools):
+        p.copy_(torch.randn(p.shape, generator=fill))
+    backend = TorchAttentionBackend(kv_cache, group_decodes=True)
+    assert backend.decode_kernel  # a float32 pool on the CPU, with the host's compiler
+    common = build_input_batch(requests, backend, torch.device("cpu")).attn_metadata.common
+    rand = torch.Generator().manual_seed(5)
+    tokens = common.num_actual_tokens
+    query = torch.randn(tokens, num_kv_heads * queries_per_kv, head_dim, generator=rand)
+    key = torch.randn(tokens, num_kv_heads, head_dim, generator=rand)
+    value = torch.randn(tokens, num_kv_heads, head_dim, generator=rand)
+    outs = []
+    for kernel in (True, False):
+        backend.decode_kernel = kernel
+        args = (0, query, key, value, backend.build_metadata(common), head_dim**-0.5)
+        outs.append(backend.forward(*args) if variant is None else backend.forward(*args, variant=variant))
+    return outs[0], outs[1]
+
+
+@pytest.mark.parametrize("queries_per_kv", [1, 4])
+def test_decodes_read_in_place_equal_gathered_decodes(queries_per_kv: int) -> None:
+    scattered = torch.randperm(300, generator=torch.Generator().manual_seed(1)).tolist()
+    requests = [
+        scheduled_request(0, scattered[:20], 19 * BS + 7, 1),  # tables of every length, blocks anywhere
+        scheduled_request(1, scattered[20:23], 2 * BS + 15, 1),
+        scheduled_request(2, scattered[23:24], 0, 1),  # its first token: one key, its own
+        scheduled_request(3, scattered[24:30], 6 * BS - 1, 1),  # the last slot of its last block
+        scheduled_request(4, scattered[30:40], 3 * BS, 40),  # a prefill chunk in the same step
+    ]
+    out, expected = _kernel_against_gather(requests, queries_per_kv)
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_a_windowed_layer_keeps_the_gathering_path() -> None:
+    requests = [scheduled_request(0, list(range(10)), 9 * BS + 3, 1)]
+    out, expected = _kernel_against_gather(requests, 2, AttentionVariant(window=20))
+    assert torch.equal(out, expected)  # the kernel has no window: both ran the same code
+
+
+def test_the_kernel_refuses_what_it_cannot_read() -> None:
+    assert cpu_kernels.load()
+    q = torch.zeros(1, 2, 8)
+    pool_ = torch.zeros(4, BS, 2, 8)
+    tables, lens = torch.zeros(1, 1, dtype=torch.int32), torch.ones(1, dtype=torch.int32)
+    with pytest.raises(RuntimeError, match="float32 only"):
+        torch.ops.cbserve_cpu.paged_decode_attention(q, q, pool_.bfloat16(), pool_, tables, lens, 1.0)
+    with pytest.raises(RuntimeError, match="int32"):
+        torch.ops.cbserve_cpu.paged_decode_attention(q, q, pool_, pool_, tables.long(), lens, 1.0)

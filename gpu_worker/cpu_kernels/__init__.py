@@ -19,16 +19,30 @@ log = logging.getLogger(__name__)
 SOURCES = [Path(__file__).with_name("paged_decode.cpp")]
 
 
-def _host_tag() -> str:
-    """The build is tuned for this CPU (-march=native): a cache shared with another CPU model must not
-    load it, so the extension's name carries a digest of the CPU's flags."""
+def _cpu_flags() -> str:
     try:
-        flags = next(
+        return next(
             line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")
         )
     except (OSError, StopIteration):
-        flags = "unknown"
+        return "unknown"
+
+
+def _host_tag(flags: str) -> str:
+    """The build is tuned for this CPU (-march=native): a cache shared with another CPU model must not
+    load it, so the extension's name carries a digest of the CPU's flags."""
     return hashlib.sha1(flags.encode()).hexdigest()[:10]
+
+
+def _vector_flags(flags: str) -> list[str]:
+    """ATen's Vectorized<float> picks its width from CPU_CAPABILITY, as inductor's C++ kernels set it;
+    without it the kernels' exp and reductions fall back to scalar loops."""
+    have = set(flags.split())
+    if {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= have:
+        return ["-DCPU_CAPABILITY=AVX512", "-DCPU_CAPABILITY_AVX512"]
+    if {"avx2", "fma"} <= have:
+        return ["-DCPU_CAPABILITY=AVX2", "-DCPU_CAPABILITY_AVX2"]
+    return []
 
 
 @functools.cache
@@ -37,11 +51,12 @@ def load() -> bool:
     `torch.ops.cbserve_cpu`; False, with a warning, where no C++ compiler can build them."""
     from torch.utils import cpp_extension
 
+    flags = _cpu_flags()
     try:
         cpp_extension.load(
-            name=f"cbserve_cpu_kernels_{_host_tag()}",
+            name=f"cbserve_cpu_kernels_{_host_tag(flags)}",
             sources=[str(path) for path in SOURCES],
-            extra_cflags=["-O3", "-march=native", "-fopenmp"],
+            extra_cflags=["-O3", "-march=native", "-fopenmp", *_vector_flags(flags)],
             extra_ldflags=["-fopenmp"],
             is_python_module=False,
             verbose=False,

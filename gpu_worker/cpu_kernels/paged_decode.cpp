@@ -1,21 +1,46 @@
-// Decode attention straight from the paged KV pool on the CPU: each (sequence, KV head) reads its
-// keys and values through its block table once, with no gathered copy. Float32, no variant.
+// Decode attention straight from the paged KV pool on the CPU: each sequence reads its keys and values
+// through its block table once, with no gathered copy. Float32, no variant.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <ATen/cpu/vec/functional.h>
+#include <ATen/cpu/vec/vec.h>
 #include <torch/library.h>
 
 #include <algorithm>
-#include <cmath>
-#include <limits>
 #include <vector>
 
 namespace {
 
+using Vec = at::vec::Vectorized<float>;
+
 inline float dot(const float* a, const float* b, int64_t n) {
-    float s = 0.f;
-#pragma omp simd reduction(+ : s)
-    for (int64_t i = 0; i < n; ++i) s += a[i] * b[i];
+    constexpr int64_t w = Vec::size();
+    Vec s0(0.f), s1(0.f);
+    int64_t i = 0;
+    for (; i + 2 * w <= n; i += 2 * w) {
+        s0 = at::vec::fmadd(Vec::loadu(a + i), Vec::loadu(b + i), s0);
+        s1 = at::vec::fmadd(Vec::loadu(a + i + w), Vec::loadu(b + i + w), s1);
+    }
+    for (; i + w <= n; i += w) s0 = at::vec::fmadd(Vec::loadu(a + i), Vec::loadu(b + i), s0);
+    float s = at::vec::vec_reduce_all<float>([](Vec& x, Vec& y) { return x + y; }, s0 + s1);
+    for (; i < n; ++i) s += a[i] * b[i];
     return s;
+}
+
+// y += p * x
+inline void axpy(float* y, float p, const float* x, int64_t n) {
+    constexpr int64_t w = Vec::size();
+    const Vec pv(p);
+    int64_t i = 0;
+    for (; i + w <= n; i += w) at::vec::fmadd(pv, Vec::loadu(x + i), Vec::loadu(y + i)).store(y + i);
+    for (; i < n; ++i) y[i] += p * x[i];
+}
+
+// s = exp(s - max(s)) in place; returns the sum.
+inline float softmax_numerators(float* s, int64_t n) {
+    const float m = at::vec::reduce_all<float>([](Vec& x, Vec& y) { return at::vec::maximum(x, y); }, s, n);
+    at::vec::map([m](Vec x) { return (x - Vec(m)).exp(); }, s, s, n);
+    return at::vec::reduce_all<float>([](Vec& x, Vec& y) { return x + y; }, s, n);
 }
 
 }  // namespace
@@ -44,47 +69,47 @@ void paged_decode_attention(at::Tensor out, at::Tensor query, at::Tensor k_pool,
     const int32_t* lens = context_lens.data_ptr<int32_t>();
     float* o = out.data_ptr<float>();
     const float fscale = static_cast<float>(scale);
+    // A task is one sequence's KV heads, or a slice of them when there are fewer sequences than
+    // threads: a whole sequence reads each token's K/V row contiguously.
+    const int64_t slices = std::min<int64_t>(KVH, std::max<int64_t>(1, (at::get_num_threads() + B - 1) / B));
 
-    at::parallel_for(0, B * KVH, 1, [&](int64_t begin, int64_t end) {
+    at::parallel_for(0, B * slices, 1, [&](int64_t begin, int64_t end) {
         std::vector<float> scores;
-        std::vector<float> acc(group * D);
+        std::vector<float> acc;
         for (int64_t task = begin; task < end; ++task) {
-            const int64_t b = task / KVH, kvh = task % KVH;
+            const int64_t b = task / slices, slice = task % slices;
+            const int64_t kv0 = slice * KVH / slices, kv1 = (slice + 1) * KVH / slices;
+            const int64_t h0 = kv0 * group, nh = (kv1 - kv0) * group;
             const int64_t n = lens[b];
             const int32_t* table = tables + b * MB;
-            const float* qb = q + (b * H + kvh * group) * D;
-            scores.assign(group * n, 0.f);
+            const float* qb = q + (b * H + h0) * D;
+            scores.resize(nh * n);
             for (int64_t t = 0; t < n; ++t) {
-                const float* k = kp + ((static_cast<int64_t>(table[t / BS]) * BS + t % BS) * KVH + kvh) * D;
-                for (int64_t g = 0; g < group; ++g) scores[g * n + t] = dot(qb + g * D, k, D) * fscale;
-            }
-            std::fill(acc.begin(), acc.end(), 0.f);
-            std::vector<float> denom(group, 0.f);
-            for (int64_t g = 0; g < group; ++g) {
-                float* s = scores.data() + g * n;
-                float m = -std::numeric_limits<float>::infinity();
-                for (int64_t t = 0; t < n; ++t) m = std::max(m, s[t]);
-                float sum = 0.f;
-                for (int64_t t = 0; t < n; ++t) {
-                    s[t] = std::exp(s[t] - m);
-                    sum += s[t];
-                }
-                denom[g] = sum;
-            }
-            for (int64_t t = 0; t < n; ++t) {
-                const float* v = vp + ((static_cast<int64_t>(table[t / BS]) * BS + t % BS) * KVH + kvh) * D;
-                for (int64_t g = 0; g < group; ++g) {
-                    const float p = scores[g * n + t];
-                    float* a = acc.data() + g * D;
-#pragma omp simd
-                    for (int64_t d = 0; d < D; ++d) a[d] += p * v[d];
+                const int64_t row = (static_cast<int64_t>(table[t / BS]) * BS + t % BS) * KVH;
+                for (int64_t kvh = kv0; kvh < kv1; ++kvh) {
+                    const float* k = kp + (row + kvh) * D;
+                    for (int64_t g = 0; g < group; ++g) {
+                        const int64_t h = (kvh - kv0) * group + g;
+                        scores[h * n + t] = dot(qb + h * D, k, D) * fscale;
+                    }
                 }
             }
-            for (int64_t g = 0; g < group; ++g) {
-                float* ob = o + (b * H + kvh * group + g) * D;
-                const float inv = 1.f / denom[g];
-                for (int64_t d = 0; d < D; ++d) ob[d] = acc[g * D + d] * inv;
+            std::vector<float> inv(nh);
+            for (int64_t h = 0; h < nh; ++h) inv[h] = 1.f / softmax_numerators(scores.data() + h * n, n);
+            acc.assign(nh * D, 0.f);
+            for (int64_t t = 0; t < n; ++t) {
+                const int64_t row = (static_cast<int64_t>(table[t / BS]) * BS + t % BS) * KVH;
+                for (int64_t kvh = kv0; kvh < kv1; ++kvh) {
+                    const float* v = vp + (row + kvh) * D;
+                    for (int64_t g = 0; g < group; ++g) {
+                        const int64_t h = (kvh - kv0) * group + g;
+                        axpy(acc.data() + h * D, scores[h * n + t], v, D);
+                    }
+                }
             }
+            float* ob = o + (b * H + h0) * D;
+            for (int64_t h = 0; h < nh; ++h)
+                for (int64_t d = 0; d < D; ++d) ob[h * D + d] = acc[h * D + d] * inv[h];
         }
     });
 }

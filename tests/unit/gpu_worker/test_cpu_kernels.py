@@ -41,7 +41,8 @@ def _kernel_against_gather(
 
 
 @pytest.mark.parametrize("queries_per_kv", [1, 4])
-def test_decodes_read_in_place_equal_gathered_decodes(queries_per_kv: int) -> None:
+@pytest.mark.parametrize("threads", [1, 4])  # 4: fewer sequences than threads split their heads
+def test_decodes_read_in_place_equal_gathered_decodes(queries_per_kv: int, threads: int) -> None:
     scattered = torch.randperm(300, generator=torch.Generator().manual_seed(1)).tolist()
     requests = [
         scheduled_request(0, scattered[:20], 19 * BS + 7, 1),  # tables of every length, blocks anywhere
@@ -50,7 +51,12 @@ def test_decodes_read_in_place_equal_gathered_decodes(queries_per_kv: int) -> No
         scheduled_request(3, scattered[24:30], 6 * BS - 1, 1),  # the last slot of its last block
         scheduled_request(4, scattered[30:40], 3 * BS, 40),  # a prefill chunk in the same step
     ]
-    out, expected = _kernel_against_gather(requests, queries_per_kv)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        out, expected = _kernel_against_gather(requests, queries_per_kv)
+    finally:
+        torch.set_num_threads(before)
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
 
 

@@ -14,6 +14,7 @@ from batcher.prefix_cache import Admission, cache_computed_blocks, plan_admissio
 from batcher.prefix_wait import waits_for_prefix
 from batcher.request import Request, RequestStatus
 from batcher.scheduler_state import SchedulerState, StepDraft
+from batcher.spec_decode.drafting import propose_drafts
 from batcher.waiting_order import order_waiting
 from batcher.worker_state import WorkerState
 from common.protocol import CachedRequestData
@@ -45,6 +46,8 @@ def schedule_running(
         num_new = min(req.num_tokens_with_placeholders - req.num_computed_tokens, budget)
         if num_new <= 0 or req.is_finishing:
             continue
+        drafts = draft_for(state, ws, req, num_new, budget)
+        num_new += len(drafts)
         need = bm.num_new_blocks(len(req.block_ids), req.num_computed_tokens + num_new)
         while need > bm.num_free_blocks:
             victim = preemption_victim(ws.running)
@@ -64,8 +67,22 @@ def schedule_running(
             )
         )
         schedule_chunk(state, ws, req, num_new, step)
+        if drafts:
+            step.spec_token_ids[req.req_id] = drafts
         budget -= num_new
     return budget, preempted
+
+
+def draft_for(state: SchedulerState, ws: WorkerState, req: Request, num_new: int, budget: int) -> list[int]:
+    """Drafts for a decode (`num_new` 1) when speculation is on, only if their blocks are free:
+    drafts never preempt anything."""
+    config = state.config.speculative
+    if config is None or num_new != 1:
+        return []
+    drafts = propose_drafts(config, req, budget, ws.info.max_model_len)
+    bm = ws.block_manager
+    need = bm.num_new_blocks(len(req.block_ids), req.num_computed_tokens + 1 + len(drafts))
+    return drafts if need <= bm.num_free_blocks else []
 
 
 def schedule_waiting(

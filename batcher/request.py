@@ -32,6 +32,7 @@ class Request:
     # Tokens the steps already sent will sample but whose results have not arrived (async scheduling).
     num_output_placeholders: int = 0
     num_inflight_steps: int = 0  # steps sent with this request whose results have not arrived
+    spec_token_ids: list[int] = field(default_factory=list)  # drafts of its step in flight (vLLM's name)
     # Known tokens when it was last admitted: computing any of them is prefill (a recompute included).
     num_prefill_tokens: int = 0
     block_ids: list[int] = field(default_factory=list)

@@ -12,7 +12,7 @@
 
 from __future__ import annotations
 
-from batcher.request import Request
+from batcher.request import Request, RequestStatus
 from batcher.retry_rules import EarlyAborts, expire_waiting, retry_or_give_up
 from batcher.scheduler_state import (
     Policy,
@@ -132,6 +132,9 @@ class Scheduler(SchedulerState):
                 continue  # aborted or finished while its step ran
             # The token is on the request's stream already, so it is kept even if the request was
             # preempted after this step was sent (it is then recomputed with it).
+            accepted = out.accepted_draft_token_ids.get(req_id, [])
+            self.account_drafts(req, len(accepted))
+            req.output_token_ids += accepted
             req.output_token_ids.append(token_id)
             if req.num_output_placeholders:
                 req.num_output_placeholders -= 1
@@ -139,8 +142,23 @@ class Scheduler(SchedulerState):
                 self.finish(req, reason)
                 self.stats.num_finished += 1
                 finished.append(req)
+        for req_id in scheduled:
+            req = self.requests.get(req_id)
+            if req is not None:
+                req.spec_token_ids = []  # a request that did not sample (failed, skipped) drafted nothing
         for req_id, message in out.req_errors.items():
             req = self.running_on(ws, req_id)
             if req is not None and retry_or_give_up(self, ws, req, message):
                 finished.append(req)
         return finished
+
+    def account_drafts(self, req: Request, num_accepted: int) -> None:
+        """The accepted drafts' KV is computed: count it (the rejected ones' is not, and is rewritten)."""
+        num_drafts = len(req.spec_token_ids)
+        if not num_drafts:
+            return
+        if req.status is RequestStatus.RUNNING:
+            req.num_computed_tokens += num_accepted
+        self.stats.spec_decode_num_drafts += 1
+        self.stats.spec_decode_num_draft_tokens += num_drafts
+        self.stats.spec_decode_num_accepted_tokens += num_accepted

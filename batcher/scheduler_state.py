@@ -10,6 +10,7 @@ from batcher.request import Request, RequestStatus
 from batcher.waiting_queue import WaitingQueue
 from batcher.worker_state import WorkerState
 from common.protocol import CachedRequestData, FinishReason, NewRequestData
+from common.speculative_config import SpeculativeConfig
 
 Policy = Literal["fused", "tgi"]
 WaitingOrder = Literal["fcfs", "lpm"]
@@ -39,6 +40,8 @@ class SchedulerConfig:
     prefix_wait: bool = True
     # "fcfs": arrival order; "lpm": most cached tokens on the worker first (waiting_order.py).
     waiting_order: WaitingOrder = "fcfs"
+    # Decodes draft tokens for the worker to verify (batcher/spec_decode/); None: never.
+    speculative: SpeculativeConfig | None = None
 
     @property
     def max_steps_in_flight(self) -> int:
@@ -60,6 +63,9 @@ class SchedulerStats:
     num_queue_timeouts: int = 0  # never-scheduled requests failed at their queue deadline
     worker_busy_s: float = 0.0  # summed step_time of all results
     worker_idle_s: float = 0.0  # summed time workers waited for their next step
+    spec_decode_num_drafts: int = 0  # decodes sent with drafts
+    spec_decode_num_draft_tokens: int = 0  # draft tokens sent
+    spec_decode_num_accepted_tokens: int = 0  # of which the worker accepted
 
 
 @dataclass(slots=True)
@@ -69,6 +75,7 @@ class StepDraft:
     num_scheduled: dict[str, int] = field(default_factory=dict)  # req_id -> tokens this step
     cached: list[CachedRequestData] = field(default_factory=list)  # running ones, continued
     new: list[NewRequestData] = field(default_factory=list)  # admitted now
+    spec_token_ids: dict[str, list[int]] = field(default_factory=dict)  # req_id -> its drafts
     failed: list[Request] = field(default_factory=list)
 
 
@@ -127,6 +134,7 @@ def reset(req: Request) -> None:
     req.num_cached_blocks = 0
     req.num_computed_tokens = 0
     req.num_output_placeholders = 0
+    req.spec_token_ids = []
     req.worker_id = None
 
 

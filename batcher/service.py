@@ -63,6 +63,7 @@ class Batcher:
                 cache_overlap_weight=settings.cache_overlap_weight,
                 prefix_wait=settings.prefix_wait,
                 waiting_order=settings.waiting_order,
+                speculative=settings.speculative_config,
             )
         )
         self.metrics = BatcherMetrics(self.scheduler)

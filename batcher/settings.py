@@ -17,6 +17,7 @@ from common.settings import (
     redis_url_field,
     retention_field,
 )
+from common.speculative_config import SpeculativeConfig, speculative_config_field
 
 
 def _default_batcher_id() -> str:
@@ -81,6 +82,7 @@ class BatcherSettings(BaseSettings):
         "longest prefix cached on the worker first (SGLang), for a lower mean time to first token "
         "when hits queue behind uncached prompts; an uncached prompt then waits while hits keep coming.",
     )
+    speculative_config: SpeculativeConfig | None = speculative_config_field()
     heartbeat_timeout_s: float = Field(
         5.0, gt=0, description="A worker whose last heartbeat is older than this is dead."
     )
@@ -116,5 +118,10 @@ class BatcherSettings(BaseSettings):
             raise ValueError(
                 "BATCHER_MAX_NUM_BATCHED_TOKENS must be at least BATCHER_MAX_NUM_SEQS, "
                 "or a full batch of decodes could not fit in one step"
+            )
+        if self.speculative_config is not None and self.async_scheduling:
+            # A step's drafts are verified before the next one is planned: their count decides it.
+            raise ValueError(
+                "SPECULATIVE_CONFIG does not work with BATCHER_ASYNC_SCHEDULING yet; unset one of them"
             )
         return self

@@ -32,7 +32,7 @@ def schedule_step(state: SchedulerState, ws: WorkerState) -> tuple[SchedulerOutp
     ws.step_id += 1
     ws.in_flight.append((ws.step_id, dict(num_scheduled)))
     for req_id, n in num_scheduled.items():
-        account_scheduled(state.requests[req_id], n)
+        account_scheduled(state.requests[req_id], n, step.spec_token_ids.get(req_id, []))
     state.stats.num_steps += 1
     out = SchedulerOutput(
         step_id=ws.step_id,
@@ -41,14 +41,17 @@ def schedule_step(state: SchedulerState, ws: WorkerState) -> tuple[SchedulerOutp
         num_scheduled_tokens=num_scheduled,
         total_num_scheduled_tokens=sum(num_scheduled.values()),
         finished_req_ids=ws.to_free,
+        scheduled_spec_decode_tokens=step.spec_token_ids,
     )
     ws.to_free = []
     return out, step.failed
 
 
-def account_scheduled(req: Request, num_new: int) -> None:
-    """Count a step's tokens as computed when it is sent, as vLLM's async scheduler does."""
-    req.num_computed_tokens += num_new
+def account_scheduled(req: Request, num_new: int, drafts: list[int]) -> None:
+    """Count a step's tokens as computed when it is sent, as vLLM's async scheduler does; its drafts
+    only once the result says which were accepted (the rejected ones' slots are simply rewritten)."""
+    req.num_computed_tokens += num_new - len(drafts)
+    req.spec_token_ids = drafts
     req.num_inflight_steps += 1
     if req.num_computed_tokens == req.num_tokens_with_placeholders:
         req.num_output_placeholders += 1  # this step ends with a sample

@@ -136,6 +136,8 @@ class SchedulerOutput(msgspec.Struct, tag="step", kw_only=True):
     total_num_scheduled_tokens: int
     finished_req_ids: list[str]  # finished, aborted or preempted since the last step: free them
     epoch: int = 0  # the sending batcher's lease epoch (batcher/leadership.py); echoed in the result
+    # vLLM's name: req_id -> draft tokens computed after its known tokens (in num_scheduled_tokens).
+    scheduled_spec_decode_tokens: dict[str, list[int]] = {}
 
 
 class ModelRunnerOutput(msgspec.Struct, tag="result", kw_only=True):
@@ -151,6 +153,8 @@ class ModelRunnerOutput(msgspec.Struct, tag="result", kw_only=True):
     step_time: float = 0.0  # seconds spent in forward + sample
     worker_idle_s: float = 0.0  # seconds between publishing the previous result and receiving this step
     epoch: int = 0  # the epoch of the step it answers: a new batcher ignores results of an old one
+    # req_id -> the drafts verified this step: its output grew by them, then by its sampled token.
+    accepted_draft_token_ids: dict[str, list[int]] = {}
 
 
 class TokenEvent(msgspec.Struct, tag="token", kw_only=True, omit_defaults=True):

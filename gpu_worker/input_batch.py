@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -22,6 +22,16 @@ from gpu_worker.prompt_logprobs import PromptRows, prompt_rows
 class ScheduledRequest:
     state: CachedRequestState
     num_tokens: int  # tokens computed for it this step, starting at state.num_computed_tokens
+    spec_token_ids: list[int] = field(default_factory=list)  # drafts computed after its known tokens
+
+    @property
+    def token_ids(self) -> list[int]:
+        """Its known tokens, then this step's drafts."""
+        return self.state.token_ids + self.spec_token_ids if self.spec_token_ids else self.state.token_ids
+
+    @property
+    def num_tokens_with_drafts(self) -> int:
+        return self.state.num_tokens + len(self.spec_token_ids)
 
 
 @dataclass(slots=True)
@@ -36,13 +46,15 @@ class InputBatch:
     prompt_rows: list[PromptRows]
     prompt_indices: torch.Tensor | None  # [R] their flat indexes, None when there are none
     prompt_targets: torch.Tensor | None  # [R] the prompt token each of them predicts
+    # Requests with drafts, and per draft the flat index of the token before it, whose logits verify it.
+    spec_reqs: list[ScheduledRequest]
+    spec_indices: torch.Tensor | None  # [D] in spec_reqs order, None when nothing drafted
 
     @property
     def kept_indices(self) -> torch.Tensor:
-        """The flat indexes whose logits the forward keeps: sampling rows, then prompt rows."""
-        if self.prompt_indices is None:
-            return self.logits_indices
-        return torch.cat([self.logits_indices, self.prompt_indices])
+        """The flat indexes whose logits the forward keeps: sampling rows, draft rows, prompt rows."""
+        extra = [i for i in (self.spec_indices, self.prompt_indices) if i is not None]
+        return torch.cat([self.logits_indices, *extra]) if extra else self.logits_indices
 
 
 def build_input_batch(
@@ -62,7 +74,7 @@ def build_input_batch(
     num_table_blocks = [-(-n // block_size) for n in seq_lens]
     input_ids = list(
         itertools.chain.from_iterable(
-            r.state.token_ids[c:s] for r, c, s in zip(ordered, computed, seq_lens, strict=True)
+            r.token_ids[c:s] for r, c, s in zip(ordered, computed, seq_lens, strict=True)
         )
     )
     table_ids = list(
@@ -70,7 +82,7 @@ def build_input_batch(
             r.state.block_ids[:nb] for r, nb in zip(ordered, num_table_blocks, strict=True)
         )
     )
-    sampling = [r for r, s in zip(ordered, seq_lens, strict=True) if s == r.state.num_tokens]
+    sampling = [r for r, s in zip(ordered, seq_lens, strict=True) if s == r.num_tokens_with_drafts]
 
     num_reqs, num_tokens = len(ordered), len(input_ids)
     query_lens_t = torch.tensor(query_lens, dtype=torch.int32)
@@ -98,10 +110,17 @@ def build_input_batch(
         block_tables[token_seq, positions // block_size].long() * block_size + positions % block_size
     )
     sampled_seqs = torch.tensor(
-        [s == r.state.num_tokens for r, s in zip(ordered, seq_lens, strict=True)], dtype=torch.bool
+        [s == r.num_tokens_with_drafts for r, s in zip(ordered, seq_lens, strict=True)], dtype=torch.bool
     )
     logits_indices = (query_start_loc[1:].long() - 1)[sampled_seqs]
     starts = query_start_loc.tolist()
+    spec_reqs = [r for r in ordered if r.spec_token_ids]
+    spec_flat = [
+        i
+        for r, end in zip(ordered, starts[1:], strict=True)
+        if r.spec_token_ids
+        for i in range(end - 1 - len(r.spec_token_ids), end - 1)
+    ]
     rows, prompt_flat, targets = prompt_rows(
         [(r.state, start, r.num_tokens) for r, start in zip(ordered, starts, strict=False)]
     )
@@ -131,6 +150,8 @@ def build_input_batch(
         prompt_rows=rows,
         prompt_indices=_to_device(torch.tensor(prompt_flat, dtype=torch.long), device) if rows else None,
         prompt_targets=_to_device(torch.tensor(targets, dtype=torch.long), device) if rows else None,
+        spec_reqs=spec_reqs,
+        spec_indices=_to_device(torch.tensor(spec_flat, dtype=torch.long), device) if spec_flat else None,
     )
 
 

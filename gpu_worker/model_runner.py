@@ -47,6 +47,7 @@ from gpu_worker.prompt_logprobs import collect_prompt_logprobs
 from gpu_worker.sampler import Sampler
 from gpu_worker.sampling_state import SamplingState
 from gpu_worker.settings import WorkerSettings
+from gpu_worker.spec_decode import verify_greedy
 from gpu_worker.step_checks import check_cached, check_new, check_scheduled
 from gpu_worker.step_hooks import with_step_hooks
 from gpu_worker.step_output import advance, token_events
@@ -90,6 +91,8 @@ class ModelRunner:
         )
         # What the last step's grammars ended, by req_id, for advance().
         self._grammar_ends: dict[str, FinishReason] = {}
+        # The drafts the last step accepted, by req_id (only requests that drafted).
+        self._step_accepted: dict[str, list[int]] = {}
         # The real forward and sampling, or a test/benchmark stand-in chosen once (step_hooks.py).
         self._sample_step = with_step_hooks(settings, self._sample)
         self.requests: dict[str, CachedRequestState] = {}
@@ -184,15 +187,20 @@ class ModelRunner:
             logger.exception("step %d failed", scheduler_output.step_id)
             self._rollback(undo)
             raise _StepFailed(f"{type(exc).__name__}: {exc}") from exc
-        finish_reasons = advance(batch, sampled, self.eos_token_ids, self.max_model_len, self._grammar_ends)
+        req_ids = [r.state.req_id for r in batch.sampling_reqs]
+        runs = [[*self._step_accepted.get(i, []), t] for i, t in zip(req_ids, sampled, strict=True)]
+        finish_reasons = advance(batch, runs, self.eos_token_ids, self.max_model_len, self._grammar_ends)
         return ModelRunnerOutput(
             step_id=scheduler_output.step_id,
             worker_id=self.worker_id,
-            req_ids=[r.state.req_id for r in batch.sampling_reqs],
-            sampled_token_ids=sampled,
+            req_ids=req_ids,
+            sampled_token_ids=[run[-1] for run in runs],
             finish_reasons=finish_reasons,
             req_errors=req_errors,
             num_scheduled_tokens=int(batch.input_ids.shape[1]),
+            accepted_draft_token_ids={
+                i: run[:-1] for i, run in zip(req_ids, runs, strict=True) if len(run) > 1
+            },
         )
 
     def _isolate(self, so: SchedulerOutput) -> ModelRunnerOutput:
@@ -216,6 +224,9 @@ class ModelRunner:
                 num_scheduled_tokens={req_id: num_tokens},
                 total_num_scheduled_tokens=num_tokens,
                 finished_req_ids=frees,
+                scheduled_spec_decode_tokens={
+                    i: d for i, d in so.scheduled_spec_decode_tokens.items() if i == req_id
+                },
             )
             frees = []  # applied with the first request
             try:
@@ -229,6 +240,7 @@ class ModelRunner:
             merged.sampled_token_ids += out.sampled_token_ids
             merged.finish_reasons += out.finish_reasons
             merged.req_errors.update(out.req_errors)
+            merged.accepted_draft_token_ids.update(out.accepted_draft_token_ids)
             merged.num_scheduled_tokens += out.num_scheduled_tokens
         self._step_logprobs = logprobs
         return merged
@@ -295,17 +307,19 @@ class ModelRunner:
             state = self.requests.get(req_id)
             if state is not None and state.finish_reason is not None:
                 continue  # finished in an earlier step; the batcher frees it once it hears
-            error = check_scheduled(state, num_tokens, self.block_size)
+            drafts = so.scheduled_spec_decode_tokens.get(req_id, [])
+            error = check_scheduled(state, num_tokens, self.block_size, len(drafts))
             if error is not None or state is None:
                 self._fail_or(req_errors, req_id, error or "unknown request")
                 continue
-            scheduled.append(ScheduledRequest(state=state, num_tokens=num_tokens))
+            scheduled.append(ScheduledRequest(state=state, num_tokens=num_tokens, spec_token_ids=drafts))
         return scheduled
 
     # ---- forward, sample, advance ---------------------------------------------------------------
 
     def _forward(self, batch: InputBatch) -> torch.Tensor:
-        """Logits [N, vocab] of the rows that sample: a replayed graph for decode-only steps."""
+        """Logits of the rows that sample [N, vocab], then of the drafts' rows (verify_greedy): a
+        replayed graph for decode-only steps."""
         if self.decode_graphs is not None and self.decode_graphs.can_run(batch):
             return self.decode_graphs.run(batch)
         outputs = self.model(
@@ -317,23 +331,28 @@ class ModelRunner:
         )
         logits = outputs.logits[0]
         if batch.prompt_rows:
-            num_sampling = batch.logits_indices.shape[0]
+            num_kept = batch.logits_indices.shape[0]
+            if batch.spec_indices is not None:
+                num_kept += batch.spec_indices.shape[0]
             assert batch.prompt_targets is not None
-            collect_prompt_logprobs(logits[num_sampling:], batch.prompt_targets, batch.prompt_rows)
-            logits = logits[:num_sampling]
+            collect_prompt_logprobs(logits[num_kept:], batch.prompt_targets, batch.prompt_rows)
+            logits = logits[:num_kept]
         return logits
 
     @torch.inference_mode()
     def _forward_and_sample(self, batch: InputBatch) -> list[int]:
         self._step_logprobs = {}
         self._grammar_ends = {}
+        self._step_accepted = {}
         if not batch.scheduled:
             return []
         return self._sample_step(batch)
 
     def _sample(self, batch: InputBatch) -> list[int]:
         """Forward, grammar masks and sampling of a non-empty batch; the logprobs kept for its events."""
-        logits = self._forward(batch)
+        kept = self._forward(batch)
+        num_sampling = len(batch.sampling_reqs)
+        logits = kept[:num_sampling]
         req_ids = [r.state.req_id for r in batch.sampling_reqs]
         grammar = self.structured_outputs.mask(req_ids)
         result = self.sampler.sample(logits, self.sampling_state, req_ids, grammar)
@@ -341,4 +360,20 @@ class ModelRunner:
             if logprobs is not None:
                 self._step_logprobs[req_id] = logprobs
         self._grammar_ends = self.structured_outputs.accept(req_ids, result.token_ids)
-        return result.token_ids
+        return self._verify_drafts(batch, kept[num_sampling:], result.token_ids)
+
+    def _verify_drafts(self, batch: InputBatch, draft_logits: torch.Tensor, sampled: list[int]) -> list[int]:
+        """The step's tokens with each drafting request's replaced by the last of its verified run;
+        the drafts it accepted kept in `_step_accepted`."""
+        if not batch.spec_reqs:
+            return sampled
+        tokens = list(sampled)
+        row = {r.state.req_id: i for i, r in enumerate(batch.sampling_reqs)}
+        spec_ids = [r.state.req_id for r in batch.spec_reqs]
+        runs = verify_greedy(
+            draft_logits, [r.spec_token_ids for r in batch.spec_reqs], [tokens[row[i]] for i in spec_ids]
+        )
+        for req_id, run in zip(spec_ids, runs, strict=True):
+            tokens[row[req_id]] = run[-1]
+            self._step_accepted[req_id] = run[:-1]
+        return tokens

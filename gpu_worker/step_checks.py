@@ -47,15 +47,19 @@ def check_blocks(block_ids: list[int], num_blocks: int) -> str | None:
     return f"block id {bad[0]} outside the pool (0..{num_blocks - 1})" if bad else None
 
 
-def check_scheduled(state: CachedRequestState | None, num_tokens: int, block_size: int) -> str | None:
+def check_scheduled(
+    state: CachedRequestState | None, num_tokens: int, block_size: int, num_drafts: int = 0
+) -> str | None:
     if state is None:
         return "scheduled but unknown to this worker"
     end = state.num_computed_tokens + num_tokens
-    if num_tokens < 1 or end > state.num_tokens:
+    if num_tokens < 1 or end > state.num_tokens + num_drafts:
         return (
             f"scheduled {num_tokens} tokens from {state.num_computed_tokens}, "
             f"but only {state.num_tokens} are known"
         )
+    if num_drafts and end != state.num_tokens + num_drafts:
+        return "drafts scheduled without every known token before them"
     if end > len(state.block_ids) * block_size:
         return f"{end} tokens need more than the {len(state.block_ids)} blocks allocated"
     return None

@@ -13,27 +13,35 @@ from gpu_worker.logprobs import SampleLogprobs
 
 def advance(
     batch: InputBatch,
-    sampled: list[int],
+    runs: list[list[int]],
     eos_token_ids: Collection[int],
     max_model_len: int,
     grammar_ends: Mapping[str, FinishReason] | None = None,
 ) -> list[FinishReason | None]:
-    """Count the step's tokens as computed, append each sample and decide whether it finishes;
-    `grammar_ends`: requests their grammar ends (see StructuredOutputs.accept)."""
+    """Count the step's tokens as computed, append each request's run and decide whether it finishes;
+    `runs`: per sampling request its tokens (the sample, after any accepted drafts), cut in place
+    after a token that ends the request; `grammar_ends`: requests their grammar ends
+    (see StructuredOutputs.accept)."""
     for req in batch.scheduled:
-        req.state.num_computed_tokens += req.num_tokens
+        # Drafts count once accepted: a rejected one's slot is rewritten by the next step.
+        req.state.num_computed_tokens += req.num_tokens - len(req.spec_token_ids)
     reasons: list[FinishReason | None] = []
-    for req, token_id in zip(batch.sampling_reqs, sampled, strict=True):
+    for req, run in zip(batch.sampling_reqs, runs, strict=True):
         state = req.state
-        state.token_ids.append(token_id)
-        state.finish_reason = check_finish(
-            token_id,
-            state.num_output_tokens,
-            state.num_tokens,
-            state.sampling_params,
-            eos_token_ids,
-            max_model_len,
-        )
+        state.num_computed_tokens += len(run) - 1
+        for i, token_id in enumerate(run):
+            state.token_ids.append(token_id)
+            state.finish_reason = check_finish(
+                token_id,
+                state.num_output_tokens,
+                state.num_tokens,
+                state.sampling_params,
+                eos_token_ids,
+                max_model_len,
+            )
+            if state.finish_reason is not None:
+                del run[i + 1 :]  # EOS, a stop id or max_tokens inside an accepted run ends it there
+                break
         if grammar_ends and state.req_id in grammar_ends:
             # A broken grammar outranks any reason; a terminated one only ends what goes on.
             ended = grammar_ends[state.req_id]
@@ -51,25 +59,38 @@ def token_events(
         output.req_ids, output.sampled_token_ids, output.finish_reasons, strict=True
     ):
         state = requests[req_id]
-        index = state.num_output_tokens - 1
-        num_cached_tokens = state.num_cached_tokens if index == 0 else 0
+        accepted = output.accepted_draft_token_ids.get(req_id, [])
+        # Accepted drafts come first, one event each; logprobs exist only for the sampled token
+        # (requests that ask for them never draft).
+        first = state.num_output_tokens - 1 - len(accepted)
+        num_cached_tokens = state.num_cached_tokens if first == 0 else 0
         generates = state.sampling_params.max_tokens > 0
-        if index == 0 and (state.prompt_logprobs is not None or not generates):
+        if first == 0 and (state.prompt_logprobs is not None or not generates):
             events.append(prompt_event(state, None if generates else reason, num_cached_tokens))
         if not generates:
             continue  # its one sample only ended the prompt: never shown, never counted
+        for offset, draft_id in enumerate(accepted):
+            events.append(
+                TokenEvent(
+                    req_id=req_id,
+                    index=first + offset,
+                    token_id=draft_id,
+                    attempt=state.attempt,
+                    num_cached_tokens=num_cached_tokens if offset == 0 else 0,
+                )
+            )
         sample = logprobs.get(req_id)
         events.append(
             TokenEvent(
                 req_id=req_id,
-                index=index,
+                index=first + len(accepted),
                 token_id=token_id,
                 attempt=state.attempt,
                 finish_reason=reason,
                 logprob=None if sample is None else sample.logprob,
                 top_token_ids=[] if sample is None else sample.top_token_ids,
                 top_logprobs=[] if sample is None else sample.top_logprobs,
-                num_cached_tokens=num_cached_tokens,
+                num_cached_tokens=0 if accepted else num_cached_tokens,
             )
         )
     return events

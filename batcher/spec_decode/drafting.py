@@ -1,0 +1,40 @@
+"""Which running requests draft in a step, and how many tokens (the drafts count in the step's
+token budget and blocks like any other token; the worker verifies them)."""
+
+from __future__ import annotations
+
+from batcher.request import Request
+from batcher.spec_decode.ngram_proposer import propose_ngram
+from common.protocol import SamplingParams
+from common.speculative_config import SpeculativeConfig
+
+
+def can_draft(params: SamplingParams) -> bool:
+    """Drafts are verified against the raw logits' argmax, so only requests whose every token is that
+    argmax draft; the others (sampling, bias, penalties, min_tokens, grammar, logprobs) never do, so
+    speculation never changes what they get."""
+    return (
+        params.temperature == 0.0
+        and not params.logit_bias
+        and not params.has_penalties
+        and params.min_tokens == 0
+        and params.logprobs is None
+        and params.structured_output is None
+    )
+
+
+def propose_drafts(config: SpeculativeConfig, req: Request, budget: int, max_model_len: int) -> list[int]:
+    """Drafts for `req`'s next decode, within `budget` tokens for the whole of it; [] when it should
+    not draft. Never more than it could still output, nor past `max_model_len`."""
+    if not req.output_token_ids or req.num_output_placeholders or not can_draft(req.sampling_params):
+        return []
+    k = min(
+        config.num_speculative_tokens,
+        budget - 1,  # its last known token is computed too
+        req.num_samples - len(req.output_token_ids) - 1,  # the bonus token comes on top
+        max_model_len - req.num_tokens - 1,
+    )
+    if k <= 0:
+        return []
+    tokens = req.prompt_token_ids + req.output_token_ids
+    return propose_ngram(tokens, config.prompt_lookup_min, config.prompt_lookup_max, k)

@@ -1,0 +1,51 @@
+"""`SPECULATIVE_CONFIG`: how a deployment drafts tokens, in the shape of vLLM's --speculative-config.
+
+A JSON object such as `{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2,
+"prompt_lookup_max": 4}`. Only model-free n-gram drafts are built; every other method vLLM knows is
+refused here by name, so a deployment asking for one fails at start-up instead of running without it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
+
+# vLLM's methods that are not built yet, and what to use meanwhile.
+NOT_BUILT = ("suffix", "draft_model", "eagle", "eagle3", "medusa", "mlp_speculator", "mtp")
+
+
+class SpeculativeConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    method: str = Field(description="How drafts are made: ngram (prompt lookup over prompt + output).")
+    num_speculative_tokens: int = Field(ge=1, le=16, description="Tokens drafted per request per step.")
+    prompt_lookup_min: int = Field(1, ge=1, description="ngram: shortest suffix looked up.")
+    prompt_lookup_max: int = Field(4, ge=1, description="ngram: longest suffix looked up.")
+
+    @field_validator("method")
+    @classmethod
+    def _known(cls, method: str) -> str:
+        if method in NOT_BUILT:
+            raise ValueError(
+                f'speculative method {method!r} is not supported yet; use "ngram" or unset SPECULATIVE_CONFIG'
+            )
+        if method != "ngram":
+            raise ValueError(f'unknown speculative method {method!r}; the one supported is "ngram"')
+        return method
+
+    @model_validator(mode="after")
+    def _lookup_range(self) -> SpeculativeConfig:
+        if self.prompt_lookup_min > self.prompt_lookup_max:
+            raise ValueError("prompt_lookup_min must not exceed prompt_lookup_max")
+        return self
+
+
+def speculative_config_field() -> Any:
+    """`SPECULATIVE_CONFIG`, read without the service's prefix: the same JSON for every service."""
+    return Field(
+        default=None,
+        validation_alias=AliasChoices("SPECULATIVE_CONFIG", "speculative_config"),
+        description="Speculative decoding as vLLM's --speculative-config JSON, e.g. "
+        '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}; unset: off.',
+    )

@@ -14,7 +14,7 @@ from gpu_worker.forward.compile import compile_decoder
 from gpu_worker.forward.decoder import FAMILIES, Decoder
 from gpu_worker.forward.linear import check_quantization
 from gpu_worker.kv_cache import KVCache
-from gpu_worker.model_support import check_attention_supported, head_dim, sliding_window_slides
+from gpu_worker.model_support import check_attention_supported, head_dim
 from gpu_worker.settings import WorkerSettings
 
 logger = logging.getLogger(__name__)
@@ -34,19 +34,17 @@ Model = Decoder | PreTrainedModel
 def load_model(settings: WorkerSettings) -> Model:
     """The model on its device, ready for the step's flattened batch: `Decoder` (merged GEMMs,
     WORKER_QUANTIZATION, compiled) for the Llama family, transformers' forward with paged attention
-    plugged in for the rest, and for a Llama-family model whose sliding window slides (the decoder's
-    attention op has no window; transformers passes it to paged attention)."""
+    plugged in for the rest."""
     device = torch.device(settings.device)
     if settings.device == "cuda" and not torch.cuda.is_available():
         raise ValueError("WORKER_DEVICE=cuda but torch sees no CUDA device: use --device cpu or a CUDA build")
     config = AutoConfig.from_pretrained(settings.model)
     check_attention_supported(config)  # before loading any weight
-    windowed = sliding_window_slides(config, settings.max_model_len)
-    own_decoder = config.model_type in FAMILIES and not windowed
+    own_decoder = config.model_type in FAMILIES
     if settings.quantization is not None and not own_decoder:
         raise ValueError(
             f"WORKER_QUANTIZATION={settings.quantization} is implemented for {', '.join(sorted(FAMILIES))}, "
-            f"not {config.model_type}{' with a sliding window' if windowed else ''}: "
+            f"not {config.model_type}: "
             "unset it to serve this model in its own dtype"
         )
     check_quantization(settings.quantization, device)

@@ -69,20 +69,6 @@ def unsupported_attention_features(config: PretrainedConfig) -> list[str]:
     return problems
 
 
-def sliding_window_slides(config: PretrainedConfig, max_model_len: int | None) -> bool:
-    """Whether some layer's sliding window is shorter than the longest sequence (`max_model_len`, or
-    the model's own positions): a window covering every sequence never hides a position."""
-    text = config.get_text_config()
-    window = getattr(text, "sliding_window", None)
-    layer_types = list(getattr(text, "layer_types", None) or [])
-    if layer_types:
-        sliding = "sliding_attention" in layer_types
-    else:  # Mistral-style: one window for every layer; Qwen2-style configs can switch it off
-        sliding = window is not None and getattr(text, "use_sliding_window", True) is not False
-    longest = max_model_len or getattr(text, "max_position_embeddings", None)
-    return sliding and (window is None or longest is None or longest > window)
-
-
 def _uses_alibi(text: PretrainedConfig, model_type: str) -> bool:
     attn_config: Any = getattr(text, "attn_config", None)  # MPT: an object or a plain dict
     in_attn_config = (

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 import torch
 
 from gpu_worker.attention_backend import AttentionContext
+from gpu_worker.attention_variant import PLAIN, AttentionVariant
 
 _current: list[AttentionContext] = []  # the context of the forward running now (at most one)
 
@@ -28,17 +29,24 @@ def step_context(context: AttentionContext) -> Iterator[None]:
 
 @torch.library.custom_op("cbserve::paged_attention", mutates_args=())
 def paged_attention(
-    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layer: int, scale: float
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    layer: int,
+    scale: float,
+    window: int | None = None,
 ) -> torch.Tensor:
-    """query [T, H, D], key/value [T, KVH, D] (after RoPE) -> [T, H, D]; writes K/V into the pool."""
+    """query [T, H, D], key/value [T, KVH, D] (after RoPE) -> [T, H, D]; writes K/V into the pool.
+    `window`: the layer's sliding window (attention_variant.py), None for full causal attention."""
     if not _current:
         raise RuntimeError("cbserve::paged_attention runs only inside step_context(...)")
     context = _current[-1]
+    variant = PLAIN if window is None else AttentionVariant(window=window)
     return context.backend.forward(
-        layer, query.contiguous(), key.contiguous(), value.contiguous(), context.metadata, scale
+        layer, query.contiguous(), key.contiguous(), value.contiguous(), context.metadata, scale, variant
     )
 
 
 @paged_attention.register_fake
-def _(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layer: int, scale: float) -> torch.Tensor:
+def _(query: torch.Tensor, *_: object) -> torch.Tensor:
     return torch.empty_like(query, memory_format=torch.contiguous_format)

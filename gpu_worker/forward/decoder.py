@@ -1,4 +1,5 @@
-"""The Llama-family decoder (Llama, Mistral, Qwen2, Qwen3) over one flattened ragged batch.
+"""The Llama-family decoder (Llama, Mistral, Qwen2, Qwen3) over one flattened ragged batch, sliding
+windows included (Mistral's for every layer, Qwen2/3's from `max_window_layers` on).
 
 Built from the transformers model with the same weights: q/k/v become one GEMM and gate/up another
 (vLLM's QKVParallelLinear / MergedColumnParallelLinear), RMSNorm and RoPE are written as plain tensor
@@ -64,6 +65,9 @@ class DecoderLayer(nn.Module):
         self.q_size = attn.q_proj.out_features
         self.kv_size = attn.k_proj.out_features
         self.scale = float(attn.scaling)
+        # Qwen2/3 set it per layer; Mistral reads its config's for every layer.
+        window = getattr(attn, "sliding_window", getattr(attn.config, "sliding_window", None))
+        self.window: int | None = None if window is None else int(window)
         self.input_layernorm = RMSNorm(
             hf_layer.input_layernorm.weight, hf_layer.input_layernorm.variance_epsilon
         )
@@ -91,7 +95,7 @@ class DecoderLayer(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q = q * cos + _rotate_half(q) * sin
         k = k * cos + _rotate_half(k) * sin
-        attn = torch.ops.cbserve.paged_attention(q, k, v, self.layer_idx, self.scale)
+        attn = torch.ops.cbserve.paged_attention(q, k, v, self.layer_idx, self.scale, self.window)
         hidden = residual + self.o_proj(attn.flatten(1))
         residual = hidden
         gate, up = self.gate_up_proj(self.post_attention_layernorm(hidden)).split(

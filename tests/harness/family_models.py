@@ -80,10 +80,9 @@ FAMILIES: dict[str, Callable[[], PretrainedConfig]] = {
     "gpt_oss": lambda: GptOssConfig(
         **SMALL, head_dim=16, sliding_window=WINDOW, num_local_experts=4, num_experts_per_tok=2
     ),
-    # Mistral v0.1: one window for every layer (served by transformers' forward, not the decoder).
+    # Mistral v0.1: one window for every layer (served by the worker's decoder).
     "mistral": lambda: MistralConfig(**SMALL, sliding_window=WINDOW),
-    # Qwen2 with use_sliding_window: the layers from max_window_layers on slide (served by
-    # transformers' forward, not the decoder).
+    # Qwen2 with use_sliding_window: the layers from max_window_layers on slide (the decoder's too).
     "qwen2_window": lambda: Qwen2Config(
         **SMALL, use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1
     ),

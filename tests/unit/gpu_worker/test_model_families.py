@@ -1,7 +1,8 @@
-"""Families served through transformers' forward with paged attention: greedy tokens equal `generate`.
+"""Families with attention variants: greedy tokens equal `generate`.
 
-Gemma 2 (softcapping, alternating windows), Gemma 3 (local layers with their own RoPE theta), gpt-oss
-(sinks, alternating windows, experts), Mistral v0.1 (one window), Phi-3, Qwen3-MoE: batched,
+Through transformers' forward with paged attention: Gemma 2 (softcapping, alternating windows), Gemma 3
+(local layers with their own RoPE theta), gpt-oss (sinks, alternating windows, experts), Phi-3,
+Qwen3-MoE; through the worker's decoder: Mistral v0.1 (one window), Qwen2 with sliding layers. Batched,
 prefilled in chunks that cross the window, preempted and recomputed; a prefix-cache hit whose cached
 blocks reach past the window, decoding beside its siblings through cascade attention's shared head;
 the Triton kernels for the families with softcapping and sinks.
@@ -19,6 +20,8 @@ from transformers import AutoConfig, PreTrainedModel
 from benchmarks.gpu_parity import reference_greedy
 from common.protocol import CachedRequestData, SamplingParams
 from gpu_worker.attention_torch import TorchAttentionMetadata
+from gpu_worker.forward.decoder import FAMILIES as DECODER_FAMILIES
+from gpu_worker.forward.decoder import Decoder
 from gpu_worker.model_runner import ModelRunner
 from tests.harness.family_models import FAMILIES, WINDOW, save_family
 from tests.harness.worker_steps import new_request, scheduler_output
@@ -46,7 +49,8 @@ def family_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_each_family_equals_generate(family: str, family_dirs: dict[str, Path]) -> None:
     runner = make_runner(family_dirs[family])
-    assert isinstance(runner.model, PreTrainedModel)
+    own = AutoConfig.from_pretrained(family_dirs[family]).model_type in DECODER_FAMILIES
+    assert isinstance(runner.model, Decoder if own else PreTrainedModel)
     greedy_requests_equal_generate(runner, family_dirs[family])
 
 

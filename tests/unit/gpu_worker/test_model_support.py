@@ -84,13 +84,27 @@ def test_unsupported_attention_is_refused_at_load_naming_the_feature(tmp_path: P
         assert feature in message
 
 
-SERVED: dict[str, Callable[[], PretrainedConfig]] = {
+# The decoder's windows: (config, each layer's window).
+DECODER_WINDOWS: dict[str, tuple[Callable[[], PretrainedConfig], list[int | None]]] = {
     # Mistral v0.1: one window for every layer, shorter than the context.
-    "mistral-sliding-window": lambda: MistralConfig(**SMALL, sliding_window=64),
-    # Qwen2 with use_sliding_window: layer_types mark the layers past max_window_layers as sliding.
-    "qwen2-use-sliding-window": lambda: Qwen2Config(
-        **SMALL, use_sliding_window=True, sliding_window=64, max_window_layers=1
+    "mistral-sliding-window": (lambda: MistralConfig(**SMALL, sliding_window=64), [64, 64]),
+    # Qwen2 with use_sliding_window: the layers from max_window_layers on slide.
+    "qwen2-use-sliding-window": (
+        lambda: Qwen2Config(**SMALL, use_sliding_window=True, sliding_window=64, max_window_layers=1),
+        [None, 64],
     ),
+}
+
+
+@pytest.mark.parametrize("case", list(DECODER_WINDOWS))
+def test_llama_family_windows_are_served_by_the_decoder(tmp_path: Path, case: str) -> None:
+    config, windows = DECODER_WINDOWS[case]
+    runner = load(save_tiny(tmp_path / case, config()))
+    assert isinstance(runner.model, Decoder)
+    assert [layer.window for layer in runner.model.layers] == windows
+
+
+SERVED: dict[str, Callable[[], PretrainedConfig]] = {
     # Gemma 2: logit softcapping in every layer, sliding window in every other one.
     "gemma2-softcap": lambda: Gemma2Config(
         **SMALL, head_dim=8, sliding_window=64, attn_logit_softcapping=50.0
@@ -102,9 +116,9 @@ SERVED: dict[str, Callable[[], PretrainedConfig]] = {
 
 
 @pytest.mark.parametrize("case", list(SERVED))
-def test_windows_softcapping_and_sinks_are_served_by_transformers_forward(tmp_path: Path, case: str) -> None:
-    # The worker's own decoder has no window: a Llama-family model whose window slides runs
-    # transformers' forward, which passes the window to paged attention.
+def test_softcapping_and_sinks_are_served_by_transformers_forward(tmp_path: Path, case: str) -> None:
+    # Families outside the decoder's run transformers' forward, which passes each layer's window,
+    # softcap and sinks to paged attention.
     runner = load(save_tiny(tmp_path / case, SERVED[case]()))
     assert isinstance(runner.model, PreTrainedModel)
 

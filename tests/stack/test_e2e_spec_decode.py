@@ -1,0 +1,104 @@
+"""Speculative decoding through the whole pipeline (HTTP -> Redis -> batcher -> worker): greedy tokens
+with n-gram drafts equal transformers' `generate`, streamed or not, with chunked prefill, prefix hits
+and preemption, and drafts are accepted (the prompts repeat themselves)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import pytest
+
+from benchmarks.gpu_parity import reference_greedy
+from tests.harness.services import Stack
+
+SPEC = json.dumps({"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3})
+PATTERN = [17, 301, 52, 99, 260, 8, 411, 96]
+# Repeated text, a second turn of the first (a prefix hit once the first is cached), a long one that
+# takes chunks, and one with nothing repeated.
+FIRST = [
+    (PATTERN * 5, 30),
+    ([5, 6, 7, 8, 9, 10, 11, 12, 13], 20),
+    ([*PATTERN[::-1], 77] * 9, 36),
+]
+LATER = [
+    (PATTERN * 5 + [3, 4] + PATTERN * 2, 28),
+    (PATTERN * 3, 25),
+]
+
+
+@pytest.fixture(scope="module")
+def expected(tiny_model_dir: Path) -> list[list[int]]:
+    cases = FIRST + LATER
+    return reference_greedy(tiny_model_dir, [p for p, _ in cases], [m for _, m in cases])
+
+
+async def complete(
+    client: httpx.AsyncClient, model: str, prompt: list[int], max_tokens: int, stream: bool
+) -> list[int]:
+    body = {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        "return_token_ids": True,
+        "stream": stream,
+    }
+    if not stream:
+        resp = await client.post("/v1/completions", json=body)
+        assert resp.status_code == 200, resp.text
+        return list(resp.json()["choices"][0]["token_ids"])
+    token_ids: list[int] = []
+    async with client.stream("POST", "/v1/completions", json=body) as resp:
+        assert resp.status_code == 200, await resp.aread()
+        async for line in resp.aiter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                for choice in json.loads(line[len("data: ") :])["choices"]:
+                    token_ids.extend(choice.get("token_ids") or [])
+    return token_ids
+
+
+async def run_wave(stack: Stack, cases: list[tuple[list[int], int]]) -> list[list[int]]:
+    async with httpx.AsyncClient(base_url=stack.base_url, timeout=httpx.Timeout(120.0)) as client:
+        runs = [
+            complete(client, stack.model_dir.name, prompt, max_tokens, stream=i % 2 == 0)
+            for i, (prompt, max_tokens) in enumerate(cases)
+        ]
+        return await asyncio.wait_for(asyncio.gather(*runs), timeout=180)
+
+
+CONFIGS: dict[str, dict[str, str]] = {
+    # A 32-token budget chunks the long prompts; the second wave finds the first's blocks cached.
+    "chunked": {"BATCHER_MAX_NUM_BATCHED_TOKENS": "32"},
+    # 8 blocks of 16 tokens hold the longest request and little else: preemption is certain.
+    "preempted": {"BATCHER_MAX_NUM_BATCHED_TOKENS": "32", "BATCHER_MAX_NUM_SEQS": "8"},
+}
+WORKER_ENV: dict[str, dict[str, str]] = {
+    "chunked": {"WORKER_BLOCK_SIZE": "16"},
+    "preempted": {"WORKER_NUM_BLOCKS": "8", "WORKER_BLOCK_SIZE": "16"},
+}
+
+
+@pytest.mark.parametrize("config", list(CONFIGS))
+def test_greedy_with_ngram_drafts_matches_generate(
+    config: str, make_stack: Callable[[], Stack], expected: list[list[int]]
+) -> None:
+    stack = make_stack().start_all(
+        1, batcher_env={"SPECULATIVE_CONFIG": SPEC, **CONFIGS[config]}, worker_env=WORKER_ENV[config]
+    )
+    got = asyncio.run(run_wave(stack, FIRST)) + asyncio.run(run_wave(stack, LATER))
+    mismatched = [i for i, (g, e) in enumerate(zip(got, expected, strict=True)) if g != e]
+    assert not mismatched, (
+        f"requests {mismatched} differ from generate: {[(got[i], expected[i]) for i in mismatched]}"
+    )
+    stats = stack.stats_after(len(expected))
+    assert stats["spec_decode_num_accepted_tokens"] > 0
+    assert stats["num_partial_prefills"] > 0
+    if config == "preempted":
+        assert stats["num_preemptions"] > 0
+    else:
+        assert stats["prefix_cache_hits"] > 0

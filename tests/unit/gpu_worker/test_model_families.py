@@ -82,7 +82,14 @@ def reference_model(model_dir: Path, config: Any) -> PreTrainedModel:
 @pytest.mark.parametrize("family", ["gemma2", "gpt_oss"])
 def test_triton_kernels_serve_softcapping_and_sinks(family: str, family_dirs: dict[str, Path]) -> None:
     runner = make_runner(
-        family_dirs[family], worker_id="triton", attention_backend="triton", block_size=BLOCK_SIZE
+        family_dirs[family],
+        worker_id="triton",
+        attention_backend="triton",
+        block_size=BLOCK_SIZE,
+        # Room for the steps below, and no more: the profiling step at start-up is the largest step
+        # allowed, and at the cpu defaults (64 requests, 512 tokens) Triton's interpreter takes ~20 s.
+        max_num_seqs=6,
+        max_num_batched_tokens=32,
     )
     max_tokens = [6, 3, 5, 4, 3]  # the first five requests of test_model_runner's mix
     params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in max_tokens]

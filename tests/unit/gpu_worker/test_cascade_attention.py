@@ -109,7 +109,6 @@ def test_cascade_step_in_bfloat16_matches_per_decode_path(queries_per_kv: int) -
 @pytest.mark.parametrize("queries_per_kv", [1, 4])
 @pytest.mark.parametrize("group_decodes", [True, False])
 def test_cascade_step_matches_per_decode_path(queries_per_kv: int, group_decodes: bool) -> None:
-    num_kv_heads, head_dim = 2, 32
     generator = torch.Generator().manual_seed(queries_per_kv)
     scattered = torch.randperm(200, generator=generator).tolist()
     head_a = scattered[:20]  # shared by decodes 0-2, not consecutive: gathered once
@@ -125,30 +124,10 @@ def test_cascade_step_matches_per_decode_path(queries_per_kv: int, group_decodes
         scheduled_request(7, scattered[120:123], 2 * BS + 1, 1),  # too short for a head
         scheduled_request(8, [*head_a, 410, 411], 20 * BS, 23),  # a prompt chunk over the cached head
     ]
-    contexts = []
-    for cascade in (True, False):
-        kv_cache = pool(512, BS, num_kv_heads, head_dim, torch.float32)
-        fill = torch.Generator().manual_seed(7)  # the same pool for both backends
-        for p in (*kv_cache.k_pools, *kv_cache.v_pools):
-            p.copy_(torch.randn(p.shape, generator=fill))
-        backend = TorchAttentionBackend(kv_cache, group_decodes, cascade=cascade)
-        common = build_input_batch(requests, backend, torch.device("cpu")).attn_metadata.common
-        contexts.append((backend, common))
-    (cascade_backend, common), (plain_backend, _) = contexts
-    metadata = cascade_backend.build_metadata(common)
+    metadata, out, expected = _cascade_against_plain(requests, queries_per_kv, group_decodes, torch.float32)
     assert metadata.cascade is not None
     # Decodes come longest first: 5, 3, 4, 0, 1, 2, 6, 7.
     assert sorted(h.rows.tolist() for h in metadata.cascade.heads) == [[1, 2], [3, 4, 5]]
-
-    tokens = common.num_actual_tokens
-    rand = torch.Generator().manual_seed(11)
-    query = torch.randn(tokens, num_kv_heads * queries_per_kv, head_dim, generator=rand)
-    key = torch.randn(tokens, num_kv_heads, head_dim, generator=rand)
-    value = torch.randn(tokens, num_kv_heads, head_dim, generator=rand)
-    out = cascade_backend.forward(0, query, key, value, metadata, scale=head_dim**-0.5)
-    expected = plain_backend.forward(
-        0, query, key, value, plain_backend.build_metadata(common), scale=head_dim**-0.5
-    )
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
 
 

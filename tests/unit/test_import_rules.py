@@ -7,7 +7,8 @@ own process and talks to the others only through Redis, so none imports another'
 
 Inside `openai_frontend`, each file sits in a folder that does one job, and the folders form layers:
 a folder imports only the folders below it in FRONTEND_LAYERS (and itself), so there is no back-edge
-and no circle.
+and no circle. In every other package the folders import one another in no circle either, and the
+gateway's routes (api/) use its other folders, never the other way round.
 """
 
 from __future__ import annotations
@@ -50,13 +51,18 @@ GATEWAY_FORBIDDEN: dict[str, tuple[str, ...]] = {
 
 
 def _imported_modules(path: Path) -> set[str]:
-    """The modules this file imports, at any depth (function-level imports too)."""
+    """The modules this file imports, at any depth (function-level imports too); `from a import b`
+    counts as `a` and `a.b` (b may be a module), a relative import as the absolute name it means."""
     found: set[str] = set()
+    package = path.relative_to(ROOT).with_suffix("").parts
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            found.add(node.module)
+        elif isinstance(node, ast.ImportFrom):
+            base = ".".join(package[: -node.level]) if node.level else ""
+            module = ".".join(part for part in (base, node.module or "") if part)
+            found.add(module)
+            found.update(f"{module}.{alias.name}" for alias in node.names)
     return found
 
 
@@ -134,3 +140,58 @@ def test_gateway_folders_do_not_import_the_routes(folder: str) -> None:
         if any(module == f or module.startswith(f + ".") for f in forbidden)
     ]
     assert back_edges == []
+
+
+def _folder_imports(package: str) -> dict[str, set[str]]:
+    """Each folder of `package` and the other folders of it that its files import. The package's own
+    top-level files are left out: they assemble the folders (an app, a runner)."""
+    folders = {p.name for p in (ROOT / package).iterdir() if (p / "__init__.py").exists()}
+    edges: dict[str, set[str]] = {folder: set() for folder in folders}
+    for folder in folders:
+        for path in (ROOT / package / folder).rglob("*.py"):
+            for module in _imported_modules(path):
+                parts = module.split(".")
+                if parts[0] == package and len(parts) > 1 and parts[1] in folders - {folder}:
+                    edges[folder].add(parts[1])
+    return edges
+
+
+def _circle(edges: dict[str, set[str]]) -> list[str]:
+    """A circle of imports among the folders, as the path around it; [] when there is none."""
+    done: set[str] = set()
+
+    def walk(folder: str, path: list[str]) -> list[str]:
+        if folder in path:
+            return [*path[path.index(folder) :], folder]
+        if folder in done:
+            return []
+        for other in sorted(edges[folder]):
+            if circle := walk(other, [*path, folder]):
+                return circle
+        done.add(folder)
+        return []
+
+    return next((circle for folder in sorted(edges) if (circle := walk(folder, []))), [])
+
+
+@pytest.mark.parametrize("package", (*SERVICES, *LIBRARIES))
+def test_no_folders_import_each_other_in_a_circle(package: str) -> None:
+    assert _circle(_folder_imports(package)) == []
+
+
+def test_the_circle_rule_sees_a_circle_and_the_folders() -> None:
+    assert _circle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
+    assert _circle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) == []
+    assert _folder_imports("gateway")["api"] >= {"generation", "security", "streaming"}
+    sse_stream = ROOT / "gateway" / "streaming" / "sse_stream.py"
+    assert "gateway.streaming.sse" in _imported_modules(sse_stream)
+
+
+def test_a_relative_import_counts_as_the_module_it_means(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(globals(), "ROOT", tmp_path)
+    auth = tmp_path / "gateway" / "security" / "auth.py"
+    auth.parent.mkdir(parents=True)
+    auth.write_text("from ..api import routes_files\nfrom . import quotas\n")
+    assert {"gateway.api", "gateway.api.routes_files", "gateway.security.quotas"} <= _imported_modules(auth)

@@ -47,7 +47,7 @@ from gpu_worker.prompt_logprobs import collect_prompt_logprobs
 from gpu_worker.sampler import Sampler
 from gpu_worker.sampling_state import SamplingState
 from gpu_worker.settings import WorkerSettings
-from gpu_worker.spec_decode import verify_greedy
+from gpu_worker.spec_decode import accept_drafts
 from gpu_worker.step_checks import check_cached, check_new, check_scheduled
 from gpu_worker.step_hooks import with_step_hooks
 from gpu_worker.step_output import advance, token_events
@@ -353,16 +353,27 @@ class ModelRunner:
         kept = self._forward(batch)
         num_sampling = len(batch.sampling_reqs)
         logits = kept[:num_sampling]
+        draft_samples = self._sample_drafts(batch, kept[num_sampling:])  # before `sample` records
         req_ids = [r.state.req_id for r in batch.sampling_reqs]
         grammar = self.structured_outputs.mask(req_ids)
-        result = self.sampler.sample(logits, self.sampling_state, req_ids, grammar)
+        # A drafting request's sampling row comes after its drafts: that many outputs further on.
+        offsets = [len(r.spec_token_ids) for r in batch.sampling_reqs] if batch.spec_reqs else None
+        result = self.sampler.sample(logits, self.sampling_state, req_ids, grammar, offsets)
         for req_id, logprobs in zip(req_ids, result.logprobs, strict=True):
             if logprobs is not None:
                 self._step_logprobs[req_id] = logprobs
         self._grammar_ends = self.structured_outputs.accept(req_ids, result.token_ids)
-        return self._verify_drafts(batch, kept[num_sampling:], result.token_ids)
+        return self._verify_drafts(batch, draft_samples, result.token_ids)
 
-    def _verify_drafts(self, batch: InputBatch, draft_logits: torch.Tensor, sampled: list[int]) -> list[int]:
+    def _sample_drafts(self, batch: InputBatch, draft_logits: torch.Tensor) -> list[int]:
+        """What the model samples at each draft's position, drafts of every request in order."""
+        if not batch.spec_reqs:
+            return []
+        req_ids = [r.state.req_id for r in batch.spec_reqs for _ in r.spec_token_ids]
+        offsets = [n for r in batch.spec_reqs for n in range(len(r.spec_token_ids))]
+        return self.sampler.sample_drafts(draft_logits, self.sampling_state, req_ids, offsets)
+
+    def _verify_drafts(self, batch: InputBatch, draft_samples: list[int], sampled: list[int]) -> list[int]:
         """The step's tokens with each drafting request's replaced by the last of its verified run;
         the drafts it accepted kept in `_step_accepted`."""
         if not batch.spec_reqs:
@@ -370,10 +381,10 @@ class ModelRunner:
         tokens = list(sampled)
         row = {r.state.req_id: i for i, r in enumerate(batch.sampling_reqs)}
         spec_ids = [r.state.req_id for r in batch.spec_reqs]
-        runs = verify_greedy(
-            draft_logits, [r.spec_token_ids for r in batch.spec_reqs], [tokens[row[i]] for i in spec_ids]
-        )
+        drafts = [r.spec_token_ids for r in batch.spec_reqs]
+        runs = accept_drafts(drafts, draft_samples, [tokens[row[i]] for i in spec_ids])
         for req_id, run in zip(spec_ids, runs, strict=True):
             tokens[row[req_id]] = run[-1]
             self._step_accepted[req_id] = run[:-1]
+            self.sampling_state.count_outputs(req_id, len(run) - 1)
         return tokens

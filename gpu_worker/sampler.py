@@ -74,12 +74,17 @@ class Sampler:
         state: SamplingState,
         req_ids: Sequence[str],
         grammar: GrammarMask | None = None,
+        output_offsets: Sequence[int] | None = None,
     ) -> SamplerOutput:
         """logits [N, V], row i for `req_ids[i]` (each added to `state`); `grammar`: the masks of the
-        constrained rows. Records the sampled tokens in `state` (output index, penalty counts)."""
+        constrained rows; `output_offsets`: per row, how far past its request's next output index the
+        row samples (a drafting request's last row). Records the sampled tokens in `state` (output
+        index, penalty counts)."""
         if not req_ids:
             return SamplerOutput([], [])
         batch = state.prepare(req_ids)
+        if output_offsets is not None:
+            _shift_output_index(batch, output_offsets)
         raw_logits = logits
         if batch.any_bias or batch.any_min_tokens or batch.penalty_rows is not None or grammar is not None:
             logits = logits.to(torch.float32, copy=True)  # the raw logits stay intact for logprobs
@@ -87,6 +92,20 @@ class Sampler:
         tokens = self._pick(logits, batch)
         state.record(batch, tokens)
         return self._to_host(raw_logits, tokens, batch)
+
+    def sample_drafts(
+        self,
+        logits: torch.Tensor,
+        state: SamplingState,
+        req_ids: Sequence[str],
+        output_offsets: Sequence[int],
+    ) -> list[int]:
+        """What plain decoding would sample at each draft's position (rows of drafting requests, which
+        set no bias, penalty, min_tokens or grammar): the same uniform per (seed, output index), so a
+        seeded request's tokens do not depend on the drafts. Records nothing."""
+        batch = state.prepare(req_ids)
+        _shift_output_index(batch, output_offsets)
+        return self._pick(logits, batch).tolist()
 
     def _process(self, logits: torch.Tensor, batch: SamplingBatch, grammar: GrammarMask | None) -> None:
         if batch.bias_ids is not None and batch.bias_values is not None:
@@ -168,6 +187,12 @@ class Sampler:
         for row, record in zip(batch.logprob_row_list, records, strict=True):
             logprobs[row] = record
         return SamplerOutput(token_part.tolist(), logprobs)
+
+
+def _shift_output_index(batch: SamplingBatch, offsets: Sequence[int]) -> None:
+    # batch.ints is the step's own copy (prepare gathers it), so the state is untouched.
+    shift = torch.tensor(offsets, dtype=batch.ints.dtype).to(batch.ints.device)
+    batch.ints[:, OUTPUT_INDEX] += shift
 
 
 def _bits(values: torch.Tensor) -> torch.Tensor:

@@ -329,6 +329,13 @@ class SamplingState:
                 accumulate=True,
             )
 
+    def count_outputs(self, req_id: str, num_tokens: int) -> None:
+        """`num_tokens` more outputs of `req_id` that `record` did not see (accepted drafts; requests
+        with penalties never draft, so only the output index moves)."""
+        slot = self._slots[req_id]
+        self._num_outputs[slot] += num_tokens
+        self.ints[slot, OUTPUT_INDEX] += num_tokens
+
     def _upload(self, values: Sequence[float], dtype: torch.dtype) -> torch.Tensor:
         """A small host list on the device; on CUDA through pinned memory, so the copy is queued on
         the stream instead of waiting for it to drain (the caching host allocator keeps the block

@@ -10,12 +10,12 @@ from common.speculative_config import SpeculativeConfig
 
 
 def can_draft(params: SamplingParams) -> bool:
-    """Drafts are verified against the raw logits' argmax, so only requests whose every token is that
-    argmax draft; the others (sampling, bias, penalties, min_tokens, grammar, logprobs) never do, so
-    speculation never changes what they get."""
+    """The worker samples every draft's position as a plain step would (gpu_worker/spec_decode.py);
+    what depends on the tokens before a position within the step (penalties, min_tokens, a grammar)
+    or is reported per token (logprobs) is not built for drafts, so those requests never draft and
+    speculation changes no output. logit_bias is left out with them (not applied to draft rows)."""
     return (
-        params.temperature == 0.0
-        and not params.logit_bias
+        not params.logit_bias
         and not params.has_penalties
         and params.min_tokens == 0
         and params.logprobs is None

@@ -49,7 +49,7 @@ def test_drafts_respect_budget_max_tokens_and_model_len() -> None:
 @pytest.mark.parametrize(
     "params",
     [
-        SamplingParams(temperature=0.7),
+        SamplingParams(temperature=0.7, repetition_penalty=1.1),
         SamplingParams(temperature=0.0, logprobs=0),
         SamplingParams(temperature=0.0, presence_penalty=0.5),
         SamplingParams(temperature=0.0, logit_bias={5: 1.0}),

@@ -32,6 +32,8 @@ class Scheduler(SchedulerState):
     def __init__(self, config: SchedulerConfig) -> None:
         super().__init__(config)
         self.early_aborts = EarlyAborts()
+        # vLLM's per-position acceptance: entry i counts drafts accepted at position i of their step.
+        self.spec_accepted_per_pos: list[int] = []
 
     # ----- workers -------------------------------------------------------------------------------
     def add_worker(self, info: WorkerInfo) -> list[Request]:
@@ -162,3 +164,7 @@ class Scheduler(SchedulerState):
         self.stats.spec_decode_num_drafts += 1
         self.stats.spec_decode_num_draft_tokens += num_drafts
         self.stats.spec_decode_num_accepted_tokens += num_accepted
+        per_pos = self.spec_accepted_per_pos
+        per_pos.extend([0] * (num_drafts - len(per_pos)))
+        for pos in range(num_accepted):
+            per_pos[pos] += 1

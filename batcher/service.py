@@ -27,6 +27,7 @@ from batcher.settings import BatcherSettings
 from batcher.step_trace import step_trace
 from batcher.worker_state import WorkerState
 from common import streams
+from common.metrics_schema import ACCEPTED_PER_POS
 from common.protocol import FIELD, SchedulerOutput, encode
 from common.redis_refusal import RedisRefusesWrites, refuses_writes
 from common.retry import Backoff
@@ -245,6 +246,7 @@ class Batcher:
             **{f"num_steps:{wid}": ws.step_id for wid, ws in s.workers.items()},
             prefix_cache_queries=sum(ws.prefix_cache_queries for ws in s.workers.values()),
             prefix_cache_hits=sum(ws.prefix_cache_hits for ws in s.workers.values()),
+            **{f"{ACCEPTED_PER_POS}:{pos}": n for pos, n in enumerate(s.spec_accepted_per_pos)},
             updated_at=time.time(),
         )
         return stats

@@ -3,7 +3,12 @@ gauges, as one JSON document so `redis-cli GET` stays readable and a departed wo
 
 from __future__ import annotations
 
+from typing import Final
+
 import msgspec
+
+# The stats hash's field prefix of vLLM's per-position draft acceptance: `<prefix>:<position>`.
+ACCEPTED_PER_POS: Final = "spec_decode_num_accepted_tokens_per_pos"
 
 
 class HistogramData(msgspec.Struct, kw_only=True):

@@ -13,7 +13,7 @@ from collections.abc import Iterator, Mapping
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from common.metrics_schema import HistogramData, MetricsSnapshot
+from common.metrics_schema import ACCEPTED_PER_POS, HistogramData, MetricsSnapshot
 
 # stats hash field -> (metric name, kind, help); counters get `_total` from prometheus_client.
 _STATS: dict[str, tuple[str, str, str]] = {
@@ -26,6 +26,14 @@ _STATS: dict[str, tuple[str, str, str]] = {
         "cbserve:worker_idle_seconds",
         "counter",
         "Seconds workers waited for their next step.",
+    ),
+    # Speculative decoding, vLLM's names.
+    "spec_decode_num_drafts": ("cbserve:spec_decode_num_drafts", "counter", "Decodes sent with drafts."),
+    "spec_decode_num_draft_tokens": ("cbserve:spec_decode_num_draft_tokens", "counter", "Draft tokens sent."),
+    "spec_decode_num_accepted_tokens": (
+        "cbserve:spec_decode_num_accepted_tokens",
+        "counter",
+        "Draft tokens the workers accepted.",
     ),
 }
 
@@ -62,6 +70,7 @@ class BatcherCollector(Collector):
             if key in self._stats:
                 family = CounterMetricFamily if kind == "counter" else GaugeMetricFamily
                 yield family(name, doc, value=self._stats[key])
+        yield from self._accepted_per_pos(self._stats)
         if "updated_at" in self._stats:
             yield GaugeMetricFamily(
                 "cbserve:batcher_stats_age_seconds",
@@ -70,6 +79,21 @@ class BatcherCollector(Collector):
             )
         if self._snapshot is not None:
             yield from self._snapshot_families(self._snapshot)
+
+    @staticmethod
+    def _accepted_per_pos(stats: Mapping[str, float]) -> Iterator[Metric]:
+        prefix = f"{ACCEPTED_PER_POS}:"
+        counts = {k[len(prefix) :]: v for k, v in stats.items() if k.startswith(prefix)}
+        if not counts:
+            return
+        family = CounterMetricFamily(
+            f"cbserve:{ACCEPTED_PER_POS}",
+            "Drafts accepted at each position of their step.",
+            labels=["position"],
+        )
+        for position, count in sorted(counts.items(), key=lambda item: int(item[0])):
+            family.add_metric([position], count)
+        yield family
 
     @staticmethod
     def _snapshot_families(snap: MetricsSnapshot) -> Iterator[Metric]:

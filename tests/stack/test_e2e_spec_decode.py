@@ -11,6 +11,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from benchmarks.gpu_parity import reference_greedy
 from tests.harness.services import Stack
@@ -102,3 +103,20 @@ def test_greedy_with_ngram_drafts_matches_generate(
         assert stats["num_preemptions"] > 0
     else:
         assert stats["prefix_cache_hits"] > 0
+        assert_spec_metrics(stack, stats)
+
+
+def assert_spec_metrics(stack: Stack, stats: dict[str, float]) -> None:
+    """/metrics shows the batcher's counters under vLLM's names, acceptance per position adding up."""
+    text = httpx.get(f"{stack.base_url}/metrics", timeout=10).text
+    samples = [s for family in text_string_to_metric_families(text) for s in family.samples]
+    values = {s.name: s.value for s in samples if not s.labels}
+    for name in ("num_drafts", "num_draft_tokens", "num_accepted_tokens"):
+        assert values[f"cbserve:spec_decode_{name}_total"] == stats[f"spec_decode_{name}"]
+    per_pos = {
+        int(s.labels["position"]): s.value
+        for s in samples
+        if s.name == "cbserve:spec_decode_num_accepted_tokens_per_pos_total"
+    }
+    assert per_pos[0] > 0 and sum(per_pos.values()) == stats["spec_decode_num_accepted_tokens"]
+    assert all(per_pos[i] >= per_pos[i + 1] for i in range(len(per_pos) - 1))  # a run is a prefix

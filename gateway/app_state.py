@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Annotated
 
 import redis.asyncio as aioredis
+from fastapi import Depends
 from starlette.requests import Request
 
 from common.streams import CellKeys, cell_keys
@@ -48,3 +50,7 @@ def get_state(request: Request) -> GatewayState:
     state = request.app.state.gateway
     assert isinstance(state, GatewayState)
     return state
+
+
+# A route's parameter `state: State` is the app's GatewayState.
+State = Annotated[GatewayState, Depends(get_state)]

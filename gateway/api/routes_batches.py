@@ -14,12 +14,12 @@ import secrets
 import time
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Query
+from fastapi import APIRouter, Query
 from pydantic import BaseModel, ConfigDict
 from starlette.requests import Request
 
 from gateway.api.routes_files import file_not_found
-from gateway.app_state import GatewayState, get_state
+from gateway.app_state import GatewayState, State
 from gateway.batch_queue import BatchQueueUnavailable
 from gateway.security.auth import request_owner
 from gateway.security.quotas import check_batch_quota
@@ -95,9 +95,7 @@ async def _owned(batch_id: str, http_request: Request, state: GatewayState) -> B
 
 
 @router.post("/v1/batches", response_model=BatchObject)
-async def create_batch(
-    body: BatchCreateRequest, http_request: Request, state: Annotated[GatewayState, Depends(get_state)]
-) -> dict[str, Any]:
+async def create_batch(body: BatchCreateRequest, http_request: Request, state: State) -> dict[str, Any]:
     _check_create(body)
     owner = request_owner(http_request)
     input_file = await state.files.get(owner, body.input_file_id)
@@ -124,16 +122,12 @@ async def create_batch(
 
 
 @router.get("/v1/batches/{batch_id}", response_model=BatchObject)
-async def retrieve_batch(
-    batch_id: str, http_request: Request, state: Annotated[GatewayState, Depends(get_state)]
-) -> dict[str, Any]:
+async def retrieve_batch(batch_id: str, http_request: Request, state: State) -> dict[str, Any]:
     return (await _owned(batch_id, http_request, state)).to_object().model_dump()
 
 
 @router.post("/v1/batches/{batch_id}/cancel", response_model=BatchObject)
-async def cancel_batch(
-    batch_id: str, http_request: Request, state: Annotated[GatewayState, Depends(get_state)]
-) -> dict[str, Any]:
+async def cancel_batch(batch_id: str, http_request: Request, state: State) -> dict[str, Any]:
     batch = await _owned(batch_id, http_request, state)
     now = int(time.time())
     # Not started yet: nothing runs, so it is cancelled at once (a task that takes it later sees that).
@@ -154,7 +148,7 @@ async def cancel_batch(
 @router.get("/v1/batches")
 async def list_batches(
     http_request: Request,
-    state: Annotated[GatewayState, Depends(get_state)],
+    state: State,
     after: str | None = None,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
 ) -> dict[str, Any]:

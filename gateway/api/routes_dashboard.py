@@ -8,12 +8,10 @@ header from its key field: the browser's EventSource cannot send headers.
 
 from __future__ import annotations
 
-from typing import Annotated
-
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter
 from starlette.responses import FileResponse, StreamingResponse
 
-from gateway.app_state import GatewayState, get_state
+from gateway.app_state import State
 from gateway.dashboard_assets import ASSETS, STATIC_DIR
 from gateway.observability.dashboard_events import dashboard_events
 from gateway.streaming.sse import SSE_HEADERS
@@ -37,7 +35,7 @@ for _path, (_file, _media_type) in ASSETS.items():
 
 # Not in the OpenAPI schema: an endless stream for one page is no API for clients (nor for fuzzers).
 @router.get("/v1/dashboard/events", include_in_schema=False)
-async def events(state: Annotated[GatewayState, Depends(get_state)]) -> StreamingResponse:
+async def events(state: State) -> StreamingResponse:
     """`event: step` per traced step (common/trace_schema.StepTrace), `event: stats` once a second."""
     return StreamingResponse(
         dashboard_events(state.redis, state.keys), media_type="text/event-stream", headers=SSE_HEADERS

@@ -11,11 +11,11 @@ from __future__ import annotations
 import time
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, File, Form, Query, UploadFile
+from fastapi import APIRouter, File, Form, Query, UploadFile
 from starlette.requests import Request
 from starlette.responses import Response
 
-from gateway.app_state import GatewayState, get_state
+from gateway.app_state import GatewayState, State
 from gateway.security.auth import request_owner
 from gateway.security.quotas import check_file_quota
 from openai_frontend.batch.files_store import FileObject
@@ -61,7 +61,7 @@ async def upload_file(
     file: Annotated[UploadFile, File()],
     purpose: Annotated[str, Form()],
     http_request: Request,
-    state: Annotated[GatewayState, Depends(get_state)],
+    state: State,
 ) -> dict[str, Any]:
     content = await file.read()
     check_upload(content, purpose, state)
@@ -80,7 +80,7 @@ async def upload_file(
 @router.get("/v1/files")
 async def list_files(
     http_request: Request,
-    state: Annotated[GatewayState, Depends(get_state)],
+    state: State,
     purpose: str | None = None,
     after: str | None = None,
     limit: Annotated[int, Query(ge=1, le=10_000)] = 10_000,
@@ -93,9 +93,7 @@ async def list_files(
 
 
 @router.get("/v1/files/{file_id}", response_model=FileObject)
-async def retrieve_file(
-    file_id: str, http_request: Request, state: Annotated[GatewayState, Depends(get_state)]
-) -> dict[str, Any]:
+async def retrieve_file(file_id: str, http_request: Request, state: State) -> dict[str, Any]:
     meta = await state.files.get(request_owner(http_request), file_id)
     if meta is None:
         raise file_not_found(file_id)
@@ -103,9 +101,7 @@ async def retrieve_file(
 
 
 @router.get("/v1/files/{file_id}/content")
-async def file_content(
-    file_id: str, http_request: Request, state: Annotated[GatewayState, Depends(get_state)]
-) -> Response:
+async def file_content(file_id: str, http_request: Request, state: State) -> Response:
     content = await state.files.content(request_owner(http_request), file_id)
     if content is None:
         raise file_not_found(file_id)
@@ -113,9 +109,7 @@ async def file_content(
 
 
 @router.delete("/v1/files/{file_id}")
-async def delete_file(
-    file_id: str, http_request: Request, state: Annotated[GatewayState, Depends(get_state)]
-) -> dict[str, Any]:
+async def delete_file(file_id: str, http_request: Request, state: State) -> dict[str, Any]:
     if not await state.files.delete(request_owner(http_request), file_id):
         raise file_not_found(file_id)
     return {"id": file_id, "object": "file", "deleted": True}

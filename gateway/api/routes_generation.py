@@ -3,13 +3,11 @@ shapes; the flow they share is generation.py's."""
 
 from __future__ import annotations
 
-from typing import Annotated
-
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 
-from gateway.app_state import GatewayState, get_state
+from gateway.app_state import State
 from gateway.generation.flow import generate
 from openai_frontend.protocol.openai_schemas import (
     ChatCompletionRequest,
@@ -21,7 +19,6 @@ from openai_frontend.render.chat import CHAT
 from openai_frontend.render.completion import COMPLETION
 
 router = APIRouter()
-State = Annotated[GatewayState, Depends(get_state)]
 
 
 @router.post("/v1/completions", response_model=CompletionResponse)

@@ -12,13 +12,13 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
-from typing import Annotated, Any
+from typing import Any
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 
-from gateway.app_state import GatewayState, get_state
+from gateway.app_state import State
 from gateway.generation.admission import checked_requests
 from gateway.generation.flow import request_id_header
 from gateway.streaming.sse import SSE_HEADERS, sse_event
@@ -35,7 +35,6 @@ from openai_frontend.model.served_model import ServedModel
 from openai_frontend.protocol.openai_schemas import ChatCompletionRequest
 
 router = APIRouter()
-State = Annotated[GatewayState, Depends(get_state)]
 
 
 def _headers(req_id: str) -> dict[str, str]:

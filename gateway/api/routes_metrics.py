@@ -5,15 +5,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Annotated
 
 import redis.exceptions
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from common.streams import cell_keys
-from gateway.app_state import GatewayState, get_state
+from gateway.app_state import GatewayState, State
 from gateway.observability.batcher_collector import BatcherCollector
 from gateway.observability.batcher_snapshot import read_batcher_snapshot
 from gateway.observability.cell_collector import CellCollector, CellReading
@@ -26,7 +25,7 @@ _REDIS_TIMEOUT_S = 2.0
 
 
 @router.get("/metrics")
-async def metrics(state: Annotated[GatewayState, Depends(get_state)]) -> Response:
+async def metrics(state: State) -> Response:
     readings = await _read_cells(state)
     batcher = CollectorRegistry()
     # The `cbserve:` batcher metrics show CBSERVE_CELL (the first reading), as before cells.

@@ -9,14 +9,13 @@ keys configured, the unguessable id itself is the capability.
 from __future__ import annotations
 
 import re
-from typing import Annotated
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 
 from common.streams import token_stream
-from gateway.app_state import GatewayState, get_state
+from gateway.app_state import GatewayState, State
 from gateway.generation.flow import request_id_header
 from gateway.security.auth import request_owner
 from gateway.streaming.sse import SSE_HEADERS
@@ -67,9 +66,7 @@ async def _last_event_id(http_request: Request, state: GatewayState, req_id: str
 
 
 @router.get("/v1/requests/{request_id}/stream")
-async def resume_stream(
-    request_id: str, http_request: Request, state: Annotated[GatewayState, Depends(get_state)]
-) -> StreamingResponse:
+async def resume_stream(request_id: str, http_request: Request, state: State) -> StreamingResponse:
     """The events after Last-Event-ID (header, or `?last_event_id=`), or the whole stream without it."""
     request = await _owned_request(request_id, http_request, state)
     resume_after = await _last_event_id(http_request, state, request.req_id)
@@ -93,9 +90,7 @@ async def resume_stream(
 
 
 @router.get("/v1/requests/{request_id}")
-async def fetch_result(
-    request_id: str, http_request: Request, state: Annotated[GatewayState, Depends(get_state)]
-) -> JSONResponse:
+async def fetch_result(request_id: str, http_request: Request, state: State) -> JSONResponse:
     """The finished request's non-streaming response object; 409 while it is still running."""
     request = await _owned_request(request_id, http_request, state)
     logprobs = LogprobsFormatter(state.served.tokenizer.tokenizer)

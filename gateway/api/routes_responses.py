@@ -12,13 +12,13 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
-from typing import Annotated, Any
+from typing import Any
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 
-from gateway.app_state import GatewayState, get_state
+from gateway.app_state import GatewayState, State
 from gateway.generation.admission import checked_requests
 from gateway.generation.flow import request_id_header
 from gateway.security.auth import request_owner
@@ -119,7 +119,7 @@ def _streaming(
 
 @router.post("/v1/responses", response_model=ResponseObject)
 async def create_response(
-    body: ResponsesRequest, http_request: Request, state: Annotated[GatewayState, Depends(get_state)]
+    body: ResponsesRequest, http_request: Request, state: State
 ) -> JSONResponse | StreamingResponse:
     check_unsupported(body)
     history = await _history(body, http_request, state)
@@ -167,7 +167,7 @@ async def create_response(
 async def retrieve_response(
     response_id: str,
     http_request: Request,
-    state: Annotated[GatewayState, Depends(get_state)],
+    state: State,
     stream: bool = False,
     starting_after: int | None = None,
 ) -> JSONResponse | StreamingResponse:
@@ -191,9 +191,7 @@ async def retrieve_response(
 
 
 @router.post("/v1/responses/{response_id}/cancel", response_model=ResponseObject)
-async def cancel_response(
-    response_id: str, http_request: Request, state: Annotated[GatewayState, Depends(get_state)]
-) -> JSONResponse:
+async def cancel_response(response_id: str, http_request: Request, state: State) -> JSONResponse:
     """Stops a background response; one that already ended is answered as it is (idempotent)."""
     stored = await _owned(response_id, http_request, state)
     if not stored.spec.background:
@@ -207,9 +205,7 @@ async def cancel_response(
 
 
 @router.delete("/v1/responses/{response_id}")
-async def delete_response(
-    response_id: str, http_request: Request, state: Annotated[GatewayState, Depends(get_state)]
-) -> dict[str, Any]:
+async def delete_response(response_id: str, http_request: Request, state: State) -> dict[str, Any]:
     """Forgets the response; one still running is stopped, since nobody could read it any more."""
     stored = await _owned(response_id, http_request, state)
     await state.responses.store.delete(stored)

@@ -5,13 +5,13 @@ filtered by `metadata[key]=value` and `model`), GET / POST (its metadata) / DELE
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.requests import Request
 
-from gateway.app_state import GatewayState, get_state
+from gateway.app_state import State
 from gateway.generation.stored import store_of
 from gateway.security.auth import request_owner
 from openai_frontend.generate.options import checked_metadata
@@ -19,7 +19,6 @@ from openai_frontend.protocol.errors import invalid_request
 from openai_frontend.protocol.list_page import list_page
 
 router = APIRouter()
-State = Annotated[GatewayState, Depends(get_state)]
 MAX_LIMIT = 100
 _METADATA_PARAM = re.compile(r"metadata\[(.+)\]")
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Depends
+from fastapi import APIRouter, Body
 from pydantic import ValidationError
 
-from gateway.app_state import GatewayState, get_state
+from gateway.app_state import State
 from openai_frontend.generate.tokenize import detokenize, tokenize, tokenizer_info
 from openai_frontend.protocol.errors import validation_error
 from openai_frontend.protocol.tokenizer_schemas import (
@@ -20,7 +20,6 @@ from openai_frontend.protocol.tokenizer_schemas import (
 )
 
 router = APIRouter()
-State = Annotated[GatewayState, Depends(get_state)]
 
 
 @router.post("/tokenize")

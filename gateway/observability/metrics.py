@@ -24,56 +24,57 @@ E2E_BUCKETS = (
     0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0,
     40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0,
 )  # fmt: skip
+# The label every per-request metric carries, as vLLM's do.
+MODEL = ("model_name",)
 REDIS_RTT_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 
 
 class GatewayMetrics:
     def __init__(self, model_name: str) -> None:
         self.registry = CollectorRegistry()
-        reg, model = self.registry, ["model_name"]
-        self.ttft = Histogram(
+        self._model_name = model_name
+        self.ttft = self._latency(
             "cbserve:time_to_first_token_seconds",
             "Time from the request's arrival at the gateway to its first token.",
-            model,
-            buckets=TTFT_BUCKETS,
-            registry=reg,
-        ).labels(model_name)
-        self.itl = Histogram(
+            TTFT_BUCKETS,
+        )
+        self.itl = self._latency(
             "cbserve:inter_token_latency_seconds",
             "Time between output tokens (one observation per token after the first).",
-            model,
-            buckets=ITL_BUCKETS,
-            registry=reg,
-        ).labels(model_name)
-        self.e2e = Histogram(
+            ITL_BUCKETS,
+        )
+        self.e2e = self._latency(
             "cbserve:e2e_request_latency_seconds",
             "Time from the request's arrival at the gateway to its last token.",
-            model,
-            buckets=E2E_BUCKETS,
-            registry=reg,
-        ).labels(model_name)
-        self.prompt_tokens = Counter(
-            "cbserve:prompt_tokens", "Prompt tokens of requests that got a first token.", model, registry=reg
-        ).labels(model_name)
-        self.generation_tokens = Counter(
-            "cbserve:generation_tokens",
-            "Generated tokens (the EOS / stop token included).",
-            model,
-            registry=reg,
-        ).labels(model_name)
+            E2E_BUCKETS,
+        )
+        self.prompt_tokens = self._tokens(
+            "cbserve:prompt_tokens", "Prompt tokens of requests that got a first token."
+        )
+        self.generation_tokens = self._tokens(
+            "cbserve:generation_tokens", "Generated tokens (the EOS / stop token included)."
+        )
         self._success = Counter(
             "cbserve:request_success",
             "Requests that ended, by finish reason (stop, length, abort, error).",
-            [*model, "finished_reason"],
-            registry=reg,
+            [*MODEL, "finished_reason"],
+            registry=self.registry,
         )
-        self._model_name = model_name
         self.redis_rtt = Histogram(
             "cbserve:redis_rtt_seconds",
             "Round-trip time of a PING from this gateway to Redis, measured on every scrape.",
             buckets=REDIS_RTT_BUCKETS,
-            registry=reg,
+            registry=self.registry,
         )
+
+    def _latency(self, name: str, documentation: str, buckets: tuple[float, ...]) -> Histogram:
+        """A histogram of this model's requests, in seconds."""
+        histogram = Histogram(name, documentation, MODEL, buckets=buckets, registry=self.registry)
+        return histogram.labels(self._model_name)
+
+    def _tokens(self, name: str, documentation: str) -> Counter:
+        """A count of this model's tokens."""
+        return Counter(name, documentation, MODEL, registry=self.registry).labels(self._model_name)
 
     def track(self, arrival_time: float, num_prompt_tokens: int) -> RequestTracker:
         """A tracker for one request that arrived at `arrival_time` (unix seconds)."""

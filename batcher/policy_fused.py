@@ -79,6 +79,8 @@ def draft_for(state: SchedulerState, ws: WorkerState, req: Request, num_new: int
     config = state.config.speculative
     if config is None or num_new != 1:
         return []
+    if config.disable_by_batch_size is not None and len(ws.running) >= config.disable_by_batch_size:
+        return []
     drafts = propose_drafts(config, req, budget, ws.info.max_model_len)
     bm = ws.block_manager
     need = bm.num_new_blocks(len(req.block_ids), req.num_computed_tokens + 1 + len(drafts))

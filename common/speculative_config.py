@@ -22,6 +22,11 @@ class SpeculativeConfig(BaseModel):
     num_speculative_tokens: int = Field(ge=1, le=16, description="Tokens drafted per request per step.")
     prompt_lookup_min: int = Field(1, ge=1, description="ngram: shortest suffix looked up.")
     prompt_lookup_max: int = Field(4, ge=1, description="ngram: longest suffix looked up.")
+    # vLLM's name. A large batch already reads the weights for many tokens a step: drafts then cost
+    # more compute than the steps they save.
+    disable_by_batch_size: int | None = Field(
+        None, ge=1, description="No drafts in a step of a worker running at least this many requests."
+    )
 
     @field_validator("method")
     @classmethod

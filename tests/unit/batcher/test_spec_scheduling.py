@@ -11,7 +11,7 @@ PROMPT = [7, 8, 9, 10, 11, 7, 8, 9]  # with a first output 10, [9, 10] came befo
 
 
 def make(num_blocks: int = 64, budget: int = 64, **spec: int) -> Scheduler:
-    config = SpeculativeConfig(method="ngram", num_speculative_tokens=3, **spec)  # type: ignore[arg-type]
+    config = SpeculativeConfig(method="ngram", num_speculative_tokens=3, **spec)
     s = Scheduler(SchedulerConfig(max_num_batched_tokens=budget, speculative=config))
     s.add_worker(
         WorkerInfo(

@@ -37,11 +37,9 @@ def test_killed_celery_worker_mid_batch_loses_nothing_and_generates_nothing_twic
 ) -> None:
     stack = Stack(redis_url=redis_url, model_dir=tiny_model_dir, log_dir=tmp_path)
     try:
-        stack.start_batcher()
-        stack.start_worker()
-        stack.start_gateway()
+        # The Celery worker first, so that it is ready with the others.
         first = stack.start_celery_worker("celery1", **CRASHY_WORKER)
-        stack.wait_ready(num_workers=1)
+        stack.start_all()
         bodies = [
             {
                 "prompt": [i + 1, 7, 9],

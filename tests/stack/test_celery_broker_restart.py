@@ -35,11 +35,9 @@ def test_celery_worker_survives_a_broker_restart_mid_batch(tiny_model_dir: Path,
         return (tmp_path / "celery.log").read_text(errors="replace")  # all of it: tracebacks are long
 
     try:
-        stack.start_batcher()
-        stack.start_worker()
-        stack.start_gateway()
+        # The Celery worker first, so that it is ready with the others.
         stack.start_celery_worker("celery", **CELERY_ENV)
-        stack.wait_ready(num_workers=1)
+        stack.start_all()
         wait_for(lambda: "ready." in celery_log(), 60, "the Celery worker to be ready")
         client, batch_id, req_ids = submit_batch(stack.base_url, NUM_LINES, max_tokens=48)
         r = redis.Redis.from_url(server.url)

@@ -42,11 +42,9 @@ def test_a_running_task_is_not_delivered_again(redis_url: str, tiny_model_dir: P
         "CBSERVE_CELERY_BATCH_MAX_LINES_IN_FLIGHT": "1",
     }
     try:
-        stack.start_batcher()
-        stack.start_worker()
-        stack.start_gateway()
+        # The Celery worker first, so that it is ready with the others.
         stack.start_celery_worker("celery", **env)
-        stack.wait_ready(num_workers=1)
+        stack.start_all()
         client, batch_id, _ = submit_batch(stack.base_url, 24, max_tokens=128)
         started = time.monotonic()
         batch = wait_final(client, batch_id, timeout=120)
@@ -69,11 +67,9 @@ def test_a_dead_workers_batch_moves_on_at_the_defaults(
     stack = Stack(redis_url=redis_url, model_dir=tiny_model_dir, log_dir=tmp_path)
     lines = {"CBSERVE_CELERY_BATCH_MAX_LINES_IN_FLIGHT": "2"}  # only this one off its default
     try:
-        stack.start_batcher()
-        stack.start_worker()
-        stack.start_gateway()
+        # The Celery worker first, so that it is ready with the others.
         first = stack.start_celery_worker("celery1", **lines)
-        stack.wait_ready(num_workers=1)
+        stack.start_all()
         client, batch_id, req_ids = submit_batch(stack.base_url, 16, max_tokens=48)
         r = redis.Redis.from_url(redis_url)
         wait_for(part_done(r, batch_id, req_ids), 60, "the batch to be part done with lines in flight")

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -28,6 +30,17 @@ async def collect(sub: Subscription, count: int, timeout_s: float = 10.0) -> lis
         while len(got) < count:
             got.extend(await sub.queue.get())
     return got
+
+
+@contextlib.asynccontextmanager
+async def mux_over(client: aioredis.Redis) -> AsyncIterator[TokenStreamMux]:
+    """A mux reading through `client`; both closed after, whether the test passed or not."""
+    mux = TokenStreamMux(client)
+    try:
+        yield mux
+    finally:
+        await mux.close()
+        await client.aclose()
 
 
 async def _xread_calls(client: aioredis.Redis) -> int:
@@ -68,15 +81,13 @@ def test_every_follower_gets_its_own_entries_from_one_shared_read(redis_url: str
 def test_a_late_subscriber_reads_from_its_resume_point(redis_url: str) -> None:
     async def scenario() -> None:
         client = aioredis.Redis.from_url(redis_url)
-        mux = TokenStreamMux(client)
-        busy = await mux.subscribe("busy")  # the shared read is now running (and blocked)
-        ids = [await client.xadd(token_stream("late"), {b"m": str(i).encode()}) for i in range(3)]
-        late = await mux.subscribe("late", last_id=ids[0].decode())
-        entries = await collect(late, 2)
-        assert [fields[b"m"] for _, fields in entries] == [b"1", b"2"]
-        assert busy.queue.empty()
-        await mux.close()
-        await client.aclose()
+        async with mux_over(client) as mux:
+            busy = await mux.subscribe("busy")  # the shared read is now running (and blocked)
+            ids = [await client.xadd(token_stream("late"), {b"m": str(i).encode()}) for i in range(3)]
+            late = await mux.subscribe("late", last_id=ids[0].decode())
+            entries = await collect(late, 2)
+            assert [fields[b"m"] for _, fields in entries] == [b"1", b"2"]
+            assert busy.queue.empty()
 
     asyncio.run(scenario())
 
@@ -86,23 +97,20 @@ def test_followers_outlive_failed_reads_until_their_own_deadline() -> None:
     up only when its own deadline passes."""
 
     async def scenario() -> None:
-        client = connect_async(f"redis://127.0.0.1:{free_port()}/0")  # nothing listens there
-        mux = TokenStreamMux(client)
-        started = time.monotonic()
-        deadlines = [started + 0.6, started + 1.5]
+        async with mux_over(connect_async(f"redis://127.0.0.1:{free_port()}/0")) as mux:  # nothing listens
+            started = time.monotonic()
+            deadlines = [started + 0.6, started + 1.5]
 
-        async def follow(req_id: str, deadline: float) -> float:
-            with pytest.raises(RequestTimedOut):
-                async for _ in follow_token_stream(mux, req_id, deadline=deadline):
-                    pass
-            return time.monotonic()
+            async def follow(req_id: str, deadline: float) -> float:
+                with pytest.raises(RequestTimedOut):
+                    async for _ in follow_token_stream(mux, req_id, deadline=deadline):
+                        pass
+                return time.monotonic()
 
-        ended = await asyncio.gather(*(follow(f"req{i}", d) for i, d in enumerate(deadlines)))
-        assert mux.redis_down
-        for end, deadline in zip(ended, deadlines, strict=True):
-            assert deadline - 0.01 <= end < deadline + 0.5  # not before its deadline, and not long after
-        await mux.close()
-        await client.aclose()
+            ended = await asyncio.gather(*(follow(f"req{i}", d) for i, d in enumerate(deadlines)))
+            assert mux.redis_down
+            for end, deadline in zip(ended, deadlines, strict=True):
+                assert deadline - 0.01 <= end < deadline + 0.5  # not before its deadline, and not long after
 
     asyncio.run(scenario())
 
@@ -112,8 +120,7 @@ def test_two_followers_of_one_stream_each_get_their_entries(redis_url: str) -> N
 
     async def run() -> None:
         redis = aioredis.Redis.from_url(redis_url)
-        mux = TokenStreamMux(redis)
-        try:
+        async with mux_over(redis) as mux:
             key = token_stream("shared")
             first_id = (await redis.xadd(key, {b"m": b"0"})).decode()
             early = await mux.subscribe("shared")
@@ -125,9 +132,6 @@ def test_two_followers_of_one_stream_each_get_their_entries(redis_url: str) -> N
             mux.unsubscribe(late)
             third_id = (await redis.xadd(key, {b"m": b"2"})).decode()
             assert [e[0] for e in await collect(early, 1)] == [third_id]
-        finally:
-            await mux.close()
-            await redis.aclose()
 
     asyncio.run(run())
 
@@ -144,24 +148,22 @@ def test_a_replay_that_subscribes_during_a_read_misses_no_entry(redis_url: str) 
     async def run() -> None:
         client = aioredis.Redis.from_url(redis_url)
         writer = redis.Redis.from_url(redis_url)  # blocking: the loop does not run while it writes
-        mux = TokenStreamMux(client)
         try:
-            key = token_stream("raced")
-            ids = [(await client.xadd(key, {b"m": str(i).encode()})).decode() for i in range(3)]
-            first = await mux.subscribe("raced", last_id=ids[-1])
-            async with asyncio.timeout(10):
-                while _blocked_xreads(writer) == 0:
-                    await asyncio.sleep(0.01)
-            ids.append(writer.xadd(key, {b"m": b"3"}).decode())
-            deadline = time.monotonic() + 10
-            while _blocked_xreads(writer) > 0:  # answered: the reply waits in the mux's socket
-                assert time.monotonic() < deadline
-            replay = await mux.subscribe("raced")  # the loop now reads that reply first
-            assert [e[0] for e in await collect(replay, 4)] == ids
-            assert [e[0] for e in await collect(first, 1)] == ids[-1:]
+            async with mux_over(client) as mux:
+                key = token_stream("raced")
+                ids = [(await client.xadd(key, {b"m": str(i).encode()})).decode() for i in range(3)]
+                first = await mux.subscribe("raced", last_id=ids[-1])
+                async with asyncio.timeout(10):
+                    while _blocked_xreads(writer) == 0:
+                        await asyncio.sleep(0.01)
+                ids.append(writer.xadd(key, {b"m": b"3"}).decode())
+                deadline = time.monotonic() + 10
+                while _blocked_xreads(writer) > 0:  # answered: the reply waits in the mux's socket
+                    assert time.monotonic() < deadline
+                replay = await mux.subscribe("raced")  # the loop now reads that reply first
+                assert [e[0] for e in await collect(replay, 4)] == ids
+                assert [e[0] for e in await collect(first, 1)] == ids[-1:]
         finally:
-            await mux.close()
-            await client.aclose()
             writer.close()
 
     asyncio.run(run())
@@ -175,21 +177,19 @@ def test_a_follower_resumes_after_redis_restarts(tmp_path: Path) -> None:
 
     async def scenario() -> None:
         client = connect_async(server.url)
-        mux = TokenStreamMux(client)
-        sub = await mux.subscribe("req")
-        await client.xadd(token_stream("req"), {b"m": b"0"})
-        assert [f[b"m"] for _, f in await collect(sub, 1)] == [b"0"]
-        server.stop(signal.SIGTERM)
-        async with asyncio.timeout(10):
-            while not mux.redis_down:
-                await asyncio.sleep(0.01)
-        await asyncio.to_thread(server.start)
-        for i in (1, 2):
-            await client.xadd(token_stream("req"), {b"m": str(i).encode()})
-        assert [f[b"m"] for _, f in await collect(sub, 2)] == [b"1", b"2"]
-        assert not mux.redis_down
-        await mux.close()
-        await client.aclose()
+        async with mux_over(client) as mux:
+            sub = await mux.subscribe("req")
+            await client.xadd(token_stream("req"), {b"m": b"0"})
+            assert [f[b"m"] for _, f in await collect(sub, 1)] == [b"0"]
+            server.stop(signal.SIGTERM)
+            async with asyncio.timeout(10):
+                while not mux.redis_down:
+                    await asyncio.sleep(0.01)
+            await asyncio.to_thread(server.start)
+            for i in (1, 2):
+                await client.xadd(token_stream("req"), {b"m": str(i).encode()})
+            assert [f[b"m"] for _, f in await collect(sub, 2)] == [b"1", b"2"]
+            assert not mux.redis_down
 
     try:
         asyncio.run(scenario())

@@ -226,13 +226,26 @@ def test_up_serves_then_sigint_stops_every_process(
     assert "stopped everything" in launcher.output()
 
 
+def _ready_without_celery(launch: Callable[..., Launcher], model_dir: Path, max_restarts: int) -> Launcher:
+    """`cbserve up` on embedded Redis without Celery, restarting a dying child at most `max_restarts`
+    times; returned once it says it is ready."""
+    launcher = launch(
+        "--redis", "embedded", "--model", str(model_dir), "--no-celery", "--max-restarts", str(max_restarts)
+    )
+    launcher.wait_output("cbserve is ready")
+    return launcher
+
+
+def _check_all_gone(running: dict[int, tuple[int, str]], tmp_path: Path) -> None:
+    """None of the processes `running` held is left, nor any naming the test's run directory."""
+    assert not any(is_running(pid, start) for pid, (start, _) in running.items())
+    assert live_processes_mentioning(str(tmp_path)) == []
+
+
 def test_a_dead_child_is_restarted_until_the_bound(
     launch: Callable[..., Launcher], tiny_model_dir: Path, tmp_path: Path
 ) -> None:
-    launcher = launch(
-        "--redis", "embedded", "--model", str(tiny_model_dir), "--no-celery", "--max-restarts", "1"
-    )
-    launcher.wait_output("cbserve is ready")
+    launcher = _ready_without_celery(launch, tiny_model_dir, max_restarts=1)
     batcher = launcher.started_pids()["batcher"]
     os.kill(batcher, signal.SIGKILL)
     launcher.wait_output("restarted batcher (pid ")
@@ -247,18 +260,14 @@ def test_a_dead_child_is_restarted_until_the_bound(
     os.kill(int(restarted[1]), signal.SIGKILL)
     assert launcher.proc.wait(timeout=30) == 1
     assert "batcher was restarted 1 times within 600 s (--max-restarts 1)" in launcher.output()
-    assert not any(is_running(pid, start) for pid, (start, _) in running.items())
-    assert live_processes_mentioning(str(tmp_path)) == []
+    _check_all_gone(running, tmp_path)
 
 
 def test_a_child_dying_stops_everything_with_an_error(
     launch: Callable[..., Launcher], tiny_model_dir: Path, tmp_path: Path
 ) -> None:
     """With --max-restarts 0 the first death of a service stops the stack."""
-    launcher = launch(
-        "--redis", "embedded", "--model", str(tiny_model_dir), "--no-celery", "--max-restarts", "0"
-    )
-    launcher.wait_output("cbserve is ready")
+    launcher = _ready_without_celery(launch, tiny_model_dir, max_restarts=0)
     running = descendants(launcher.proc.pid)
     assert "celery" not in launcher.started_pids()
     worker = launcher.started_pids()["worker0"]
@@ -266,8 +275,7 @@ def test_a_child_dying_stops_everything_with_an_error(
     assert launcher.proc.wait(timeout=30) == 1
     output = launcher.output()
     assert f"worker0 (pid {worker}) exited with code -9 unexpectedly" in output
-    assert not any(is_running(pid, start) for pid, (start, _) in running.items())
-    assert live_processes_mentioning(str(tmp_path)) == []
+    _check_all_gone(running, tmp_path)
 
 
 def test_a_child_failing_at_startup_is_reported_with_its_log(

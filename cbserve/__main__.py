@@ -102,6 +102,11 @@ def build_parser() -> argparse.ArgumentParser:
         "run reuses (Redis' port and password, the env file), which ./.cbserve keeps otherwise",
     )
     up.add_argument(
+        "--speculative-config",
+        help="speculative decoding for every service, as SPECULATIVE_CONFIG: vLLM's JSON, e.g. "
+        '\'{"method": "ngram", "num_speculative_tokens": 4}\' (default: $SPECULATIVE_CONFIG, else off)',
+    )
+    up.add_argument(
         "--ready-timeout",
         dest="ready_timeout_s",
         metavar="READY_TIMEOUT",

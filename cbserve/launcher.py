@@ -20,6 +20,7 @@ from types import FrameType
 from typing import Any
 
 import httpx
+from pydantic import ValidationError
 
 from cbserve import processes
 from cbserve.defaults import (
@@ -33,6 +34,7 @@ from cbserve.redis_resolver import RedisUnavailable, redact, resolve
 from cbserve.restarts import RestartBudget
 from cbserve.run_state import RunState
 from cbserve.stack import ServiceArgs, Stack, celery_installed, cell_names, joined_workers, start_services
+from common.speculative_config import SpeculativeConfig
 
 
 class LaunchError(RuntimeError):
@@ -52,6 +54,7 @@ class UpOptions:
     ready_timeout_s: float = DEFAULT_READY_TIMEOUT_S
     celery: bool = True  # a Celery worker for the Batch API and the Celery task, when installed
     max_restarts: int = DEFAULT_MAX_RESTARTS  # per service within DEFAULT_RESTART_WINDOW_S (restarts.py)
+    speculative_config: str | None = None  # SPECULATIVE_CONFIG (JSON) for every service
 
 
 def say(message: str) -> None:
@@ -104,6 +107,17 @@ def resolve_device(choice: str, env: Mapping[str, str]) -> tuple[str, str]:
     if found:
         return "cuda", "torch sees a CUDA device"
     return "cpu", "nvidia-smi exists but this torch build sees no CUDA device"
+
+
+def check_speculative_config(text: str | None) -> None:
+    """Refuse a --speculative-config the services would refuse, before starting any of them."""
+    if text is None:
+        return
+    try:
+        SpeculativeConfig.model_validate_json(text)
+    except ValidationError as exc:
+        errors = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'json'}: {e['msg']}" for e in exc.errors())
+        raise LaunchError(f"--speculative-config: {errors}") from None
 
 
 def check_port_free(host: str, port: int) -> None:
@@ -307,6 +321,7 @@ def run_up(opts: UpOptions) -> int:
         model_dir = resolve_model(opts.model)
         check_port_free(opts.host, opts.port)
         device, device_why = resolve_device(opts.device, os.environ)
+        check_speculative_config(opts.speculative_config)
     except LaunchError as exc:
         print(f"cbserve: {exc}", file=sys.stderr)
         return 2
@@ -340,7 +355,9 @@ def run_up(opts: UpOptions) -> int:
                 "no Celery worker: celery is not installed (pip install '.[celery]'), "
                 "so Batch API batches stay in validating"
             )
-        args = ServiceArgs(model_dir, device, choice.url, opts.workers, opts.host, opts.port, celery)
+        args = ServiceArgs(
+            model_dir, device, choice.url, opts.workers, opts.host, opts.port, celery, opts.speculative_config
+        )
         start_services(stack, args)
         pids = ", ".join(f"{c.name}={c.pid}" for c in stack.children())
         say(f"started {pids}; waiting for /health and {describe(opts)} to join")

@@ -81,10 +81,13 @@ class ServiceArgs:
     host: str
     port: int
     celery: bool
+    speculative_config: str | None = None  # SPECULATIVE_CONFIG for every service, when given
 
 
 def start_services(stack: Stack, args: ServiceArgs) -> None:
     env = {**os.environ, "REDIS_URL": args.redis_url, "PYTHONUNBUFFERED": "1"}
+    if args.speculative_config is not None:
+        env["SPECULATIVE_CONFIG"] = args.speculative_config
     python = [sys.executable, "-m"]
 
     def start(name: str, argv: list[str], child_env: dict[str, str]) -> None:

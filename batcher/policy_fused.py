@@ -81,7 +81,7 @@ def draft_for(state: SchedulerState, ws: WorkerState, req: Request, num_new: int
         return []
     if config.disable_by_batch_size is not None and len(ws.running) >= config.disable_by_batch_size:
         return []
-    drafts = propose_drafts(config, req, budget, ws.info.max_model_len)
+    drafts = propose_drafts(config, req, budget, ws.info.max_model_len, state.suffix_cache)
     bm = ws.block_manager
     need = bm.num_new_blocks(len(req.block_ids), req.num_computed_tokens + 1 + len(drafts))
     return drafts if need <= bm.num_free_blocks else []

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from batcher.request import Request, RequestStatus
+from batcher.spec_decode.drafting import make_suffix_cache
 from batcher.waiting_queue import WaitingQueue
 from batcher.worker_state import WorkerState
 from common.protocol import CachedRequestData, FinishReason, NewRequestData
@@ -87,6 +88,8 @@ class SchedulerState:
         self.requests: dict[str, Request] = {}  # every unfinished request
         # Shared by all workers, in (priority, arrival) order; preempted ones go first in their priority.
         self.waiting = WaitingQueue()
+        # Suffix decoding's recent requests (batcher/spec_decode/), when that is the method.
+        self.suffix_cache = make_suffix_cache(config.speculative)
 
     def running_on(self, ws: WorkerState, req_id: str) -> Request | None:
         req = self.requests.get(req_id)
@@ -119,6 +122,8 @@ class SchedulerState:
     def finish(self, req: Request, reason: FinishReason) -> None:
         self.release(req)
         mark_finished(req, reason)
+        if self.suffix_cache is not None and reason in ("stop", "length"):
+            self.suffix_cache.add(req.prompt_token_ids + req.output_token_ids)
 
     def fail(self, req: Request, message: str) -> None:
         self.release(req)

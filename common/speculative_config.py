@@ -1,8 +1,9 @@
 """`SPECULATIVE_CONFIG`: how a deployment drafts tokens, in the shape of vLLM's --speculative-config.
 
 A JSON object such as `{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2,
-"prompt_lookup_max": 4}`. Only model-free n-gram drafts are built; every other method vLLM knows is
-refused here by name, so a deployment asking for one fails at start-up instead of running without it.
+"prompt_lookup_max": 4}` or `{"method": "suffix"}`. Only model-free drafts (ngram, suffix) are built;
+every other method vLLM knows is refused here by name, so a deployment asking for one fails at
+start-up instead of running without it.
 """
 
 from __future__ import annotations
@@ -12,16 +13,30 @@ from typing import Any
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 # vLLM's methods that are not built yet, and what to use meanwhile.
-NOT_BUILT = ("suffix", "draft_model", "eagle", "eagle3", "medusa", "mlp_speculator", "mtp")
+NOT_BUILT = ("draft_model", "eagle", "eagle3", "medusa", "mlp_speculator", "mtp")
+BUILT = ("ngram", "suffix")
 
 
 class SpeculativeConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    method: str = Field(description="How drafts are made: ngram (prompt lookup over prompt + output).")
-    num_speculative_tokens: int = Field(ge=1, le=16, description="Tokens drafted per request per step.")
+    method: str = Field(
+        description="How drafts are made: ngram (prompt lookup over prompt + output), or suffix (the "
+        "longest match in prompt + output or in recent requests)."
+    )
+    num_speculative_tokens: int | None = Field(
+        None, ge=1, le=64, description="Tokens drafted per request per step (suffix: max_tree_depth)."
+    )
     prompt_lookup_min: int = Field(1, ge=1, description="ngram: shortest suffix looked up.")
     prompt_lookup_max: int = Field(4, ge=1, description="ngram: longest suffix looked up.")
+    # Suffix decoding, vLLM's names.
+    suffix_decoding_max_tree_depth: int = Field(24, ge=2, description="suffix: longest match looked for.")
+    suffix_decoding_max_cached_requests: int = Field(
+        1000, ge=0, description="suffix: finished requests whose tokens are searched (0: the request's own)."
+    )
+    suffix_decoding_max_spec_factor: float = Field(
+        1.0, gt=0, description="suffix: draft at most this many tokens per token matched."
+    )
     # vLLM's name. A large batch already reads the weights for many tokens a step: drafts then cost
     # more compute than the steps they save.
     disable_by_batch_size: int | None = Field(
@@ -33,17 +48,25 @@ class SpeculativeConfig(BaseModel):
     def _known(cls, method: str) -> str:
         if method in NOT_BUILT:
             raise ValueError(
-                f'speculative method {method!r} is not supported yet; use "ngram" or unset SPECULATIVE_CONFIG'
+                f'speculative method {method!r} is not supported yet; use "ngram" or "suffix", or unset '
+                "SPECULATIVE_CONFIG"
             )
-        if method != "ngram":
-            raise ValueError(f'unknown speculative method {method!r}; the one supported is "ngram"')
+        if method not in BUILT:
+            raise ValueError(f'unknown speculative method {method!r}; supported: "ngram", "suffix"')
         return method
 
     @model_validator(mode="after")
     def _lookup_range(self) -> SpeculativeConfig:
         if self.prompt_lookup_min > self.prompt_lookup_max:
             raise ValueError("prompt_lookup_min must not exceed prompt_lookup_max")
+        if self.method == "ngram" and self.num_speculative_tokens is None:
+            raise ValueError('"ngram" needs num_speculative_tokens')
         return self
+
+    @property
+    def num_draft_tokens(self) -> int:
+        """Most drafts per request per step (vLLM: suffix drafts up to its tree depth unless told)."""
+        return self.num_speculative_tokens or self.suffix_decoding_max_tree_depth
 
 
 def speculative_config_field() -> Any:

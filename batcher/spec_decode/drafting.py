@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from batcher.request import Request
 from batcher.spec_decode.ngram_proposer import propose_ngram
+from batcher.spec_decode.suffix_cache import SuffixCache
 from common.protocol import SamplingParams
 from common.speculative_config import SpeculativeConfig
 
@@ -23,13 +24,30 @@ def can_draft(params: SamplingParams) -> bool:
     )
 
 
-def propose_drafts(config: SpeculativeConfig, req: Request, budget: int, max_model_len: int) -> list[int]:
+def make_suffix_cache(config: SpeculativeConfig | None) -> SuffixCache | None:
+    """The recent requests suffix decoding searches (one per batcher: drafts need no worker's KV)."""
+    if config is None or config.method != "suffix":
+        return None
+    return SuffixCache(
+        config.suffix_decoding_max_cached_requests,
+        config.suffix_decoding_max_tree_depth,
+        config.suffix_decoding_max_spec_factor,
+    )
+
+
+def propose_drafts(
+    config: SpeculativeConfig,
+    req: Request,
+    budget: int,
+    max_model_len: int,
+    suffix_cache: SuffixCache | None = None,
+) -> list[int]:
     """Drafts for `req`'s next decode, within `budget` tokens for the whole of it; [] when it should
     not draft. Never more than it could still output, nor past `max_model_len`."""
     if not req.output_token_ids or req.num_output_placeholders or not can_draft(req.sampling_params):
         return []
     k = min(
-        config.num_speculative_tokens,
+        config.num_draft_tokens,
         budget - 1,  # its last known token is computed too
         req.num_samples - len(req.output_token_ids) - 1,  # the bonus token comes on top
         max_model_len - req.num_tokens - 1,
@@ -37,4 +55,6 @@ def propose_drafts(config: SpeculativeConfig, req: Request, budget: int, max_mod
     if k <= 0:
         return []
     tokens = req.prompt_token_ids + req.output_token_ids
+    if suffix_cache is not None:
+        return suffix_cache.propose(tokens, k)
     return propose_ngram(tokens, config.prompt_lookup_min, config.prompt_lookup_max, k)

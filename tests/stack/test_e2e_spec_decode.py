@@ -1,6 +1,6 @@
 """Speculative decoding through the whole pipeline (HTTP -> Redis -> batcher -> worker): greedy tokens
-with n-gram drafts equal transformers' `generate`, streamed or not, with chunked prefill, prefix hits
-and preemption, and drafts are accepted (the prompts repeat themselves)."""
+with n-gram or suffix drafts equal transformers' `generate`, streamed or not, with chunked prefill,
+prefix hits and preemption, and drafts are accepted (the prompts repeat themselves)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from benchmarks.gpu_parity import reference_greedy
 from tests.harness.services import Stack
 
-SPEC = json.dumps({"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3})
+NGRAM = json.dumps({"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3})
+SUFFIX = json.dumps({"method": "suffix", "num_speculative_tokens": 6})
 PATTERN = [17, 301, 52, 99, 260, 8, 411, 96]
 # Repeated text, a second turn of the first (a prefix hit once the first is cached), a long one that
 # takes chunks, and one with nothing repeated.
@@ -74,23 +75,28 @@ async def run_wave(stack: Stack, cases: list[tuple[list[int], int]]) -> list[lis
 
 CONFIGS: dict[str, dict[str, str]] = {
     # A 32-token budget chunks the long prompts; the second wave finds the first's blocks cached.
-    "chunked": {"BATCHER_MAX_NUM_BATCHED_TOKENS": "32"},
+    "chunked": {"SPECULATIVE_CONFIG": NGRAM, "BATCHER_MAX_NUM_BATCHED_TOKENS": "32"},
     # 8 blocks of 16 tokens hold the longest request and little else: preemption is certain.
-    "preempted": {"BATCHER_MAX_NUM_BATCHED_TOKENS": "32", "BATCHER_MAX_NUM_SEQS": "8"},
+    "preempted": {
+        "SPECULATIVE_CONFIG": NGRAM,
+        "BATCHER_MAX_NUM_BATCHED_TOKENS": "32",
+        "BATCHER_MAX_NUM_SEQS": "8",
+    },
+    # Suffix decoding: the second wave also finds the first wave's requests in the batcher's cache.
+    "suffix": {"SPECULATIVE_CONFIG": SUFFIX, "BATCHER_MAX_NUM_BATCHED_TOKENS": "32"},
 }
 WORKER_ENV: dict[str, dict[str, str]] = {
     "chunked": {"WORKER_BLOCK_SIZE": "16"},
     "preempted": {"WORKER_NUM_BLOCKS": "8", "WORKER_BLOCK_SIZE": "16"},
+    "suffix": {"WORKER_BLOCK_SIZE": "16"},
 }
 
 
 @pytest.mark.parametrize("config", list(CONFIGS))
-def test_greedy_with_ngram_drafts_matches_generate(
+def test_greedy_with_drafts_matches_generate(
     config: str, make_stack: Callable[[], Stack], expected: list[list[int]]
 ) -> None:
-    stack = make_stack().start_all(
-        1, batcher_env={"SPECULATIVE_CONFIG": SPEC, **CONFIGS[config]}, worker_env=WORKER_ENV[config]
-    )
+    stack = make_stack().start_all(1, batcher_env=CONFIGS[config], worker_env=WORKER_ENV[config])
     got = asyncio.run(run_wave(stack, FIRST)) + asyncio.run(run_wave(stack, LATER))
     mismatched = [i for i, (g, e) in enumerate(zip(got, expected, strict=True)) if g != e]
     assert not mismatched, (
@@ -101,7 +107,7 @@ def test_greedy_with_ngram_drafts_matches_generate(
     assert stats["num_partial_prefills"] > 0
     if config == "preempted":
         assert stats["num_preemptions"] > 0
-    else:
+    elif config == "chunked":
         assert stats["prefix_cache_hits"] > 0
         assert_spec_metrics(stack, stats)
 

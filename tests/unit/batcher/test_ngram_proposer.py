@@ -62,7 +62,7 @@ def test_requests_whose_tokens_are_not_the_argmax_never_draft(params: SamplingPa
     assert propose_drafts(NGRAM, request(params, [3]), 64, 512) == []
 
 
-@pytest.mark.parametrize("method", ["suffix", "draft_model", "eagle3", "medusa", "nonsense"])
+@pytest.mark.parametrize("method", ["draft_model", "eagle3", "medusa", "nonsense"])
 def test_methods_not_built_are_refused_by_name(method: str) -> None:
     with pytest.raises(ValidationError, match=method):
         SpeculativeConfig(method=method, num_speculative_tokens=2)

@@ -36,7 +36,7 @@ from openai_frontend.model.served_model import ServedModel
 from openai_frontend.protocol.errors import invalid_request
 from openai_frontend.protocol.openai_schemas import ChatCompletionRequest, CompletionRequest
 from openai_frontend.reasoning.grammar import after_thoughts
-from openai_frontend.reasoning.request import thinking
+from openai_frontend.reasoning.request import harmony_markers, thinking
 from openai_frontend.tools.tool_choice import ToolUse, tool_use
 
 
@@ -99,7 +99,7 @@ def prepare_choices(
         message = GenerateRequest(
             req_id=req_id,
             prompt_token_ids=prompt_token_ids,
-            sampling_params=after_thoughts(params, think),
+            sampling_params=after_thoughts(params, think, forced_calls=tools.grammar is not None),
             arrival_time=arrival_time,
             user=safety_identifier or user,  # OpenAI's newer name for the end user wins
             owner=owner,
@@ -124,7 +124,9 @@ def prepare_choices(
             max_tool_calls=tools.max_calls,
             tool_strings=tools.strings,
             **think,
-            skip_special_tokens=body.skip_special_tokens is not False,
+            # Harmony's markers are gpt-oss's special tokens: its parsers read them in the text.
+            skip_special_tokens=body.skip_special_tokens is not False
+            and not harmony_markers(tools.parser, think),
             include_stop_str_in_output=bool(body.include_stop_str_in_output),
             # As vLLM: usage on every chunk only for a stream that asked for usage at all.
             continuous_usage=include_usage

@@ -1,18 +1,25 @@
 """Reasoning formats: how a model's thoughts are told apart from its answer, chosen from the chat
 template (or GATEWAY_REASONING_PARSER). `think`: Qwen3, QwQ, DeepSeek-R1 and the families that copy
 them write their thoughts between `<think>` and `</think>`; R1's templates open `<think>` in the
-prompt, so the output starts inside the thoughts."""
+prompt, so the output starts inside the thoughts. `harmony`: gpt-oss thinks in its `analysis`
+channel and answers in `final` (reasoning/harmony.py)."""
 
 from __future__ import annotations
 
 THINK = "think"
-REASONING_PARSERS = (THINK,)
+HARMONY = "harmony"
+REASONING_PARSERS = (THINK, HARMONY)
 OPEN, CLOSE = "<think>", "</think>"
+HARMONY_SIGNS = ("<|channel|>", "<|message|>")  # what a harmony template writes
 
 
 def reasoning_for_template(template: str | None) -> str | None:
     """The reasoning format a chat template teaches its model, or None when it has none."""
-    if template is not None and OPEN in template and CLOSE in template:
+    if template is None:
+        return None
+    if all(sign in template for sign in HARMONY_SIGNS) and "analysis" in template:
+        return HARMONY
+    if OPEN in template and CLOSE in template:
         return THINK
     return None
 

@@ -3,12 +3,12 @@ calls. The reasoning parser goes first; the answer after the thoughts goes to th
 
 from __future__ import annotations
 
-from openai_frontend.reasoning.think import ThinkParser
+from openai_frontend.reasoning.parser import ReasoningParser
 from openai_frontend.tools.parsers.deltas import ParsedDelta, ToolParser
 
 
 class AnswerParser:
-    def __init__(self, reasoning: ThinkParser | None, tools: ToolParser | None) -> None:
+    def __init__(self, reasoning: ReasoningParser | None, tools: ToolParser | None) -> None:
         self._reasoning = reasoning
         self._tools = tools
         self.call_end = tools.call_end if tools is not None else None

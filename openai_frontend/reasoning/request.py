@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TypedDict
 
 from openai_frontend.model.served_model import ServedModel
-from openai_frontend.reasoning import chosen, prompt_state
+from openai_frontend.reasoning import HARMONY, chosen, prompt_state
 
 # Enough prompt tokens to hold `<think>\n\n</think>\n\n` however a tokenizer cuts it.
 _TAIL_TOKENS = 16
@@ -24,3 +24,9 @@ def thinking(served: ServedModel, is_chat: bool, prompt_token_ids: list[int]) ->
     state = prompt_state(served.tokenizer.decode(prompt_token_ids[-_TAIL_TOKENS:]))
     # Thoughts the template closed (thinking turned off) leave nothing to split.
     return Thinking(reasoning_parser=None if state == "closed" else parser, reasoning_open=state == "open")
+
+
+def harmony_markers(tool_parser: str | None, think: Thinking) -> bool:
+    """Whether the answer is read by harmony's parsers, which need its markers (gpt-oss's special
+    tokens) in the text."""
+    return HARMONY in (tool_parser, think["reasoning_parser"])

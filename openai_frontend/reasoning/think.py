@@ -9,20 +9,16 @@ cut off by max_tokens stay thoughts. The blanks between `</think>` and the answe
 from __future__ import annotations
 
 from openai_frontend.reasoning import CLOSE, OPEN
+from openai_frontend.reasoning.buffered import BufferedParser, held
 from openai_frontend.tools.parsers.deltas import ParsedDelta
 
 
-def _held(text: str, tag: str) -> int:
-    """Length of the longest end of `text` that could begin `tag`."""
-    return next((k for k in range(min(len(text), len(tag) - 1), 0, -1) if text.endswith(tag[:k])), 0)
-
-
-class ThinkParser:
+class ThinkParser(BufferedParser):
     def __init__(self, open_in_prompt: bool) -> None:
+        super().__init__()
         # "start": not yet known whether the output thinks; "thoughts"; "blanks": just after
         # `</think>`; "answer".
         self._state = "thoughts" if open_in_prompt else "start"
-        self._buffer = ""
         self.num_reasoning_chars = 0  # given out as thoughts so far
 
     @property
@@ -33,13 +29,6 @@ class ThinkParser:
     @property
     def in_thoughts(self) -> bool:
         return self._state == "thoughts"
-
-    def feed(self, text: str) -> ParsedDelta:
-        self._buffer += text
-        return self._step(final=False)
-
-    def finish(self) -> ParsedDelta:
-        return self._step(final=True)
 
     def _step(self, final: bool) -> ParsedDelta:
         delta = ParsedDelta()
@@ -54,7 +43,7 @@ class ThinkParser:
         if self._state == "thoughts":
             end = self._buffer.find(CLOSE)
             if end < 0:
-                decided = len(self._buffer) - (0 if final else _held(self._buffer, CLOSE))
+                decided = len(self._buffer) - (0 if final else held(self._buffer, (CLOSE,)))
                 delta.reasoning, self._buffer = self._buffer[:decided], self._buffer[decided:]
                 self.num_reasoning_chars += len(delta.reasoning)
                 return delta

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from openai_frontend.generate.request import PreparedRequest
 from openai_frontend.reasoning.answer import AnswerParser
-from openai_frontend.reasoning.think import ThinkParser
+from openai_frontend.reasoning.parser import new_reasoning_parser
 from openai_frontend.tools.parsers import new_parser
 
 
@@ -16,5 +16,7 @@ def answer_parser(request: PreparedRequest) -> AnswerParser | None:
     tools = None
     if request.tool_parser is not None:
         tools = new_parser(request.tool_parser, request.req_id, request.max_tool_calls, request.tool_strings)
-    reasoning = ThinkParser(request.reasoning_open) if request.reasoning_parser is not None else None
+    reasoning = None
+    if request.reasoning_parser is not None:
+        reasoning = new_reasoning_parser(request.reasoning_parser, request.reasoning_open)
     return AnswerParser(reasoning, tools)

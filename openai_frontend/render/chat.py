@@ -22,7 +22,7 @@ from openai_frontend.protocol.openai_schemas import (
     UsageInfo,
 )
 from openai_frontend.reasoning.answer import AnswerParser
-from openai_frontend.reasoning.usage import ReasoningCounter
+from openai_frontend.reasoning.usage import ReasoningCounter, num_reasoning_tokens
 from openai_frontend.render.answer import Chunks, Endpoint
 from openai_frontend.render.answer_parser import answer_parser
 from openai_frontend.render.logprobs import LogprobsFormatter
@@ -62,7 +62,7 @@ class ChatChunks(Chunks):
         super().__post_init__()
         self._parsers = {i: answer_parser(request) for i, request in enumerate(self.choices)}
         self._reasoning = {
-            i: ReasoningCounter(request.reasoning_open, self.logprobs.token_text)
+            i: ReasoningCounter(request.reasoning_open, self.logprobs.token_text, request.reasoning_parser)
             for i, request in enumerate(self.choices)
             if request.reasoning_parser is not None
         }
@@ -146,15 +146,13 @@ class ChatEndpoint(Endpoint):
         creation time, model and logprobs formatter, as Endpoint.body takes them)."""
         body = super().body(requests, done, *rest)
         formatter: LogprobsFormatter = rest[-1]
-        counters = [
-            ReasoningCounter(request.reasoning_open, formatter.token_text)
-            for request in requests
-            if request.reasoning_parser is not None
-        ]
-        if counters:
-            for counter, choice in zip(counters, done, strict=True):
-                counter.add(choice.token_ids)
-            reasoning_tokens = sum(c.num_tokens for c in counters)
+        if any(request.reasoning_parser is not None for request in requests):
+            reasoning_tokens = sum(
+                num_reasoning_tokens(
+                    r.reasoning_parser, r.reasoning_open, choice.token_ids, formatter.token_text
+                )
+                for r, choice in zip(requests, done, strict=True)
+            )
             body["usage"]["completion_tokens_details"] = {"reasoning_tokens": reasoning_tokens}
         return body
 

@@ -9,6 +9,7 @@ GATEWAY_TOOL_PARSER), its parser and the grammars that force calls in it.
 - qwen3_xml (Qwen3-Coder, Qwen3.5): `<tool_call><function=name><parameter=key>value</parameter>..`
 - deepseek_v3 (DeepSeek V3, R1): `<｜tool▁call▁begin｜>function<｜tool▁sep｜>name` and fenced JSON
 - deepseek_v31 (DeepSeek V3.1): `<｜tool▁call▁begin｜>name<｜tool▁sep｜>{...}<｜tool▁call▁end｜>`
+- harmony (gpt-oss): `<|channel|>commentary to=functions.name <|constrain|>json<|message|>{...}<|call|>`
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from openai_frontend.tools.parsers.family_grammar import (
     forced_family_grammar,
     strict_family_grammar,
 )
+from openai_frontend.tools.parsers.harmony import read_harmony
 from openai_frontend.tools.parsers.hermes import START, HermesToolParser
 from openai_frontend.tools.parsers.hermes_grammar import forced_calls_grammar, strict_auto_grammar
 from openai_frontend.tools.parsers.json_calls import (
@@ -57,6 +59,7 @@ MISTRAL_ARGS = "mistral_v11"
 QWEN3_XML = "qwen3_xml"
 DEEPSEEK = "deepseek_v3"
 DEEPSEEK_V31 = "deepseek_v31"
+HARMONY = "harmony"
 
 _SYNTAX: dict[str, CallSyntax] = {
     LLAMA3: CallSyntax("", '{"name": "{name}", "parameters": ', "}", "; ", ""),
@@ -80,12 +83,21 @@ _SYNTAX: dict[str, CallSyntax] = {
         "",
         "<｜tool▁calls▁end｜>",
     ),
+    # One message per call; gpt-oss stops at `<|call|>`, a model that goes on opens the next message.
+    HARMONY: CallSyntax(
+        "",
+        "<|channel|>commentary to=functions.{name} <|constrain|>json<|message|>",
+        "<|call|>",
+        "<|start|>assistant",
+        "",
+    ),
 }
 PARSERS = (HERMES, *_SYNTAX)
 
 # What each format's template shows its model, checked in this order (Qwen3-Coder's template also
 # writes `<tool_call>`, Mistral v11's also `[TOOL_CALLS]`).
 _SIGNS: list[tuple[str, tuple[str, ...]]] = [
+    (HARMONY, ("<|channel|>", "to=functions.")),
     (QWEN3_XML, ("<function=", "<parameter=")),
     (DEEPSEEK, ("tool▁calls▁begin", "```json")),
     (DEEPSEEK_V31, ("tool▁calls▁begin",)),
@@ -159,6 +171,7 @@ def new_parser(
         QWEN3_XML: (partial(read_qwen3_xml, strings or {}), "</tool_call>"),
         DEEPSEEK: (partial(read_json_calls, DEEPSEEK_V3), "<｜tool▁call▁end｜>"),
         DEEPSEEK_V31: (partial(read_json_calls, DEEPSEEK_V3), "<｜tool▁call▁end｜>"),
+        HARMONY: (read_harmony, "<|call|>"),
     }
     read, call_end = readers[parser]
     return SnapshotToolParser(read, call_id, max_calls, call_end)

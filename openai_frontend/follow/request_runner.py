@@ -85,6 +85,10 @@ class RequestRunner:
         # When it ends, the batcher cuts the TTL to the resume window (retention_s).
         self._meta_ttl_s = int(request_timeout_s) + retention_s
 
+    def token_text(self, token_id: int) -> str:
+        """One token's own text, special tokens too (the thoughts' tokens are counted by it)."""
+        return self._served.tokenizer.decode([token_id], skip_special_tokens=False)
+
     async def submit(self, request: PreparedRequest, keep_meta: bool = False) -> None:
         """Append the request (and with `keep_meta`, its record first: a single choice, which a
         client may resume or fetch by id) in one round trip.

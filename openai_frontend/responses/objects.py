@@ -34,6 +34,7 @@ from openai_frontend.responses.schemas import (
     InputTokensDetails,
     OutputMessage,
     OutputText,
+    OutputTokensDetails,
     ReasoningText,
     ResponseError,
     ResponseObject,
@@ -60,12 +61,13 @@ def status_of_error(code: str) -> ResponseStatus:
     return "cancelled" if code == _CANCELLED_CODE else "failed"
 
 
-def result_of(done: Completed, completed_at: int) -> ResponseResult:
+def result_of(done: Completed, completed_at: int, num_reasoning_tokens: int = 0) -> ResponseResult:
     return ResponseResult(
         completed_at=completed_at,
         text=done.text,
         num_output_tokens=done.num_output_tokens,
         num_cached_tokens=done.num_cached_tokens,
+        num_reasoning_tokens=num_reasoning_tokens,
     )
 
 
@@ -104,6 +106,7 @@ def response_object(stored: StoredResponse) -> ResponseObject:
             input_tokens=prompt,
             input_tokens_details=InputTokensDetails(cached_tokens=result.num_cached_tokens),
             output_tokens=result.num_output_tokens,
+            output_tokens_details=OutputTokensDetails(reasoning_tokens=result.num_reasoning_tokens),
             total_tokens=prompt + result.num_output_tokens,
         )
     if result is not None and result.error is not None and status == "failed":

@@ -21,6 +21,7 @@ from openai_frontend.follow.collect import Completed, timed_out_error
 from openai_frontend.follow.request_runner import FollowPolicy, RequestRunner
 from openai_frontend.follow.token_stream import RequestFailed, RequestTimedOut
 from openai_frontend.protocol.errors import OpenAIError
+from openai_frontend.reasoning.usage import num_reasoning_tokens
 from openai_frontend.responses.objects import (
     Event,
     ResponseEvents,
@@ -78,9 +79,12 @@ class ResponsesRunner:
         return await self.store.finish(stored, status, result, self.retention_s)
 
     async def finished(self, stored: StoredResponse, done: Completed, persist: bool) -> StoredResponse:
-        return await self.end(
-            stored, status_of_finish(done.finish_reason), result_of(done, int(time.time())), persist
+        request = stored.spec.request
+        num_reasoning = num_reasoning_tokens(
+            request.reasoning_parser, request.reasoning_open, done.token_ids, self.runner.token_text
         )
+        result = result_of(done, int(time.time()), num_reasoning)
+        return await self.end(stored, status_of_finish(done.finish_reason), result, persist)
 
     async def events(
         self, stored: StoredResponse, follow: FollowPolicy, persist: bool = True

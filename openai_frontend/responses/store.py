@@ -86,6 +86,7 @@ class ResponseResult(msgspec.Struct, kw_only=True, frozen=True):
     text: str = ""
     num_output_tokens: int = 0
     num_cached_tokens: int = 0
+    num_reasoning_tokens: int = 0  # of the output, the thoughts' (reasoning/usage.py)
     error: RequestError | None = None  # failed: why
 
 

@@ -21,6 +21,7 @@ from batcher.scheduler_state import (
     SchedulerStats,
     reset,
 )
+from batcher.spec_decode.drafting import adapt_num_spec_tokens
 from batcher.step_scheduler import schedule_step
 from batcher.worker_state import WorkerState
 from common.protocol import ModelRunnerOutput, SchedulerOutput, WorkerInfo
@@ -161,6 +162,8 @@ class Scheduler(SchedulerState):
             return
         if req.status is RequestStatus.RUNNING:
             req.num_computed_tokens += num_accepted
+        if self.config.speculative is not None:
+            adapt_num_spec_tokens(self.config.speculative, req, num_accepted)
         self.stats.spec_decode_num_drafts += 1
         self.stats.spec_decode_num_draft_tokens += num_drafts
         self.stats.spec_decode_num_accepted_tokens += num_accepted

@@ -24,6 +24,16 @@ def can_draft(params: SamplingParams) -> bool:
     )
 
 
+def adapt_num_spec_tokens(config: SpeculativeConfig, req: Request, num_accepted: int) -> None:
+    """transformers' assisted-generation heuristic: two more drafts after a step that accepted all,
+    one fewer (at least one) after a rejection, so a request that drafts badly wastes little."""
+    current = req.num_spec_tokens or config.num_draft_tokens
+    if num_accepted == len(req.spec_token_ids):
+        req.num_spec_tokens = min(current + 2, config.num_draft_tokens)
+    else:
+        req.num_spec_tokens = max(current - 1, 1)
+
+
 def make_suffix_cache(config: SpeculativeConfig | None) -> SuffixCache | None:
     """The recent requests suffix decoding searches (one per batcher: drafts need no worker's KV)."""
     if config is None or config.method != "suffix":
@@ -47,7 +57,7 @@ def propose_drafts(
     if not req.output_token_ids or req.num_output_placeholders or not can_draft(req.sampling_params):
         return []
     k = min(
-        config.num_draft_tokens,
+        req.num_spec_tokens or config.num_draft_tokens,
         budget - 1,  # its last known token is computed too
         req.num_samples - len(req.output_token_ids) - 1,  # the bonus token comes on top
         max_model_len - req.num_tokens - 1,

@@ -66,6 +66,20 @@ def test_drafts_take_budget_and_blocks_and_count_once_accepted() -> None:
     assert s.spec_accepted_per_pos == [1, 1, 0]
 
 
+def test_the_number_of_drafts_follows_acceptance() -> None:
+    s = make()
+    req = add(s, "a", [*PROMPT, 10, 11, 7, 8, 9, 10, 11, 7, 8, 9])
+    prefill(s, req)  # ... 9, 10: drafts 11, 7, 8
+    step, _ = s.schedule("w")
+    assert step is not None and step.scheduled_spec_decode_tokens == {"a": [11, 7, 8]}
+    answer(s, step, {"a": [7]})  # all rejected: one draft fewer next time
+    assert req.num_spec_tokens == 2
+    step, _ = s.schedule("w")  # the latest 7 came before 8, 9, 10
+    assert step is not None and step.scheduled_spec_decode_tokens == {"a": [8, 9]}
+    answer(s, step, {"a": [8, 9, 10]})  # all accepted: two more, up to the setting's 3
+    assert req.num_spec_tokens == 3
+
+
 def test_drafts_take_from_the_budget_of_waiting_prompts() -> None:
     s = make(budget=9)
     req = add(s, "a")

@@ -19,6 +19,7 @@ import httpx
 import pytest
 
 from benchmarks.gpu_parity import reference_greedy
+from tests.harness.load_clients import completion_body
 from tests.harness.services import Stack
 
 WAVE = 4
@@ -78,15 +79,7 @@ async def run_cases(base_url: str, cases: list[tuple[list[int], int]], model: st
             firsts = []
             for i in range(start, min(start + WAVE, len(cases))):
                 prompt, max_tokens = cases[i]
-                body: dict[str, object] = {
-                    "model": model,
-                    "prompt": prompt,
-                    "max_tokens": max_tokens,
-                    "temperature": 0,
-                    "ignore_eos": True,
-                    "return_token_ids": True,
-                    "stream": i % WAVE != 3,
-                }
+                body = {"model": model, **completion_body(prompt, max_tokens, stream=i % WAVE != 3)}
                 first = asyncio.Event()
                 run = _stream if body["stream"] else _complete
                 tasks.append(asyncio.create_task(run(client, body, first)))

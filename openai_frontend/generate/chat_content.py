@@ -15,7 +15,8 @@ from typing import Any
 from openai_frontend.model.chat_template import ChatRender, render_chat
 from openai_frontend.model.tokenizer import ModelTokenizer
 
-_CLIENT_FIELDS = ("content", "name", "tool_call_id")  # the strings a client writes into a conversation
+# The strings a client writes into a conversation (an assistant's thoughts under both names).
+_CLIENT_FIELDS = ("content", "name", "tool_call_id", "reasoning_content", "thinking")
 
 
 def encode_chat(

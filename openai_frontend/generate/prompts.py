@@ -10,6 +10,7 @@ from openai_frontend.model.chat_template import ChatRender, ChatTemplateError, r
 from openai_frontend.model.served_model import ServedModel
 from openai_frontend.protocol.errors import invalid_request
 from openai_frontend.protocol.openai_schemas import ChatMessage
+from openai_frontend.reasoning.history import thought_fields
 from openai_frontend.tools.history import client_tool_texts, tool_fields
 
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -77,7 +78,8 @@ def _message_dict(i: int, message: ChatMessage) -> dict[str, Any]:
             raise invalid_request(f"a {message.role} message needs content", f"messages[{i}].content")
         content = ""
     role = _ROLE_ALIASES.get(message.role, message.role)
-    return {"role": role, "content": content, "name": message.name, **tool_fields(i, message)}
+    fields = {**tool_fields(i, message), **thought_fields(i, message)}
+    return {"role": role, "content": content, "name": message.name, **fields}
 
 
 def chat_prompt_ids(

@@ -135,6 +135,7 @@ class ChatMessage(_Strict):
     name: Text | None = None
     tool_calls: list[JSONObject] | None = None  # an assistant's calls (tool_history.py)
     tool_call_id: Text | None = None  # the call a tool message answers
+    reasoning_content: Text | None = None  # an assistant's thoughts, as vLLM returns them (reasoning/)
     # Turns OpenAI defines that are not implemented; refused by name.
     function_call: JSONObject | None = None
     refusal: Text | None = None

@@ -134,7 +134,7 @@ def test_history_renders_through_the_harmony_template(client: openai.OpenAI, mod
     }
     messages: list[dict[str, Any]] = [
         *USER,
-        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "assistant", "content": None, "reasoning_content": "Rome, 2 days.", "tool_calls": [call]},
         {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
     ]
     answer = client.chat.completions.create(model=MODEL, messages=messages, tools=TOOLS, max_tokens=1)  # type: ignore[arg-type]
@@ -148,6 +148,8 @@ def test_history_renders_through_the_harmony_template(client: openai.OpenAI, mod
     text = str(hf.apply_chat_template(history, tools=tools, add_generation_prompt=True, tokenize=False))
     assert "to=functions.get_weather" in text and "<|start|>functions.get_weather to=assistant" in text
     assert "sunny" in text and text.endswith("<|start|>assistant")
+    # The thoughts before the call come back as its analysis message (interleaved thinking).
+    assert "<|channel|>analysis<|message|>Rome, 2 days.<|end|><|start|>assistant to=functions" in text
     expected = hf.encode(text, add_special_tokens=False)
     assert answer.usage is not None and answer.usage.prompt_tokens == len(expected)
 
@@ -172,3 +174,10 @@ def test_responses_count_the_analysis_tokens(client: openai.OpenAI, bias: dict[s
         else:
             assert num_reasoning == 0
     assert thinking
+
+
+def test_only_an_assistant_carries_thoughts(client: openai.OpenAI) -> None:
+    messages = [{**USER[0], "reasoning_content": "hm"}]
+    with pytest.raises(openai.BadRequestError) as error:
+        client.chat.completions.create(model=MODEL, messages=messages, max_tokens=1)  # type: ignore[arg-type]
+    assert error.value.body["param"] == "messages[0].reasoning_content"  # type: ignore[index]

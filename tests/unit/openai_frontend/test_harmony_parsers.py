@@ -14,12 +14,19 @@ import pytest
 from xgrammar.testing import _is_grammar_accept_string
 
 from common.protocol import StructuredOutput
-from openai_frontend.reasoning import reasoning_for_template
+from openai_frontend.reasoning import REASONING_PARSERS, chosen, reasoning_for_template
 from openai_frontend.reasoning.answer import AnswerParser
 from openai_frontend.reasoning.grammar import harmony_after_thoughts
 from openai_frontend.reasoning.harmony import HarmonyParser
 from openai_frontend.reasoning.usage import ReasoningCounter
-from openai_frontend.tools.parsers import forced_grammar, new_parser, parser_for_template
+from openai_frontend.tools.parsers import (
+    PARSERS,
+    chosen_parser,
+    forced_grammar,
+    new_parser,
+    parser_for_template,
+    strict_grammar,
+)
 from tests.harness.tiny_model import TEMPLATES
 
 ARGS = '{"city": "Paris", "q": "<|end|> }{"}'
@@ -104,6 +111,9 @@ def test_the_template_picks_harmony() -> None:
     template = (TEMPLATES / "gpt_oss.jinja").read_text()
     assert parser_for_template(template) == "harmony"
     assert reasoning_for_template(template) == "harmony"
+    # GATEWAY_TOOL_PARSER / GATEWAY_REASONING_PARSER name it for a template that is not recognised.
+    assert "harmony" in PARSERS and "harmony" in REASONING_PARSERS
+    assert chosen_parser("harmony", "{{ messages }}") == chosen("harmony", "{{ messages }}") == "harmony"
 
 
 FUNCTIONS: list[dict[str, Any]] = [
@@ -123,6 +133,14 @@ def test_a_forced_call_may_think_first() -> None:
     assert not _is_grammar_accept_string(grammar, "<|channel|>final<|message|>hi")
     # The thoughts end at their first `<|end|>`, as the parser reads them.
     assert not _is_grammar_accept_string(grammar, "<|channel|>analysis<|message|>a<|end|>b<|end|>" + call)
+
+
+def test_strict_auto_checks_each_call_opened() -> None:
+    grammar = strict_grammar("harmony", [{**FUNCTIONS[0], "strict": True}], one_call=True)
+    call = "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>"
+    assert _is_grammar_accept_string(grammar, "Free text.")
+    assert _is_grammar_accept_string(grammar, call + '{"city": "Paris"}<|call|>')
+    assert not _is_grammar_accept_string(grammar, call + '{"city": "Rome"}<|call|>')
 
 
 def test_a_schema_applies_to_the_final_message() -> None:

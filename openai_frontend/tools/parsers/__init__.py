@@ -83,12 +83,13 @@ _SYNTAX: dict[str, CallSyntax] = {
         "",
         "<｜tool▁calls▁end｜>",
     ),
-    # One message per call; gpt-oss stops at `<|call|>`, a model that goes on opens the next message.
+    # One message per call. The grammar ends with the arguments: `<|call|>` is gpt-oss's stop token,
+    # which a grammar matcher allows only where the grammar may end, never as its text.
     HARMONY: CallSyntax(
         "",
         "<|channel|>commentary to=functions.{name} <|constrain|>json<|message|>",
-        "<|call|>",
-        "<|start|>assistant",
+        "",
+        "<|call|><|start|>assistant",
         "",
     ),
 }

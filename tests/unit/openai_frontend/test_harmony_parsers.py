@@ -126,11 +126,16 @@ def test_a_forced_call_may_think_first() -> None:
     forced = StructuredOutput(kind="grammar", spec=forced_grammar("harmony", FUNCTIONS, one_call=True))
     grammar = harmony_after_thoughts(forced, forced_calls=True).spec
     call = "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>"
-    assert _is_grammar_accept_string(grammar, call + '{"city": "Paris"}<|call|>')
+    assert _is_grammar_accept_string(grammar, call + '{"city": "Paris"}')
     thought = "<|channel|>analysis<|message|>Paris, {surely}.<|end|><|start|>assistant"
-    assert _is_grammar_accept_string(grammar, thought + call + '{"city": "Paris"}<|call|>')
-    assert not _is_grammar_accept_string(grammar, call + '{"city": "Rome"}<|call|>')
+    assert _is_grammar_accept_string(grammar, thought + call + '{"city": "Paris"}')
+    assert not _is_grammar_accept_string(grammar, call + '{"city": "Rome"}')
     assert not _is_grammar_accept_string(grammar, "<|channel|>final<|message|>hi")
+    # The grammar ends with the arguments: `<|call|>`, gpt-oss's stop token, ends the output.
+    assert not _is_grammar_accept_string(grammar, call + '{"city": "Paris"}<|call|>')
+    now = "<|channel|>commentary to=functions.now <|constrain|>json<|message|>{}"
+    several = forced_grammar("harmony", FUNCTIONS, one_call=False)
+    assert _is_grammar_accept_string(several, call + '{"city": "Paris"}<|call|><|start|>assistant' + now)
     # The thoughts end at their first `<|end|>`, as the parser reads them.
     assert not _is_grammar_accept_string(grammar, "<|channel|>analysis<|message|>a<|end|>b<|end|>" + call)
 
@@ -139,8 +144,8 @@ def test_strict_auto_checks_each_call_opened() -> None:
     grammar = strict_grammar("harmony", [{**FUNCTIONS[0], "strict": True}], one_call=True)
     call = "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>"
     assert _is_grammar_accept_string(grammar, "Free text.")
-    assert _is_grammar_accept_string(grammar, call + '{"city": "Paris"}<|call|>')
-    assert not _is_grammar_accept_string(grammar, call + '{"city": "Rome"}<|call|>')
+    assert _is_grammar_accept_string(grammar, call + '{"city": "Paris"}')
+    assert not _is_grammar_accept_string(grammar, call + '{"city": "Rome"}')
 
 
 def test_a_schema_applies_to_the_final_message() -> None:

@@ -5,6 +5,7 @@ chunked prefill, prefix hits and stops inside an accepted run."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -44,18 +45,22 @@ def expected(tiny_model_dir: Path) -> list[list[int]]:
 
 
 def run_pipeline(
-    model_dir: Path, speculative: SpeculativeConfig | None, params: list[SamplingParams]
+    model_dir: Path,
+    speculative: SpeculativeConfig | None,
+    params: list[SamplingParams],
+    prompts: list[list[int]] = PROMPTS,
+    **settings: Any,
 ) -> tuple[list[list[int]], SchedulerStats]:
-    """Every prompt to completion; returns each output as its token events tell it, and the stats."""
-    runner = ModelRunner(
-        WorkerSettings(model=str(model_dir), num_blocks=64, block_size=8, worker_id="w", seed=0)
-    )
+    """Every prompt to completion; returns each output as its token events tell it, and the stats.
+    `settings`: the worker's, over this file's small pool."""
+    defaults: dict[str, Any] = {"model": str(model_dir), "num_blocks": 64, "block_size": 8, "worker_id": "w"}
+    runner = ModelRunner(WorkerSettings(**(defaults | {"seed": 0} | settings)))
     sched = Scheduler(SchedulerConfig(max_num_batched_tokens=32, max_num_seqs=8, speculative=speculative))
     sched.add_worker(runner.worker_info())
-    for i, (prompt, p) in enumerate(zip(PROMPTS, params, strict=True)):
+    for i, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
         req = Request(f"r{i}", prompt, p, arrival_time=0.0, entry_id="0-0")
         sched.add_request(req, now=0.0)
-    events: dict[str, list[int]] = {f"r{i}": [] for i in range(len(PROMPTS))}
+    events: dict[str, list[int]] = {f"r{i}": [] for i in range(len(prompts))}
     for _ in range(500):
         if not sched.requests:
             break
@@ -69,7 +74,7 @@ def run_pipeline(
             events[event.req_id].append(event.token_id)
         sched.update_from_output(result)
     assert not sched.requests
-    return [events[f"r{i}"] for i in range(len(PROMPTS))], sched.stats
+    return [events[f"r{i}"] for i in range(len(prompts))], sched.stats
 
 
 def greedy(max_tokens: int, **extra: object) -> SamplingParams:
@@ -86,6 +91,14 @@ def test_greedy_with_drafts_equals_generate(tiny_model_dir: Path, expected: list
     without, plain_stats = run_pipeline(tiny_model_dir, None, params)
     assert without == expected
     assert stats.num_steps < plain_stats.num_steps
+
+
+def test_triton_backend_verifies_drafts_too(tiny_model_dir: Path, expected: list[list[int]]) -> None:
+    # Drafting requests are query runs over cached context: the prefill kernel's case, interpreted.
+    params = [greedy(12), greedy(12)]
+    outputs, stats = run_pipeline(tiny_model_dir, NGRAM, params, PROMPTS[:2], attention_backend="triton")
+    assert outputs == [out[:12] for out in expected[:2]]
+    assert stats.spec_decode_num_accepted_tokens > 0
 
 
 def test_stop_token_inside_an_accepted_run_ends_there(

@@ -98,7 +98,8 @@ PARSERS = (HERMES, *_SYNTAX)
 # What each format's template shows its model, checked in this order (Qwen3-Coder's template also
 # writes `<tool_call>`, Mistral v11's also `[TOOL_CALLS]`).
 _SIGNS: list[tuple[str, tuple[str, ...]]] = [
-    (HARMONY, ("<|channel|>", "to=functions.")),
+    # gpt-oss's template writes `assistant to=` and `functions.` + name apart.
+    (HARMONY, ("<|channel|>commentary", "assistant to=")),
     (QWEN3_XML, ("<function=", "<parameter=")),
     (DEEPSEEK, ("tool▁calls▁begin", "```json")),
     (DEEPSEEK_V31, ("tool▁calls▁begin",)),

@@ -111,6 +111,11 @@ def test_the_template_picks_harmony() -> None:
     template = (TEMPLATES / "gpt_oss.jinja").read_text()
     assert parser_for_template(template) == "harmony"
     assert reasoning_for_template(template) == "harmony"
+    # gpt-oss's own template writes the recipient in pieces.
+    gpt_oss = (
+        """{{- "<|start|>assistant to=" }}{{- "functions." + tool_call.name + "<|channel|>commentary " }}"""
+    )
+    assert parser_for_template(gpt_oss + "{{ tools }}") == "harmony"
     # GATEWAY_TOOL_PARSER / GATEWAY_REASONING_PARSER name it for a template that is not recognised.
     assert "harmony" in PARSERS and "harmony" in REASONING_PARSERS
     assert chosen_parser("harmony", "{{ messages }}") == chosen("harmony", "{{ messages }}") == "harmony"

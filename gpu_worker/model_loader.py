@@ -61,7 +61,7 @@ def load_model(settings: WorkerSettings) -> Model:
     if not own_decoder:
         return model
     decoder = Decoder(model, settings.quantization)
-    if settings.resolved_compile:
+    if settings.compile:
         compile_decoder(decoder, Path(settings.compile_cache_dir))
     return decoder
 

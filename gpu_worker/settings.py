@@ -109,13 +109,12 @@ class WorkerSettings(BaseSettings):
         "size (needs the triton backend). Default: on for cuda, off for cpu; on cpu, true runs the same "
         "padded static buffers eagerly (how the tests check the padding).",
     )
-    compile: bool | None = Field(
-        default=None,
+    compile: bool = Field(
+        default=True,
         description="torch.compile (inductor) the model's forward, paged attention kept as an opaque "
         "op: fused norms, RoPE, activations and quantization (C++ on cpu, Triton on cuda). Llama, "
-        "Mistral, Qwen2 and Qwen3; other architectures run transformers' forward. Default: on for "
-        "cuda and for quantized weights, off for fp32 on cpu (no faster there, docs/benchmarks.md). "
-        "Falls back to eager, with a warning, when compilation fails at start-up.",
+        "Mistral, Qwen2 and Qwen3; other architectures run transformers' forward. Falls back to "
+        "eager, with a warning, when compilation fails at start-up.",
     )
     compile_cache_dir: str = Field(
         default_factory=lambda: str(Path.home() / ".cache" / "cbserve" / "inductor"),
@@ -229,12 +228,6 @@ class WorkerSettings(BaseSettings):
         if self.cuda_graphs is None:
             return self.device == "cuda" and self.resolved_attention_backend == "triton"
         return self.cuda_graphs
-
-    @property
-    def resolved_compile(self) -> bool:
-        if self.compile is None:
-            return self.device == "cuda" or self.quantization is not None
-        return self.compile
 
     @property
     def resolved_dtype(self) -> Literal["float32", "bfloat16", "float16"]:

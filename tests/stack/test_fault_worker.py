@@ -50,17 +50,19 @@ def _check(
     assert stats["num_workers_lost"] >= 1 and stats["num_failovers"] >= 1, stats
 
 
-def _start(make_stack: Callable[[], Stack], async_scheduling: bool = False) -> Stack:
-    env = {**BATCHER_ENV, "BATCHER_ASYNC_SCHEDULING": str(async_scheduling).lower()}
+def _start(make_stack: Callable[[], Stack], scheduling: str = "sync") -> Stack:
+    env = {**BATCHER_ENV, "BATCHER_ASYNC_SCHEDULING": str(scheduling == "async").lower()}
+    if scheduling == "ngram":  # steps with drafts: a run of tokens per request per step
+        env["SPECULATIVE_CONFIG"] = '{"method": "ngram", "num_speculative_tokens": 3}'
     return make_stack().start_all(2, batcher_env=env, worker_env=fault.WORKER_ENV)
 
 
-@pytest.mark.parametrize("scheduling", ["sync", "async"])
+@pytest.mark.parametrize("scheduling", ["sync", "async", "ngram"])
 def test_killed_worker_streams_resume_elsewhere(
     scheduling: str, make_stack: Callable[[], Stack], cases: fault.FaultCases
 ) -> None:
     prompts, expected = cases
-    stack = _start(make_stack, async_scheduling=scheduling == "async")
+    stack = _start(make_stack, scheduling)
     victim = stack.procs["worker1"]
 
     def kill() -> None:
@@ -75,6 +77,8 @@ def test_killed_worker_streams_resume_elsewhere(
     victim.wait(timeout=10)
     del stack.procs["worker1"]  # expected dead; the stack's liveness checks must not trip on it
     _check(stack, prompts, expected, seen)
+    if scheduling == "ngram":
+        assert stack.stats()["spec_decode_num_accepted_tokens"] > 0
     wait_s = fault.longest_wait(seen, fault_at)
     print(f"\nSIGKILL of 1 of 2 workers ({scheduling}): longest client wait {wait_s:.2f}s")
     assert wait_s < HEARTBEAT_TIMEOUT_S + 5  # detection, plus slack for this loaded 2-core machine

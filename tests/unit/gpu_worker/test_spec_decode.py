@@ -54,8 +54,11 @@ def run_pipeline(
     """Every prompt to completion; returns each output as its token events tell it, and the stats.
     `settings`: the worker's, over this file's small pool."""
     defaults: dict[str, Any] = {"model": str(model_dir), "num_blocks": 64, "block_size": 8, "worker_id": "w"}
-    runner = ModelRunner(WorkerSettings(**(defaults | {"seed": 0} | settings)))
-    sched = Scheduler(SchedulerConfig(max_num_batched_tokens=32, max_num_seqs=8, speculative=speculative))
+    # The worker's step bounds are the scheduler's: its start-up profiling step is then no larger
+    # than the steps it runs (at the cpu defaults, 64 x 512, Triton's interpreter takes ~20 s on it).
+    budget = {"max_num_seqs": 8, "max_num_batched_tokens": 32}
+    runner = ModelRunner(WorkerSettings(**(defaults | budget | {"seed": 0} | settings)))
+    sched = Scheduler(SchedulerConfig(**budget, speculative=speculative))
     sched.add_worker(runner.worker_info())
     for i, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
         req = Request(f"r{i}", prompt, p, arrival_time=0.0, entry_id="0-0")

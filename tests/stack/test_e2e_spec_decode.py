@@ -14,6 +14,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from benchmarks.gpu_parity import reference_greedy
+from tests.harness.load_clients import completion_body
 from tests.harness.services import Stack
 
 NGRAM = json.dumps({"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3})
@@ -41,15 +42,7 @@ def expected(tiny_model_dir: Path) -> list[list[int]]:
 async def complete(
     client: httpx.AsyncClient, model: str, prompt: list[int], max_tokens: int, stream: bool
 ) -> list[int]:
-    body = {
-        "model": model,
-        "prompt": prompt,
-        "max_tokens": max_tokens,
-        "temperature": 0,
-        "ignore_eos": True,
-        "return_token_ids": True,
-        "stream": stream,
-    }
+    body = {"model": model, **completion_body(prompt, max_tokens, stream=stream)}
     if not stream:
         resp = await client.post("/v1/completions", json=body)
         assert resp.status_code == 200, resp.text

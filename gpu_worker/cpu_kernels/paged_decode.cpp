@@ -83,30 +83,25 @@ void paged_decode_attention(at::Tensor out, at::Tensor query, at::Tensor k_pool,
             const int64_t n = lens[b];
             const int32_t* table = tables + b * MB;
             const float* qb = q + (b * H + h0) * D;
-            scores.resize(nh * n);
-            for (int64_t t = 0; t < n; ++t) {
-                const int64_t row = (static_cast<int64_t>(table[t / BS]) * BS + t % BS) * KVH;
-                for (int64_t kvh = kv0; kvh < kv1; ++kvh) {
-                    const float* k = kp + (row + kvh) * D;
-                    for (int64_t g = 0; g < group; ++g) {
-                        const int64_t h = (kvh - kv0) * group + g;
-                        scores[h * n + t] = dot(qb + h * D, k, D) * fscale;
-                    }
+            // fn(h, t, x): for every key position t, x is the K (or V) vector each of the task's
+            // heads h reads there, in the pool's row for t.
+            auto for_each_key = [&](const float* pool, auto&& fn) {
+                for (int64_t t = 0; t < n; ++t) {
+                    const float* row = pool + (static_cast<int64_t>(table[t / BS]) * BS + t % BS) * KVH * D;
+                    for (int64_t kvh = kv0; kvh < kv1; ++kvh)
+                        for (int64_t g = 0; g < group; ++g) fn((kvh - kv0) * group + g, t, row + kvh * D);
                 }
-            }
+            };
+            scores.resize(nh * n);
+            for_each_key(kp, [&](int64_t h, int64_t t, const float* k) {
+                scores[h * n + t] = dot(qb + h * D, k, D) * fscale;
+            });
             std::vector<float> inv(nh);
             for (int64_t h = 0; h < nh; ++h) inv[h] = 1.f / softmax_numerators(scores.data() + h * n, n);
             acc.assign(nh * D, 0.f);
-            for (int64_t t = 0; t < n; ++t) {
-                const int64_t row = (static_cast<int64_t>(table[t / BS]) * BS + t % BS) * KVH;
-                for (int64_t kvh = kv0; kvh < kv1; ++kvh) {
-                    const float* v = vp + (row + kvh) * D;
-                    for (int64_t g = 0; g < group; ++g) {
-                        const int64_t h = (kvh - kv0) * group + g;
-                        axpy(acc.data() + h * D, scores[h * n + t], v, D);
-                    }
-                }
-            }
+            for_each_key(vp, [&](int64_t h, int64_t t, const float* v) {
+                axpy(acc.data() + h * D, scores[h * n + t], v, D);
+            });
             float* ob = o + (b * H + h0) * D;
             for (int64_t h = 0; h < nh; ++h)
                 for (int64_t d = 0; d < D; ++d) ob[h * D + d] = acc[h * D + d] * inv[h];

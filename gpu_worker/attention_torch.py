@@ -58,7 +58,9 @@ class DecodeGroup:
     # [b, 1, 1, nb * block_size] bool, True below each context length; None when every table is full
     mask: torch.Tensor | None
     query_pos: torch.Tensor  # [b] host: position of each decoded token (context length - 1)
-    context_lens: torch.Tensor  # [b] int32: keys each query attends over (the CPU kernel's input)
+    # [b] int32: keys each query attends over; only where the CPU kernel reads the pool (with the
+    # group's tables made contiguous), so no other device pays a copy per group and step.
+    context_lens: torch.Tensor | None
     num_keys: int  # positions the gather reads per row: table blocks * block size
 
 
@@ -167,7 +169,11 @@ class TorchAttentionBackend(AttentionBackend[TorchAttentionMetadata]):
         num_table_blocks = _ceil_div(lens[0], block_size)  # the longest comes first
         # Rows are padded with block 0, which is harmless: the mask hides every position past the
         # context length.
-        tables = common.block_tables[start:end, :num_table_blocks].contiguous()
+        tables = common.block_tables[start:end, :num_table_blocks]
+        kernel_lens: torch.Tensor | None = None
+        if self.decode_kernel:
+            tables = tables.contiguous()
+            kernel_lens = torch.tensor(lens, dtype=torch.int32, device=tables.device)
         mask: torch.Tensor | None = None
         if lens[-1] < num_table_blocks * block_size:  # someone's table ends before it is full
             full = torch.arange(num_table_blocks * block_size).unsqueeze(0) < torch.tensor(lens).unsqueeze(1)
@@ -178,7 +184,7 @@ class TorchAttentionBackend(AttentionBackend[TorchAttentionMetadata]):
             block_tables=tables,
             mask=mask,
             query_pos=torch.tensor(lens) - 1,
-            context_lens=torch.tensor(lens, dtype=torch.int32, device=tables.device),
+            context_lens=kernel_lens,
             num_keys=num_table_blocks * block_size,
         )
 
@@ -221,7 +227,7 @@ class TorchAttentionBackend(AttentionBackend[TorchAttentionMetadata]):
         variant: AttentionVariant,
         out: torch.Tensor,
     ) -> None:
-        if self.decode_kernel and variant.is_plain:
+        if group.context_lens is not None and variant.is_plain:
             result = (
                 out if out.is_contiguous() else torch.empty_like(out, memory_format=torch.contiguous_format)
             )

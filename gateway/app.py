@@ -25,9 +25,9 @@ from gateway.api.error_handlers import install_error_handlers
 from gateway.app_state import GatewayState
 from gateway.batch_queue import BatchQueue
 from gateway.cell_router import CellRouter
-from gateway.generation.cell_guard import CellGuard
-from gateway.generation.queue_bound import QueueBound
-from gateway.generation.rate_limit import RateLimiter, RateLimits
+from gateway.limits.cell_guard import CellGuard
+from gateway.limits.queue_bound import QueueBound
+from gateway.limits.rate_limit import RateLimiter, RateLimits
 from gateway.model_loader import load_served_model
 from gateway.observability.metrics import GatewayMetrics
 from gateway.security.api_keys import ApiKeys

@@ -12,9 +12,9 @@ from starlette.requests import Request
 from common.streams import CellKeys, cell_keys
 from gateway.batch_queue import BatchQueue
 from gateway.cell_router import CellRouter
-from gateway.generation.cell_guard import CellGuard
-from gateway.generation.queue_bound import QueueBound
-from gateway.generation.rate_limit import RateLimiter
+from gateway.limits.cell_guard import CellGuard
+from gateway.limits.queue_bound import QueueBound
+from gateway.limits.rate_limit import RateLimiter
 from gateway.observability.metrics import GatewayMetrics
 from gateway.settings import GatewaySettings
 from openai_frontend.batch.files_store import FileStore

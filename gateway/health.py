@@ -22,7 +22,7 @@ from common.batcher_liveness import BATCHER_SILENT_S, batcher_state
 from common.redis_refusal import refuses_writes
 from common.streams import cell_keys
 from gateway.app_state import GatewayState
-from gateway.generation.redis_memory import memory_use
+from gateway.limits.redis_memory import memory_use
 
 __all__ = ["BATCHER_SILENT_S", "Health", "check"]
 

@@ -15,7 +15,7 @@ from starlette.requests import Request
 from common.stream_client import new_req_id
 from common.streams import cell_keys, cell_of, placed_req_id
 from gateway.app_state import GatewayState
-from gateway.generation.cell_guard import request_bytes
+from gateway.limits.cell_guard import request_bytes
 from gateway.security.auth import request_owner
 from openai_frontend.generate.request import PreparedRequest, with_message
 from openai_frontend.generate.request_builder import prepare_choices

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from common.streams import rate_limit_key
-from gateway.generation.rate_limit import WINDOW_S
+from gateway.limits.rate_limit import WINDOW_S
 from gateway.security.api_keys import hash_key
 from tests.harness.gateway_server import RunningGateway
 from tests.harness.responder import Responder, responding

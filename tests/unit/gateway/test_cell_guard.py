@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from gateway.generation.cell_guard import BYTES_PER_OUTPUT_TOKEN, BYTES_PER_REQUEST, request_bytes
-from gateway.generation.redis_memory import MemoryUse
+from gateway.limits.cell_guard import BYTES_PER_OUTPUT_TOKEN, BYTES_PER_REQUEST, request_bytes
+from gateway.limits.redis_memory import MemoryUse
 
 
 def test_headroom_is_a_share_of_maxmemory_kept_free() -> None:

@@ -17,7 +17,7 @@ from common.settings import (
 )
 from common.streams import check_cell
 from gateway.cell_router import CellPolicy
-from gateway.security.api_keys import parse_key_hashes
+from gateway.key_hashes import parse_key_hashes
 
 
 class GatewaySettings(BaseSettings):

@@ -1,1 +1,1 @@
-"""Who may call, how much and how fast: API keys, rate limits, the queue bound, body and connection caps."""
+"""Who may call and how much they may send: API keys, per-key quotas, body and connection caps."""

@@ -11,7 +11,8 @@ import argparse
 import secrets
 import sys
 
-from gateway.security.api_keys import hash_key, parse_key_hashes
+from gateway.key_hashes import parse_key_hashes
+from gateway.security.api_keys import hash_key
 
 
 def main(argv: list[str]) -> int:

@@ -12,7 +12,8 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.security.api_keys import ApiKeys, hash_key, parse_key_hashes
+from gateway.key_hashes import parse_key_hashes
+from gateway.security.api_keys import ApiKeys, hash_key
 from gateway.settings import GatewaySettings
 from tests.harness.gateway_server import RunningGateway
 from tests.harness.responder import responding

@@ -8,7 +8,9 @@ own process and talks to the others only through Redis, so none imports another'
 Inside `openai_frontend`, each file sits in a folder that does one job, and the folders form layers:
 a folder imports only the folders below it in FRONTEND_LAYERS (and itself), so there is no back-edge
 and no circle. In every other package the folders import one another in no circle either, and the
-gateway's routes (api/) use its other folders, never the other way round.
+gateway's routes (api/) use its other folders, never the other way round. No gateway folder imports a
+module outside it that imports back into it (`app_state.py` holding `generation/`'s pieces while
+`generation/` reads `app_state.py`): what both need sits beneath both.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ GATEWAY_FORBIDDEN: dict[str, tuple[str, ...]] = {
     "generation": ("api",),
     "streaming": ("api", "generation"),
     "observability": ("api", "generation"),
+    "limits": ("api", "generation", "security"),
 }
 
 
@@ -185,6 +188,54 @@ def test_the_circle_rule_sees_a_circle_and_the_folders() -> None:
     assert _folder_imports("gateway")["api"] >= {"generation", "security", "streaming"}
     sse_stream = ROOT / "gateway" / "streaming" / "sse_stream.py"
     assert "gateway.streaming.sse" in _imported_modules(sse_stream)
+
+
+def _module_name(path: Path) -> str:
+    """`gateway/limits/rate_limit.py` -> `gateway.limits.rate_limit`; an `__init__.py` -> its package."""
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports_back(package: str) -> list[str]:
+    """Each import by a folder of `package` of one of the package's modules outside that folder (a
+    top-level file or another folder's) which itself imports a module of that folder."""
+    folders = {p.name for p in (ROOT / package).iterdir() if (p / "__init__.py").exists()}
+    imports = {_module_name(path): _imported_modules(path) for path in sorted((ROOT / package).rglob("*.py"))}
+    found = []
+    for module, imported in imports.items():
+        parts = module.split(".")
+        if len(parts) < 3 or parts[1] not in folders:
+            continue  # the package face or a top-level file: not in a folder
+        inside = f"{package}.{parts[1]}"
+        for other in sorted(imported & imports.keys()):
+            if other == inside or other.startswith(inside + "."):
+                continue
+            back = sorted(
+                m for m in imports[other] & imports.keys() if m == inside or m.startswith(inside + ".")
+            )
+            if back:
+                found.append(f"{module} imports {other}, which imports back {', '.join(back)}")
+    return found
+
+
+def test_no_gateway_folder_imports_a_module_that_imports_it_back() -> None:
+    assert _imports_back("gateway") == []
+
+
+def test_the_import_back_rule_sees_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(globals(), "ROOT", tmp_path)
+    for name, text in {
+        "__init__.py": "",
+        "state.py": "from gateway.work.guard import Guard\n",
+        "work/__init__.py": "",
+        "work/guard.py": "",
+        "work/flow.py": "from ..state import State\n",
+    }.items():
+        (tmp_path / "gateway" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "gateway" / name).write_text(text)
+    assert _imports_back("gateway") == [
+        "gateway.work.flow imports gateway.state, which imports back gateway.work.guard"
+    ]
 
 
 def test_a_relative_import_counts_as_the_module_it_means(

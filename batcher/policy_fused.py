@@ -38,6 +38,7 @@ def schedule_running(
     worker ran out of blocks (and preempted)."""
     bm = ws.block_manager
     preempted = False
+    num_drafting = ws.auto_off.num_drafting(len(ws.running)) if ws.auto_off is not None else 0
     # Most urgent first (admission order within a priority): budget goes to interactive requests
     # before batch lines, and a preemption victim is always one not yet scheduled in this step.
     for req in sorted(ws.running, key=lambda r: r.priority):
@@ -46,7 +47,8 @@ def schedule_running(
         num_new = min(req.num_tokens_with_placeholders - req.num_computed_tokens, budget)
         if num_new <= 0 or req.is_finishing:
             continue
-        drafts = draft_for(state, ws, req, num_new, budget)
+        drafts = draft_for(state, ws, req, num_new, budget) if num_drafting > 0 else []
+        num_drafting -= bool(drafts)
         num_new += len(drafts)
         need = bm.num_new_blocks(len(req.block_ids), req.num_computed_tokens + num_new)
         while need > bm.num_free_blocks:
@@ -78,8 +80,6 @@ def draft_for(state: SchedulerState, ws: WorkerState, req: Request, num_new: int
     drafts never preempt anything."""
     config = state.config.speculative
     if config is None or num_new != 1:
-        return []
-    if config.disable_by_batch_size is not None and len(ws.running) >= config.disable_by_batch_size:
         return []
     drafts = propose_drafts(config, req, budget, ws.info.max_model_len, state.suffix_cache)
     bm = ws.block_manager

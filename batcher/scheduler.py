@@ -21,6 +21,7 @@ from batcher.scheduler_state import (
     SchedulerStats,
     reset,
 )
+from batcher.spec_decode.auto_off import make_auto_off
 from batcher.spec_decode.drafting import adapt_num_spec_tokens
 from batcher.step_scheduler import schedule_step
 from batcher.worker_state import WorkerState
@@ -45,9 +46,11 @@ class Scheduler(SchedulerState):
             return []
         orphans = self.remove_worker(info.worker_id) if known is not None else []
         cfg = self.config
-        self.workers[info.worker_id] = WorkerState.register(
+        ws = WorkerState.register(
             info, cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.enable_prefix_caching
         )
+        ws.auto_off = make_auto_off(cfg.speculative)
+        self.workers[info.worker_id] = ws
         return orphans
 
     def fence_worker(self, worker_id: str) -> None:
@@ -136,7 +139,7 @@ class Scheduler(SchedulerState):
             # The token is on the request's stream already, so it is kept even if the request was
             # preempted after this step was sent (it is then recomputed with it).
             accepted = out.accepted_draft_token_ids.get(req_id, [])
-            self.account_drafts(req, len(accepted))
+            self.account_drafts(ws, req, len(accepted))
             req.output_token_ids += accepted
             req.output_token_ids.append(token_id)
             if req.num_output_placeholders:
@@ -155,7 +158,7 @@ class Scheduler(SchedulerState):
                 finished.append(req)
         return finished
 
-    def account_drafts(self, req: Request, num_accepted: int) -> None:
+    def account_drafts(self, ws: WorkerState, req: Request, num_accepted: int) -> None:
         """The accepted drafts' KV is computed: count it (the rejected ones' is not, and is rewritten)."""
         num_drafts = len(req.spec_token_ids)
         if not num_drafts:
@@ -164,6 +167,8 @@ class Scheduler(SchedulerState):
             req.num_computed_tokens += num_accepted
         if self.config.speculative is not None:
             adapt_num_spec_tokens(self.config.speculative, req, num_accepted)
+        if ws.auto_off is not None:
+            ws.auto_off.record(num_drafts, num_accepted)
         self.stats.spec_decode_num_drafts += 1
         self.stats.spec_decode_num_draft_tokens += num_drafts
         self.stats.spec_decode_num_accepted_tokens += num_accepted

@@ -247,6 +247,7 @@ class Batcher:
             prefix_cache_queries=sum(ws.prefix_cache_queries for ws in s.workers.values()),
             prefix_cache_hits=sum(ws.prefix_cache_hits for ws in s.workers.values()),
             **{f"{ACCEPTED_PER_POS}:{pos}": n for pos, n in enumerate(s.spec_accepted_per_pos)},
+            spec_decode_num_workers_off=sum(bool(w.auto_off and w.auto_off.off) for w in s.workers.values()),
             updated_at=time.time(),
         )
         return stats

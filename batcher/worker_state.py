@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from batcher.block_manager import BlockManager
 from batcher.request import Request
+from batcher.spec_decode.auto_off import AutoOff
 from batcher.step_clock import StepClock
 from common.protocol import WorkerInfo
 
@@ -29,6 +30,7 @@ class WorkerState:
     # Declared dead and fenced: nothing more is sent to it; its results already written still count
     # until the WorkerLost marker behind them is read, then it is removed.
     fenced: bool = False
+    auto_off: AutoOff | None = None  # whether its decodes draft (spec_decode/auto_off.py); None: never
 
     @classmethod
     def register(

@@ -42,6 +42,15 @@ class SpeculativeConfig(BaseModel):
     disable_by_batch_size: int | None = Field(
         None, ge=1, description="No drafts in a step of a worker running at least this many requests."
     )
+    # Not vLLM's. A step with k drafts costs ~1 + 0.06k plain steps at batch 1 here (docs/benchmarks.md:
+    # 4 drafts, 1.25x), more at larger batches: drafts pay above ~0.06-0.15 accepted per draft.
+    disable_by_acceptance_rate: float | None = Field(
+        0.15,
+        ge=0,
+        le=1,
+        description="No drafts on a worker whose recent drafts were accepted below this rate (accepted / "
+        "drafted); it drafts one request every few steps to notice when they pay again. null: never.",
+    )
 
     @field_validator("method")
     @classmethod

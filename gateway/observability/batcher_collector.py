@@ -35,6 +35,11 @@ _STATS: dict[str, tuple[str, str, str]] = {
         "counter",
         "Draft tokens the workers accepted.",
     ),
+    "spec_decode_num_workers_off": (
+        "cbserve:spec_decode_num_workers_off",
+        "gauge",
+        "Workers whose drafts were accepted too rarely to pay: they draft only to probe.",
+    ),
 }
 
 

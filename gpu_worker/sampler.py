@@ -142,7 +142,9 @@ class Sampler:
                     ints.index_select(0, rows),
                 )
             if path == GREEDY:
-                picked = sub.argmax(dim=-1)
+                # max's indices are argmax's (the first of tied maxima, NaN first) at a third of its
+                # time on the CPU, where argmax over a 32k vocabulary is a visible share of a step.
+                picked = sub.max(dim=-1).indices
             else:
                 assert uniforms is not None
                 u = uniforms if rows is None else uniforms.index_select(0, rows)

@@ -28,6 +28,22 @@ def test_greedy_rows_take_argmax() -> None:
     assert sample_rows(Sampler(seed=0), logits, params, [0] * 5).token_ids == logits.argmax(-1).tolist()
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_greedy_takes_the_first_of_tied_maxima_as_argmax_does(device: str) -> None:
+    """What transformers' generate picks (argmax) on ties, -inf rows and NaN, over a real vocabulary."""
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randint(-2, 2, (6, 32000), generator=gen).float()
+    logits[1] = float("-inf")
+    logits[2, ::3] = float("-inf")
+    logits[3, 17] = float("nan")
+    logits[4, 31999] = 5.0
+    logits = logits.to(device)
+    params = [SamplingParams(temperature=0.0)] * 6
+    picked = sample_rows(Sampler(seed=0, device=torch.device(device)), logits, params, [0] * 6).token_ids
+    assert picked == logits.argmax(-1).tolist()
+    assert picked[1] == 0 and picked[3] == 17 and picked[4] == 31999
+
+
 def test_seeded_sample_is_reproducible_and_batch_independent() -> None:
     logits = random_logits(6)
     seeded = SamplingParams(temperature=1.0, seed=1234)

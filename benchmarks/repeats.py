@@ -66,9 +66,9 @@ def format_repeated(
     header = ["metric", *names, *(f"{n}/{baseline}" for n in rel), "better"]
     table: list[list[str]] = [header]
     for key, label, better in metric_rows(percentiles):
-        if not all(key in spreads[n] for n in names):
+        if not any(key in spreads[n] for n in names):
             continue
-        values = [_fmt(spreads[n][key]) for n in names]
+        values = [_fmt(spreads[n][key]) if key in spreads[n] else "-" for n in names]
         shown = [_fmt(rel[n][key], "x") if key in rel[n] else "-" for n in rel]
         table.append([label, *values, *shown, better])
     title = f"median [min-max] over {num_rounds} rounds; ratios paired within each round"

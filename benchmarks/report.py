@@ -9,6 +9,8 @@ from typing import Any
 
 from benchmarks.metrics import LATENCY_METRICS, Summary, percentile_label, request_tpot
 from benchmarks.runner import RunResult
+from benchmarks.spec_decode import format_per_pos
+from benchmarks.spec_decode import record as spec_record
 
 _COUNT_ROWS = [
     ("completed", "Successful requests", ""),
@@ -24,6 +26,11 @@ _COUNT_ROWS = [
     ("max_concurrent_requests", "Peak concurrent requests", ""),
 ]
 _LATENCY_NAMES = {"ttft": "TTFT", "tpot": "TPOT", "itl": "ITL", "e2el": "E2E latency"}
+# Only runs whose server drafted have these (benchmarks/spec_decode.py); "-" for the others.
+_SPEC_ROWS = [
+    ("spec_accepted_len", "Mean accepted length (spec decode)", "higher"),
+    ("spec_acceptance_rate", "Draft acceptance rate", "higher"),
+]
 
 
 def metric_rows(percentiles: Sequence[float]) -> list[tuple[str, str, str]]:
@@ -37,7 +44,7 @@ def metric_rows(percentiles: Sequence[float]) -> list[tuple[str, str, str]]:
             rows.append(
                 (f"{percentile_label(p)}_{name}_ms", f"P{percentile_label(p)[1:]} {label} (ms)", "lower")
             )
-    return rows
+    return rows + _SPEC_ROWS
 
 
 def _fmt(value: float | None) -> str:
@@ -46,11 +53,15 @@ def _fmt(value: float | None) -> str:
     return f"{value:.0f}" if float(value).is_integer() else f"{value:.2f}"
 
 
-def format_summary(name: str, summary: Summary, percentiles: Sequence[float]) -> str:
+def format_summary(
+    name: str, summary: Summary, percentiles: Sequence[float], result: RunResult | None = None
+) -> str:
     lines = [f"{f' Serving Benchmark Result: {name} ':=^60}"]
     for key, label, _ in metric_rows(percentiles):
         if key in summary:
             lines.append(f"{label + ':':<44}{_fmt(summary[key]):>16}")
+    if result is not None and result.spec_decode is not None:
+        lines.append(format_per_pos(result.spec_decode))
     lines.append("=" * 60)
     return "\n".join(lines)
 
@@ -71,9 +82,9 @@ def format_comparison(summaries: dict[str, Summary], baseline: str, percentiles:
     header = ["metric", *names, *(f"{n}/{baseline}" for n in by_ratio), "better"]
     table: list[list[str]] = [header]
     for key, label, better in metric_rows(percentiles):
-        if not all(key in s for s in summaries.values()):
+        if not any(key in s for s in summaries.values()):
             continue
-        values = [_fmt(summaries[n][key]) for n in names]
+        values = [_fmt(summaries[n].get(key)) for n in names]
         shown = [by_ratio[n].get(key) for n in by_ratio]
         table.append([label, *values, *(f"{r:.2f}x" if r is not None else "-" for r in shown), better])
     return render_table(table)
@@ -112,6 +123,7 @@ def request_records(result: RunResult) -> list[dict[str, Any]]:
 
 def run_record(result: RunResult, summary: Summary) -> dict[str, Any]:
     target = result.target
+    spec = {} if result.spec_decode is None else {"spec_decode": spec_record(result.spec_decode)}
     return {
         "system": {
             "name": target.name,
@@ -121,6 +133,7 @@ def run_record(result: RunResult, summary: Summary) -> dict[str, Any]:
             "model": result.model,
         },
         "summary": summary,
+        **spec,
         "requests": request_records(result),
     }
 

@@ -12,7 +12,9 @@ from tqdm import tqdm
 
 from benchmarks.client import Backend, PromptFormat, RequestInput, RequestOutput, send_completion
 from benchmarks.datasets import SampleRequest
+from benchmarks.spec_decode import counted_during, read_spec_counters
 from benchmarks.tokenizer import BenchTokenizer
+from common.spec_decode_stats import SpecDecodeCounts
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +49,7 @@ class RunResult:
     outputs: list[RequestOutput]
     duration_s: float
     start_time: float  # perf_counter at the first scheduled send
+    spec_decode: SpecDecodeCounts | None = None  # the server's drafts during the run (warm-ups not)
 
 
 async def served_model(session: aiohttp.ClientSession, base_url: str) -> str:
@@ -111,6 +114,7 @@ async def run(
             warmup = await send_completion(session, target.api_url, inputs[0], target.backend)
             if not warmup.success:
                 raise RuntimeError(f"{target.name}: the warm-up request failed: {warmup.error}")
+        spec_before = await read_spec_counters(session, target.base_url)
         semaphore = asyncio.Semaphore(options.max_concurrency) if options.max_concurrency else None
         progress = tqdm(total=len(inputs), desc=target.name, disable=not options.progress, leave=False)
 
@@ -133,4 +137,12 @@ async def run(
         outputs = list(await asyncio.gather(*tasks))
         duration = time.perf_counter() - start
         progress.close()
-    return RunResult(target=target, model=model, outputs=outputs, duration_s=duration, start_time=start)
+        spec_decode = counted_during(spec_before, await read_spec_counters(session, target.base_url))
+    return RunResult(
+        target=target,
+        model=model,
+        outputs=outputs,
+        duration_s=duration,
+        start_time=start,
+        spec_decode=spec_decode,
+    )

@@ -35,6 +35,7 @@ from benchmarks.datasets import DATASETS, DatasetConfig, SampleRequest, ideal_ca
 from benchmarks.metrics import Summary, parse_goodput, summarize
 from benchmarks.report import format_comparison, format_summary, ratios, run_record, write_json
 from benchmarks.runner import RunOptions, Target, run
+from benchmarks.spec_decode import summary_fields as spec_summary_fields
 from benchmarks.specs import PROMPT_FORMATS, SystemSpec, load_spec_file, parse_launch_arg, parse_system_arg
 from benchmarks.tokenizer import BenchTokenizer
 
@@ -254,10 +255,12 @@ def benchmark_one(
         run(target, workload.requests, workload.arrivals, run_options(args), workload.tokenizer)
     )
     summary = summarize(result.outputs, result.duration_s, percentiles(args), parse_goodput(args.goodput))
+    if result.spec_decode is not None:
+        summary.update(spec_summary_fields(result.spec_decode))
     failures = [o.error for o in result.outputs if not o.success]
     for error in failures[:5]:
         print(f"[{target.name}] failed request: {error.strip()[:300]}", file=sys.stderr)
-    print(format_summary(target.name, summary, percentiles(args)))
+    print(format_summary(target.name, summary, percentiles(args), result))
     return run_record(result, summary), summary
 
 

@@ -14,6 +14,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from common.metrics_schema import ACCEPTED_PER_POS, HistogramData, MetricsSnapshot
+from common.spec_decode_stats import counts_from_stats
 
 # stats hash field -> (metric name, kind, help); counters get `_total` from prometheus_client.
 _STATS: dict[str, tuple[str, str, str]] = {
@@ -87,8 +88,7 @@ class BatcherCollector(Collector):
 
     @staticmethod
     def _accepted_per_pos(stats: Mapping[str, float]) -> Iterator[Metric]:
-        prefix = f"{ACCEPTED_PER_POS}:"
-        counts = {k[len(prefix) :]: v for k, v in stats.items() if k.startswith(prefix)}
+        counts = counts_from_stats(stats).accepted_per_pos
         if not counts:
             return
         family = CounterMetricFamily(
@@ -96,8 +96,8 @@ class BatcherCollector(Collector):
             "Drafts accepted at each position of their step.",
             labels=["position"],
         )
-        for position, count in sorted(counts.items(), key=lambda item: int(item[0])):
-            family.add_metric([position], count)
+        for position, count in enumerate(counts):
+            family.add_metric([str(position)], count)
         yield family
 
     @staticmethod

@@ -21,6 +21,7 @@ from common.metrics_schema import MetricsSnapshot
 from common.protocol import FIELD
 from common.redis_conn import MAX_BLOCK_MS
 from common.retry import REDIS_DOWN, Backoff
+from common.spec_decode_stats import counts_from_stats
 from common.streams import CellKeys
 from gateway.observability.batcher_snapshot import read_batcher_snapshot
 from gateway.streaming.sse import sse_event
@@ -48,6 +49,11 @@ class DashboardStats(msgspec.Struct, kw_only=True):
     num_running: int
     snapshot_at: float | None  # when the batcher published the snapshot `workers` comes from
     workers: dict[str, WorkerStats]
+    # Speculative decoding since the batcher started (None / empty: nothing drafted).
+    spec_accepted_len: float | None = None  # vLLM's mean acceptance length: 1 + accepted / drafts
+    spec_acceptance_rate: float | None = None  # accepted / drafted tokens
+    spec_acceptance_per_pos: list[float] = msgspec.field(default_factory=list)
+    spec_num_workers_off: int = 0  # workers whose drafts stopped paying (spec_decode/auto_off.py)
 
 
 def dashboard_stats(stats: dict[str, float], snapshot: MetricsSnapshot | None, now: float) -> DashboardStats:
@@ -60,6 +66,7 @@ def dashboard_stats(stats: dict[str, float], snapshot: MetricsSnapshot | None, n
         )
         for wid, w in (snapshot.workers.items() if snapshot is not None else ())
     }
+    spec = counts_from_stats(stats)
     return DashboardStats(
         time=now,
         batcher_updated_at=stats.get("updated_at"),
@@ -67,6 +74,10 @@ def dashboard_stats(stats: dict[str, float], snapshot: MetricsSnapshot | None, n
         num_running=int(stats.get("num_running", 0)),
         snapshot_at=None if snapshot is None else snapshot.updated_at,
         workers=workers,
+        spec_accepted_len=spec.mean_accepted_len,
+        spec_acceptance_rate=spec.acceptance_rate,
+        spec_acceptance_per_pos=spec.acceptance_per_pos,
+        spec_num_workers_off=int(stats.get("spec_decode_num_workers_off", 0)),
     )
 
 

@@ -155,6 +155,7 @@ function onStep(t) {
 
 function onStats(s) {
   state.clockOffset = s.time - Date.now() / 1000;
+  showSpecDecode(s);
   if (s.batcher_updated_at !== null) setIfNewer(state.waiting, s.num_waiting, s.batcher_updated_at);
   if (s.snapshot_at !== null) {
     for (const [id, ws] of Object.entries(s.workers)) {
@@ -171,6 +172,19 @@ function onStats(s) {
     }
   }
   scheduleRender();
+}
+
+// Speculative decoding, once anything was drafted: vLLM's mean acceptance length (tokens a drafting
+// decode outputs), the share of draft tokens accepted, and the acceptance at each draft position.
+function showSpecDecode(s) {
+  $("spec-tile").hidden = s.spec_accepted_len === null;
+  if (s.spec_accepted_len === null) return;
+  $("spec-accepted-len").textContent = s.spec_accepted_len.toFixed(2);
+  const perPos = s.spec_acceptance_per_pos.map((r) => r.toFixed(2)).join(" / ");
+  const off = s.spec_num_workers_off ? `, off on ${s.spec_num_workers_off} worker(s)` : "";
+  $("spec-detail").textContent =
+    `mean accepted length (drafts ${(100 * s.spec_acceptance_rate).toFixed(0)}% accepted; ` +
+    `by position ${perPos}${off})`;
 }
 
 function rates(w, now) {

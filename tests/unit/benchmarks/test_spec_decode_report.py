@@ -1,0 +1,108 @@
+"""Speculative decoding in `benchmarks.serve`'s reports and the dashboard: the counters read from a
+server's /metrics (ours and vLLM's), what the run drafted, and the rows of the tables."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, generate_latest
+
+from benchmarks.client import RequestOutput
+from benchmarks.metrics import summarize
+from benchmarks.repeats import format_repeated, ratio_spread, summary_spread
+from benchmarks.report import format_comparison, format_summary, run_record
+from benchmarks.runner import RunResult, Target
+from benchmarks.spec_decode import counted_during, parse_spec_counters, summary_fields
+from common.spec_decode_stats import SpecDecodeCounts, counts_from_stats
+from gateway.observability.batcher_collector import BatcherCollector
+from gateway.observability.dashboard_events import dashboard_stats
+
+STATS = {
+    "spec_decode_num_drafts": 10.0,
+    "spec_decode_num_draft_tokens": 40.0,
+    "spec_decode_num_accepted_tokens": 15.0,
+    "spec_decode_num_accepted_tokens_per_pos:0": 8.0,
+    "spec_decode_num_accepted_tokens_per_pos:1": 5.0,
+    "spec_decode_num_accepted_tokens_per_pos:2": 2.0,
+    "spec_decode_num_accepted_tokens_per_pos:3": 0.0,
+    "num_running": 1.0,
+}
+VLLM = """# HELP vllm:spec_decode_num_drafts_total Number of spec decoding drafts.
+vllm:spec_decode_num_drafts_total{engine="0",model_name="m"} 6.0
+vllm:spec_decode_num_drafts_total{engine="1",model_name="m"} 4.0
+vllm:spec_decode_num_draft_tokens_total{engine="0",model_name="m"} 40.0
+vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="m"} 15.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="1"} 5.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="0"} 8.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="1",model_name="m",position="2"} 2.0
+vllm:num_requests_running{engine="0",model_name="m"} 1.0
+"""
+
+
+def our_metrics(stats: dict[str, float]) -> str:
+    registry = CollectorRegistry()
+    registry.register(BatcherCollector(stats, None, now=0.0))
+    return generate_latest(registry).decode()
+
+
+def test_our_and_vllms_metrics_give_the_same_counts() -> None:
+    ours = parse_spec_counters(our_metrics(STATS))
+    assert ours == counts_from_stats(STATS)
+    assert ours == SpecDecodeCounts(10, 40, 15, (8, 5, 2, 0))
+    theirs = parse_spec_counters(VLLM)  # summed over engines, positions in order
+    assert theirs == SpecDecodeCounts(10, 40, 15, (8, 5, 2))
+    assert parse_spec_counters(our_metrics({"num_running": 1.0})) is None  # speculation off
+
+
+def test_the_figures_are_vllms() -> None:
+    counts = SpecDecodeCounts(10, 40, 15, (8, 5, 2, 0))
+    assert counts.mean_accepted_len == 2.5  # 1 + 15 / 10
+    assert counts.acceptance_rate == 15 / 40
+    assert counts.acceptance_per_pos == [0.8, 0.5, 0.2, 0.0]
+    assert SpecDecodeCounts().mean_accepted_len is None
+
+
+def test_a_run_counts_what_was_drafted_after_the_warm_ups() -> None:
+    before = SpecDecodeCounts(2, 8, 3, (2, 1))
+    after = SpecDecodeCounts(10, 40, 15, (8, 5, 2))
+    assert counted_during(before, after) == SpecDecodeCounts(8, 32, 12, (6, 4, 2))
+    assert counted_during(after, after) is None  # nothing drafted in the run
+    assert counted_during(None, None) is None
+
+
+def _summary(spec: SpecDecodeCounts | None) -> tuple[RunResult, dict[str, float]]:
+    outputs = [RequestOutput(success=True, prompt_len=4, output_len=3, output_tokens=3, latency=0.3)]
+    result = RunResult(Target("x", "http://h"), "m", outputs, 1.0, 0.0, spec)
+    summary = summarize(outputs, 1.0, [50])
+    if spec is not None:
+        summary.update(summary_fields(spec))
+    return result, summary
+
+
+def test_the_tables_show_accepted_length_and_rate_where_drafts_were_made() -> None:
+    spec = SpecDecodeCounts(8, 32, 12, (6, 4, 2))
+    on_result, on = _summary(spec)
+    _, off = _summary(None)
+    printed = format_summary("ngram", on, [50], on_result)
+    assert "Mean accepted length (spec decode):" in printed and "2.50" in printed
+    assert "Acceptance per draft position:" in printed and "0.75 0.50 0.25" in printed
+    table = format_comparison({"off": off, "ngram": on}, "off", [50]).splitlines()
+    row = next(line for line in table if line.startswith("Mean accepted length"))
+    assert row.split()[-4:] == ["-", "2.50", "-", "higher"]  # off, ngram, ngram/off, better
+    rate = next(line for line in table if line.startswith("Draft acceptance rate"))
+    assert "0.38" in rate
+    rounds = [{"off": off, "ngram": on}] * 2
+    spreads = {n: summary_spread([r[n] for r in rounds]) for n in ("off", "ngram")}
+    repeated = format_repeated(spreads, ratio_spread(rounds, "off"), "off", [50], 2)
+    assert any(
+        line.startswith("Mean accepted length") and "2.50 [2.50-2.50]" in line
+        for line in repeated.splitlines()
+    )
+    assert run_record(on_result, on)["spec_decode"]["mean_accepted_len"] == 2.5
+    assert "spec_decode" not in run_record(_summary(None)[0], off)
+
+
+def test_the_dashboard_shows_the_batchers_acceptance() -> None:
+    shown = dashboard_stats({**STATS, "spec_decode_num_workers_off": 1.0}, None, now=0.0)
+    assert (shown.spec_accepted_len, shown.spec_acceptance_rate) == (2.5, 15 / 40)
+    assert shown.spec_acceptance_per_pos == [0.8, 0.5, 0.2, 0.0]
+    assert shown.spec_num_workers_off == 1
+    assert dashboard_stats({"num_running": 0.0}, None, now=0.0).spec_accepted_len is None

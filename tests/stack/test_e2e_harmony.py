@@ -22,18 +22,12 @@ from transformers import AutoTokenizer
 from tests.harness.parsed_deltas import forced_call, sdk_stream
 from tests.harness.services import module_stack
 from tests.harness.tiny_model import TEMPLATES, build_tiny_model
+from tests.harness.trip_schema import TRIP_SCHEMA, schema_responses
 
 MODEL = "gpt-oss-tiny"
 MARKERS = ["<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|call|>", "<|return|>", "<|constrain|>"]
 USER: list[dict[str, Any]] = [{"role": "user", "content": "Plan a trip."}]
-WEATHER: dict[str, Any] = {
-    "type": "object",
-    "properties": {
-        "city": {"enum": ["Paris", "Rome", "Oslo"]},
-        "days": {"type": "integer", "minimum": 1, "maximum": 9},
-    },
-    "required": ["city", "days"],
-}
+WEATHER = TRIP_SCHEMA
 TOOLS: list[dict[str, Any]] = [
     {"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}},
     {"type": "function", "function": {"name": "now"}},
@@ -155,17 +149,8 @@ def test_history_renders_through_the_harmony_template(client: openai.OpenAI, mod
 
 
 def test_responses_count_the_analysis_tokens(client: openai.OpenAI, bias: dict[str, float]) -> None:
-    params: dict[str, Any] = {
-        "model": MODEL,
-        "input": "Where to?",
-        "max_output_tokens": 200,
-        "temperature": 1.0,
-        "text": {"format": {"type": "json_schema", "name": "trip", "schema": WEATHER}},
-    }
     thinking = []
-    for seed in range(4):
-        response = client.responses.create(**params, extra_body={"logit_bias": bias, "seed": seed})
-        jsonschema.validate(json.loads(response.output_text), WEATHER)
+    for seed, response, _ in schema_responses(client, MODEL, bias, range(4), WEATHER):
         assert response.usage is not None
         num_reasoning = response.usage.output_tokens_details.reasoning_tokens
         if response.output[0].type == "reasoning":

@@ -10,7 +10,6 @@ thoughts run free until `</think>` and applies to the answer only.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,19 +19,13 @@ import pytest
 from transformers import AutoTokenizer
 
 from tests.harness.parsed_deltas import forced_call, sdk_stream
-from tests.harness.services import Stack, running_stack
+from tests.harness.services import module_stack
 from tests.harness.tiny_model import TEMPLATES, build_tiny_model
+from tests.harness.trip_schema import TRIP_SCHEMA, schema_responses
 
 MODEL = "thinker"
 USER = [{"role": "user", "content": "Where to?"}]
-SCHEMA = {
-    "type": "object",
-    "properties": {
-        "city": {"enum": ["Paris", "Rome", "Oslo"]},
-        "days": {"type": "integer", "minimum": 1, "maximum": 9},
-    },
-    "required": ["city", "days"],
-}
+SCHEMA = TRIP_SCHEMA
 JSON_SCHEMA = {"type": "json_schema", "json_schema": {"name": "trip", "schema": SCHEMA}}
 
 
@@ -43,10 +36,7 @@ def thinker_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny_model(path, max_len=1024, chat_template=template, added_tokens=["<think>", "</think>"])
 
 
-@pytest.fixture(scope="module")
-def stack(thinker_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    with running_stack(tmp_path_factory.mktemp("reasoning-stack"), thinker_dir) as s:
-        yield s
+stack = module_stack("reasoning-stack", "thinker_dir")
 
 
 @pytest.fixture(scope="module")
@@ -123,26 +113,16 @@ def test_thinking_turned_off_by_the_template(client: openai.OpenAI, bias: dict[s
 
 
 def test_responses_give_a_reasoning_item(client: openai.OpenAI, bias: dict[str, float]) -> None:
-    params: dict[str, Any] = {
-        "model": MODEL,
-        "input": "Where to?",
-        "max_output_tokens": 200,
-        "temperature": 1.0,
-        "text": {"format": {"type": "json_schema", "name": "trip", "schema": SCHEMA}},
-    }
     # The seeds whose answer thinks, then answers (a random model's odds: most of them).
     thinking = []
-    for seed in range(6):
-        extra = {"extra_body": {"logit_bias": bias, "seed": seed}}
-        response = client.responses.create(**params, **extra)
-        jsonschema.validate(json.loads(response.output_text), SCHEMA)
+    for seed, response, params in schema_responses(client, MODEL, bias, range(6), SCHEMA):
         if response.output[0].type != "reasoning":
             assert [item.type for item in response.output] == ["message"]
             continue
         reasoning, message = response.output
-        thoughts = reasoning.content[0].text  # type: ignore[union-attr]
+        thoughts = reasoning.content[0].text  # type: ignore[union-attr, index]
         assert message.type == "message" and "</think>" not in thoughts
-        events = list(client.responses.create(**params, **extra, stream=True))
+        events = list(client.responses.create(**params, stream=True))
         deltas = [e.delta for e in events if e.type == "response.reasoning_text.delta"]
         assert "".join(deltas) == thoughts
         thinking.append(seed)

@@ -1,5 +1,5 @@
-"""Request lists: random, capped-exponential, ShareGPT, prefix-repetition and multi-turn prompts, each
-a seeded, reproducible list.
+"""Request lists: random, capped-exponential, ShareGPT, prefix-repetition, multi-turn and repetitive
+prompts, each a seeded, reproducible list.
 
 Every generator returns token-id prompts with the output length each request asks for (`max_tokens`,
 sent with `ignore_eos` so the server produces exactly that many tokens). The same arguments and seed
@@ -15,9 +15,10 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks.repetitive import repetitive_prompt
 from benchmarks.tokenizer import BenchTokenizer
 
-DATASETS = ("random", "capped-exponential", "sharegpt", "prefix-repetition", "multi-turn")
+DATASETS = ("random", "capped-exponential", "sharegpt", "prefix-repetition", "multi-turn", "repetitive")
 
 # ShareGPT filters, as in vLLM's benchmark: drop conversations too short to time or too long to fit.
 SHAREGPT_MIN_TOKENS = 4
@@ -201,6 +202,17 @@ def multi_turn_requests(config: DatasetConfig, vocab_ids: list[int]) -> list[Sam
     return requests[: config.num_prompts]
 
 
+def repetitive_requests(config: DatasetConfig, tokenizer: BenchTokenizer) -> list[SampleRequest]:
+    """Text whose answer repeats its prompt (benchmarks/repetitive.py), in turn a code edit, a
+    summary that quotes and an agent turn echoing a tool result; prompts of about `input_len`
+    tokens, `output_len` tokens asked for."""
+    rng = _rng(config.seed, 5)
+    return [
+        SampleRequest(repetitive_prompt(i % 3, config.input_len, tokenizer.encode, rng), config.output_len)
+        for i in range(config.num_prompts)
+    ]
+
+
 def ideal_cached_tokens(requests: list[SampleRequest], block_size: int) -> int:
     """Prompt tokens an unbounded cache of whole blocks would serve, each request seeing every
     earlier prompt (at least one token of each is always computed)."""
@@ -233,6 +245,8 @@ def sample_requests(config: DatasetConfig, tokenizer: BenchTokenizer) -> list[Sa
         requests = prefix_repetition_requests(config, tokenizer.sampleable_ids())
     elif config.name == "multi-turn":
         requests = multi_turn_requests(config, tokenizer.sampleable_ids())
+    elif config.name == "repetitive":
+        requests = repetitive_requests(config, tokenizer)
     else:
         raise ValueError(f"unknown dataset {config.name!r}; choose one of {', '.join(DATASETS)}")
     return mix_in_long_prompts(requests, config, tokenizer.sampleable_ids())

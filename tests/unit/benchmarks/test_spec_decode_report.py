@@ -3,6 +3,9 @@ server's /metrics (ours and vLLM's), what the run drafted, and the rows of the t
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from benchmarks.client import RequestOutput
@@ -10,11 +13,14 @@ from benchmarks.metrics import summarize
 from benchmarks.repeats import format_repeated, ratio_spread, summary_spread
 from benchmarks.report import format_comparison, format_summary, run_record
 from benchmarks.runner import RunResult, Target
+from benchmarks.serve import parse_args, resolve_systems
 from benchmarks.spec_decode import counted_during, parse_spec_counters, summary_fields
 from common.spec_decode_stats import SpecDecodeCounts, counts_from_stats
+from common.speculative_config import SpeculativeConfig
 from gateway.observability.batcher_collector import BatcherCollector
 from gateway.observability.dashboard_events import dashboard_stats
 
+SPECS = Path(__file__).resolve().parents[3] / "benchmarks" / "specs"
 STATS = {
     "spec_decode_num_drafts": 10.0,
     "spec_decode_num_draft_tokens": 40.0,
@@ -106,3 +112,35 @@ def test_the_dashboard_shows_the_batchers_acceptance() -> None:
     assert shown.spec_acceptance_per_pos == [0.8, 0.5, 0.2, 0.0]
     assert shown.spec_num_workers_off == 1
     assert dashboard_stats({"num_running": 0.0}, None, now=0.0).spec_accepted_len is None
+
+
+@pytest.mark.parametrize(
+    ("spec", "systems"),
+    [
+        ("cpu-speculative.toml", ["spec-off", "ngram-4", "suffix-4"]),
+        ("cpu-speculative-16.toml", ["spec-off", "ngram-4", "ngram-4-always", "spec-off-async"]),
+    ],
+)
+def test_the_speculative_specs_parse_with_the_settings_the_services_take(
+    spec: str, systems: list[str]
+) -> None:
+    args, compare = parse_args(["compare", "--spec", str(SPECS / spec)])
+    resolved, baseline = resolve_systems(args)
+    assert compare and baseline == "spec-off" and [s.name for s in resolved] == systems
+    for system in resolved:
+        assert system.launch is not None
+        raw = system.launch.env.get("SPECULATIVE_CONFIG")
+        if raw is not None:
+            SpeculativeConfig.model_validate_json(raw)
+    if spec == "cpu-speculative-16.toml":  # the non-repetitive case: sampled, 16 in flight, auto-off on
+        assert (args.temperature, args.max_concurrency) == (1.0, 16)
+        configs = {
+            s.name: s.launch.env["SPECULATIVE_CONFIG"]
+            for s in resolved
+            if s.launch and "SPECULATIVE_CONFIG" in s.launch.env
+        }
+        assert SpeculativeConfig.model_validate_json(configs["ngram-4"]).disable_by_acceptance_rate == 0.15
+        assert (
+            SpeculativeConfig.model_validate_json(configs["ngram-4-always"]).disable_by_acceptance_rate
+            is None
+        )

@@ -14,7 +14,7 @@ from batcher.prefix_cache import Admission, cache_computed_blocks, plan_admissio
 from batcher.prefix_wait import waits_for_prefix
 from batcher.request import Request, RequestStatus
 from batcher.scheduler_state import SchedulerState, StepDraft
-from batcher.spec_decode.drafting import propose_drafts
+from batcher.spec_decode.drafting import num_drafts_to_ask, propose_drafts
 from batcher.waiting_order import order_waiting
 from batcher.worker_state import WorkerState
 from common.protocol import CachedRequestData
@@ -38,7 +38,10 @@ def schedule_running(
     worker ran out of blocks (and preempted)."""
     bm = ws.block_manager
     preempted = False
-    num_drafting = ws.auto_off.num_drafting(len(ws.running)) if ws.auto_off is not None else 0
+    num_drafting = num_asking = 0
+    if ws.auto_off is not None:
+        num_drafting = ws.auto_off.num_drafting(len(ws.running))
+        num_asking = ws.auto_off.num_drafting_next(len(ws.running))
     # Most urgent first (admission order within a priority): budget goes to interactive requests
     # before batch lines, and a preemption victim is always one not yet scheduled in this step.
     for req in sorted(ws.running, key=lambda r: r.priority):
@@ -49,6 +52,11 @@ def schedule_running(
             continue
         drafts = draft_for(state, ws, req, num_new, budget) if num_drafting > 0 else []
         num_drafting -= bool(drafts)
+        if num_asking > 0 and num_new == 1 and state.config.speculative is not None:
+            ask = num_drafts_to_ask(state.config.speculative, req)
+            if ask:
+                step.draft_after[req.req_id] = ask
+                num_asking -= 1
         num_new += len(drafts)
         need = bm.num_new_blocks(len(req.block_ids), req.num_computed_tokens + num_new)
         while need > bm.num_free_blocks:

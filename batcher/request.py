@@ -34,6 +34,7 @@ class Request:
     num_inflight_steps: int = 0  # steps sent with this request whose results have not arrived
     spec_token_ids: list[int] = field(default_factory=list)  # drafts of its step in flight (vLLM's name)
     num_spec_tokens: int = 0  # most drafts it proposes next (spec_decode/drafting.py); 0: the setting's
+    draft_token_ids: list[int] = field(default_factory=list)  # its draft model's, for its next step
     # Known tokens when it was last admitted: computing any of them is prefill (a recompute included).
     num_prefill_tokens: int = 0
     block_ids: list[int] = field(default_factory=list)

@@ -152,6 +152,7 @@ class Scheduler(SchedulerState):
             req = self.requests.get(req_id)
             if req is not None:
                 req.spec_token_ids = []  # a request that did not sample (failed, skipped) drafted nothing
+                req.draft_token_ids = out.draft_token_ids.get(req_id, [])
         for req_id, message in out.req_errors.items():
             req = self.running_on(ws, req_id)
             if req is not None and retry_or_give_up(self, ws, req, message):

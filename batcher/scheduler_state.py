@@ -77,6 +77,7 @@ class StepDraft:
     cached: list[CachedRequestData] = field(default_factory=list)  # running ones, continued
     new: list[NewRequestData] = field(default_factory=list)  # admitted now
     spec_token_ids: dict[str, list[int]] = field(default_factory=dict)  # req_id -> its drafts
+    draft_after: dict[str, int] = field(default_factory=dict)  # req_id -> drafts its worker makes next
     failed: list[Request] = field(default_factory=list)
 
 

@@ -42,6 +42,7 @@ def schedule_step(state: SchedulerState, ws: WorkerState) -> tuple[SchedulerOutp
         total_num_scheduled_tokens=sum(num_scheduled.values()),
         finished_req_ids=ws.to_free,
         scheduled_spec_decode_tokens=step.spec_token_ids,
+        draft_after=step.draft_after,
     )
     ws.to_free = []
     return out, step.failed

@@ -138,6 +138,8 @@ class SchedulerOutput(msgspec.Struct, tag="step", kw_only=True):
     epoch: int = 0  # the sending batcher's lease epoch (batcher/leadership.py); echoed in the result
     # vLLM's name: req_id -> draft tokens computed after its known tokens (in num_scheduled_tokens).
     scheduled_spec_decode_tokens: dict[str, list[int]] = {}
+    # req_id -> how many tokens the worker's draft model drafts after this step (method draft_model).
+    draft_after: dict[str, int] = {}
 
 
 class ModelRunnerOutput(msgspec.Struct, tag="result", kw_only=True):
@@ -155,6 +157,8 @@ class ModelRunnerOutput(msgspec.Struct, tag="result", kw_only=True):
     epoch: int = 0  # the epoch of the step it answers: a new batcher ignores results of an old one
     # req_id -> the drafts verified this step: its output grew by them, then by its sampled token.
     accepted_draft_token_ids: dict[str, list[int]] = {}
+    # req_id -> the draft model's drafts after this step's tokens, for its next step (draft_after).
+    draft_token_ids: dict[str, list[int]] = {}
 
 
 class TokenEvent(msgspec.Struct, tag="token", kw_only=True, omit_defaults=True):

@@ -1,9 +1,9 @@
 """`SPECULATIVE_CONFIG`: how a deployment drafts tokens, in the shape of vLLM's --speculative-config.
 
 A JSON object such as `{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2,
-"prompt_lookup_max": 4}` or `{"method": "suffix"}`. Only model-free drafts (ngram, suffix) are built;
-every other method vLLM knows is refused here by name, so a deployment asking for one fails at
-start-up instead of running without it.
+"prompt_lookup_max": 4}`, `{"method": "suffix"}` or `{"method": "draft_model", "model": DIR,
+"num_speculative_tokens": 4}`. Every other method vLLM knows is refused here by name, so a deployment
+asking for one fails at start-up instead of running without it.
 """
 
 from __future__ import annotations
@@ -13,17 +13,19 @@ from typing import Any
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 # vLLM's methods that are not built yet, and what to use meanwhile.
-NOT_BUILT = ("draft_model", "eagle", "eagle3", "medusa", "mlp_speculator", "mtp")
-BUILT = ("ngram", "suffix")
+NOT_BUILT = ("eagle", "eagle3", "medusa", "mlp_speculator", "mtp")
+BUILT = ("ngram", "suffix", "draft_model")
 
 
 class SpeculativeConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     method: str = Field(
-        description="How drafts are made: ngram (prompt lookup over prompt + output), or suffix (the "
-        "longest match in prompt + output or in recent requests)."
+        description="How drafts are made: ngram (prompt lookup over prompt + output), suffix (the "
+        "longest match in prompt + output or in recent requests), or draft_model (a small model with the "
+        "target's tokenizer, run by each worker)."
     )
+    model: str | None = Field(None, description="draft_model: the draft model's directory.")
     num_speculative_tokens: int | None = Field(
         None, ge=1, le=64, description="Tokens drafted per request per step (suffix: max_tree_depth)."
     )
@@ -57,19 +59,23 @@ class SpeculativeConfig(BaseModel):
     def _known(cls, method: str) -> str:
         if method in NOT_BUILT:
             raise ValueError(
-                f'speculative method {method!r} is not supported yet; use "ngram" or "suffix", or unset '
-                "SPECULATIVE_CONFIG"
+                f'speculative method {method!r} is not supported yet; use "ngram", "suffix" or '
+                '"draft_model", or unset SPECULATIVE_CONFIG'
             )
         if method not in BUILT:
-            raise ValueError(f'unknown speculative method {method!r}; supported: "ngram", "suffix"')
+            raise ValueError(
+                f'unknown speculative method {method!r}; supported: "ngram", "suffix", "draft_model"'
+            )
         return method
 
     @model_validator(mode="after")
-    def _lookup_range(self) -> SpeculativeConfig:
+    def _consistent(self) -> SpeculativeConfig:
         if self.prompt_lookup_min > self.prompt_lookup_max:
             raise ValueError("prompt_lookup_min must not exceed prompt_lookup_max")
-        if self.method == "ngram" and self.num_speculative_tokens is None:
-            raise ValueError('"ngram" needs num_speculative_tokens')
+        if self.method in ("ngram", "draft_model") and self.num_speculative_tokens is None:
+            raise ValueError(f'"{self.method}" needs num_speculative_tokens')
+        if (self.method == "draft_model") != (self.model is not None):
+            raise ValueError('"model" (the draft model\'s directory) goes with "draft_model", and only there')
         return self
 
     @property

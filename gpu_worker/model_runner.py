@@ -24,6 +24,7 @@ from common.protocol import (
 from gpu_worker.attention_backend import make_attention_backend
 from gpu_worker.cached_request_state import CachedRequestState
 from gpu_worker.cuda_graphs import DecodeGraphs
+from gpu_worker.draft_model import DraftModelProposer
 from gpu_worker.input_batch import InputBatch, ScheduledRequest, build_input_batch
 from gpu_worker.kv_cache import KVCache
 from gpu_worker.logprobs import SampleLogprobs
@@ -93,6 +94,12 @@ class ModelRunner:
         self._grammar_ends: dict[str, FinishReason] = {}
         # The drafts the last step accepted, by req_id (only requests that drafted).
         self._step_accepted: dict[str, list[int]] = {}
+        spec = settings.speculative_config
+        self.draft_model: DraftModelProposer | None = None
+        if spec is not None and spec.model is not None:
+            self.draft_model = DraftModelProposer(
+                spec.model, self.vocab_size, self.device, getattr(torch, settings.resolved_dtype)
+            )
         # The real forward and sampling, or a test/benchmark stand-in chosen once (step_hooks.py).
         self._sample_step = with_step_hooks(settings, self._sample)
         self.requests: dict[str, CachedRequestState] = {}
@@ -173,6 +180,8 @@ class ModelRunner:
         self.requests.clear()
         self.sampling_state.clear()
         self.structured_outputs.clear()
+        if self.draft_model is not None:
+            self.draft_model.clear()
 
     def _execute(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         """One step, all or nothing: on an exception its diff is rolled back and _StepFailed raised."""
@@ -190,6 +199,7 @@ class ModelRunner:
         req_ids = [r.state.req_id for r in batch.sampling_reqs]
         runs = [[*self._step_accepted.get(i, []), t] for i, t in zip(req_ids, sampled, strict=True)]
         finish_reasons = advance(batch, runs, self.eos_token_ids, self.max_model_len, self._grammar_ends)
+        drafts = self._propose_drafts(scheduler_output.draft_after, req_ids)
         return ModelRunnerOutput(
             step_id=scheduler_output.step_id,
             worker_id=self.worker_id,
@@ -201,7 +211,26 @@ class ModelRunner:
             accepted_draft_token_ids={
                 i: run[:-1] for i, run in zip(req_ids, runs, strict=True) if len(run) > 1
             },
+            draft_token_ids=drafts,
         )
+
+    def _propose_drafts(self, draft_after: dict[str, int], req_ids: list[str]) -> dict[str, list[int]]:
+        """The draft model's drafts for the next step of each request that sampled and asked for them."""
+        if self.draft_model is None or not draft_after:
+            return {}
+        drafts: dict[str, list[int]] = {}
+        for req_id in req_ids:
+            state = self.requests[req_id]
+            k = draft_after.get(req_id, 0)
+            if k <= 0 or state.finish_reason is not None:
+                continue
+            try:
+                drafts[req_id] = self.draft_model.propose(req_id, state.token_ids, k)
+            except Exception:
+                # Its tokens are sampled already: the request goes on without drafts, never fails.
+                logger.exception("draft model failed on %s; no drafts for its next step", req_id)
+                self.draft_model.free(req_id)
+        return drafts
 
     def _isolate(self, so: SchedulerOutput) -> ModelRunnerOutput:
         """Rerun a failed step one request at a time: the ones that fail alone are reported in
@@ -227,6 +256,7 @@ class ModelRunner:
                 scheduled_spec_decode_tokens={
                     i: d for i, d in so.scheduled_spec_decode_tokens.items() if i == req_id
                 },
+                draft_after={i: k for i, k in so.draft_after.items() if i == req_id},
             )
             frees = []  # applied with the first request
             try:
@@ -241,6 +271,7 @@ class ModelRunner:
             merged.finish_reasons += out.finish_reasons
             merged.req_errors.update(out.req_errors)
             merged.accepted_draft_token_ids.update(out.accepted_draft_token_ids)
+            merged.draft_token_ids.update(out.draft_token_ids)
             merged.num_scheduled_tokens += out.num_scheduled_tokens
         self._step_logprobs = logprobs
         return merged
@@ -298,6 +329,8 @@ class ModelRunner:
         self.requests.pop(req_id, None)
         self.sampling_state.remove(req_id)
         self.structured_outputs.remove(req_id)
+        if self.draft_model is not None:
+            self.draft_model.free(req_id)
 
     def _scheduled(self, so: SchedulerOutput, req_errors: dict[str, str]) -> list[ScheduledRequest]:
         scheduled = []

@@ -19,6 +19,7 @@ from common.settings import (
     redis_url_field,
     retention_field,
 )
+from common.speculative_config import SpeculativeConfig, speculative_config_field
 
 Device = Literal["cpu", "cuda"]
 DType = Literal["auto", "float32", "bfloat16", "float16"]
@@ -127,6 +128,8 @@ class WorkerSettings(BaseSettings):
         "per-channel and per-token scales). Unset: the checkpoint's dtype. Greedy output is then "
         "close to, not equal to, the unquantized model's (docs/benchmarks.md gives the agreement).",
     )
+    # The batcher's setting too: a draft model ("draft_model") is loaded and run by each worker.
+    speculative_config: SpeculativeConfig | None = speculative_config_field()
     worker_id: str = Field(default_factory=default_worker_id, min_length=1, description="Unique per process.")
     num_threads: int | None = Field(default=None, gt=0, description="torch intra-op threads (cpu).")
     seed: int | None = Field(

@@ -37,6 +37,15 @@ class AutoOff:
         self._steps_off += 1
         return 1 if self._steps_off % PROBE_INTERVAL == 0 else 0
 
+    def num_drafting_next(self, batch_size: int) -> int:
+        """What `num_drafting` will allow in the step after the one being planned (a draft model's
+        drafts are made a step ahead); changes nothing."""
+        if self.max_batch_size is not None and batch_size >= self.max_batch_size:
+            return 0
+        if not self.off:
+            return batch_size
+        return 1 if (self._steps_off + 1) % PROBE_INTERVAL == 0 else 0
+
     def record(self, num_drafts: int, num_accepted: int) -> None:
         """One decode's `num_drafts` drafts verified, `num_accepted` of them accepted."""
         if self.min_rate is None or num_drafts <= 0:

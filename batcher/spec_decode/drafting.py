@@ -34,6 +34,14 @@ def adapt_num_spec_tokens(config: SpeculativeConfig, req: Request, num_accepted:
         req.num_spec_tokens = max(current - 1, 1)
 
 
+def num_drafts_to_ask(config: SpeculativeConfig, req: Request) -> int:
+    """draft_model: how many drafts the worker makes for `req` after the step being planned, for
+    the step after it (0: none)."""
+    if config.method != "draft_model" or not can_draft(req.sampling_params):
+        return 0
+    return req.num_spec_tokens or config.num_draft_tokens
+
+
 def make_suffix_cache(config: SpeculativeConfig | None) -> SuffixCache | None:
     """The recent requests suffix decoding searches (one per batcher: drafts need no worker's KV)."""
     if config is None or config.method != "suffix":
@@ -64,6 +72,8 @@ def propose_drafts(
     )
     if k <= 0:
         return []
+    if config.method == "draft_model":
+        return req.draft_token_ids[:k]  # the worker's, made after the step that ended at its last token
     tokens = req.prompt_token_ids + req.output_token_ids
     if suffix_cache is not None:
         return suffix_cache.propose(tokens, k)

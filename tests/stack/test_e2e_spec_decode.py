@@ -19,6 +19,8 @@ from tests.harness.services import Stack
 
 NGRAM = json.dumps({"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3})
 SUFFIX = json.dumps({"method": "suffix", "num_speculative_tokens": 6})
+# The served model drafting for itself (its directory is added per test): drafts from the worker.
+DRAFT_MODEL = {"method": "draft_model", "num_speculative_tokens": 3}
 PATTERN = [17, 301, 52, 99, 260, 8, 411, 96]
 # Repeated text, a second turn of the first (a prefix hit once the first is cached), a long one that
 # takes chunks, and one with nothing repeated.
@@ -77,11 +79,13 @@ CONFIGS: dict[str, dict[str, str]] = {
     },
     # Suffix decoding: the second wave also finds the first wave's requests in the batcher's cache.
     "suffix": {"SPECULATIVE_CONFIG": SUFFIX, "BATCHER_MAX_NUM_BATCHED_TOKENS": "32"},
+    "draft_model": {"BATCHER_MAX_NUM_BATCHED_TOKENS": "32"},
 }
 WORKER_ENV: dict[str, dict[str, str]] = {
     "chunked": {"WORKER_BLOCK_SIZE": "16"},
     "preempted": {"WORKER_NUM_BLOCKS": "8", "WORKER_BLOCK_SIZE": "16"},
     "suffix": {"WORKER_BLOCK_SIZE": "16"},
+    "draft_model": {"WORKER_BLOCK_SIZE": "16"},
 }
 
 
@@ -89,7 +93,12 @@ WORKER_ENV: dict[str, dict[str, str]] = {
 def test_greedy_with_drafts_matches_generate(
     config: str, make_stack: Callable[[], Stack], expected: list[list[int]]
 ) -> None:
-    stack = make_stack().start_all(1, batcher_env=CONFIGS[config], worker_env=WORKER_ENV[config])
+    stack = make_stack()
+    batcher_env, worker_env = CONFIGS[config], WORKER_ENV[config]
+    if config == "draft_model":
+        draft = json.dumps(DRAFT_MODEL | {"model": str(stack.model_dir)})
+        batcher_env, worker_env = (env | {"SPECULATIVE_CONFIG": draft} for env in (batcher_env, worker_env))
+    stack.start_all(1, batcher_env=batcher_env, worker_env=worker_env)
     got = asyncio.run(run_wave(stack, FIRST)) + asyncio.run(run_wave(stack, LATER))
     mismatched = [i for i, (g, e) in enumerate(zip(got, expected, strict=True)) if g != e]
     assert not mismatched, (

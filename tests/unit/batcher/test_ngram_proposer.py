@@ -62,10 +62,21 @@ def test_requests_whose_tokens_are_not_the_argmax_never_draft(params: SamplingPa
     assert propose_drafts(NGRAM, request(params, [3]), 64, 512) == []
 
 
-@pytest.mark.parametrize("method", ["draft_model", "eagle3", "medusa", "nonsense"])
+@pytest.mark.parametrize("method", ["eagle", "eagle3", "medusa", "mtp", "nonsense"])
 def test_methods_not_built_are_refused_by_name(method: str) -> None:
     with pytest.raises(ValidationError, match=method):
         SpeculativeConfig(method=method, num_speculative_tokens=2)
+
+
+def test_a_draft_model_comes_with_its_directory_and_a_draft_length() -> None:
+    config = SpeculativeConfig(method="draft_model", model="/models/draft", num_speculative_tokens=3)
+    assert (config.model, config.num_draft_tokens) == ("/models/draft", 3)
+    with pytest.raises(ValidationError, match="model"):
+        SpeculativeConfig(method="draft_model", num_speculative_tokens=3)
+    with pytest.raises(ValidationError, match="num_speculative_tokens"):
+        SpeculativeConfig(method="draft_model", model="/models/draft")
+    with pytest.raises(ValidationError, match="model"):
+        SpeculativeConfig(method="ngram", model="/models/draft", num_speculative_tokens=3)
 
 
 def test_lookup_range_is_checked() -> None:

@@ -89,3 +89,18 @@ def test_the_batch_size_turns_it_off_for_the_step_only() -> None:
     gate = AutoOff(SpeculativeConfig(method="suffix", disable_by_batch_size=4))
     assert (gate.num_drafting(4), gate.num_drafting(3)) == (0, 3)
     assert not gate.off
+
+
+def test_the_next_steps_allowance_is_known_a_step_ahead() -> None:
+    # A draft model's drafts are asked for a step before they are sent: while off, the step before
+    # each probe asks for one request's, and asking changes nothing.
+    gate = AutoOff(SpeculativeConfig(method="ngram", num_speculative_tokens=2))
+    for _ in range(WINDOW):
+        gate.record(2, 0)
+    assert gate.off
+    for _ in range(3 * PROBE_INTERVAL):
+        ahead = gate.num_drafting_next(4)
+        assert gate.num_drafting_next(4) == ahead
+        assert gate.num_drafting(4) == ahead
+    gate = AutoOff(SpeculativeConfig(method="ngram", num_speculative_tokens=2, disable_by_batch_size=4))
+    assert (gate.num_drafting_next(3), gate.num_drafting_next(4)) == (3, 0)

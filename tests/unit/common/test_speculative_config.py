@@ -28,7 +28,8 @@ def test_async_scheduling_is_refused_with_it(monkeypatch: pytest.MonkeyPatch) ->
 def test_the_launcher_refuses_what_the_services_would() -> None:
     check_speculative_config(NGRAM)
     check_speculative_config(None)
-    with pytest.raises(LaunchError, match="draft_model"):
-        check_speculative_config('{"method": "draft_model", "num_speculative_tokens": 3, "model": "m"}')
+    check_speculative_config('{"method": "draft_model", "num_speculative_tokens": 3, "model": "m"}')
+    with pytest.raises(LaunchError, match="eagle3"):
+        check_speculative_config('{"method": "eagle3", "num_speculative_tokens": 3, "model": "m"}')
     with pytest.raises(LaunchError, match="speculative-config"):
         check_speculative_config("{not json")

@@ -20,6 +20,7 @@ from gpu_worker.sampler import Sampler
 from gpu_worker.sampling_state import SamplingState
 from gpu_worker.settings import WorkerSettings
 from gpu_worker.spec_decode import accept_drafts
+from tests.harness.tiny_model import build_tiny_model
 
 NGRAM = SpeculativeConfig(method="ngram", num_speculative_tokens=4, prompt_lookup_min=1, prompt_lookup_max=3)
 PATTERN = [17, 301, 52, 99, 260, 8, 411]
@@ -57,7 +58,8 @@ def run_pipeline(
     # The worker's step bounds are the scheduler's: its start-up profiling step is then no larger
     # than the steps it runs (at the cpu defaults, 64 x 512, Triton's interpreter takes ~20 s on it).
     budget = {"max_num_seqs": 8, "max_num_batched_tokens": 32}
-    runner = ModelRunner(WorkerSettings(**(defaults | budget | {"seed": 0} | settings)))
+    worker = {"seed": 0, "speculative_config": speculative}  # a draft model is loaded by the worker
+    runner = ModelRunner(WorkerSettings(**(defaults | budget | worker | settings)))
     sched = Scheduler(SchedulerConfig(**budget, speculative=speculative))
     sched.add_worker(runner.worker_info())
     for i, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
@@ -150,3 +152,39 @@ def test_a_draft_is_accepted_with_its_probability_else_another_token_is_drawn() 
         freq = torch.bincount(torch.tensor(firsts), minlength=4).float() / num_draws
         # Four standard deviations of a frequency estimated from 20000 draws (at most 0.0035).
         assert torch.allclose(freq, probs, atol=0.015), (draft, freq)
+
+
+def draft_model_config(model_dir: Path) -> SpeculativeConfig:
+    return SpeculativeConfig(method="draft_model", model=str(model_dir), num_speculative_tokens=3)
+
+
+def test_a_draft_model_that_is_the_target_gets_its_drafts_accepted(
+    tiny_model_dir: Path, expected: list[list[int]]
+) -> None:
+    params = [greedy(m) for m in MAX_TOKENS]
+    outputs, stats = run_pipeline(tiny_model_dir, draft_model_config(tiny_model_dir), params)
+    assert outputs == expected
+    # The target drafting for itself: nearly every draft is its own next token (the paged forward
+    # and transformers' may round a near-tie apart).
+    assert stats.spec_decode_num_accepted_tokens >= 0.8 * stats.spec_decode_num_draft_tokens > 0
+    _, plain_stats = run_pipeline(tiny_model_dir, None, params)
+    assert stats.num_steps < plain_stats.num_steps
+
+
+def test_another_draft_model_changes_no_output(
+    tmp_path: Path, tiny_model_dir: Path, expected: list[list[int]]
+) -> None:
+    # Another random model on the same tokenizer: drafts mostly wrong, outputs exactly the same,
+    # greedy and seeded.
+    other = build_tiny_model(tmp_path / "draft", seed=1)
+    greedy_params = [greedy(m) for m in MAX_TOKENS]
+    outputs, stats = run_pipeline(tiny_model_dir, draft_model_config(other), greedy_params)
+    assert outputs == expected
+    assert stats.spec_decode_num_draft_tokens > 0
+    seeded = [
+        SamplingParams(temperature=0.8, seed=s, max_tokens=m, ignore_eos=True)
+        for s, m in enumerate(MAX_TOKENS)
+    ]
+    with_drafts, _ = run_pipeline(tiny_model_dir, draft_model_config(other), seeded)
+    without, _ = run_pipeline(tiny_model_dir, None, seeded)
+    assert with_drafts == without

@@ -3,6 +3,7 @@
 python -m benchmarks.make_model models/gpt2-small-llama --preset gpt2-small-llama
 python -m benchmarks.make_model models/small-llama --preset small-llama
 python -m benchmarks.make_model models/bench-tiny --preset tiny
+python -m benchmarks.make_model models/draft-llama --preset draft-llama
 
 Presets:
 - `gpt2-small-llama` (the issue's benchmark model): Llama architecture at GPT-2-small size, hidden
@@ -12,6 +13,9 @@ Presets:
   heads (GQA), MLP 5632, vocab 32000, context 4096, saved in bfloat16. About 1.1B parameters.
 - `small-llama` (the small model of the llama.cpp comparison, issue 23): hidden 512, 8 layers, 8
   heads (no GQA), MLP 1024, vocab 8192, context 2048, fp32. About 29.4M parameters (28.0 Mi).
+- `draft-llama` (speculative decoding's draft model, issue 28): the benchmark model's tokenizer
+  (vocab 32000, the same training), hidden 256, 2 layers, 4 heads, MLP 512. About 17M parameters,
+  16M of them the embedding and the output layer. Its random weights do not predict the target's.
 - `tiny`: hidden 64, 2 layers, vocab 512, context 512, like the test suite's model, for smoke runs.
 
 The tokenizer is trained (a few seconds) on text every Python install carries: pydoc's topic help
@@ -49,6 +53,7 @@ PRESETS: dict[str, Preset] = {
     "gpt2-small-llama": Preset(32000, 768, 2048, 12, 12, 12, 2048, corpus_files=400),
     "llama-1b": Preset(32000, 2048, 5632, 22, 32, 4, 4096, corpus_files=400, dtype="bfloat16"),
     "small-llama": Preset(8192, 512, 1024, 8, 8, 8, 2048, corpus_files=400),
+    "draft-llama": Preset(32000, 256, 512, 2, 4, 4, 2048, corpus_files=400),
     "tiny": Preset(512, 64, 128, 2, 4, 2, 512, corpus_files=0),
 }
 

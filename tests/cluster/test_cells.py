@@ -42,9 +42,7 @@ def stack(
         yield stack
 
 
-@pytest.fixture(scope="module")
-def cases(tiny_model_dir: Path) -> fault.FaultCases:
-    return fault.random_cases(tiny_model_dir, 11, fault.NUM_STREAMS, fault.MAX_TOKENS)
+cases = fault.cases_fixture(11)
 
 
 def test_two_cells_share_the_requests_and_a_worker_kill_loses_nothing(

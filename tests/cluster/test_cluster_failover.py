@@ -36,9 +36,7 @@ MAX_TOKENS = 96
 NUM_AFTER = 10  # new requests sent once the streams finished
 
 
-@pytest.fixture(scope="module")
-def cases(tiny_model_dir: Path) -> fault.FaultCases:
-    return fault.random_cases(tiny_model_dir, 17, NUM_STREAMS, MAX_TOKENS)
+cases = fault.cases_fixture(17, NUM_STREAMS, MAX_TOKENS)
 
 
 @pytest.fixture()

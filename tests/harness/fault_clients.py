@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 import redis
 
 from benchmarks.gpu_parity import reference_greedy
@@ -101,6 +102,23 @@ async def run_with_fault(
     return seen, fault_at
 
 
+def run_fault(
+    base_url: str, cases: FaultCases, fault: Callable[[], None], after_fault: Callable[[], None]
+) -> tuple[list[ClientStream], float]:
+    """`run_with_fault` at the fault tests' load: the cases' prompts, MAX_TOKENS each, the fault once
+    every stream has TOKENS_BEFORE_FAULT."""
+    prompts, _ = cases
+    return asyncio.run(run_with_fault(base_url, prompts, MAX_TOKENS, TOKENS_BEFORE_FAULT, fault, after_fault))
+
+
+def check_cases(redis_url: str, cases: FaultCases, seen: list[ClientStream]) -> None:
+    """After `run_fault`: each client got exactly `generate`'s tokens (no error, gap or repeat), and
+    each raw token stream holds every index exactly once."""
+    prompts, expected = cases
+    check_clients(seen, expected)
+    check_written_once(redis_url, len(prompts), MAX_TOKENS)
+
+
 def longest_wait(seen: list[ClientStream], fault_at: float) -> float:
     """The longest any client waited for its next token across the fault: what a user notices."""
     return max(b - a for s in seen for a, b in zip(s.arrivals, s.arrivals[1:], strict=False) if b > fault_at)
@@ -111,6 +129,17 @@ def random_cases(model_dir: Path, seed: int, num_streams: int, max_tokens: int) 
     rng = random.Random(seed)
     prompts = [[rng.randrange(3, 512) for _ in range(rng.randrange(3, 40))] for _ in range(num_streams)]
     return prompts, reference_greedy(model_dir, prompts, max_tokens)
+
+
+def cases_fixture(seed: int, num_streams: int = NUM_STREAMS, max_tokens: int = MAX_TOKENS) -> Any:
+    """A module-scoped `cases` fixture: `random_cases` of the tiny model under `seed`. A module assigns
+    it: `cases = fault.cases_fixture(11)`."""
+
+    @pytest.fixture(scope="module")
+    def cases(tiny_model_dir: Path) -> FaultCases:
+        return random_cases(tiny_model_dir, seed, num_streams, max_tokens)
+
+    return cases
 
 
 def check_clients(seen: list[ClientStream], expected: list[list[int]]) -> None:

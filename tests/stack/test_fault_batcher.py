@@ -10,12 +10,10 @@ answer: no request may be scheduled by the old and the new batcher at once.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -36,14 +34,11 @@ from common.protocol import (
 from tests.harness import fault_clients as fault
 from tests.harness.services import Stack, wait_for
 
-NUM_STREAMS, MAX_TOKENS, TOKENS_BEFORE_FAULT = fault.NUM_STREAMS, fault.MAX_TOKENS, fault.TOKENS_BEFORE_FAULT
 BATCHER_ENV = fault.FAST_TAKEOVER_ENV
 LEASE_TTL_S = float(BATCHER_ENV["BATCHER_LEASE_TTL_S"])
 
 
-@pytest.fixture(scope="module")
-def cases(tiny_model_dir: Path) -> fault.FaultCases:
-    return fault.random_cases(tiny_model_dir, 11, NUM_STREAMS, MAX_TOKENS)
+cases = fault.cases_fixture(11)
 
 
 def _lease_holder(stack: Stack) -> str:
@@ -70,15 +65,8 @@ def _results(redis_url: str) -> list[ModelRunnerOutput]:
     return [m for m in fault.inbox_messages(redis_url) if isinstance(m, ModelRunnerOutput)]
 
 
-def _check(
-    stack: Stack,
-    prompts: list[list[int]],
-    expected: list[list[int]],
-    seen: list[fault.ClientStream],
-    epoch: int,
-) -> None:
-    fault.check_clients(seen, expected)
-    fault.check_written_once(stack.redis_url, len(prompts), MAX_TOKENS)
+def _check(stack: Stack, cases: fault.FaultCases, seen: list[fault.ClientStream], epoch: int) -> None:
+    fault.check_cases(stack.redis_url, cases, seen)
     # The old batcher's steps all came before the new one's: once a result of the new epoch is in
     # the inbox, no result of an older epoch follows (no request was scheduled by both at once).
     epochs = [r.epoch for r in _results(stack.redis_url)]
@@ -86,7 +74,7 @@ def _check(
     client = redis.Redis.from_url(stack.redis_url)
     assert client.xpending(streams.REQUESTS_STREAM, streams.BATCHER_GROUP)["pending"] == 0
     stats = stack.stats()
-    assert stats["epoch"] == epoch and stats["num_recovered"] == NUM_STREAMS, stats
+    assert stats["epoch"] == epoch and stats["num_recovered"] == fault.NUM_STREAMS, stats
     assert stats["num_failed"] == 0, stats
 
 
@@ -95,7 +83,6 @@ def _check(
 def test_killed_batcher_is_restarted_and_streams_resume(
     new_id: str, make_stack: Callable[[], Stack], cases: fault.FaultCases
 ) -> None:
-    prompts, expected = cases
     stack = _start(make_stack, ["batcher-a"])
     victim = stack.procs["batcher-a"]
 
@@ -108,12 +95,8 @@ def test_killed_batcher_is_restarted_and_streams_resume(
     def took_over() -> None:
         wait_for(lambda: _lease_holder(stack) == f"2:{new_id}", 30, "the new batcher to take the lease")
 
-    seen, fault_at = asyncio.run(
-        fault.run_with_fault(
-            stack.base_url, prompts, MAX_TOKENS, TOKENS_BEFORE_FAULT, kill_and_restart, took_over
-        )
-    )
-    _check(stack, prompts, expected, seen, epoch=2)
+    seen, fault_at = fault.run_fault(stack.base_url, cases, kill_and_restart, took_over)
+    _check(stack, cases, seen, epoch=2)
     wait_s = fault.longest_wait(seen, fault_at)
     print(f"\nSIGKILL of the batcher, restarted as {new_id}: longest client wait {wait_s:.2f}s")
     assert wait_s < LEASE_TTL_S + 10  # a new process's imports, the lease TTL, workers rejoining
@@ -122,7 +105,6 @@ def test_killed_batcher_is_restarted_and_streams_resume(
 def test_standby_takes_over_from_killed_batcher(
     make_stack: Callable[[], Stack], cases: fault.FaultCases
 ) -> None:
-    prompts, expected = cases
     stack = _start(make_stack, ["batcher-a", "batcher-b"])
     assert "on standby" in stack.log("batcher-b")
     victim = stack.procs["batcher-a"]
@@ -133,12 +115,10 @@ def test_standby_takes_over_from_killed_batcher(
     def took_over() -> None:
         wait_for(lambda: _lease_holder(stack) == "2:batcher-b", 30, "the standby to take the lease")
 
-    seen, fault_at = asyncio.run(
-        fault.run_with_fault(stack.base_url, prompts, MAX_TOKENS, TOKENS_BEFORE_FAULT, kill, took_over)
-    )
+    seen, fault_at = fault.run_fault(stack.base_url, cases, kill, took_over)
     victim.wait(timeout=10)
     del stack.procs["batcher-a"]
-    _check(stack, prompts, expected, seen, epoch=2)
+    _check(stack, cases, seen, epoch=2)
     wait_s = fault.longest_wait(seen, fault_at)
     print(f"\nSIGKILL of the active batcher, standby takes over: longest client wait {wait_s:.2f}s")
     assert wait_s < LEASE_TTL_S + 5
@@ -147,7 +127,6 @@ def test_standby_takes_over_from_killed_batcher(
 def test_paused_batcher_loses_the_lease_and_stands_by(
     make_stack: Callable[[], Stack], cases: fault.FaultCases
 ) -> None:
-    prompts, expected = cases
     stack = _start(make_stack, ["batcher-a", "batcher-b"])
     client = redis.Redis.from_url(stack.redis_url)
     old_worker_ids = [k.decode() for k in client.hkeys(streams.WORKERS_HASH)]  # type: ignore[union-attr]
@@ -163,16 +142,12 @@ def test_paused_batcher_loses_the_lease_and_stands_by(
         os.kill(paused.pid, signal.SIGCONT)
 
     try:
-        seen, fault_at = asyncio.run(
-            fault.run_with_fault(
-                stack.base_url, prompts, MAX_TOKENS, TOKENS_BEFORE_FAULT, pause, took_over_then_resume
-            )
-        )
+        seen, fault_at = fault.run_fault(stack.base_url, cases, pause, took_over_then_resume)
     finally:
         os.kill(paused.pid, signal.SIGCONT)
     wait_for(lambda: "stepping down to standby" in stack.log("batcher-a"), 30, "the old leader to step down")
     assert paused.poll() is None
-    _check(stack, prompts, expected, seen, epoch=2)
+    _check(stack, cases, seen, epoch=2)
     # The fence deleted the old workers' steps streams; a step from the old leader would recreate one.
     for worker_id in old_worker_ids:
         assert not client.exists(streams.worker_steps(worker_id)), worker_id

@@ -41,9 +41,7 @@ NUM_BURST = 50  # concurrent requests sent once /health answers 200 again
 BURST_WITHIN_S = 5.0
 
 
-@pytest.fixture(scope="module")
-def cases(tiny_model_dir: Path) -> fault.FaultCases:
-    return fault.random_cases(tiny_model_dir, 5, NUM_STREAMS, MAX_TOKENS)
+cases = fault.cases_fixture(5, NUM_STREAMS, MAX_TOKENS)
 
 
 @pytest.fixture()

@@ -9,11 +9,9 @@ from writing anything once the batcher has declared it dead, rather than relying
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 from collections.abc import Callable
-from pathlib import Path
 
 import pytest
 import redis
@@ -30,23 +28,17 @@ from tests.harness import fault_clients as fault
 from tests.harness.services import Stack, wait_for
 from tests.harness.worker_steps import new_request, prefill_step
 
-NUM_STREAMS, MAX_TOKENS, TOKENS_BEFORE_FAULT = fault.NUM_STREAMS, fault.MAX_TOKENS, fault.TOKENS_BEFORE_FAULT
 BATCHER_ENV = fault.FAST_HEARTBEAT_ENV
 HEARTBEAT_TIMEOUT_S = float(BATCHER_ENV["BATCHER_HEARTBEAT_TIMEOUT_S"])
 
 
-@pytest.fixture(scope="module")
-def cases(tiny_model_dir: Path) -> fault.FaultCases:
-    return fault.random_cases(tiny_model_dir, 7, NUM_STREAMS, MAX_TOKENS)
+cases = fault.cases_fixture(7)
 
 
-def _check(
-    stack: Stack, prompts: list[list[int]], expected: list[list[int]], seen: list[fault.ClientStream]
-) -> None:
-    fault.check_clients(seen, expected)
-    fault.check_written_once(stack.redis_url, len(prompts), MAX_TOKENS)
-    stats = stack.stats_after(NUM_STREAMS)
-    assert stats["num_finished"] == NUM_STREAMS and stats["num_failed"] == 0, stats
+def _check(stack: Stack, cases: fault.FaultCases, seen: list[fault.ClientStream]) -> None:
+    fault.check_cases(stack.redis_url, cases, seen)
+    stats = stack.stats_after(fault.NUM_STREAMS)
+    assert stats["num_finished"] == fault.NUM_STREAMS and stats["num_failed"] == 0, stats
     assert stats["num_workers_lost"] >= 1 and stats["num_failovers"] >= 1, stats
 
 
@@ -61,7 +53,6 @@ def _start(make_stack: Callable[[], Stack], scheduling: str = "sync") -> Stack:
 def test_killed_worker_streams_resume_elsewhere(
     scheduling: str, make_stack: Callable[[], Stack], cases: fault.FaultCases
 ) -> None:
-    prompts, expected = cases
     stack = _start(make_stack, scheduling)
     victim = stack.procs["worker1"]
 
@@ -71,12 +62,10 @@ def test_killed_worker_streams_resume_elsewhere(
     def declared_dead() -> None:
         wait_for(lambda: stack.stats().get("num_workers_lost", 0) >= 1, 30, "the batcher to notice the kill")
 
-    seen, fault_at = asyncio.run(
-        fault.run_with_fault(stack.base_url, prompts, MAX_TOKENS, TOKENS_BEFORE_FAULT, kill, declared_dead)
-    )
+    seen, fault_at = fault.run_fault(stack.base_url, cases, kill, declared_dead)
     victim.wait(timeout=10)
     del stack.procs["worker1"]  # expected dead; the stack's liveness checks must not trip on it
-    _check(stack, prompts, expected, seen)
+    _check(stack, cases, seen)
     if scheduling == "ngram":
         assert stack.stats()["spec_decode_num_accepted_tokens"] > 0
     wait_s = fault.longest_wait(seen, fault_at)
@@ -87,7 +76,6 @@ def test_killed_worker_streams_resume_elsewhere(
 def test_paused_worker_is_fenced_and_rejoins(
     make_stack: Callable[[], Stack], cases: fault.FaultCases
 ) -> None:
-    prompts, expected = cases
     stack = _start(make_stack)
     paused = stack.procs["worker1"]
     client = redis.Redis.from_url(stack.redis_url)
@@ -99,9 +87,7 @@ def test_paused_worker_is_fenced_and_rejoins(
         wait_for(lambda: stack.stats().get("num_workers_lost", 0) >= 1, 30, "the batcher to fence it")
 
     try:
-        seen, fault_at = asyncio.run(
-            fault.run_with_fault(stack.base_url, prompts, MAX_TOKENS, TOKENS_BEFORE_FAULT, pause, wait_fenced)
-        )
+        seen, fault_at = fault.run_fault(stack.base_url, cases, pause, wait_fenced)
     finally:
         os.kill(paused.pid, signal.SIGCONT)
     # Every request finished on worker0 while worker1 was stopped. Resumed, worker1 finds itself
@@ -111,7 +97,7 @@ def test_paused_worker_is_fenced_and_rejoins(
     ids = [k.decode() for k in client.hkeys(streams.WORKERS_HASH)]
     assert len(ids) == 2 and any(i.endswith(".1") for i in ids), ids
     assert paused.poll() is None
-    _check(stack, prompts, expected, seen)
+    _check(stack, cases, seen)
     wait_s = fault.longest_wait(seen, fault_at)
     print(f"\nSIGSTOP of 1 of 2 workers: longest client wait {wait_s:.2f}s")
     assert wait_s < HEARTBEAT_TIMEOUT_S + 5

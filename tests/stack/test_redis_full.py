@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-import pytest
 import redis
 
 from common import streams
@@ -25,9 +23,7 @@ BATCHER_ENV = fault.FAST_TAKEOVER_ENV  # a 1 s lease: a batcher that did not ren
 REFUSED = "maxmemory"  # in the line each service logs when Redis first refuses a write
 
 
-@pytest.fixture(scope="module")
-def cases(tiny_model_dir: Path) -> fault.FaultCases:
-    return fault.random_cases(tiny_model_dir, 25, 4, MAX_TOKENS)
+cases = fault.cases_fixture(25, 4, MAX_TOKENS)
 
 
 def _lease(client: redis.Redis) -> tuple[str, int]:

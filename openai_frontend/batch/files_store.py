@@ -47,14 +47,8 @@ class FileObject(BaseModel):
 
     @classmethod
     def of(cls, meta: FileMeta) -> FileObject:
-        return cls(
-            id=meta.id,
-            bytes=meta.bytes,
-            created_at=meta.created_at,
-            expires_at=meta.expires_at,
-            filename=meta.filename,
-            purpose=meta.purpose,
-        )
+        """The file as OpenAI shows it: the meta's fields of the same names (never its owner)."""
+        return cls.model_validate(meta, from_attributes=True)
 
 
 def new_file_id() -> str:

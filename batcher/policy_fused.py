@@ -14,7 +14,7 @@ from batcher.prefix_cache import Admission, cache_computed_blocks, plan_admissio
 from batcher.prefix_wait import waits_for_prefix
 from batcher.request import Request, RequestStatus
 from batcher.scheduler_state import SchedulerState, StepDraft
-from batcher.spec_decode.drafting import num_drafts_to_ask, propose_drafts
+from batcher.spec_decode.drafting import can_draft, lookup, num_drafts_to_ask, propose_drafts
 from batcher.waiting_order import order_waiting
 from batcher.worker_state import WorkerState
 from common.protocol import CachedRequestData
@@ -47,8 +47,13 @@ def schedule_running(
     for req in sorted(ws.running, key=lambda r: r.priority):
         if budget <= 0 or req.status is not RequestStatus.RUNNING:
             break  # no budget left, or it was preempted (then so was everything after it)
+        if req.spec_token_ids:
+            continue  # async scheduling: its drafts are in flight, and how many it accepts decides its next
         num_new = min(req.num_tokens_with_placeholders - req.num_computed_tokens, budget)
         if num_new <= 0 or req.is_finishing:
+            continue
+        if num_drafting > 0 and waits_to_draft(state, req, num_new):
+            num_drafting -= 1
             continue
         drafts = draft_for(state, ws, req, num_new, budget) if num_drafting > 0 else []
         num_drafting -= bool(drafts)
@@ -81,6 +86,17 @@ def schedule_running(
             step.spec_token_ids[req.req_id] = drafts
         budget -= num_new
     return budget, preempted
+
+
+def waits_to_draft(state: SchedulerState, req: Request, num_new: int) -> bool:
+    """Async scheduling: a decode whose step is still in flight follows a token not known yet, so it
+    cannot draft; one that may draft, and whose known tokens have a continuation to draft, waits for
+    that result instead (the step after, it drafts), while the others, and all of a worker whose
+    speculation is off (auto_off.py), keep pipelining."""
+    config = state.config.speculative
+    if config is None or num_new != 1 or not req.num_inflight_steps or not can_draft(req.sampling_params):
+        return False
+    return config.method != "draft_model" and bool(lookup(config, req, 1, state.suffix_cache))
 
 
 def draft_for(state: SchedulerState, ws: WorkerState, req: Request, num_new: int, budget: int) -> list[int]:

@@ -119,9 +119,12 @@ class BatcherSettings(BaseSettings):
                 "BATCHER_MAX_NUM_BATCHED_TOKENS must be at least BATCHER_MAX_NUM_SEQS, "
                 "or a full batch of decodes could not fit in one step"
             )
-        if self.speculative_config is not None and self.async_scheduling:
-            # A step's drafts are verified before the next one is planned: their count decides it.
+        spec = self.speculative_config
+        if spec is not None and spec.method == "draft_model" and self.async_scheduling:
+            # Model-free drafts are proposed once a request's step is back (policy_fused.py); the
+            # draft model's, made a step ahead by the worker, are not built for two steps in flight.
             raise ValueError(
-                "SPECULATIVE_CONFIG does not work with BATCHER_ASYNC_SCHEDULING yet; unset one of them"
+                'SPECULATIVE_CONFIG "draft_model" does not work with BATCHER_ASYNC_SCHEDULING yet; '
+                "unset one of them"
             )
         return self

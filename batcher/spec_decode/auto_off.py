@@ -2,9 +2,10 @@
 pays. Not in a step of a worker running `disable_by_batch_size` requests or more (a large batch
 already reads the weights for many tokens), and not on a worker whose last WINDOW drafted decodes
 were accepted below `disable_by_acceptance_rate` (accepted / drafted tokens). While off, one request
-drafts in one step of PROBE_INTERVAL, and the worker drafts again once its last PROBES such probes
-reach the rate: traffic that repeats itself again turns it back on. It only decides whether drafts
-are proposed, so no output changes.
+drafts in one step of PROBE_INTERVAL (from then on, every step lets one request draft until one has:
+with async scheduling the probe first waits a step for its request's result), and the worker drafts
+again once its last PROBES such probes reach the rate: traffic that repeats itself again turns it
+back on. It only decides whether drafts are proposed, so no output changes.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ class AutoOff:
         if not self.off:
             return batch_size
         self._steps_off += 1
-        return 1 if self._steps_off % PROBE_INTERVAL == 0 else 0
+        return 1 if self._steps_off >= PROBE_INTERVAL else 0
 
     def num_drafting_next(self, batch_size: int) -> int:
         """What `num_drafting` will allow in the step after the one being planned (a draft model's
@@ -44,13 +45,15 @@ class AutoOff:
             return 0
         if not self.off:
             return batch_size
-        return 1 if (self._steps_off + 1) % PROBE_INTERVAL == 0 else 0
+        return 1 if self._steps_off + 1 >= PROBE_INTERVAL else 0
 
     def record(self, num_drafts: int, num_accepted: int) -> None:
         """One decode's `num_drafts` drafts verified, `num_accepted` of them accepted."""
         if self.min_rate is None or num_drafts <= 0:
             return
         self._recent.append((num_drafts, num_accepted))
+        if self.off:
+            self._steps_off = 0  # a probe was measured: the next one PROBE_INTERVAL steps on
         if len(self._recent) < (self._recent.maxlen or 0) and not self.off:
             return  # judged on a full window only: one unlucky decode does not turn it off
         rate = sum(a for _, a in self._recent) / sum(d for d, _ in self._recent)

@@ -74,6 +74,11 @@ def propose_drafts(
         return []
     if config.method == "draft_model":
         return req.draft_token_ids[:k]  # the worker's, made after the step that ended at its last token
+    return lookup(config, req, k, suffix_cache)
+
+
+def lookup(config: SpeculativeConfig, req: Request, k: int, suffix_cache: SuffixCache | None) -> list[int]:
+    """Up to `k` model-free drafts following `req`'s known tokens."""
     tokens = req.prompt_token_ids + req.output_token_ids
     if suffix_cache is not None:
         return suffix_cache.propose(tokens, k)

@@ -79,12 +79,19 @@ CONFIGS: dict[str, dict[str, str]] = {
     },
     # Suffix decoding: the second wave also finds the first wave's requests in the batcher's cache.
     "suffix": {"SPECULATIVE_CONFIG": SUFFIX, "BATCHER_MAX_NUM_BATCHED_TOKENS": "32"},
+    # Two steps in flight: a drafting request waits for its step, the others pipeline.
+    "async": {
+        "SPECULATIVE_CONFIG": NGRAM,
+        "BATCHER_MAX_NUM_BATCHED_TOKENS": "32",
+        "BATCHER_ASYNC_SCHEDULING": "true",
+    },
     "draft_model": {"BATCHER_MAX_NUM_BATCHED_TOKENS": "32"},
 }
 WORKER_ENV: dict[str, dict[str, str]] = {
     "chunked": {"WORKER_BLOCK_SIZE": "16"},
     "preempted": {"WORKER_NUM_BLOCKS": "8", "WORKER_BLOCK_SIZE": "16"},
     "suffix": {"WORKER_BLOCK_SIZE": "16"},
+    "async": {"WORKER_BLOCK_SIZE": "16"},
     "draft_model": {"WORKER_BLOCK_SIZE": "16"},
 }
 

@@ -104,3 +104,11 @@ def test_the_next_steps_allowance_is_known_a_step_ahead() -> None:
         assert gate.num_drafting(4) == ahead
     gate = AutoOff(SpeculativeConfig(method="ngram", num_speculative_tokens=2, disable_by_batch_size=4))
     assert (gate.num_drafting_next(3), gate.num_drafting_next(4)) == (3, 0)
+
+
+def test_a_probe_stays_due_until_one_is_measured() -> None:
+    gate = AutoOff(SpeculativeConfig(method="suffix", disable_by_acceptance_rate=0.5))
+    gate.off = True
+    assert [gate.num_drafting(8) for _ in range(PROBE_INTERVAL + 2)][-3:] == [1, 1, 1]  # none drafted yet
+    gate.record(4, 0)  # a probe, rejected
+    assert gate.off and gate.num_drafting(8) == 0

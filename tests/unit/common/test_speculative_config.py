@@ -18,9 +18,12 @@ def test_the_batcher_reads_vllms_json(monkeypatch: pytest.MonkeyPatch) -> None:
     assert (config.method, config.num_speculative_tokens, config.prompt_lookup_max) == ("ngram", 3, 2)
 
 
-def test_async_scheduling_is_refused_with_it(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_async_scheduling_takes_model_free_drafts_only(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SPECULATIVE_CONFIG", NGRAM)
     monkeypatch.setenv("BATCHER_ASYNC_SCHEDULING", "true")
+    assert BatcherSettings().async_scheduling
+    draft = '{"method": "draft_model", "num_speculative_tokens": 3, "model": "m"}'
+    monkeypatch.setenv("SPECULATIVE_CONFIG", draft)
     with pytest.raises(ValidationError, match="BATCHER_ASYNC_SCHEDULING"):
         BatcherSettings()
 

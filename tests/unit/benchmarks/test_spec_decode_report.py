@@ -118,7 +118,10 @@ def test_the_dashboard_shows_the_batchers_acceptance() -> None:
     ("spec", "systems"),
     [
         ("cpu-speculative.toml", ["spec-off", "ngram-4", "suffix-4"]),
-        ("cpu-speculative-16.toml", ["spec-off", "ngram-4", "ngram-4-always", "spec-off-async"]),
+        (
+            "cpu-speculative-16.toml",
+            ["spec-off", "ngram-4", "ngram-4-always", "spec-off-async", "ngram-4-async"],
+        ),
     ],
 )
 def test_the_speculative_specs_parse_with_the_settings_the_services_take(

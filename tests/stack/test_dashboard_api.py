@@ -109,7 +109,16 @@ def test_events_replay_follow_and_stop_with_the_client(secured: RunningGateway) 
     written = [encode_trace(_trace(1)), encode_trace(_trace(2))]
     for data in written:
         r.xadd(streams.BATCHER_TRACE, {FIELD: data})
-    r.hset(streams.BATCHER_STATS, mapping={"num_waiting": 5, "num_running": 2, "updated_at": time.time()})
+    spec = {
+        "spec_decode_num_drafts": 4,
+        "spec_decode_num_draft_tokens": 12,
+        "spec_decode_num_accepted_tokens": 6,
+    }
+    per_pos = {f"spec_decode_num_accepted_tokens_per_pos:{i}": n for i, n in enumerate([3, 2, 1])}
+    r.hset(
+        streams.BATCHER_STATS,
+        mapping={"num_waiting": 5, "num_running": 2, "updated_at": time.time(), **spec, **per_pos},
+    )
 
     with secured.client.stream("GET", "/v1/dashboard/events", headers=AUTH) as response:
         assert response.status_code == 200
@@ -119,6 +128,9 @@ def test_events_replay_follow_and_stop_with_the_client(secured: RunningGateway) 
         assert [next(events), next(events)] == [("step", data.decode()) for data in written]
         stats = msgspec.json.decode(_next(events, "stats"))
         assert (stats["num_waiting"], stats["num_running"], stats["workers"]) == (5, 2, {})
+        # Speculative decoding's figures: 1 + 6 / 4 tokens per drafting decode, half the drafts accepted.
+        assert (stats["spec_accepted_len"], stats["spec_acceptance_rate"]) == (2.5, 0.5)
+        assert stats["spec_acceptance_per_pos"] == [0.75, 0.5, 0.25]
         # Then live: a step traced now arrives on the open stream.
         live = encode_trace(_trace(3))
         r.xadd(streams.BATCHER_TRACE, {FIELD: live})

@@ -15,7 +15,8 @@ from common.trace_schema import StepTrace, TracedRequest, TraceKind, short_id
 def _kind(req: Request, num_tokens: int) -> TraceKind:
     if num_tokens == 0:
         return "w"
-    computed_before = req.num_computed_tokens - num_tokens
+    # The step's drafts (spec_token_ids) are not counted as computed until the result accepts them.
+    computed_before = req.num_computed_tokens - (num_tokens - len(req.spec_token_ids))
     return "p" if computed_before < req.num_prefill_tokens else "d"
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from batcher.request import Request
 from batcher.scheduler import Scheduler, SchedulerConfig
+from batcher.step_trace import step_trace
 from common.protocol import ModelRunnerOutput, SamplingParams, SchedulerOutput, WorkerInfo
 from common.speculative_config import SpeculativeConfig
 
@@ -113,3 +114,13 @@ def test_no_drafts_from_the_batch_size_set() -> None:
     prefill(s2, c)
     step2, _ = s2.schedule("w")
     assert step2 is not None and step2.scheduled_spec_decode_tokens
+
+
+def test_the_dashboards_trace_shows_a_drafting_decode_as_a_decode() -> None:
+    s = make()
+    req = add(s, "a")
+    prefill(s, req)
+    step, _ = s.schedule("w")
+    assert step is not None and step.scheduled_spec_decode_tokens == {"a": [11, 7, 8]}
+    [traced] = step_trace(s.workers["w"], step, num_waiting=0, now=0.0).reqs
+    assert (traced.kind, traced.num_tokens) == ("d", 4)  # the last token and three drafts

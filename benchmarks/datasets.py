@@ -204,8 +204,8 @@ def multi_turn_requests(config: DatasetConfig, vocab_ids: list[int]) -> list[Sam
 
 def repetitive_requests(config: DatasetConfig, tokenizer: BenchTokenizer) -> list[SampleRequest]:
     """Text whose answer repeats its prompt (benchmarks/repetitive.py), in turn a code edit, a
-    summary that quotes and an agent turn echoing a tool result; prompts of about `input_len`
-    tokens, `output_len` tokens asked for."""
+    summary that quotes and an agent turn echoing a tool result; prompts of up to `input_len` tokens
+    (whole pieces of them), `output_len` tokens asked for."""
     rng = _rng(config.seed, 5)
     return [
         SampleRequest(repetitive_prompt(i % 3, config.input_len, tokenizer.encode, rng), config.output_len)

@@ -49,58 +49,83 @@ def _numbers(rng: np.random.Generator) -> dict[str, object]:
     return {"n": int(rng.integers(2, 100)), "m": int(rng.integers(2, 100))}
 
 
+def _fill(render: Callable[[list[str]], str], piece: Callable[[], str], length: int, encode: Encode) -> str:
+    """`render` of as many pieces as keep the prompt within `length` tokens (at least one)."""
+    pieces = [piece()]
+    while True:
+        more = [*pieces, piece()]
+        if len(encode(render(more))) > length:
+            return render(pieces)
+        pieces = more
+
+
 def _code_edit(rng: np.random.Generator, length: int, encode: Encode) -> str:
     a = _pick(rng, _NAMES)
     b = _pick(rng, tuple(n for n in _NAMES if n != a))
-    lines = [f"def {_pick(rng, _FUNCS)}({b}, {a}=0):"]
-    first = _numbers(rng)
-    while len(encode("\n".join(lines))) < length:
-        fill = {**_numbers(rng), "a": a, "b": b, "key": _pick(rng, _NAMES)}
-        lines.append(_pick(rng, _STATEMENTS).format(**(fill if len(lines) > 1 else {**fill, **first})))
-    lines.append(f"    return {a}")
+    header = f"def {_pick(rng, _FUNCS)}({b}, {a}=0):"
+    first = _numbers(rng)  # the first statement's, which one change names
     change = _pick(rng, _CHANGES).format(a=a, b=b, new=f"new_{a}", **first)
-    code = "\n".join(lines)
-    return (
-        f"Rewrite the function below so that it {change}. Keep everything else exactly as it is.\n\n"
-        f"```python\n{code}\n```\n\nThe rewritten function:\n\n```python\n"
-    )
+    numbers = iter([first])
+
+    def statement() -> str:
+        fill = {**_numbers(rng), "a": a, "b": b, "key": _pick(rng, _NAMES)}
+        return _pick(rng, _STATEMENTS).format(**{**fill, **next(numbers, {})})
+
+    def render(lines: list[str]) -> str:
+        code = "\n".join([header, *lines, f"    return {a}"])
+        return (
+            f"Rewrite the function below so that it {change}. Keep everything else exactly as it is.\n\n"
+            f"```python\n{code}\n```\n\nThe rewritten function:\n\n```python\n"
+        )
+
+    return _fill(render, statement, length, encode)
 
 
 def _summary(rng: np.random.Generator, length: int, encode: Encode) -> str:
-    sentences: list[str] = []
-    while len(encode(" ".join(sentences))) < length:
+    def sentence() -> str:
         fill = {**_numbers(rng), "team": _pick(rng, _TEAMS), "month": _pick(rng, _MONTHS)}
-        sentences.append(_pick(rng, _SENTENCES).format(**fill))
-    report = " ".join(sentences)
-    return (
-        "Summarize the report below in a few sentences, quoting its figures and sentences exactly.\n\n"
-        f"Report: {report}\n\nSummary: The report says: \u201c"
-    )
+        return _pick(rng, _SENTENCES).format(**fill)
+
+    def render(sentences: list[str]) -> str:
+        return (
+            "Summarize the report below in a few sentences, quoting its figures and sentences exactly.\n\n"
+            f"Report: {' '.join(sentences)}\n\nSummary: The report says: \u201c"
+        )
+
+    return _fill(render, sentence, length, encode)
 
 
 def _agent_turn(rng: np.random.Generator, length: int, encode: Encode) -> str:
-    turns: list[str] = []
-    while len(encode("\n".join(turns))) < length:
+    results: list[str] = []
+
+    def exchange() -> str:
+        """A request, the tool call, its result; after the first, the previous result echoed first."""
         tool = _pick(rng, _TOOLS)
         arguments = {"id": int(rng.integers(1000, 9999)), "limit": int(rng.integers(2, 6))}
         rows = [
             {"name": _pick(rng, _NAMES), "team": _pick(rng, _TEAMS), "value": int(rng.integers(0, 1000))}
             for _ in range(arguments["limit"])
         ]
-        result = json.dumps({"status": "ok", "rows": rows})
-        if turns:  # each earlier result, echoed back as the assistant's answer
-            turns.append(f"assistant: The tool returned {turns[-1][len('tool: ') :]}")
-        turns.append(f"user: Call {tool} for record {arguments['id']} and tell me what it returns.")
         call = json.dumps({"name": tool, "arguments": arguments})
-        turns.append(f"assistant: <tool_call>{call}</tool_call>")
-        turns.append(f"tool: {result}")
-    return "\n".join(turns) + "\nassistant: The tool returned "
+        lines = [f"assistant: The tool returned {results[-1]}"] if results else []
+        results.append(json.dumps({"status": "ok", "rows": rows}))
+        lines += [
+            f"user: Call {tool} for record {arguments['id']} and tell me what it returns.",
+            f"assistant: <tool_call>{call}</tool_call>",
+            f"tool: {results[-1]}",
+        ]
+        return "\n".join(lines)
+
+    def render(exchanges: list[str]) -> str:
+        return "\n".join(exchanges) + "\nassistant: The tool returned "
+
+    return _fill(render, exchange, length, encode)
 
 
 _KINDS = (_code_edit, _summary, _agent_turn)
 
 
 def repetitive_prompt(kind: int, length: int, encode: Encode, rng: np.random.Generator) -> list[int]:
-    """Prompt `kind` (0: code edit, 1: summary, 2: agent turn) of at least `length` tokens (about one
-    template's worth more), as token ids."""
+    """Prompt `kind` (0: code edit, 1: summary, 2: agent turn) of at most `length` tokens (unless one
+    piece of it, a statement, a sentence or a tool exchange, is longer), as token ids."""
     return encode(_KINDS[kind % len(_KINDS)](rng, length, encode))

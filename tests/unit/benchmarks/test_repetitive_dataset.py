@@ -44,8 +44,8 @@ def mean_accepted_len(prompt: list[int], answer: list[int], k: int = 4) -> float
 def test_each_kind_repeats_itself_where_random_text_does_not() -> None:
     rng = np.random.default_rng(0)
     for kind in range(3):
-        text = "".join(map(chr, repetitive_prompt(kind, 400, chars, rng)))
-        assert len(text) >= 400
+        text = "".join(map(chr, repetitive_prompt(kind, 600, chars, rng)))
+        assert 300 < len(text) <= 600  # whole pieces up to the length
         answer = chars(copied_answer(kind, text))
         assert mean_accepted_len(chars(text), answer) > 1.5, kind
     noise = [int(t) for t in rng.integers(0, 5000, size=600)]
@@ -54,12 +54,12 @@ def test_each_kind_repeats_itself_where_random_text_does_not() -> None:
 
 def test_the_list_is_seeded_and_the_kinds_take_turns(tiny_model_dir: Path) -> None:
     tokenizer = BenchTokenizer(tiny_model_dir)
-    config = DatasetConfig(name="repetitive", num_prompts=6, seed=3, input_len=64, output_len=32)
+    config = DatasetConfig(name="repetitive", num_prompts=6, seed=3, input_len=512, output_len=32)
     first, again = sample_requests(config, tokenizer), sample_requests(config, tokenizer)
     assert first == again
     other = sample_requests(dataclasses.replace(config, seed=4), tokenizer)
     assert [r.prompt_token_ids for r in other] != [r.prompt_token_ids for r in first]
-    assert all(r.prompt_len >= 64 and r.output_len == 32 for r in first)
+    assert all(200 < r.prompt_len <= 512 and r.output_len == 32 for r in first)
     texts = [tokenizer.decode(r.prompt_token_ids) for r in first]
     assert ["```python" in t for t in texts] == [True, False, False] * 2
     assert ["Report:" in t for t in texts] == [False, True, False] * 2

@@ -117,7 +117,7 @@ def test_the_dashboard_shows_the_batchers_acceptance() -> None:
 @pytest.mark.parametrize(
     ("spec", "systems"),
     [
-        ("cpu-speculative.toml", ["spec-off", "ngram-4", "suffix-4", "draft-model-4"]),
+        ("cpu-speculative.toml", ["spec-off", "ngram-4", "ngram-8", "suffix-4", "draft-model-4"]),
         (
             "cpu-speculative-16.toml",
             ["spec-off", "ngram-4", "ngram-4-always", "spec-off-async", "ngram-4-async"],

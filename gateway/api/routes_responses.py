@@ -19,12 +19,13 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 
 from gateway.app_state import GatewayState, State
-from gateway.generation.admission import checked_requests
+from gateway.generation.admission import admitted
 from gateway.generation.flow import request_id_header
 from gateway.security.auth import request_owner
 from gateway.streaming.sse import KEEPALIVE, SSE_HEADERS, sse_event
 from openai_frontend.follow.collect import collect
 from openai_frontend.follow.request_runner import FollowPolicy
+from openai_frontend.generate.request import PreparedRequest
 from openai_frontend.generate.request_meta import kept
 from openai_frontend.protocol.errors import OpenAIError, invalid_request
 from openai_frontend.protocol.openai_schemas import ChatMessage
@@ -117,16 +118,10 @@ def _streaming(
     )
 
 
-@router.post("/v1/responses", response_model=ResponseObject)
-async def create_response(
-    body: ResponsesRequest, http_request: Request, state: State
-) -> JSONResponse | StreamingResponse:
-    check_unsupported(body)
-    history = await _history(body, http_request, state)
-    conversation = history + input_messages(body, history)
-    with responses_names():
-        [request] = await checked_requests(chat_request(body, conversation), http_request, state)
-    spec = ResponseSpec(
+def _response_spec(
+    body: ResponsesRequest, request: PreparedRequest, conversation: list[ChatMessage]
+) -> ResponseSpec:
+    return ResponseSpec(
         request=kept(request),
         background=bool(body.background),
         instructions=body.instructions,
@@ -142,13 +137,26 @@ async def create_response(
         tool_choice=body.tool_choice,
         parallel_tool_calls=body.parallel_tool_calls,
     )
-    persist = body.store is not False
-    stored = StoredResponse(spec, initial_status(spec), None)
-    if persist:
-        # The request's lifetime, then the retention window (cut to that window when it ends).
-        ttl_s = int(state.settings.request_timeout_s) + state.settings.retention_s
-        await state.responses.store.create(spec, stored.status, ttl_s)
-    await state.runner.submit(request)
+
+
+@router.post("/v1/responses", response_model=ResponseObject)
+async def create_response(
+    body: ResponsesRequest, http_request: Request, state: State
+) -> JSONResponse | StreamingResponse:
+    check_unsupported(body)
+    history = await _history(body, http_request, state)
+    conversation = history + input_messages(body, history)
+    with responses_names():
+        # Counted by the queue bound until written: the stored record comes first.
+        async with admitted(chat_request(body, conversation), http_request, state) as [request]:
+            spec = _response_spec(body, request, conversation)
+            persist = body.store is not False
+            stored = StoredResponse(spec, initial_status(spec), None)
+            if persist:
+                # The request's lifetime, then the retention window (cut to that window when it ends).
+                ttl_s = int(state.settings.request_timeout_s) + state.settings.retention_s
+                await state.responses.store.create(spec, stored.status, ttl_s)
+            await state.runner.submit(request)
     headers = request_id_header(request.req_id)
     # A background response outlives its client; a foreground one is cancelled when its client leaves.
     follow = BACKGROUND if spec.background else FollowPolicy()

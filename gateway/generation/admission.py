@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 from starlette.requests import Request
 
@@ -27,25 +29,34 @@ async def admit(
     body: CompletionRequest | ChatCompletionRequest, http_request: Request, state: GatewayState
 ) -> list[PreparedRequest]:
     """The request's choices (n per prompt), all submitted; raises OpenAIError when refused."""
-    requests = await checked_requests(body, http_request, state)
-    request = requests[0]
-    try:
+    async with admitted(body, http_request, state) as requests:
         if len(requests) == 1:
             # Kept so that the client can resume the stream or fetch the result by id, through any gateway.
-            await state.runner.submit(request, keep_meta=True)
+            await state.runner.submit(requests[0], keep_meta=True)
             return requests
         for choice_request in requests:
             await state.runner.submit(choice_request)
         return requests
-    finally:  # written (or failed): the queue's own count has them now
+
+
+@asynccontextmanager
+async def admitted(
+    body: CompletionRequest | ChatCompletionRequest, http_request: Request, state: GatewayState
+) -> AsyncIterator[list[PreparedRequest]]:
+    """The request's choices, checked, tokenized, within the queue bound and counted by the rate
+    limit, for the caller to submit inside the block. Raises OpenAIError when refused. On leaving
+    the block the queue bound stops counting them: written, the stream counts them; failed, nothing."""
+    requests = await _checked_requests(body, http_request, state)
+    request = requests[0]
+    try:
+        yield requests
+    finally:
         state.queue_bound.release(cell_of(request.req_id), request.req_id)
 
 
-async def checked_requests(
+async def _checked_requests(
     body: CompletionRequest | ChatCompletionRequest, http_request: Request, state: GatewayState
 ) -> list[PreparedRequest]:
-    """The request's choices, checked, tokenized, within the queue bound and counted by the rate
-    limit; not submitted yet. Raises OpenAIError when refused."""
     arrival_time = time.time()
     owner = request_owner(http_request)
     prepare = functools.partial(

@@ -7,13 +7,12 @@ waiting interactive request. Both are read in one round trip. Several gateways r
 numbers, so the bound is shared, though soft: gateways admitting at the same instant can overshoot it
 by a few requests. Within one gateway, the requests it admitted and has not written yet count too: a
 burst whose checks all read the queue before any of them was written would otherwise pass the bound
-together (20 was overshot to 106 by one gateway). A caller that does not release them has them
-counted until `ADMITTED_S` has passed.
+together (20 was overshot to 106 by one gateway). They count until the caller releases them, which
+it does once they are written or refused (gateway/generation/admission.py).
 """
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,8 +23,6 @@ from openai_frontend.protocol.errors import OpenAIError
 
 # A queue that is full now is usually not empty a second later; clients back off and try again.
 RETRY_AFTER_S = 2
-# Longer than a request takes from its check to its XADD (a rate-limit round trip and the submit).
-ADMITTED_S = 2.0
 
 
 async def num_queued(redis: aioredis.Redis, keys: CellKeys) -> int:
@@ -59,8 +56,8 @@ class QueueBound:
     has not written yet."""
 
     max_queued: int  # 0: no bound
-    # by cell: admitted req_id -> (when, its choices), until `release` (or ADMITTED_S)
-    _admitted: dict[str, dict[str, tuple[float, int]]] = field(default_factory=dict)
+    # by cell: admitted req_id -> its choices, until `release`
+    _admitted: dict[str, dict[str, int]] = field(default_factory=dict)
 
     async def check(self, redis: aioredis.Redis, keys: CellKeys, req_id: str, num_new: int) -> None:
         """Raise 429 when admitting `req_id`'s `num_new` requests (one per choice) would exceed the
@@ -69,11 +66,8 @@ class QueueBound:
             return
         queued = await num_queued(redis, keys)
         # No await from here on: the count and the admission are one step for this gateway.
-        now = time.monotonic()
         admitted = self._admitted.setdefault(keys.cell, {})
-        for old in [r for r, (at, _) in admitted.items() if now - at >= ADMITTED_S]:
-            del admitted[old]  # a caller that submits without releasing (it counted twice until now)
-        queued += sum(n for _, n in admitted.values())
+        queued += sum(admitted.values())
         if queued + num_new > self.max_queued:
             raise OpenAIError(
                 429,
@@ -83,7 +77,7 @@ class QueueBound:
                 code="queue_full",
                 headers={"Retry-After": str(RETRY_AFTER_S)},
             )
-        admitted[req_id] = (now, num_new)
+        admitted[req_id] = num_new
 
     def release(self, cell: str, req_id: str) -> None:
         """`req_id` was written (or refused after all): Redis counts it from now on."""

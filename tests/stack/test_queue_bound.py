@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import httpx
+import pytest
 
 from tests.harness.gateway_server import RunningGateway
 
@@ -59,3 +61,30 @@ def test_a_burst_does_not_overshoot_the_bound(make_gateway: Callable[..., Runnin
     statuses = asyncio.run(burst())
     assert statuses.count(200) == 5 and statuses.count(429) == 35, statuses
     assert gateway.harness.num_requests() == 5
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        (
+            "/v1/messages",
+            {"model": "tiny-llama", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]},
+        ),
+        ("/v1/responses", {"model": "tiny-llama", "max_output_tokens": 2, "input": "hi", "store": True}),
+    ],
+)
+def test_a_written_request_counts_once(
+    make_gateway: Callable[..., RunningGateway], path: str, body: dict[str, Any]
+) -> None:
+    """Once on the stream, a request is counted by the stream alone: before, Messages and Responses
+    requests were also counted as admitted-not-written for 2 s, refusing the next one."""
+    gateway = make_gateway(max_queued_requests=2)
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        first = pool.submit(gateway.client.post, path, json=body)
+        req = gateway.harness.next_request()
+        second = pool.submit(gateway.client.post, "/v1/completions", json=BODY)
+        other = gateway.harness.next_request()
+        for r in [req, other]:
+            gateway.harness.emit_tokens(r.req_id, [300, 301])
+        assert first.result(timeout=30).status_code == 200
+        assert second.result(timeout=30).status_code == 200

@@ -46,7 +46,8 @@ def test_the_bound_can_be_turned_off(make_gateway: Callable[..., RunningGateway]
 
 def test_a_burst_does_not_overshoot_the_bound(make_gateway: Callable[..., RunningGateway]) -> None:
     """Concurrent admissions each read the queue before any was written: before, all of a burst of 40
-    passed a bound of 5 (20 was overshot to 106 by one gateway)."""
+    passed a bound of 5 (20 was overshot to 106 by one gateway), and on a loaded host 8 passed when
+    requests written while a reading was in flight were counted by neither."""
     gateway = make_gateway(max_queued_requests=5)
 
     async def burst() -> list[int]:
@@ -59,8 +60,11 @@ def test_a_burst_does_not_overshoot_the_bound(make_gateway: Callable[..., Runnin
             return await asyncio.gather(*(one() for _ in range(40)))
 
     statuses = asyncio.run(burst())
-    assert statuses.count(200) == 5 and statuses.count(429) == 35, statuses
-    assert gateway.harness.num_requests() == 5
+    # Never more than the bound. Fewer when a check's reading of Redis was sent before another
+    # request was written and answered after it: that request may be counted twice, never zero times.
+    admitted = statuses.count(200)
+    assert 1 <= admitted <= 5 and statuses.count(429) == 40 - admitted, statuses
+    assert gateway.harness.num_requests() == admitted
 
 
 @pytest.mark.parametrize(

@@ -3,7 +3,8 @@
     python -m benchmarks.forward_ab --model models/gpt2-small-llama \
         --variants eager,compiled,int8-compiled --rounds 6 --decode-steps 8
 
-Each variant is a ModelRunner of its own (WORKER_COMPILE and WORKER_QUANTIZATION as its name says)
+Each variant is a ModelRunner of its own (WORKER_COMPILE, WORKER_QUANTIZATION and, with a `+kv-bfloat16`
+or `+kv-float16` suffix, WORKER_KV_CACHE_DTYPE as its name says)
 with a Scheduler of its own and the same greedy requests. After every variant has prefilled, rounds
 of `--decode-steps` decode steps alternate between the variants (the order reversed every other
 round), so the machine's drift falls on all of them alike. Printed: ms per decode step by round with
@@ -67,7 +68,11 @@ def parse_variant(name: str) -> tuple[bool, Quantization | None]:
 
 
 def build(name: str, args: argparse.Namespace, prompts: list[list[int]]) -> Variant:
-    compile, quantization = parse_variant(name)
+    """A variant by name, with `+kv-bfloat16` or `+kv-float16` on any name for WORKER_KV_CACHE_DTYPE."""
+    base, _, kv_cache_dtype = name.partition("+kv-")
+    if kv_cache_dtype not in ("", "bfloat16", "float16"):
+        raise SystemExit(f"unknown variant {name!r}: the KV suffix is +kv-bfloat16 or +kv-float16")
+    compile, quantization = parse_variant(base)
     settings = WorkerSettings(
         model=args.model,
         num_threads=args.num_threads,
@@ -76,15 +81,16 @@ def build(name: str, args: argparse.Namespace, prompts: list[list[int]]) -> Vari
         max_num_batched_tokens=args.max_num_batched_tokens,
         compile=compile,
         quantization=quantization,
+        kv_cache_dtype=kv_cache_dtype or "auto",
         worker_id=name,
     )
     started = time.perf_counter()
     # The earlier paths are chosen at load (Linear packs its weight, the backend looks for the kernel),
     # so the choices are turned off for this load only.
     packs, kernels = linear.packs_on_cpu, attention_torch.cpu_kernels
-    if name.startswith("mkl-"):
+    if base.startswith("mkl-"):
         linear.packs_on_cpu = lambda weight: False
-    if name.startswith(("mkl-", "gather-")):
+    if base.startswith(("mkl-", "gather-")):
         attention_torch.cpu_kernels = SimpleNamespace(load=lambda: False)  # type: ignore[assignment]
     try:
         runner = ModelRunner(settings)

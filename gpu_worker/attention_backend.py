@@ -85,13 +85,18 @@ class AttentionContext:
 
 
 def make_attention_backend(
-    name: BackendName, kv_cache: KVCache, group_decodes: bool, cascade: bool = False
+    name: BackendName,
+    kv_cache: KVCache,
+    group_decodes: bool,
+    cascade: bool = False,
+    dtype: torch.dtype | None = None,
 ) -> AttentionBackend[Any]:
-    """The backend called `name` over `kv_cache`; Triton is imported only when asked for."""
+    """The backend called `name` over `kv_cache`, for queries of `dtype` (default: the pool's);
+    Triton is imported only when asked for."""
     if name == "triton":
         from gpu_worker.attention_triton import TritonAttentionBackend
 
         return TritonAttentionBackend(kv_cache)
     from gpu_worker.attention_torch import TorchAttentionBackend
 
-    return TorchAttentionBackend(kv_cache, group_decodes=group_decodes, cascade=cascade)
+    return TorchAttentionBackend(kv_cache, group_decodes=group_decodes, cascade=cascade, dtype=dtype)

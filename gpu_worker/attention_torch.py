@@ -33,6 +33,7 @@ from gpu_worker.kv_cache import KVCache
 # table: each group's gather reads its longest table for every member, so under a fifth of what a
 # member reads is padding.
 GROUP_SHARE = 0.8
+KERNEL_POOL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 @dataclass(slots=True)
@@ -107,14 +108,23 @@ def _ceil_div(a: int, b: int) -> int:
 class TorchAttentionBackend(AttentionBackend[TorchAttentionMetadata]):
     name = "torch"
 
-    def __init__(self, kv_cache: KVCache, group_decodes: bool, cascade: bool = False) -> None:
+    def __init__(
+        self, kv_cache: KVCache, group_decodes: bool, cascade: bool = False, dtype: torch.dtype | None = None
+    ) -> None:
         super().__init__(kv_cache)
         # Off: one group for all decodes (fewer launches, every row padded to the longest context).
         self.group_decodes = group_decodes
         # CPU only: it calls the CPU flash kernel for the log-sum-exp.
         self.cascade = cascade
         pool = kv_cache.k_pools[0]
-        self.decode_kernel = pool.device.type == "cpu" and pool.dtype == torch.float32 and cpu_kernels.load()
+        # The queries' (the model's); a pool stored narrower (WORKER_KV_CACHE_DTYPE) is read into it.
+        self.dtype = pool.dtype if dtype is None else dtype
+        self.decode_kernel = (
+            pool.device.type == "cpu"
+            and self.dtype == torch.float32
+            and pool.dtype in KERNEL_POOL_DTYPES
+            and cpu_kernels.load()
+        )
 
     def build_metadata(self, common: CommonAttentionMetadata) -> TorchAttentionMetadata:
         block_size = self.kv_cache.block_size
@@ -157,7 +167,7 @@ class TorchAttentionBackend(AttentionBackend[TorchAttentionMetadata]):
             block_size,
             heads,
             lambda lens: group_bounds(lens, block_size, self.group_decodes),
-            self.kv_cache.k_pools[0].dtype,
+            self.dtype,
             common.block_tables.device,
         )
 
@@ -240,7 +250,7 @@ class TorchAttentionBackend(AttentionBackend[TorchAttentionMetadata]):
             return
         # A group's single-token queries in one gather and one SDPA: [b, H, 1, D] over [b, KVH, L, D].
         first_block, mask = read
-        k_cache, v_cache = self.kv_cache.gather(layer, group.block_tables[:, first_block:])
+        k_cache, v_cache = self.kv_cache.gather(layer, group.block_tables[:, first_block:], q.dtype)
         attn = attend(q.unsqueeze(2), k_cache.transpose(1, 2), v_cache.transpose(1, 2), mask, scale, variant)
         out.copy_(attn.squeeze(2))
 
@@ -264,7 +274,8 @@ class TorchAttentionBackend(AttentionBackend[TorchAttentionMetadata]):
             v = value[chunk.start : chunk.end].transpose(0, 1).unsqueeze(0)
         else:
             # Later chunk of a prompt: read earlier chunks back through the block table, causal by position.
-            k_cache, v_cache = self.kv_cache.gather(layer, chunk.block_table[first_block:].unsqueeze(0))
+            table = chunk.block_table[first_block:].unsqueeze(0)
+            k_cache, v_cache = self.kv_cache.gather(layer, table, q.dtype)
             num_keys = chunk.context_len - first_block * self.kv_cache.block_size
             k = k_cache[:, :num_keys].transpose(1, 2)
             v = v_cache[:, :num_keys].transpose(1, 2)

@@ -48,6 +48,9 @@ class TritonAttentionBackend(AttentionBackend[CommonAttentionMetadata]):
         variant: AttentionVariant = PLAIN,
     ) -> torch.Tensor:
         k_cache, v_cache = self.kv_cache.k_pools[layer], self.kv_cache.v_pools[layer]
+        # Rounded by torch into a narrower pool (WORKER_KV_CACHE_DTYPE), as the torch backend rounds:
+        # the kernel only copies.
+        key, value = key.to(k_cache.dtype), value.to(v_cache.dtype)
         kv_write(key, value, k_cache, v_cache, metadata.slot_mapping)
         out = torch.empty(query.shape, dtype=query.dtype, device=query.device)  # [T, H, D] contiguous
         num_decodes = metadata.num_decodes

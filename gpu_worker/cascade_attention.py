@@ -207,10 +207,10 @@ def attend_cascade(
     for head in plan.heads:
         if head.block_table is None:
             end = head.first_block + head.num_blocks
-            k = kv_cache.k_pools[layer][head.first_block : end].flatten(0, 1).unsqueeze(0)
-            v = kv_cache.v_pools[layer][head.first_block : end].flatten(0, 1).unsqueeze(0)
+            k = kv_cache.k_pools[layer][head.first_block : end].flatten(0, 1).unsqueeze(0).to(query.dtype)
+            v = kv_cache.v_pools[layer][head.first_block : end].flatten(0, 1).unsqueeze(0).to(query.dtype)
         else:
-            k, v = kv_cache.gather(layer, head.block_table)
+            k, v = kv_cache.gather(layer, head.block_table, query.dtype)
         g = head.rows.numel()
         # One query sequence per KV head: every query of every sharing decode, no mask.
         q = query.index_select(0, head.rows).view(g, kv_heads, rep, head_dim)
@@ -225,7 +225,7 @@ def attend_cascade(
         head_out.index_copy_(0, head.rows, o)
         head_lse.index_copy_(0, head.rows, lse.view(kv_heads, g, rep).transpose(0, 1).reshape(g, num_heads))
     for tail in plan.tails:
-        k, v = kv_cache.gather(layer, tail.block_tables)
+        k, v = kv_cache.gather(layer, tail.block_tables, query.dtype)
         b = tail.rows.numel()
         q = query.index_select(0, tail.rows).view(b, kv_heads, rep, head_dim)
         allowed = None

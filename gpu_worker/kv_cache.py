@@ -57,10 +57,14 @@ class KVCache:
         k_flat.index_copy_(0, slot_mapping, key.to(k_flat.dtype))
         v_flat.index_copy_(0, slot_mapping, value.to(v_flat.dtype))
 
-    def gather(self, layer: int, block_tables: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """K and V of the blocks in `block_tables` ([B, nb]), as [B, nb * block_size, kv_heads, head_dim].
+    def gather(
+        self, layer: int, block_tables: torch.Tensor, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V of the blocks in `block_tables` ([B, nb]), as [B, nb * block_size, kv_heads, head_dim]
+        in `dtype` (the reader's: a pool stored narrower, WORKER_KV_CACHE_DTYPE, is widened).
 
-        The result is a view of a reused workspace: valid until the next gather.
+        The result is a view of a reused workspace (or, widened, a copy of it): valid until the next
+        gather.
         """
         batch, num_table_blocks = block_tables.shape
         flat = block_tables.reshape(-1)
@@ -71,8 +75,8 @@ class KVCache:
         torch.index_select(self.v_pools[layer], 0, flat, out=v_out)
         length = num_table_blocks * self.block_size
         return (
-            k_out.view(batch, length, *k_out.shape[2:]),
-            v_out.view(batch, length, *v_out.shape[2:]),
+            k_out.view(batch, length, *k_out.shape[2:]).to(dtype),
+            v_out.view(batch, length, *v_out.shape[2:]).to(dtype),
         )
 
     def _gather_outputs(self, num_blocks: int) -> tuple[torch.Tensor, torch.Tensor]:

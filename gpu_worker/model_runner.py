@@ -80,6 +80,7 @@ class ModelRunner:
         self._attention_backend_name = settings.resolved_attention_backend
         self._group_decodes = settings.resolved_group_decodes
         self._cascade_attention = settings.resolved_cascade_attention
+        self._kv_cache_dtype: torch.dtype = getattr(torch, settings.resolved_kv_cache_dtype)
         self._use_kv_cache(self.num_blocks)
         self.vocab_size = int(config.get_text_config().vocab_size)
         self.eos_token_ids = eos_token_ids(self.model)
@@ -129,11 +130,15 @@ class ModelRunner:
             block_size=self.block_size,
             num_kv_heads=shape.num_kv_heads,
             head_dim=shape.head_dim,
-            dtype=self.model.dtype,
+            dtype=self._kv_cache_dtype,
             device=self.device,
         )
         self.attn_backend = make_attention_backend(
-            self._attention_backend_name, self.kv_cache, self._group_decodes, self._cascade_attention
+            self._attention_backend_name,
+            self.kv_cache,
+            self._group_decodes,
+            self._cascade_attention,
+            self.model.dtype,
         )
 
     def _size_kv_cache(
@@ -144,7 +149,7 @@ class ModelRunner:
         del self.kv_cache, self.attn_backend  # freed before measuring what is left
         budget = kv_cache_budget(settings, self.device, start, result)
         shape = kv_shape(self.model.config)
-        self.num_blocks = resolve_num_blocks(settings, shape, self.model.dtype, budget)
+        self.num_blocks = resolve_num_blocks(settings, shape, self._kv_cache_dtype, budget)
         self.max_model_len = resolve_max_model_len(settings, self.model.config, self.num_blocks)
         self._use_kv_cache(self.num_blocks)
 

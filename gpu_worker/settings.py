@@ -25,6 +25,7 @@ Device = Literal["cpu", "cuda"]
 DType = Literal["auto", "float32", "bfloat16", "float16"]
 AttentionBackendSetting = Literal["auto", "torch", "triton"]
 Quantization = Literal["int8", "fp8"]
+KVCacheDType = Literal["auto", "bfloat16", "float16"]
 
 
 def default_worker_id() -> str:
@@ -46,6 +47,13 @@ class WorkerSettings(BaseSettings):
     device: Device = Field(default="cpu", description="Where the model runs: cpu or cuda (--device).")
     dtype: DType = Field(
         default="auto", description="Weights and KV dtype; auto: float32 on cpu, bfloat16 on cuda."
+    )
+    kv_cache_dtype: KVCacheDType = Field(
+        default="auto",
+        description="How K/V are stored (vLLM's --kv-cache-dtype, llama.cpp's --cache-type-k/-v): auto, "
+        "in the model's dtype; bfloat16 or float16 halve a float32 model's KV bytes, and attention "
+        "reads them back into the model's dtype. Greedy output is then close to, not equal to, "
+        "auto's (docs/benchmarks.md gives the agreement).",
     )
     num_blocks: int | None = Field(
         default=None,
@@ -238,6 +246,11 @@ class WorkerSettings(BaseSettings):
         if self.dtype == "auto":
             return "bfloat16" if self.device == "cuda" else "float32"
         return self.dtype
+
+    @property
+    def resolved_kv_cache_dtype(self) -> Literal["float32", "bfloat16", "float16"]:
+        """The dtype the KV pool is allocated in."""
+        return self.resolved_dtype if self.kv_cache_dtype == "auto" else self.kv_cache_dtype
 
 
 # Where each setting comes from, for error messages; the rest are WORKER_<NAME>.

@@ -1,39 +1,56 @@
 // Decode attention straight from the paged KV pool on the CPU: each sequence reads its keys and values
-// through its block table once, with no gathered copy. Float32, no variant.
+// through its block table once, with no gathered copy. Float32 queries and arithmetic over a float32,
+// bfloat16 or float16 pool (WORKER_KV_CACHE_DTYPE), no variant.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <ATen/Dispatch.h>
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
 #include <torch/library.h>
 
 #include <algorithm>
+#include <type_traits>
 #include <vector>
 
 namespace {
 
 using Vec = at::vec::Vectorized<float>;
 
-inline float dot(const float* a, const float* b, int64_t n) {
+// Vec::size() pool elements as float32.
+template <typename T>
+inline Vec load_float(const T* p) {
+    if constexpr (std::is_same_v<T, float>) {
+        return Vec::loadu(p);
+    } else {
+        Vec out;
+        at::vec::load_to_float<T>(p, out);
+        return out;
+    }
+}
+
+template <typename T>
+inline float dot(const float* a, const T* b, int64_t n) {
     constexpr int64_t w = Vec::size();
     Vec s0(0.f), s1(0.f);
     int64_t i = 0;
     for (; i + 2 * w <= n; i += 2 * w) {
-        s0 = at::vec::fmadd(Vec::loadu(a + i), Vec::loadu(b + i), s0);
-        s1 = at::vec::fmadd(Vec::loadu(a + i + w), Vec::loadu(b + i + w), s1);
+        s0 = at::vec::fmadd(Vec::loadu(a + i), load_float(b + i), s0);
+        s1 = at::vec::fmadd(Vec::loadu(a + i + w), load_float(b + i + w), s1);
     }
-    for (; i + w <= n; i += w) s0 = at::vec::fmadd(Vec::loadu(a + i), Vec::loadu(b + i), s0);
+    for (; i + w <= n; i += w) s0 = at::vec::fmadd(Vec::loadu(a + i), load_float(b + i), s0);
     float s = at::vec::vec_reduce_all<float>([](Vec& x, Vec& y) { return x + y; }, s0 + s1);
-    for (; i < n; ++i) s += a[i] * b[i];
+    for (; i < n; ++i) s += a[i] * static_cast<float>(b[i]);
     return s;
 }
 
 // y += p * x
-inline void axpy(float* y, float p, const float* x, int64_t n) {
+template <typename T>
+inline void axpy(float* y, float p, const T* x, int64_t n) {
     constexpr int64_t w = Vec::size();
     const Vec pv(p);
     int64_t i = 0;
-    for (; i + w <= n; i += w) at::vec::fmadd(pv, Vec::loadu(x + i), Vec::loadu(y + i)).store(y + i);
-    for (; i < n; ++i) y[i] += p * x[i];
+    for (; i + w <= n; i += w) at::vec::fmadd(pv, load_float(x + i), Vec::loadu(y + i)).store(y + i);
+    for (; i < n; ++i) y[i] += p * static_cast<float>(x[i]);
 }
 
 // s = exp(s - max(s)) in place; returns the sum.
@@ -45,14 +62,19 @@ inline float softmax_numerators(float* s, int64_t n) {
 
 }  // namespace
 
+#define KV_POOL_TYPES(...)                                  \
+    AT_DISPATCH_CASE(at::ScalarType::Float, __VA_ARGS__)    \
+    AT_DISPATCH_CASE(at::ScalarType::BFloat16, __VA_ARGS__) \
+    AT_DISPATCH_CASE(at::ScalarType::Half, __VA_ARGS__)
+
 // out, query [B, H, D]; k_pool, v_pool [num_blocks, block_size, KVH, D]; block_tables [B, max_blocks]
 // int32; context_lens [B] int32 (keys each row attends over, its query's own included).
 void paged_decode_attention(at::Tensor out, at::Tensor query, at::Tensor k_pool,
                             at::Tensor v_pool, at::Tensor block_tables,
                             at::Tensor context_lens, double scale) {
-    TORCH_CHECK(query.scalar_type() == at::kFloat && k_pool.scalar_type() == at::kFloat &&
-                    v_pool.scalar_type() == at::kFloat && out.scalar_type() == at::kFloat,
-                "paged_decode_attention: float32 only");
+    TORCH_CHECK(query.scalar_type() == at::kFloat && out.scalar_type() == at::kFloat,
+                "paged_decode_attention: float32 queries only");
+    TORCH_CHECK(v_pool.scalar_type() == k_pool.scalar_type(), "paged_decode_attention: K and V pools differ");
     TORCH_CHECK(block_tables.scalar_type() == at::kInt && context_lens.scalar_type() == at::kInt,
                 "paged_decode_attention: int32 block tables and context lengths");
     TORCH_CHECK(query.is_contiguous() && out.is_contiguous() && k_pool.is_contiguous() &&
@@ -63,50 +85,52 @@ void paged_decode_attention(at::Tensor out, at::Tensor query, at::Tensor k_pool,
     TORCH_CHECK(H % KVH == 0 && k_pool.size(3) == D, "paged_decode_attention: shapes disagree");
     const int64_t group = H / KVH;
     const float* q = query.data_ptr<float>();
-    const float* kp = k_pool.data_ptr<float>();
-    const float* vp = v_pool.data_ptr<float>();
-    const int32_t* tables = block_tables.data_ptr<int32_t>();
-    const int32_t* lens = context_lens.data_ptr<int32_t>();
-    float* o = out.data_ptr<float>();
-    const float fscale = static_cast<float>(scale);
-    // A task is one sequence's KV heads, or a slice of them when there are fewer sequences than
-    // threads: a whole sequence reads each token's K/V row contiguously.
-    const int64_t slices = std::min<int64_t>(KVH, std::max<int64_t>(1, (at::get_num_threads() + B - 1) / B));
+    AT_DISPATCH_SWITCH(k_pool.scalar_type(), "paged_decode_attention", KV_POOL_TYPES([&] {
+        const scalar_t* kp = k_pool.data_ptr<scalar_t>();
+        const scalar_t* vp = v_pool.data_ptr<scalar_t>();
+        const int32_t* tables = block_tables.data_ptr<int32_t>();
+        const int32_t* lens = context_lens.data_ptr<int32_t>();
+        float* o = out.data_ptr<float>();
+        const float fscale = static_cast<float>(scale);
+        // A task is one sequence's KV heads, or a slice of them when there are fewer sequences than
+        // threads: a whole sequence reads each token's K/V row contiguously.
+        const int64_t slices = std::min<int64_t>(KVH, std::max<int64_t>(1, (at::get_num_threads() + B - 1) / B));
 
-    at::parallel_for(0, B * slices, 1, [&](int64_t begin, int64_t end) {
-        std::vector<float> scores;
-        std::vector<float> acc;
-        for (int64_t task = begin; task < end; ++task) {
-            const int64_t b = task / slices, slice = task % slices;
-            const int64_t kv0 = slice * KVH / slices, kv1 = (slice + 1) * KVH / slices;
-            const int64_t h0 = kv0 * group, nh = (kv1 - kv0) * group;
-            const int64_t n = lens[b];
-            const int32_t* table = tables + b * MB;
-            const float* qb = q + (b * H + h0) * D;
-            // fn(h, t, x): for every key position t, x is the K (or V) vector each of the task's
-            // heads h reads there, in the pool's row for t.
-            auto for_each_key = [&](const float* pool, auto&& fn) {
-                for (int64_t t = 0; t < n; ++t) {
-                    const float* row = pool + (static_cast<int64_t>(table[t / BS]) * BS + t % BS) * KVH * D;
-                    for (int64_t kvh = kv0; kvh < kv1; ++kvh)
-                        for (int64_t g = 0; g < group; ++g) fn((kvh - kv0) * group + g, t, row + kvh * D);
-                }
-            };
-            scores.resize(nh * n);
-            for_each_key(kp, [&](int64_t h, int64_t t, const float* k) {
-                scores[h * n + t] = dot(qb + h * D, k, D) * fscale;
-            });
-            std::vector<float> inv(nh);
-            for (int64_t h = 0; h < nh; ++h) inv[h] = 1.f / softmax_numerators(scores.data() + h * n, n);
-            acc.assign(nh * D, 0.f);
-            for_each_key(vp, [&](int64_t h, int64_t t, const float* v) {
-                axpy(acc.data() + h * D, scores[h * n + t], v, D);
-            });
-            float* ob = o + (b * H + h0) * D;
-            for (int64_t h = 0; h < nh; ++h)
-                for (int64_t d = 0; d < D; ++d) ob[h * D + d] = acc[h * D + d] * inv[h];
-        }
-    });
+        at::parallel_for(0, B * slices, 1, [&](int64_t begin, int64_t end) {
+            std::vector<float> scores;
+            std::vector<float> acc;
+            for (int64_t task = begin; task < end; ++task) {
+                const int64_t b = task / slices, slice = task % slices;
+                const int64_t kv0 = slice * KVH / slices, kv1 = (slice + 1) * KVH / slices;
+                const int64_t h0 = kv0 * group, nh = (kv1 - kv0) * group;
+                const int64_t n = lens[b];
+                const int32_t* table = tables + b * MB;
+                const float* qb = q + (b * H + h0) * D;
+                // fn(h, t, x): for every key position t, x is the K (or V) vector each of the task's
+                // heads h reads there, in the pool's row for t.
+                auto for_each_key = [&](const scalar_t* pool, auto&& fn) {
+                    for (int64_t t = 0; t < n; ++t) {
+                        const scalar_t* row = pool + (static_cast<int64_t>(table[t / BS]) * BS + t % BS) * KVH * D;
+                        for (int64_t kvh = kv0; kvh < kv1; ++kvh)
+                            for (int64_t g = 0; g < group; ++g) fn((kvh - kv0) * group + g, t, row + kvh * D);
+                    }
+                };
+                scores.resize(nh * n);
+                for_each_key(kp, [&](int64_t h, int64_t t, const scalar_t* k) {
+                    scores[h * n + t] = dot(qb + h * D, k, D) * fscale;
+                });
+                std::vector<float> inv(nh);
+                for (int64_t h = 0; h < nh; ++h) inv[h] = 1.f / softmax_numerators(scores.data() + h * n, n);
+                acc.assign(nh * D, 0.f);
+                for_each_key(vp, [&](int64_t h, int64_t t, const scalar_t* v) {
+                    axpy(acc.data() + h * D, scores[h * n + t], v, D);
+                });
+                float* ob = o + (b * H + h0) * D;
+                for (int64_t h = 0; h < nh; ++h)
+                    for (int64_t d = 0; d < D; ++d) ob[h * D + d] = acc[h * D + d] * inv[h];
+            }
+        });
+    }));
 }
 
 TORCH_LIBRARY(cbserve_cpu, m) {

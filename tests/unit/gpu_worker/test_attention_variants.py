@@ -68,7 +68,7 @@ def expected_step(
     starts, seq_lens = common.query_start_loc_cpu.tolist(), common.seq_lens_cpu.tolist()
     for seq, context_len in enumerate(seq_lens):
         start, end = starts[seq], starts[seq + 1]
-        k, v = kv_cache.gather(0, common.block_tables[seq : seq + 1])
+        k, v = kv_cache.gather(0, common.block_tables[seq : seq + 1], torch.float32)
         positions = torch.arange(context_len - (end - start), context_len)
         k, v = k[0, :context_len].to(query.dtype), v[0, :context_len].to(query.dtype)
         out[start:end] = transformers_eager(query[start:end], k, v, positions, variant)

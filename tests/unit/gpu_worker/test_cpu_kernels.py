@@ -1,5 +1,6 @@
 """The CPU decode-attention kernel (gpu_worker/cpu_kernels/): reading the pool through the block tables
-gives what gathering the K/V and running SDPA gives, on the same pool and step."""
+gives what gathering the K/V and running SDPA gives, on the same pool and step, whether the pool is
+float32 or stored narrower (WORKER_KV_CACHE_DTYPE) for float32 queries."""
 
 from __future__ import annotations
 
@@ -16,16 +17,19 @@ BS = 16
 
 
 def _kernel_against_gather(
-    requests: list[ScheduledRequest], queries_per_kv: int, variant: AttentionVariant | None = None
+    requests: list[ScheduledRequest],
+    queries_per_kv: int,
+    variant: AttentionVariant | None = None,
+    pool_dtype: torch.dtype = torch.float32,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The backend's output with the kernel and with it turned off, over one random pool and step."""
     num_kv_heads, head_dim = 2, 32
-    kv_cache = pool(512, BS, num_kv_heads, head_dim, torch.float32)
+    kv_cache = pool(512, BS, num_kv_heads, head_dim, pool_dtype)
     fill = torch.Generator().manual_seed(3)
     for p in (*kv_cache.k_pools, *kv_cache.v_pools):
         p.copy_(torch.randn(p.shape, generator=fill))
-    backend = TorchAttentionBackend(kv_cache, group_decodes=True)
-    assert backend.decode_kernel  # a float32 pool on the CPU, with the host's compiler
+    backend = TorchAttentionBackend(kv_cache, group_decodes=True, dtype=torch.float32)
+    assert backend.decode_kernel  # float32 queries on the CPU, with the host's compiler
     common = build_input_batch(requests, backend, torch.device("cpu")).attn_metadata.common
     rand = torch.Generator().manual_seed(5)
     tokens = common.num_actual_tokens
@@ -42,7 +46,10 @@ def _kernel_against_gather(
 
 @pytest.mark.parametrize("queries_per_kv", [1, 4])
 @pytest.mark.parametrize("threads", [1, 4])  # 4: fewer sequences than threads split their heads
-def test_decodes_read_in_place_equal_gathered_decodes(queries_per_kv: int, threads: int) -> None:
+@pytest.mark.parametrize("pool_dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_decodes_read_in_place_equal_gathered_decodes(
+    queries_per_kv: int, threads: int, pool_dtype: torch.dtype
+) -> None:
     scattered = torch.randperm(300, generator=torch.Generator().manual_seed(1)).tolist()
     requests = [
         scheduled_request(0, scattered[:20], 19 * BS + 7, 1),  # tables of every length, blocks anywhere
@@ -54,10 +61,16 @@ def test_decodes_read_in_place_equal_gathered_decodes(queries_per_kv: int, threa
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        out, expected = _kernel_against_gather(requests, queries_per_kv)
+        out, expected = _kernel_against_gather(requests, queries_per_kv, pool_dtype=pool_dtype)
     finally:
         torch.set_num_threads(before)
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_a_model_in_bfloat16_keeps_the_gathering_path() -> None:
+    kv_cache = pool(8, BS, 2, 32, torch.bfloat16)
+    assert not TorchAttentionBackend(kv_cache, group_decodes=True).decode_kernel  # its queries: bfloat16
+    assert TorchAttentionBackend(kv_cache, group_decodes=True, dtype=torch.float32).decode_kernel
 
 
 def test_a_windowed_layer_keeps_the_gathering_path() -> None:
@@ -71,7 +84,12 @@ def test_the_kernel_refuses_what_it_cannot_read() -> None:
     q = torch.zeros(1, 2, 8)
     pool_ = torch.zeros(4, BS, 2, 8)
     tables, lens = torch.zeros(1, 1, dtype=torch.int32), torch.ones(1, dtype=torch.int32)
-    with pytest.raises(RuntimeError, match="float32 only"):
+    with pytest.raises(RuntimeError, match="float32 queries only"):
+        narrow = q.bfloat16()
+        torch.ops.cbserve_cpu.paged_decode_attention(narrow, narrow, pool_, pool_, tables, lens, 1.0)
+    with pytest.raises(RuntimeError, match="K and V pools differ"):
         torch.ops.cbserve_cpu.paged_decode_attention(q, q, pool_.bfloat16(), pool_, tables, lens, 1.0)
+    with pytest.raises(RuntimeError, match="paged_decode_attention"):  # no float64 pool
+        torch.ops.cbserve_cpu.paged_decode_attention(q, q, pool_.double(), pool_.double(), tables, lens, 1.0)
     with pytest.raises(RuntimeError, match="int32"):
         torch.ops.cbserve_cpu.paged_decode_attention(q, q, pool_, pool_, tables.long(), lens, 1.0)

@@ -17,6 +17,7 @@ from common.protocol import (
     NewRequestData,
     SamplingParams,
 )
+from gpu_worker.attention_torch import TorchAttentionBackend
 from gpu_worker.model_runner import ModelRunner
 from gpu_worker.settings import WorkerSettings
 from tests.harness.worker_steps import new_request, prefill_step, scheduler_output
@@ -347,3 +348,26 @@ def test_step_that_raises_is_rerun_request_by_request(tiny_model_dir: Path) -> N
         for r, t in zip(out.req_ids, out.sampled_token_ids, strict=True):
             got[r].append(t)
     assert got == expected
+
+
+def test_a_narrower_kv_cache_holds_twice_the_blocks_and_stays_close(tiny_model_dir: Path) -> None:
+    """WORKER_KV_CACHE_DTYPE=bfloat16 on a float32 model: the same memory holds twice the blocks,
+    decodes read the narrow pool through the CPU kernel, and greedy output stays close to the float32
+    pool's (not equal: K/V are rounded to bfloat16)."""
+    sizes = {"num_blocks": None, "kv_cache_memory_mb": 1}
+    exact = make_runner(tiny_model_dir, **sizes)
+    narrow = make_runner(tiny_model_dir, kv_cache_dtype="bfloat16", **sizes)
+    assert narrow.model.dtype == torch.float32 and narrow.kv_cache.k_pools[0].dtype == torch.bfloat16
+    assert narrow.num_blocks == 2 * exact.num_blocks
+    assert isinstance(narrow.attn_backend, TorchAttentionBackend) and narrow.attn_backend.decode_kernel
+    max_tokens = [12, 5, 20, 8, 15, 3, 10, 18, 7, 9, 6]
+    outputs = []
+    for runner in (exact, narrow):
+        requests = make_requests(
+            [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in max_tokens]
+        )
+        run_to_completion(runner, requests, preempt={8: "r0"})
+        outputs.append([r.outputs for r in requests])
+    first_tokens = sum(a[0] == b[0] for a, b in zip(*outputs, strict=True))
+    same = sum(a == b for a, b in zip(*outputs, strict=True))
+    assert first_tokens == len(max_tokens) and same >= len(max_tokens) - 2, outputs

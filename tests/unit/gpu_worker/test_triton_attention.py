@@ -132,3 +132,24 @@ def test_decode_padding_rows_give_zeros() -> None:
 def test_non_power_of_two_block_size_is_refused() -> None:
     with pytest.raises(ValueError, match="power-of-two block size"):
         TritonAttentionBackend(pool(4, 24, NUM_KV_HEADS, HEAD_DIM, torch.float32))
+
+
+def test_a_narrow_pool_under_float32_queries() -> None:
+    """WORKER_KV_CACHE_DTYPE=bfloat16 on a float32 model: the kernels store the step's K/V rounded
+    and read the pool into float32, as the torch backend does over the same narrow pool (within
+    bfloat16's rounding: a first prompt chunk attends over its own K/V before or after rounding)."""
+    num_blocks = 2 * sum(-(-(c + n) // 16) + 1 for c, n in SEQS)
+    triton_backend = TritonAttentionBackend(pool(num_blocks, 16, NUM_KV_HEADS, HEAD_DIM, torch.bfloat16))
+    step = make_step(triton_backend, SEQS, num_heads=NUM_KV_HEADS * 2, dtype=torch.float32)
+    out = triton_backend.forward(0, step.query, step.key, step.value, step.common, HEAD_DIM**-0.5)
+    reference = TorchAttentionBackend(
+        pool(num_blocks, 16, NUM_KV_HEADS, HEAD_DIM, torch.bfloat16), True, dtype=torch.float32
+    )
+    reference.kv_cache.k_pools[0].copy_(step.k_pool)
+    reference.kv_cache.v_pools[0].copy_(step.v_pool)
+    metadata = reference.build_metadata(step.common)
+    expected = reference.forward(0, step.query, step.key, step.value, metadata, HEAD_DIM**-0.5)
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out, expected, **_tolerance(torch.bfloat16))
+    assert torch.equal(triton_backend.kv_cache.k_pools[0], reference.kv_cache.k_pools[0])
+    assert torch.equal(triton_backend.kv_cache.v_pools[0], reference.kv_cache.v_pools[0])

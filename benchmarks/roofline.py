@@ -94,9 +94,14 @@ def precision_of(system: SystemSpec, shape: ModelShape) -> Precision:
     options = launch.options if launch is not None else {}
     dtype = str(env.get("WORKER_DTYPE") or options.get("dtype") or shape.dtype)
     element = DTYPE_BYTES.get(dtype, 4.0)
+    kv_dtype = str(env.get("WORKER_KV_CACHE_DTYPE") or "auto")
+    kv_dtype = dtype if kv_dtype == "auto" else kv_dtype
+    kv_element = DTYPE_BYTES.get(kv_dtype, element)
     quantization = env.get("WORKER_QUANTIZATION")
     if quantization:  # int8 / fp8: one byte a weight (the per-channel scales are a rounding error)
-        return Precision(f"{quantization} weights, {dtype} KV", 1.0, element)
+        return Precision(f"{quantization} weights, {kv_dtype} KV", 1.0, kv_element)
+    if kv_dtype != dtype:
+        return Precision(f"{dtype}, {kv_dtype} KV", element, kv_element)
     return Precision(dtype, element, element)
 
 

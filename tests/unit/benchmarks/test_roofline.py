@@ -64,6 +64,11 @@ def test_each_system_reads_its_own_bytes_per_weight() -> None:
         "f32": {"kind": "llama-server", "outtype": "f32", "kv_type": "f32"},
         "int8": {"kind": "cbserve", "env": {"WORKER_QUANTIZATION": "int8"}},
         "bf16": {"kind": "static", "dtype": "bfloat16"},
+        "bf16-kv": {"kind": "cbserve", "env": {"WORKER_KV_CACHE_DTYPE": "bfloat16"}},
+        "int8-f16-kv": {
+            "kind": "cbserve",
+            "env": {"WORKER_QUANTIZATION": "int8", "WORKER_KV_CACHE_DTYPE": "float16"},
+        },
     }
     got = {
         name: precision_of(system_from_dict({"name": name, "launch": launch}), shape)
@@ -73,6 +78,9 @@ def test_each_system_reads_its_own_bytes_per_weight() -> None:
     assert (got["f32"].weight_bytes, got["f32"].kv_bytes) == (4.0, 4.0)
     assert (got["int8"].weight_bytes, got["int8"].kv_bytes) == (1.0, 4.0)
     assert (got["bf16"].weight_bytes, got["bf16"].kv_bytes) == (2.0, 2.0)
+    assert (got["bf16-kv"].weight_bytes, got["bf16-kv"].kv_bytes) == (4.0, 2.0)
+    assert (got["int8-f16-kv"].weight_bytes, got["int8-f16-kv"].kv_bytes) == (1.0, 2.0)
+    assert got["int8-f16-kv"].name == "int8 weights, float16 KV"
 
 
 def test_the_context_is_the_mean_over_output_tokens() -> None:

@@ -39,10 +39,10 @@ class SpeculativeConfig(BaseModel):
     suffix_decoding_max_spec_factor: float = Field(
         1.0, gt=0, description="suffix: draft at most this many tokens per token matched."
     )
-    # vLLM's name. A large batch already reads the weights for many tokens a step: drafts then cost
-    # more compute than the steps they save.
+    # vLLM's name (unset there). A large batch already reads the weights for many tokens a step:
+    # drafts then cost more compute than the steps they save, even accepted (docs/benchmarks.md).
     disable_by_batch_size: int | None = Field(
-        None, ge=1, description="No drafts in a step of a worker running at least this many requests."
+        8, ge=1, description="No drafts in a step of a worker running at least this many requests."
     )
     # Not vLLM's. A step with k drafts costs ~1 + 0.06k plain steps at batch 1 here (docs/benchmarks.md:
     # 4 drafts, 1.25x), more at larger batches: drafts pay above ~0.06-0.15 accepted per draft.

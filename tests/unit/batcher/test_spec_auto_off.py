@@ -70,7 +70,10 @@ def test_null_rate_never_turns_it_off() -> None:
 
 
 def test_the_rate_is_judged_over_the_window_and_the_latest_probes() -> None:
-    gate = AutoOff(SpeculativeConfig(method="suffix", disable_by_acceptance_rate=0.25))
+    # A batch of 8, under no batch-size bound: the acceptance alone decides.
+    gate = AutoOff(
+        SpeculativeConfig(method="suffix", disable_by_acceptance_rate=0.25, disable_by_batch_size=None)
+    )
     for _ in range(WINDOW - 1):
         gate.record(4, 0)
     assert not gate.off and gate.num_drafting(8) == 8  # the window is not full yet
@@ -107,7 +110,9 @@ def test_the_next_steps_allowance_is_known_a_step_ahead() -> None:
 
 
 def test_a_probe_stays_due_until_one_is_measured() -> None:
-    gate = AutoOff(SpeculativeConfig(method="suffix", disable_by_acceptance_rate=0.5))
+    gate = AutoOff(
+        SpeculativeConfig(method="suffix", disable_by_acceptance_rate=0.5, disable_by_batch_size=None)
+    )
     gate.off = True
     assert [gate.num_drafting(8) for _ in range(PROBE_INTERVAL + 2)][-3:] == [1, 1, 1]  # none drafted yet
     gate.record(4, 0)  # a probe, rejected

@@ -117,7 +117,10 @@ def test_the_dashboard_shows_the_batchers_acceptance() -> None:
 @pytest.mark.parametrize(
     ("spec", "systems"),
     [
-        ("cpu-speculative.toml", ["spec-off", "ngram-4", "ngram-8", "suffix-4", "draft-model-4"]),
+        (
+            "cpu-speculative.toml",
+            ["spec-off", "ngram-4", "ngram-4-any-batch", "ngram-8", "suffix-4", "draft-model-4"],
+        ),
         (
             "cpu-speculative-16.toml",
             ["spec-off", "ngram-4", "ngram-4-always", "spec-off-async", "ngram-4-async"],
@@ -142,7 +145,12 @@ def test_the_speculative_specs_parse_with_the_settings_the_services_take(
             for s in resolved
             if s.launch and "SPECULATIVE_CONFIG" in s.launch.env
         }
-        assert SpeculativeConfig.model_validate_json(configs["ngram-4"]).disable_by_acceptance_rate == 0.15
+        ngram = SpeculativeConfig.model_validate_json(configs["ngram-4"])
+        assert ngram.disable_by_acceptance_rate == 0.15
+        # Acceptance alone decides there: the batch-size bound (8 by default) would stop all drafts.
+        assert all(
+            SpeculativeConfig.model_validate_json(c).disable_by_batch_size is None for c in configs.values()
+        )
         assert (
             SpeculativeConfig.model_validate_json(configs["ngram-4-always"]).disable_by_acceptance_rate
             is None

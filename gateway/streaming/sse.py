@@ -9,10 +9,16 @@ KEEPALIVE = b": keep-alive\n\n"
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
+# Characters JSON leaves unescaped that clients splitting lines like str.splitlines (httpx's
+# aiter_lines) break a data line at, though SSE ends lines only at CR and LF: a token decoding to one
+# of them cut its chunk's JSON in two. Inside JSON strings the escape is the same text.
+_LINE_BREAKS = str.maketrans({c: f"\\u{ord(c):04x}" for c in "\x85\u2028\u2029"})
+
+
 def sse_event(data: str, event_id: str | None = None, event: str | None = None) -> bytes:
     """One event; `event_id` (a token stream entry id) lets a client resume with Last-Event-ID, and
     `event` names its type (the dashboard's `step` and `stats`; OpenAI streams send none)."""
     head = f"id: {event_id}\n" if event_id is not None else ""
     if event is not None:
         head += f"event: {event}\n"
-    return f"{head}data: {data}\n\n".encode()
+    return f"{head}data: {data.translate(_LINE_BREAKS)}\n\n".encode()

@@ -16,9 +16,12 @@ class KVCache:
     k_pools: list[torch.Tensor]  # per layer: [num_blocks, block_size, num_kv_heads, head_dim]
     v_pools: list[torch.Tensor]  # same shape as k_pools
     block_size: int
-    # Reused gather outputs (K, V), grown on demand: a fresh output of tens of MB page-faults on every
-    # first write on the CPU (docs/benchmarks.md).
-    _workspace: tuple[torch.Tensor, torch.Tensor] | None = field(default=None, repr=False)
+    # Reused gather outputs (K, V) by dtype (the pool's, and the reader's when it is wider), grown on
+    # demand: a fresh output of tens of MB page-faults on every first write on the CPU
+    # (docs/benchmarks.md).
+    _workspaces: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor]] = field(
+        default_factory=dict, repr=False
+    )
 
     @classmethod
     def allocate(
@@ -63,30 +66,36 @@ class KVCache:
         """K and V of the blocks in `block_tables` ([B, nb]), as [B, nb * block_size, kv_heads, head_dim]
         in `dtype` (the reader's: a pool stored narrower, WORKER_KV_CACHE_DTYPE, is widened).
 
-        The result is a view of a reused workspace (or, widened, a copy of it): valid until the next
-        gather.
+        The result is a view of a reused workspace: valid until the next gather.
         """
         batch, num_table_blocks = block_tables.shape
         flat = block_tables.reshape(-1)
-        k_out, v_out = self._gather_outputs(flat.numel())
+        pool_dtype = self.k_pools[layer].dtype
+        k_out, v_out = self._gather_outputs(flat.numel(), pool_dtype)
         # index_select on dim 0 copies whole blocks (memcpy per block on CPU); advanced indexing
         # (`pool[block_tables]`) copies element by element.
         torch.index_select(self.k_pools[layer], 0, flat, out=k_out)
         torch.index_select(self.v_pools[layer], 0, flat, out=v_out)
+        if dtype != pool_dtype:
+            k_wide, v_wide = self._gather_outputs(flat.numel(), dtype)
+            k_out, v_out = k_wide.copy_(k_out), v_wide.copy_(v_out)
         length = num_table_blocks * self.block_size
         return (
-            k_out.view(batch, length, *k_out.shape[2:]).to(dtype),
-            v_out.view(batch, length, *v_out.shape[2:]).to(dtype),
+            k_out.view(batch, length, *k_out.shape[2:]),
+            v_out.view(batch, length, *v_out.shape[2:]),
         )
 
-    def _gather_outputs(self, num_blocks: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The first `num_blocks` blocks of the workspace, grown by at least a quarter when too small."""
-        if self._workspace is None or self._workspace[0].shape[0] < num_blocks:
-            size = max(num_blocks, 0 if self._workspace is None else self._workspace[0].shape[0] * 5 // 4)
+    def _gather_outputs(self, num_blocks: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """The first `num_blocks` blocks of the `dtype` workspace, grown by at least a quarter when too
+        small."""
+        work = self._workspaces.get(dtype)
+        if work is None or work[0].shape[0] < num_blocks:
+            size = max(num_blocks, 0 if work is None else work[0].shape[0] * 5 // 4)
             pool = self.k_pools[0]
-            self._workspace = (
-                torch.empty((size, *pool.shape[1:]), dtype=pool.dtype, device=pool.device),
-                torch.empty((size, *pool.shape[1:]), dtype=pool.dtype, device=pool.device),
+            work = (
+                torch.empty((size, *pool.shape[1:]), dtype=dtype, device=pool.device),
+                torch.empty((size, *pool.shape[1:]), dtype=dtype, device=pool.device),
             )
-        k_work, v_work = self._workspace
+            self._workspaces[dtype] = work
+        k_work, v_work = work
         return k_work[:num_blocks], v_work[:num_blocks]

@@ -46,7 +46,9 @@ class WorkerSettings(BaseSettings):
     )
     device: Device = Field(default="cpu", description="Where the model runs: cpu or cuda (--device).")
     dtype: DType = Field(
-        default="auto", description="Weights and KV dtype; auto: float32 on cpu, bfloat16 on cuda."
+        default="auto",
+        description="Weights dtype, and the KV cache's unless kv_cache_dtype narrows it; auto: float32 on "
+        "cpu, bfloat16 on cuda.",
     )
     kv_cache_dtype: KVCacheDType = Field(
         default="auto",

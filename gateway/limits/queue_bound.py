@@ -68,8 +68,8 @@ class _Unseen:
         self.readings[self.num_released] += 1
         return self.num_released
 
-    def count(self, began: int) -> int:
-        """What the reading that began at release number `began` may not show; it is over."""
+    def end_reading(self, began: int) -> int:
+        """The reading that began at release number `began` is answered: what it may not show."""
         num = sum(self.admitted.values()) + sum(n for at, n in self.released if at > began)
         self.readings[began] -= 1
         if self.readings[began] == 0:
@@ -104,7 +104,7 @@ class QueueBound:
             queued = await num_queued(redis, keys)
         finally:
             # No await from here on: the count and the admission are one step for this gateway.
-            queued_here = unseen.count(began)
+            queued_here = unseen.end_reading(began)
         queued += queued_here
         if queued + num_new > self.max_queued:
             raise OpenAIError(

@@ -11,18 +11,18 @@ def test_a_request_written_while_a_reading_is_in_flight_is_still_counted_by_it()
     began = unseen.begin_reading()  # sent before "a" is written: its answer may not show it
     unseen.release("a")  # written
     later = unseen.begin_reading()  # sent after: Redis shows "a"
-    assert unseen.count(began) == 2
-    assert unseen.count(later) == 0
+    assert unseen.end_reading(began) == 2
+    assert unseen.end_reading(later) == 0
     assert unseen.released == [] and not unseen.readings  # nothing kept once no reading is in flight
 
 
 def test_an_admitted_request_counts_until_released() -> None:
     unseen = _Unseen()
     unseen.admitted["a"] = 1
-    assert unseen.count(unseen.begin_reading()) == 1
+    assert unseen.end_reading(unseen.begin_reading()) == 1
     unseen.release("a")  # no reading in flight: nothing to remember
     assert unseen.released == []
-    assert unseen.count(unseen.begin_reading()) == 0
+    assert unseen.end_reading(unseen.begin_reading()) == 0
 
 
 def test_releases_are_kept_for_the_oldest_reading_in_flight() -> None:
@@ -32,6 +32,6 @@ def test_releases_are_kept_for_the_oldest_reading_in_flight() -> None:
     unseen.release("a")
     second = unseen.begin_reading()
     unseen.release("b")
-    assert unseen.count(second) == 1  # "b" only; "a" is kept for the first
-    assert unseen.count(first) == 2
+    assert unseen.end_reading(second) == 1  # "b" only; "a" is kept for the first
+    assert unseen.end_reading(first) == 2
     assert unseen.released == []

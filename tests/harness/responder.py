@@ -1,8 +1,8 @@
 """A stand-in worker for gateway tests that only need requests to finish: answers every request.
 
 A thread reads each GenerateRequest from the requests stream and writes `num_tokens` token events to
-its token stream (with logprobs when asked, as the worker would),
-the last one finishing it, and keeps a worker heartbeat fresh so /health says 200.
+its token stream (with logprobs when asked, as the worker would), the last one finishing it (a
+finishing prompt event for max_tokens 0), and keeps a worker heartbeat fresh so /health says 200.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 
 import redis
 
-from common.protocol import FIELD, GenerateRequest, TokenEvent, decode_request, encode
+from common.protocol import FIELD, GenerateRequest, PromptEvent, TokenEvent, decode_request, encode
 from common.streams import REQUESTS_STREAM, WORKERS_HEARTBEAT, token_stream
 
 TOKEN_ID = 300
@@ -45,6 +45,11 @@ class Responder:
         n = min(self._num_tokens, params.max_tokens)
         k = params.logprobs
         pipe = self.redis.pipeline(transaction=False)
+        if n == 0:  # max_tokens 0 ends at the prompt, as the worker ends it
+            event = PromptEvent(
+                req_id=request.req_id, attempt=1, token_ids=request.prompt_token_ids, finish_reason="length"
+            )
+            pipe.xadd(token_stream(request.req_id), {FIELD: encode(event)})
         for index in range(n):
             event = TokenEvent(
                 req_id=request.req_id,

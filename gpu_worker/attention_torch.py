@@ -3,8 +3,9 @@ against): gathers each group's K/V out of the pool into a workspace and runs SDP
 
 Decodes are attended in groups of similar context length (one gather and one SDPA per group), and
 every prefill chunk by itself; a first chunk attends over its own K/V without reading the pool. On
-the CPU at float32 a plain layer's decodes read the pool directly through their block tables
-(cpu_kernels/paged_decode.cpp) instead of gathering a copy first. With cascade attention (the CPU
+the CPU at float32 a plain layer's decodes, and its chunks of a few queries (a decode's drafts to
+verify), read the pool directly through their block tables (cpu_kernels/paged_decode.cpp) instead of
+gathering a copy first. With cascade attention (the CPU
 default), decodes sharing leading blocks read them once (cascade_attention.py). A layer's variant
 (attention_variant.py) adds its window to the masks (built once per step and window; blocks wholly
 before a group's or chunk's window are not gathered) and computes softcapping and sinks with eager
@@ -34,6 +35,18 @@ from gpu_worker.kv_cache import KVCache
 # member reads is padding.
 GROUP_SHARE = 0.8
 KERNEL_POOL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+# The most queries of a chunk the CPU kernel attends: it reads each key once for all of them, but
+# computes their scores one by one, where SDPA multiplies matrices (docs/benchmarks.md).
+KERNEL_MAX_QUERIES = 8
+
+
+@dataclass(slots=True)
+class KernelRead:
+    """What the CPU kernel reads for some sequences' last queries, straight from the pool."""
+
+    block_tables: torch.Tensor  # [b, nb] int32, contiguous
+    seq_lens: torch.Tensor  # [b] int32: keys of each sequence, its queries' own included
+    query_start_loc: torch.Tensor  # [b + 1] int32: sequence i's queries are rows [i] .. [i + 1] - 1
 
 
 @dataclass(slots=True)
@@ -47,6 +60,7 @@ class PrefillChunk:
     cached: int  # tokens cached before this chunk (its first query's position)
     # [q, context_len] bool, True = may attend; None when the chunk starts at position 0 (plain causal)
     causal_mask: torch.Tensor | None
+    kernel: KernelRead | None  # where the CPU kernel attends a later chunk's few queries
 
 
 @dataclass(slots=True)
@@ -59,9 +73,8 @@ class DecodeGroup:
     # [b, 1, 1, nb * block_size] bool, True below each context length; None when every table is full
     mask: torch.Tensor | None
     query_pos: torch.Tensor  # [b] host: position of each decoded token (context length - 1)
-    # [b] int32: keys each query attends over; only where the CPU kernel reads the pool (with the
-    # group's tables made contiguous), so no other device pays a copy per group and step.
-    context_lens: torch.Tensor | None
+    # Only where the CPU kernel reads the pool, so no other device pays a copy per group and step.
+    kernel: KernelRead | None
     num_keys: int  # positions the gather reads per row: table blocks * block size
 
 
@@ -150,7 +163,10 @@ class TorchAttentionBackend(AttentionBackend[TorchAttentionMetadata]):
                 query_pos = torch.arange(cached, context_len).unsqueeze(1)
                 causal = (torch.arange(context_len).unsqueeze(0) <= query_pos).to(device)
             table = common.block_tables[seq, : _ceil_div(context_len, block_size)]
-            chunks.append(PrefillChunk(start, end, table, context_len, cached, causal))
+            kernel = None
+            if self.decode_kernel and cached > 0 and end - start <= KERNEL_MAX_QUERIES:
+                kernel = _kernel_read(table.unsqueeze(0), [context_len], [0, end - start])
+            chunks.append(PrefillChunk(start, end, table, context_len, cached, causal, kernel))
         return TorchAttentionMetadata(common.slot_mapping, groups, chunks, cascade, common.max_seq_len)
 
     def _cascade(self, common: CommonAttentionMetadata, context_lens: list[int]) -> CascadeDecodes | None:
@@ -180,10 +196,7 @@ class TorchAttentionBackend(AttentionBackend[TorchAttentionMetadata]):
         # Rows are padded with block 0, which is harmless: the mask hides every position past the
         # context length.
         tables = common.block_tables[start:end, :num_table_blocks]
-        kernel_lens: torch.Tensor | None = None
-        if self.decode_kernel:
-            tables = tables.contiguous()
-            kernel_lens = torch.tensor(lens, dtype=torch.int32, device=tables.device)
+        kernel = _kernel_read(tables, lens, list(range(end - start + 1))) if self.decode_kernel else None
         mask: torch.Tensor | None = None
         if lens[-1] < num_table_blocks * block_size:  # someone's table ends before it is full
             full = torch.arange(num_table_blocks * block_size).unsqueeze(0) < torch.tensor(lens).unsqueeze(1)
@@ -194,7 +207,7 @@ class TorchAttentionBackend(AttentionBackend[TorchAttentionMetadata]):
             block_tables=tables,
             mask=mask,
             query_pos=torch.tensor(lens) - 1,
-            context_lens=kernel_lens,
+            kernel=kernel,
             num_keys=num_table_blocks * block_size,
         )
 
@@ -237,16 +250,8 @@ class TorchAttentionBackend(AttentionBackend[TorchAttentionMetadata]):
         variant: AttentionVariant,
         out: torch.Tensor,
     ) -> None:
-        if group.context_lens is not None and variant.is_plain:
-            result = (
-                out if out.is_contiguous() else torch.empty_like(out, memory_format=torch.contiguous_format)
-            )
-            torch.ops.cbserve_cpu.paged_decode_attention(
-                result, q.contiguous(), self.kv_cache.k_pools[layer], self.kv_cache.v_pools[layer],
-                group.block_tables, group.context_lens, scale,
-            )  # fmt: skip
-            if result is not out:
-                out.copy_(result)
+        if group.kernel is not None and variant.is_plain:
+            self._attend_in_pool(layer, group.kernel, q, scale, out)
             return
         # A group's single-token queries in one gather and one SDPA: [b, H, 1, D] over [b, KVH, L, D].
         first_block, mask = read
@@ -266,6 +271,9 @@ class TorchAttentionBackend(AttentionBackend[TorchAttentionMetadata]):
         variant: AttentionVariant,
         out: torch.Tensor,
     ) -> None:
+        if chunk.kernel is not None and variant.is_plain:
+            self._attend_in_pool(layer, chunk.kernel, query[chunk.start : chunk.end], scale, out)
+            return
         q = query[chunk.start : chunk.end].transpose(0, 1).unsqueeze(0)  # [1, H, q, D]
         first_block, mask = read
         if chunk.cached == 0:
@@ -282,6 +290,27 @@ class TorchAttentionBackend(AttentionBackend[TorchAttentionMetadata]):
         # No mask only for a first chunk without a window: plain causal.
         attn = attend(q, k, v, mask, scale, variant, is_causal=mask is None)
         out.copy_(attn[0].transpose(0, 1))
+
+    def _attend_in_pool(
+        self, layer: int, read: KernelRead, q: torch.Tensor, scale: float, out: torch.Tensor
+    ) -> None:
+        """The CPU kernel's attention of `q` ([rows, H, D]) over the pool, into `out`."""
+        result = out if out.is_contiguous() else torch.empty_like(out, memory_format=torch.contiguous_format)
+        torch.ops.cbserve_cpu.paged_decode_attention(
+            result, q.contiguous(), self.kv_cache.k_pools[layer], self.kv_cache.v_pools[layer],
+            read.block_tables, read.seq_lens, read.query_start_loc, scale,
+        )  # fmt: skip
+        if result is not out:
+            out.copy_(result)
+
+
+def _kernel_read(block_tables: torch.Tensor, seq_lens: list[int], query_start_loc: list[int]) -> KernelRead:
+    device = block_tables.device
+    return KernelRead(
+        block_tables.contiguous(),
+        torch.tensor(seq_lens, dtype=torch.int32, device=device),
+        torch.tensor(query_start_loc, dtype=torch.int32, device=device),
+    )
 
 
 def group_bounds(context_lens: list[int], block_size: int, split: bool) -> list[tuple[int, int]]:

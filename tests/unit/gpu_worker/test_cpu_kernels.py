@@ -1,6 +1,7 @@
 """The CPU decode-attention kernel (gpu_worker/cpu_kernels/): reading the pool through the block tables
-gives what gathering the K/V and running SDPA gives, on the same pool and step, whether the pool is
-float32 or stored narrower (WORKER_KV_CACHE_DTYPE) for float32 queries."""
+gives what gathering the K/V and running SDPA gives, on the same pool and step, for decodes and for
+chunks of a few queries (drafts to verify), whether the pool is float32 or stored narrower
+(WORKER_KV_CACHE_DTYPE) for float32 queries."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import pytest
 import torch
 
 from gpu_worker import cpu_kernels
-from gpu_worker.attention_torch import TorchAttentionBackend
+from gpu_worker.attention_torch import KERNEL_MAX_QUERIES, TorchAttentionBackend
 from gpu_worker.attention_variant import AttentionVariant
 from gpu_worker.input_batch import ScheduledRequest, build_input_batch
 from tests.harness.paged_steps import pool, scheduled_request
@@ -67,6 +68,29 @@ def test_decodes_read_in_place_equal_gathered_decodes(
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("threads", [1, 4])
+@pytest.mark.parametrize("pool_dtype", [torch.float32, torch.bfloat16])
+def test_chunks_of_a_few_queries_read_in_place_equal_gathered_chunks(
+    threads: int, pool_dtype: torch.dtype
+) -> None:
+    scattered = torch.randperm(300, generator=torch.Generator().manual_seed(2)).tolist()
+    requests = [
+        scheduled_request(0, scattered[:3], 2 * BS + 5, 1),  # a decode beside them
+        scheduled_request(1, scattered[3:24], 19 * BS + 14, 5),  # its queries cross into a new block
+        scheduled_request(2, scattered[24:27], 2 * BS, 2),  # the first two of a block
+        scheduled_request(3, scattered[27:28], 0, KERNEL_MAX_QUERIES),  # a first chunk: its own K/V
+        scheduled_request(4, scattered[28:41], 12 * BS - 3, KERNEL_MAX_QUERIES),
+        scheduled_request(5, scattered[41:46], 4 * BS, KERNEL_MAX_QUERIES + 1),  # gathered either way
+    ]
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        out, expected = _kernel_against_gather(requests, 4, pool_dtype=pool_dtype)
+    finally:
+        torch.set_num_threads(before)
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+
+
 def test_a_model_in_bfloat16_keeps_the_gathering_path() -> None:
     kv_cache = pool(8, BS, 2, 32, torch.bfloat16)
     assert not TorchAttentionBackend(kv_cache, group_decodes=True).decode_kernel  # its queries: bfloat16
@@ -84,12 +108,16 @@ def test_the_kernel_refuses_what_it_cannot_read() -> None:
     q = torch.zeros(1, 2, 8)
     pool_ = torch.zeros(4, BS, 2, 8)
     tables, lens = torch.zeros(1, 1, dtype=torch.int32), torch.ones(1, dtype=torch.int32)
+    starts = torch.tensor([0, 1], dtype=torch.int32)
+    kernel = torch.ops.cbserve_cpu.paged_decode_attention
     with pytest.raises(RuntimeError, match="float32 queries only"):
         narrow = q.bfloat16()
-        torch.ops.cbserve_cpu.paged_decode_attention(narrow, narrow, pool_, pool_, tables, lens, 1.0)
+        kernel(narrow, narrow, pool_, pool_, tables, lens, starts, 1.0)
     with pytest.raises(RuntimeError, match="K and V pools differ"):
-        torch.ops.cbserve_cpu.paged_decode_attention(q, q, pool_.bfloat16(), pool_, tables, lens, 1.0)
+        kernel(q, q, pool_.bfloat16(), pool_, tables, lens, starts, 1.0)
     with pytest.raises(RuntimeError, match="paged_decode_attention"):  # no float64 pool
-        torch.ops.cbserve_cpu.paged_decode_attention(q, q, pool_.double(), pool_.double(), tables, lens, 1.0)
+        kernel(q, q, pool_.double(), pool_.double(), tables, lens, starts, 1.0)
     with pytest.raises(RuntimeError, match="int32"):
-        torch.ops.cbserve_cpu.paged_decode_attention(q, q, pool_, pool_, tables.long(), lens, 1.0)
+        kernel(q, q, pool_, pool_, tables.long(), lens, starts, 1.0)
+    with pytest.raises(RuntimeError, match="shapes disagree"):  # a query start per sequence and one more
+        kernel(q, q, pool_, pool_, tables, lens, starts[:1], 1.0)

@@ -26,6 +26,7 @@ from batcher.request import Request
 from batcher.scheduler import Scheduler, SchedulerConfig
 from common.protocol import SamplingParams
 from gpu_worker import attention_torch
+from gpu_worker.forward import compile as forward_compile
 from gpu_worker.forward import linear
 from gpu_worker.model_runner import ModelRunner
 from gpu_worker.settings import Quantization, WorkerSettings
@@ -58,13 +59,17 @@ def parse_variant(name: str) -> tuple[bool, Quantization | None]:
     """`eager`, `compiled`, `int8-eager`, `int8-compiled`, `fp8-...`, and the earlier fp32 CPU paths
     for A/B: `gather-eager` / `-compiled` (decode attention gathers its K/V instead of the CPU
     kernel reading the pool) and `mkl-eager` / `-compiled` (that, and fp32 weights left unpacked, for
-    `F.linear`): (compile, quantization)."""
+    `F.linear`) and `pywrap-compiled` (inductor's Python wrapper around its kernels instead of its C++
+    one): (compile, quantization)."""
+    earlier = ("gather", "mkl", "pywrap")
     quantization, _, mode = name.rpartition("-")
-    if mode not in ("eager", "compiled") or quantization not in ("", "int8", "fp8", "gather", "mkl"):
+    known = quantization in ("", "int8", "fp8", *earlier) and (mode, quantization) != ("eager", "pywrap")
+    if mode not in ("eager", "compiled") or not known:
         raise SystemExit(
-            f"unknown variant {name!r}: [int8-|fp8-|gather-|mkl-]eager or [int8-|fp8-|gather-|mkl-]compiled"
+            f"unknown variant {name!r}: [int8-|fp8-|gather-|mkl-]eager or "
+            "[int8-|fp8-|gather-|mkl-|pywrap-]compiled"
         )
-    return mode == "compiled", None if quantization in ("", "gather", "mkl") else quantization  # type: ignore[return-value]
+    return mode == "compiled", None if quantization in ("", *earlier) else quantization  # type: ignore[return-value]
 
 
 def build(name: str, args: argparse.Namespace, prompts: list[list[int]]) -> Variant:
@@ -88,6 +93,9 @@ def build(name: str, args: argparse.Namespace, prompts: list[list[int]]) -> Vari
     # The earlier paths are chosen at load (Linear packs its weight, the backend looks for the kernel),
     # so the choices are turned off for this load only.
     packs, kernels = linear.packs_on_cpu, attention_torch.cpu_kernels
+    options = forward_compile.inductor_options
+    if base.startswith("pywrap-"):
+        forward_compile.inductor_options = lambda device: None
     if base.startswith("mkl-"):
         linear.packs_on_cpu = lambda weight: False
     if base.startswith(("mkl-", "gather-")):
@@ -96,6 +104,7 @@ def build(name: str, args: argparse.Namespace, prompts: list[list[int]]) -> Vari
         runner = ModelRunner(settings)
     finally:
         linear.packs_on_cpu, attention_torch.cpu_kernels = packs, kernels
+        forward_compile.inductor_options = options
     print(f"{name}: ready in {time.perf_counter() - started:.1f} s", flush=True)
     scheduler = Scheduler(SchedulerConfig())
     scheduler.add_worker(runner.worker_info())

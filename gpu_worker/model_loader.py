@@ -62,7 +62,7 @@ def load_model(settings: WorkerSettings) -> Model:
         return model
     decoder = Decoder(model, settings.quantization)
     if settings.compile:
-        compile_decoder(decoder, Path(settings.compile_cache_dir))
+        compile_decoder(decoder, Path(settings.compile_cache_dir), device)
     return decoder
 
 

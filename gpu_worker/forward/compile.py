@@ -3,8 +3,10 @@
 One graph for every step: the token and row counts are unbacked symbols, so neither 1 nor 0 gets a
 graph of its own, and paged attention is an opaque custom op, so the step's metadata never reaches
 the graph. Inductor fuses the norms, RoPE, residuals and SiLU·mul (C++ kernels on the CPU, Triton on
-CUDA). Its FX graph cache (and on CUDA the Triton kernels) live in `cache_dir`, so a restarted worker
-loads instead of compiling. The runner's profiling step at start-up is the first call and compiles;
+CUDA). On the CPU the code calling those kernels is C++ too (inductor's cpp_wrapper): calling them
+from Python cost ~0.7 ms a step at batch 1 on a small model (docs/benchmarks.md). Its FX graph
+cache (and on CUDA the Triton kernels) live in `cache_dir`, so a restarted worker loads instead of
+compiling. The runner's profiling step at start-up is the first call and compiles;
 a failure there leaves the model eager, with a warning.
 """
 
@@ -33,13 +35,22 @@ def configure_cache(cache_dir: Path) -> None:
     torch._inductor.config.fx_graph_cache = True
 
 
+def inductor_options(device: torch.device) -> dict[str, Any] | None:
+    return {"cpp_wrapper": True} if device.type == "cpu" else None
+
+
 class CompiledForward:
     """`decoder.run` while compiled: the compiled forward, falling back to eager if the first call
     fails to compile. After that, errors propagate (they belong to the step, not to compilation)."""
 
-    def __init__(self, decoder: Decoder, backend: str | Callable[..., Any] = "inductor") -> None:
+    def __init__(
+        self, decoder: Decoder, device: torch.device, backend: str | Callable[..., Any] = "inductor"
+    ) -> None:
         self.decoder = decoder
-        self.compiled: Forward = torch.compile(decoder.logits_of, dynamic=True, backend=backend)
+        options = inductor_options(device) if backend == "inductor" else None
+        self.compiled: Forward = torch.compile(
+            decoder.logits_of, dynamic=True, backend=backend, options=options
+        )
         self.compile_seconds = 0.0  # set by the first call, which compiles
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, kept: torch.Tensor) -> torch.Tensor:
@@ -64,6 +75,6 @@ def _cache_dir() -> str:
     return os.environ.get("TORCHINDUCTOR_CACHE_DIR", "inductor's default")
 
 
-def compile_decoder(decoder: Decoder, cache_dir: Path) -> None:
+def compile_decoder(decoder: Decoder, cache_dir: Path, device: torch.device) -> None:
     configure_cache(cache_dir)
-    decoder.run = CompiledForward(decoder)
+    decoder.run = CompiledForward(decoder, device)

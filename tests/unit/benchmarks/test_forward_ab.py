@@ -12,8 +12,10 @@ from benchmarks.forward_ab import main, parse_variant
 def test_variant_names_say_compile_and_weights() -> None:
     assert parse_variant("eager") == (False, None)
     assert parse_variant("int8-compiled") == (True, "int8")
-    with pytest.raises(SystemExit, match="unknown variant"):
-        parse_variant("int4-eager")
+    assert parse_variant("pywrap-compiled") == (True, None)
+    for name in ("int4-eager", "pywrap-eager"):  # the Python wrapper is a compiled variant only
+        with pytest.raises(SystemExit, match="unknown variant"):
+            parse_variant(name)
 
 
 def test_eager_variants_agree_and_are_timed(tiny_model_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -149,7 +149,7 @@ def test_a_failed_compile_leaves_the_model_eager(
     runner = make_runner(tiny_model_dir, compile=False)
     decoder = runner.model
     assert isinstance(decoder, Decoder)
-    decoder.run = CompiledForward(decoder, backend=_failing_backend)
+    decoder.run = CompiledForward(decoder, torch.device("cpu"), backend=_failing_backend)
     with caplog.at_level(logging.WARNING):
         greedy_requests_equal_generate(runner, Path(runner.model_name))
     assert "torch.compile failed, running eager" in caplog.text

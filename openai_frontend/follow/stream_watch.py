@@ -64,7 +64,9 @@ class StreamWatch:
     cell: str
     checked_at: float = float("-inf")  # time.monotonic() of the last check
     gone_since: float | None = None  # since when the cell's batcher has been seen gone
-    seen: set[str] = field(default_factory=set)  # followed requests whose keys were seen in Redis
+    # Followed requests whose keys were seen in Redis. Only the follower's own calls change it (`forget`
+    # when it stops): a request subscribed while a check is in flight must stay in it.
+    seen: set[str] = field(default_factory=set)
 
     def due(self, now: float) -> bool:
         return now - self.checked_at >= WATCH_INTERVAL_S
@@ -98,7 +100,6 @@ class StreamWatch:
             for req_id in ordered:  # both keys in the request's cell slot
                 pipe.exists(submitted_key(req_id), token_stream(req_id))
             counts: Any = await pipe.execute()
-        self.seen &= set(ordered)  # forget those no longer followed
         lost = []
         for req_id, count in zip(ordered, counts, strict=True):
             if int(count):
@@ -106,6 +107,10 @@ class StreamWatch:
             elif req_id in self.seen:
                 lost.append(req_id)
         return lost
+
+    def forget(self, req_id: str) -> None:
+        """`req_id` is no longer followed."""
+        self.seen.discard(req_id)
 
     async def _abort(self, req_ids: Collection[str]) -> None:
         for req_id in req_ids:

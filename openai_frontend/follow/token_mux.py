@@ -141,6 +141,7 @@ class CellStreamMux:
             subs.remove(sub)
         if not subs:
             self._subs.pop(key, None)
+            self._watch.forget(sub.req_id)
         if not self._subs:
             self._has_subs.clear()
 

@@ -42,11 +42,12 @@ KERNEL_MAX_QUERIES = 8
 
 @dataclass(slots=True)
 class KernelRead:
-    """What the CPU kernel reads for some sequences' last queries, straight from the pool."""
+    """Some consecutive sequences of the step whose last queries the CPU kernel attends straight from
+    the pool: views of the step's CommonAttentionMetadata, rows of its flattened queries."""
 
-    block_tables: torch.Tensor  # [b, nb] int32, contiguous
-    seq_lens: torch.Tensor  # [b] int32: keys of each sequence, its queries' own included
-    query_start_loc: torch.Tensor  # [b + 1] int32: sequence i's queries are rows [i] .. [i + 1] - 1
+    block_tables: torch.Tensor  # [b, max_num_blocks] int32
+    seq_lens: torch.Tensor  # [b] int32
+    query_start_loc: torch.Tensor  # [b + 1] int32
 
 
 @dataclass(slots=True)
@@ -73,8 +74,7 @@ class DecodeGroup:
     # [b, 1, 1, nb * block_size] bool, True below each context length; None when every table is full
     mask: torch.Tensor | None
     query_pos: torch.Tensor  # [b] host: position of each decoded token (context length - 1)
-    # Only where the CPU kernel reads the pool, so no other device pays a copy per group and step.
-    kernel: KernelRead | None
+    kernel: KernelRead | None  # where the CPU kernel reads the pool
     num_keys: int  # positions the gather reads per row: table blocks * block size
 
 
@@ -165,7 +165,7 @@ class TorchAttentionBackend(AttentionBackend[TorchAttentionMetadata]):
             table = common.block_tables[seq, : _ceil_div(context_len, block_size)]
             kernel = None
             if self.decode_kernel and cached > 0 and end - start <= KERNEL_MAX_QUERIES:
-                kernel = _kernel_read(table.unsqueeze(0), [context_len], [0, end - start])
+                kernel = _kernel_read(common, seq, seq + 1)
             chunks.append(PrefillChunk(start, end, table, context_len, cached, causal, kernel))
         return TorchAttentionMetadata(common.slot_mapping, groups, chunks, cascade, common.max_seq_len)
 
@@ -196,7 +196,7 @@ class TorchAttentionBackend(AttentionBackend[TorchAttentionMetadata]):
         # Rows are padded with block 0, which is harmless: the mask hides every position past the
         # context length.
         tables = common.block_tables[start:end, :num_table_blocks]
-        kernel = _kernel_read(tables, lens, list(range(end - start + 1))) if self.decode_kernel else None
+        kernel = _kernel_read(common, start, end) if self.decode_kernel else None
         mask: torch.Tensor | None = None
         if lens[-1] < num_table_blocks * block_size:  # someone's table ends before it is full
             full = torch.arange(num_table_blocks * block_size).unsqueeze(0) < torch.tensor(lens).unsqueeze(1)
@@ -222,6 +222,7 @@ class TorchAttentionBackend(AttentionBackend[TorchAttentionMetadata]):
         variant: AttentionVariant = PLAIN,
     ) -> torch.Tensor:
         self.kv_cache.write(layer, metadata.slot_mapping, key, value)
+        query = query.contiguous()  # as the CPU kernel reads it (the model's op passes it so already)
         out = torch.empty_like(query)
         variant = variant.within(metadata.max_seq_len)
         decode_reads: list[KeyRead] = [(0, group.mask) for group in metadata.decodes]
@@ -233,11 +234,20 @@ class TorchAttentionBackend(AttentionBackend[TorchAttentionMetadata]):
             attend_cascade(
                 self.kv_cache, layer, metadata.cascade, query[decodes], scale, out[decodes], variant
             )
+        plain = variant.is_plain
         for group, read in zip(metadata.decodes, decode_reads, strict=True):
-            q = query[group.start : group.end]
-            self._decode(layer, group, read, q, scale, variant, out[group.start : group.end])
+            if group.kernel is not None and plain:
+                self._attend_in_pool(layer, group.kernel, query, scale, out)
+            else:
+                q = query[group.start : group.end]
+                self._decode(layer, group, read, q, scale, variant, out[group.start : group.end])
         for chunk, read in zip(metadata.prefills, prefill_reads, strict=True):
-            self._prefill(layer, chunk, read, query, key, value, scale, variant, out[chunk.start : chunk.end])
+            if chunk.kernel is not None and plain:
+                self._attend_in_pool(layer, chunk.kernel, query, scale, out)
+            else:
+                self._prefill(
+                    layer, chunk, read, query, key, value, scale, variant, out[chunk.start : chunk.end]
+                )
         return out
 
     def _decode(
@@ -250,9 +260,6 @@ class TorchAttentionBackend(AttentionBackend[TorchAttentionMetadata]):
         variant: AttentionVariant,
         out: torch.Tensor,
     ) -> None:
-        if group.kernel is not None and variant.is_plain:
-            self._attend_in_pool(layer, group.kernel, q, scale, out)
-            return
         # A group's single-token queries in one gather and one SDPA: [b, H, 1, D] over [b, KVH, L, D].
         first_block, mask = read
         k_cache, v_cache = self.kv_cache.gather(layer, group.block_tables[:, first_block:], q.dtype)
@@ -271,9 +278,6 @@ class TorchAttentionBackend(AttentionBackend[TorchAttentionMetadata]):
         variant: AttentionVariant,
         out: torch.Tensor,
     ) -> None:
-        if chunk.kernel is not None and variant.is_plain:
-            self._attend_in_pool(layer, chunk.kernel, query[chunk.start : chunk.end], scale, out)
-            return
         q = query[chunk.start : chunk.end].transpose(0, 1).unsqueeze(0)  # [1, H, q, D]
         first_block, mask = read
         if chunk.cached == 0:
@@ -292,24 +296,20 @@ class TorchAttentionBackend(AttentionBackend[TorchAttentionMetadata]):
         out.copy_(attn[0].transpose(0, 1))
 
     def _attend_in_pool(
-        self, layer: int, read: KernelRead, q: torch.Tensor, scale: float, out: torch.Tensor
+        self, layer: int, read: KernelRead, query: torch.Tensor, scale: float, out: torch.Tensor
     ) -> None:
-        """The CPU kernel's attention of `q` ([rows, H, D]) over the pool, into `out`."""
-        result = out if out.is_contiguous() else torch.empty_like(out, memory_format=torch.contiguous_format)
+        """The CPU kernel's attention of `read`'s rows of `query` ([T, H, D], contiguous) over the
+        pool, into the same rows of `out`."""
         torch.ops.cbserve_cpu.paged_decode_attention(
-            result, q.contiguous(), self.kv_cache.k_pools[layer], self.kv_cache.v_pools[layer],
+            out, query, self.kv_cache.k_pools[layer], self.kv_cache.v_pools[layer],
             read.block_tables, read.seq_lens, read.query_start_loc, scale,
         )  # fmt: skip
-        if result is not out:
-            out.copy_(result)
 
 
-def _kernel_read(block_tables: torch.Tensor, seq_lens: list[int], query_start_loc: list[int]) -> KernelRead:
-    device = block_tables.device
+def _kernel_read(common: CommonAttentionMetadata, first: int, end: int) -> KernelRead:
+    """Sequences [first, end) of the step, as the CPU kernel reads them (views: no copy per step)."""
     return KernelRead(
-        block_tables.contiguous(),
-        torch.tensor(seq_lens, dtype=torch.int32, device=device),
-        torch.tensor(query_start_loc, dtype=torch.int32, device=device),
+        common.block_tables[first:end], common.seq_lens[first:end], common.query_start_loc[first : end + 1]
     )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -74,16 +75,36 @@ def kv_shape(config: PretrainedConfig) -> KVShape:
     )
 
 
-def resolve_num_blocks(settings: WorkerSettings, shape: KVShape, dtype: torch.dtype, budget: int) -> int:
-    """WORKER_NUM_BLOCKS, or as many blocks as `budget` bytes hold (see gpu_worker/profile.py)."""
-    if settings.num_blocks is not None:
-        return settings.num_blocks
-    per_block = KVCache.bytes_per_block(
+def allocate_kv_cache(
+    shape: KVShape, num_blocks: int, block_size: int, dtype: torch.dtype, device: torch.device
+) -> KVCache:
+    return KVCache.allocate(
         num_layers=shape.num_layers,
-        block_size=settings.block_size,
+        num_blocks=num_blocks,
+        block_size=block_size,
         num_kv_heads=shape.num_kv_heads,
         head_dim=shape.head_dim,
         dtype=dtype,
+        device=device,
+    )
+
+
+def resolve_num_blocks(
+    settings: WorkerSettings, shapes: Sequence[KVShape], dtype: torch.dtype, budget: int
+) -> int:
+    """WORKER_NUM_BLOCKS, or as many blocks as `budget` bytes hold (see gpu_worker/profile.py), a
+    block in the pool of each of `shapes` (the target's, and a draft model's) per block."""
+    if settings.num_blocks is not None:
+        return settings.num_blocks
+    per_block = sum(
+        KVCache.bytes_per_block(
+            num_layers=shape.num_layers,
+            block_size=settings.block_size,
+            num_kv_heads=shape.num_kv_heads,
+            head_dim=shape.head_dim,
+            dtype=dtype,
+        )
+        for shape in shapes
     )
     num_blocks = budget // per_block
     if num_blocks < 1:

@@ -26,10 +26,10 @@ from gpu_worker.cached_request_state import CachedRequestState
 from gpu_worker.cuda_graphs import DecodeGraphs
 from gpu_worker.draft_model import DraftModelProposer
 from gpu_worker.input_batch import InputBatch, ScheduledRequest, build_input_batch
-from gpu_worker.kv_cache import KVCache
 from gpu_worker.logprobs import SampleLogprobs
 from gpu_worker.model_loader import (
     Model,
+    allocate_kv_cache,
     eos_token_ids,
     kv_shape,
     load_model,
@@ -98,9 +98,7 @@ class ModelRunner:
         spec = settings.speculative_config
         self.draft_model: DraftModelProposer | None = None
         if spec is not None and spec.model is not None:
-            self.draft_model = DraftModelProposer(
-                spec.model, self.vocab_size, self.device, getattr(torch, settings.resolved_dtype)
-            )
+            self.draft_model = DraftModelProposer(settings, spec.model, self.vocab_size)
         # The real forward and sampling, or a test/benchmark stand-in chosen once (step_hooks.py).
         self._sample_step = with_step_hooks(settings, self._sample)
         self.requests: dict[str, CachedRequestState] = {}
@@ -123,15 +121,8 @@ class ModelRunner:
 
     def _use_kv_cache(self, num_blocks: int) -> None:
         """Allocate a pool of `num_blocks` and the attention backend that reads it."""
-        shape = kv_shape(self.model.config)
-        self.kv_cache = KVCache.allocate(
-            num_layers=shape.num_layers,
-            num_blocks=num_blocks,
-            block_size=self.block_size,
-            num_kv_heads=shape.num_kv_heads,
-            head_dim=shape.head_dim,
-            dtype=self._kv_cache_dtype,
-            device=self.device,
+        self.kv_cache = allocate_kv_cache(
+            kv_shape(self.model.config), num_blocks, self.block_size, self._kv_cache_dtype, self.device
         )
         self.attn_backend = make_attention_backend(
             self._attention_backend_name,
@@ -148,10 +139,14 @@ class ModelRunner:
         result = run_profile_step(self, step)
         del self.kv_cache, self.attn_backend  # freed before measuring what is left
         budget = kv_cache_budget(settings, self.device, start, result)
-        shape = kv_shape(self.model.config)
-        self.num_blocks = resolve_num_blocks(settings, shape, self._kv_cache_dtype, budget)
+        shapes = [kv_shape(self.model.config)]
+        if self.draft_model is not None:
+            shapes.append(self.draft_model.kv_shape)  # a block of each pool per block of the budget
+        self.num_blocks = resolve_num_blocks(settings, shapes, self._kv_cache_dtype, budget)
         self.max_model_len = resolve_max_model_len(settings, self.model.config, self.num_blocks)
         self._use_kv_cache(self.num_blocks)
+        if self.draft_model is not None:
+            self.draft_model.use_kv_cache(self.num_blocks)
 
     def worker_info(self) -> WorkerInfo:
         """What the batcher needs to schedule onto this runner (sent when a worker registers)."""
@@ -223,19 +218,20 @@ class ModelRunner:
         """The draft model's drafts for the next step of each request that sampled and asked for them."""
         if self.draft_model is None or not draft_after:
             return {}
-        drafts: dict[str, list[int]] = {}
+        asks: dict[str, tuple[list[int], int]] = {}
         for req_id in req_ids:
             state = self.requests[req_id]
             k = draft_after.get(req_id, 0)
-            if k <= 0 or state.finish_reason is not None:
-                continue
-            try:
-                drafts[req_id] = self.draft_model.propose(req_id, state.token_ids, k)
-            except Exception:
-                # Its tokens are sampled already: the request goes on without drafts, never fails.
-                logger.exception("draft model failed on %s; no drafts for its next step", req_id)
+            if k > 0 and state.finish_reason is None:
+                asks[req_id] = (state.token_ids, k)
+        try:
+            return self.draft_model.propose(asks)
+        except Exception:
+            # Their tokens are sampled already: the requests go on without drafts, never fail.
+            logger.exception("draft model failed on %d requests; no drafts for their next step", len(asks))
+            for req_id in asks:
                 self.draft_model.free(req_id)
-        return drafts
+            return {}
 
     def _isolate(self, so: SchedulerOutput) -> ModelRunnerOutput:
         """Rerun a failed step one request at a time: the ones that fail alone are reported in

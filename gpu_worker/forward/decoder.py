@@ -148,5 +148,9 @@ class Decoder(nn.Module):
         if isinstance(logits_to_keep, int):  # 0: every row (transformers' meaning)
             kept = torch.arange(ids.shape[0] - logits_to_keep if logits_to_keep else 0, ids.shape[0])
             logits_to_keep = kept.to(ids.device)
+        # A copy too: made here, under the runner's inference mode, like ids and positions. Rows made
+        # outside it (a decode step's) and inside it (with drafts) differ in dispatch keys, which
+        # the graph guards on: the first step with drafts recompiled it (~2 s).
+        kept = logits_to_keep.clone()
         with step_context(attn_metadata):
-            return DecoderOutput(logits=self.run(ids, positions, logits_to_keep).unsqueeze(0))
+            return DecoderOutput(logits=self.run(ids, positions, kept).unsqueeze(0))

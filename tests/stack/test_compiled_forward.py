@@ -16,12 +16,16 @@ import pytest
 import torch
 from torch._dynamo.utils import counters
 
+from benchmarks.gpu_parity import reference_greedy
 from common.protocol import SamplingParams
 from gpu_worker.forward.compile import CompiledForward
 from gpu_worker.forward.decoder import Decoder
 from gpu_worker.model_runner import ModelRunner
 from tests.unit.gpu_worker.test_decoder import MAX_TOKENS, greedy_requests_equal_generate
 from tests.unit.gpu_worker.test_model_runner import make_requests, make_runner, run_to_completion
+from tests.unit.gpu_worker.test_spec_decode import MAX_TOKENS as SPEC_MAX_TOKENS
+from tests.unit.gpu_worker.test_spec_decode import NGRAM, greedy, run_pipeline
+from tests.unit.gpu_worker.test_spec_decode import PROMPTS as SPEC_PROMPTS
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -86,3 +90,16 @@ def test_a_restarted_worker_loads_its_compiled_graph(
     )
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.stdout.split()[-2:] == ["1", "0"], run.stdout[-500:]
+
+
+def test_steps_with_drafts_run_the_same_graph(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """A step with drafts keeps more rows than it samples (gathered under inference mode): the graph
+    compiled by the profiling step runs it, no recompilation in the middle of serving."""
+    counters.clear()
+    params = [greedy(m) for m in SPEC_MAX_TOKENS]
+    outputs, stats = run_pipeline(
+        tiny_model_dir, NGRAM, params, compile=True, compile_cache_dir=str(tmp_path)
+    )
+    assert stats.spec_decode_num_draft_tokens > 0
+    assert outputs == reference_greedy(tiny_model_dir, SPEC_PROMPTS, SPEC_MAX_TOKENS)
+    assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])

@@ -52,7 +52,7 @@ from gpu_worker.spec_decode import accept_drafts
 from gpu_worker.step_checks import check_cached, check_new, check_scheduled
 from gpu_worker.step_hooks import with_step_hooks
 from gpu_worker.step_output import advance, token_events
-from gpu_worker.structured_output import StructuredOutputs
+from gpu_worker.structured_output import GrammarMask, StructuredOutputs
 
 logger = logging.getLogger(__name__)
 
@@ -387,25 +387,36 @@ class ModelRunner:
         kept = self._forward(batch)
         num_sampling = len(batch.sampling_reqs)
         logits = kept[:num_sampling]
-        draft_samples = self._sample_drafts(batch, kept[num_sampling:])  # before `sample` records
         req_ids = [r.state.req_id for r in batch.sampling_reqs]
-        grammar = self.structured_outputs.mask(req_ids)
+        spec = [(r.state.req_id, r.spec_token_ids) for r in batch.spec_reqs]
+        grammar, draft_grammar = self.structured_outputs.masks(req_ids, spec)
+        # Before `sample`, which records the step's tokens in the sampling state.
+        draft_samples = self._sample_drafts(batch, kept[num_sampling:], draft_grammar)
         # A drafting request's sampling row comes after its drafts: that many outputs further on.
         offsets = [len(r.spec_token_ids) for r in batch.sampling_reqs] if batch.spec_reqs else None
         result = self.sampler.sample(logits, self.sampling_state, req_ids, grammar, offsets)
         for req_id, logprobs in zip(req_ids, result.logprobs, strict=True):
             if logprobs is not None:
                 self._step_logprobs[req_id] = logprobs
-        self._grammar_ends = self.structured_outputs.accept(req_ids, result.token_ids)
-        return self._verify_drafts(batch, draft_samples, result.token_ids)
+        tokens = self._verify_drafts(batch, draft_samples, result.token_ids)
+        runs = [[*self._step_accepted.get(i, []), t] for i, t in zip(req_ids, tokens, strict=True)]
+        self._grammar_ends = self.structured_outputs.accept(req_ids, runs)
+        for req_id in self._grammar_ends:  # its run may end at a stop token among its drafts
+            i = req_ids.index(req_id)
+            tokens[i] = runs[i][-1]
+            if req_id in self._step_accepted:
+                self._step_accepted[req_id] = runs[i][:-1]
+        return tokens
 
-    def _sample_drafts(self, batch: InputBatch, draft_logits: torch.Tensor) -> list[int]:
+    def _sample_drafts(
+        self, batch: InputBatch, draft_logits: torch.Tensor, grammar: GrammarMask | None
+    ) -> list[int]:
         """What the model samples at each draft's position, drafts of every request in order."""
         if not batch.spec_reqs:
             return []
         req_ids = [r.state.req_id for r in batch.spec_reqs for _ in r.spec_token_ids]
         offsets = [n for r in batch.spec_reqs for n in range(len(r.spec_token_ids))]
-        return self.sampler.sample_drafts(draft_logits, self.sampling_state, req_ids, offsets)
+        return self.sampler.sample_drafts(draft_logits, self.sampling_state, req_ids, offsets, grammar)
 
     def _verify_drafts(self, batch: InputBatch, draft_samples: list[int], sampled: list[int]) -> list[int]:
         """The step's tokens with each drafting request's replaced by the last of its verified run;

@@ -99,12 +99,17 @@ class Sampler:
         state: SamplingState,
         req_ids: Sequence[str],
         output_offsets: Sequence[int],
+        grammar: GrammarMask | None = None,
     ) -> list[int]:
         """What plain decoding would sample at each draft's position (rows of drafting requests, which
-        set no bias, penalty, min_tokens or grammar): the same uniform per (seed, output index), so a
-        seeded request's tokens do not depend on the drafts. Records nothing."""
+        set no penalty): the same logit_bias, min_tokens at that output index, the grammar's state
+        after the drafts before it, and the same uniform per (seed, output index), so a seeded
+        request's tokens do not depend on the drafts. Records nothing."""
         batch = state.prepare(req_ids)
         _shift_output_index(batch, output_offsets)
+        if batch.any_bias or batch.any_min_tokens or grammar is not None:
+            logits = logits.to(torch.float32, copy=True)  # processed as `sample` processes its rows
+            self._process(logits, batch, grammar)
         return self._pick(logits, batch).tolist()
 
     def _process(self, logits: torch.Tensor, batch: SamplingBatch, grammar: GrammarMask | None) -> None:

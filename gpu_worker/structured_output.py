@@ -7,8 +7,11 @@ masks the logits before sampling (vLLM's and SGLang's approach, with xgrammar as
   request recomputed after preemption or failover resumes in the grammar state its text is in.
 - Each step fills the bitmasks of all its constrained rows in one call, copies them to the logits'
   device in one transfer, and the sampler applies them after logit_bias (`GrammarMask`).
-- After sampling, each constrained row's token is accepted into its matcher; a matcher that
-  terminates (its grammar is complete and a stop token was sampled) ends the request with "stop".
+- A step's drafts (speculative decoding) are checked against the grammar: each draft row is masked
+  with the state after the drafts before it, so a draft the grammar refuses is never accepted.
+- After sampling, each constrained request's tokens (accepted drafts, then the sample) are accepted
+  into its matcher; a matcher that terminates (its grammar is complete and a stop token was sampled)
+  ends the request with "stop".
 - JSON rows also lose every token holding a control character (bytes below 0x20): JSON allows none
   raw, our JSON has no free whitespace, and xgrammar 0.2 lets them into strings with a `maxLength`.
 
@@ -142,16 +145,75 @@ class StructuredOutputs:
         self._matchers.clear()
         self._json_rows.clear()
 
-    def mask(self, req_ids: Sequence[str]) -> GrammarMask | None:
-        """The bitmasks of the step whose logits rows are `req_ids`; None when none is constrained."""
+    def masks(
+        self, req_ids: Sequence[str], drafts: Sequence[tuple[str, Sequence[int]]]
+    ) -> tuple[GrammarMask | None, GrammarMask | None]:
+        """The bitmasks of a step's sampling rows (`req_ids`) and of its draft rows (each drafting
+        request's drafts in order, as `drafts` lists them); None where none is constrained.
+
+        A draft row's mask is the grammar's state after the drafts before it, and a drafting request's
+        sampling row (its bonus token) comes after all of them. A row after a draft the grammar refuses,
+        or one that ends it, is never reached (the run stops at that draft, or at its stop token), and
+        gets the mask of the last row that is. The matchers are left as they were."""
         if not self._matchers:
-            return None
+            return None, None
+        import xgrammar as xgr
+
+        draft_bits = xgr.allocate_token_bitmask(max(1, sum(len(d) for _, d in drafts)), self.vocab_size)
+        draft_rows: list[int] = []
+        after_drafts: dict[str, torch.Tensor] = {}  # the bonus row of each constrained drafting request
+        start = 0
+        for req_id, tokens in drafts:
+            matcher = self._matchers.get(req_id)
+            if matcher is not None:
+                after_drafts[req_id] = self._fill_through(matcher, tokens, draft_bits, start)
+                draft_rows.extend(range(start, start + len(tokens)))
+            start += len(tokens)
         rows = [i for i, req_id in enumerate(req_ids) if req_id in self._matchers]
+        plain = [i for i in rows if req_ids[i] not in after_drafts]
+        bitmask = self._host_bitmask(len(req_ids))
+        if plain:
+            matchers = [self._matchers[req_ids[i]] for i in plain]
+            self._batch_matcher.batch_fill_next_token_bitmask(matchers, bitmask, indices=plain)
+        for i in rows:
+            if req_ids[i] in after_drafts:
+                bitmask[i] = after_drafts[req_ids[i]]
+        draft_ids = [req_id for req_id, tokens in drafts for _ in tokens]
+        sampling_mask = self._grammar_mask(bitmask, rows, req_ids)
+        return sampling_mask, self._grammar_mask(draft_bits, draft_rows, draft_ids)
+
+    def _fill_through(
+        self, matcher: Any, tokens: Sequence[int], bitmask: torch.Tensor, start: int
+    ) -> torch.Tensor:
+        """Fills rows start.. of `bitmask` for `tokens` (drafts) taken in turn, and returns the mask
+        after them all; the matcher is rolled back to where it was."""
+        reachable, last, accepted = True, None, 0
+        for i, token_id in enumerate(tokens):
+            row = start + i
+            if not reachable:
+                bitmask[row] = bitmask[last]
+                continue
+            matcher.fill_next_token_bitmask(bitmask, row)
+            last = row
+            if matcher.accept_token(token_id):
+                accepted += 1
+                reachable = not matcher.is_terminated()
+            else:
+                reachable = False
+        if reachable:
+            after = torch.empty_like(bitmask[:1])
+            matcher.fill_next_token_bitmask(after, 0)
+            after = after[0]
+        else:
+            after = bitmask[last].clone()
+        matcher.rollback(accepted)
+        return after
+
+    def _grammar_mask(
+        self, bitmask: torch.Tensor, rows: list[int], req_ids: Sequence[str]
+    ) -> GrammarMask | None:
         if not rows:
             return None
-        bitmask = self._host_bitmask(len(req_ids))
-        matchers = [self._matchers[req_ids[i]] for i in rows]
-        self._batch_matcher.batch_fill_next_token_bitmask(matchers, bitmask, indices=rows)
         json_rows = [i for i in rows if req_ids[i] in self._json_rows]
         if json_rows:
             bitmask[json_rows] &= self._no_control_bytes
@@ -168,23 +230,33 @@ class StructuredOutputs:
             self._bitmask = bitmask.pin_memory() if self._device.type == "cuda" else bitmask
         return self._bitmask[:num_rows]
 
-    def accept(self, req_ids: Sequence[str], token_ids: Sequence[int]) -> dict[str, FinishReason]:
-        """Advance each constrained request by its sampled token. Returns the requests this ends:
-        "stop" when its grammar terminated, "error" when the token broke it (never, under the mask)."""
-        pairs = [(r, t) for r, t in zip(req_ids, token_ids, strict=True) if r in self._matchers]
-        if not pairs:
-            return {}
+    def accept(self, req_ids: Sequence[str], runs: Sequence[list[int]]) -> dict[str, FinishReason]:
+        """Advance each constrained request by its run of tokens (its accepted drafts, then its
+        sample). Returns the requests this ends: "stop" when its grammar terminated, and its run is
+        cut after the stop token that ended it; "error" when a token broke it (never, under the mask)."""
+        pending = [(r, run) for r, run in zip(req_ids, runs, strict=True) if r in self._matchers]
+        ended: dict[str, FinishReason] = {}
+        if not pending:
+            return ended
         import xgrammar as xgr
 
-        matchers = [self._matchers[r] for r, _ in pairs]
-        accepted = xgr.BatchGrammarMatcher.batch_accept_token(matchers, [t for _, t in pairs])
-        ended: dict[str, FinishReason] = {}
-        for (req_id, token_id), matcher, ok in zip(pairs, matchers, accepted, strict=True):
-            if not ok:
-                logger.error("request %s: sampled token %d breaks its grammar", req_id, token_id)
-                ended[req_id] = "error"
-            elif matcher.is_terminated():
-                ended[req_id] = "stop"
+        # Position by position, each request's matcher takes the next token of its run in one batch.
+        for position in range(max(len(run) for _, run in pending)):
+            live = [(r, run) for r, run in pending if position < len(run) and r not in ended]
+            if not live:
+                break
+            matchers = [self._matchers[r] for r, _ in live]
+            tokens = [run[position] for _, run in live]
+            accepted = xgr.BatchGrammarMatcher.batch_accept_token(matchers, tokens)
+            for (req_id, run), matcher, ok in zip(live, matchers, accepted, strict=True):
+                if not ok:
+                    logger.error("request %s: sampled token %d breaks its grammar", req_id, run[position])
+                    ended[req_id] = "error"
+                elif matcher.is_terminated():
+                    ended[req_id] = "stop"
+                else:
+                    continue
+                del run[position + 1 :]
         return ended
 
 

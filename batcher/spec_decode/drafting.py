@@ -11,17 +11,12 @@ from common.speculative_config import SpeculativeConfig
 
 
 def can_draft(params: SamplingParams) -> bool:
-    """The worker samples every draft's position as a plain step would (gpu_worker/spec_decode.py);
-    what depends on the tokens before a position within the step (penalties, min_tokens, a grammar)
-    or is reported per token (logprobs) is not built for drafts, so those requests never draft and
-    speculation changes no output. logit_bias is left out with them (not applied to draft rows)."""
-    return (
-        not params.logit_bias
-        and not params.has_penalties
-        and params.min_tokens == 0
-        and params.logprobs is None
-        and params.structured_output is None
-    )
+    """The worker samples every draft's position as a plain step would sample it there, with the
+    drafts before it taken as output (gpu_worker/spec_decode.py): logit_bias, min_tokens (by output
+    index) and a grammar (advanced through the drafts) included. Penalties, which count the output
+    tokens, and logprobs, reported per token, are not built for drafts: those requests never draft,
+    so speculation changes no output."""
+    return not params.has_penalties and params.logprobs is None
 
 
 def adapt_num_spec_tokens(config: SpeculativeConfig, req: Request, num_accepted: int) -> None:

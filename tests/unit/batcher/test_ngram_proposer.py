@@ -52,14 +52,25 @@ def test_drafts_respect_budget_max_tokens_and_model_len() -> None:
         SamplingParams(temperature=0.7, repetition_penalty=1.1),
         SamplingParams(temperature=0.0, logprobs=0),
         SamplingParams(temperature=0.0, presence_penalty=0.5),
+    ],
+)
+def test_requests_with_penalties_or_logprobs_never_draft(params: SamplingParams) -> None:
+    assert not can_draft(params)
+    assert propose_drafts(NGRAM, request(params, [3]), 64, 512) == []
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
         SamplingParams(temperature=0.0, logit_bias={5: 1.0}),
         SamplingParams(temperature=0.0, min_tokens=2),
         SamplingParams(temperature=0.0, structured_output=StructuredOutput(kind="json_object")),
     ],
 )
-def test_requests_whose_tokens_are_not_the_argmax_never_draft(params: SamplingParams) -> None:
-    assert not can_draft(params)
-    assert propose_drafts(NGRAM, request(params, [3]), 64, 512) == []
+def test_bias_min_tokens_and_grammars_draft(params: SamplingParams) -> None:
+    # The worker processes each draft's row as plain decoding would (tests/unit/gpu_worker).
+    assert can_draft(params)
+    assert propose_drafts(NGRAM, request(params, [3]), 64, 512) == [1, 2, 3]
 
 
 @pytest.mark.parametrize("method", ["eagle", "eagle3", "medusa", "mtp", "nonsense"])

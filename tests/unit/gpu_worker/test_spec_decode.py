@@ -13,7 +13,7 @@ import torch
 from batcher.request import Request
 from batcher.scheduler import Scheduler, SchedulerConfig, SchedulerStats
 from benchmarks.gpu_parity import reference_greedy
-from common.protocol import SamplingParams, TokenEvent
+from common.protocol import SamplingParams, StructuredOutput, TokenEvent
 from common.speculative_config import SpeculativeConfig
 from gpu_worker.model_runner import ModelRunner
 from gpu_worker.sampler import Sampler
@@ -188,3 +188,24 @@ def test_another_draft_model_changes_no_output(
     with_drafts, _ = run_pipeline(tiny_model_dir, draft_model_config(other), seeded)
     without, _ = run_pipeline(tiny_model_dir, None, seeded)
     assert with_drafts == without
+
+
+def test_drafts_under_bias_min_tokens_and_a_grammar_change_no_output(
+    tiny_model_dir: Path, expected: list[list[int]]
+) -> None:
+    # Each draft row is processed as plain decoding processes that position: the bias, min_tokens at
+    # its output index (a stop id that greedy decoding would pick early is held back), and the
+    # grammar after the drafts before it (the prompts' ids are drafted and the regex refuses most).
+    letters = StructuredOutput(kind="regex", spec="[a-z ]{20,60}")
+    params = [
+        greedy(MAX_TOKENS[0], logit_bias={expected[0][3]: 2.5, expected[0][9]: -3.0}),
+        greedy(MAX_TOKENS[1], stop_token_ids=[expected[1][2]], min_tokens=12),
+        greedy(MAX_TOKENS[2], structured_output=letters),
+        SamplingParams(temperature=0.7, seed=5, max_tokens=MAX_TOKENS[3], structured_output=letters),
+    ]
+    with_drafts, stats = run_pipeline(tiny_model_dir, NGRAM, params)
+    without, _ = run_pipeline(tiny_model_dir, None, params)
+    assert with_drafts == without
+    assert stats.spec_decode_num_accepted_tokens > 0
+    assert with_drafts[0] != expected[0]  # the bias changed the output
+    assert len(with_drafts[1]) > 12 and expected[1][2] in with_drafts[1]

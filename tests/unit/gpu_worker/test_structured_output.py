@@ -15,7 +15,7 @@ from tokenizers import Tokenizer
 from common.protocol import SamplingParams, StructuredOutput
 from gpu_worker.model_runner import ModelRunner
 from gpu_worker.settings import WorkerSettings
-from gpu_worker.structured_output import StructuredOutputs
+from gpu_worker.structured_output import GrammarMask, StructuredOutputs
 from tests.unit.gpu_worker.test_model_runner import (
     BLOCK_SIZE,
     NUM_BLOCKS,
@@ -61,7 +61,7 @@ def outputs(tiny_model_dir: Path, tokenizer: Tokenizer) -> StructuredOutputs:
 def allowed(outputs: StructuredOutputs, req_ids: list[str], row: int) -> set[int]:
     """The tokens the step's mask leaves possible on `row` (logits of zeros, masked)."""
     logits = torch.zeros(len(req_ids), outputs.vocab_size)
-    mask = outputs.mask(req_ids)
+    mask, _ = outputs.masks(req_ids, [])
     assert mask is not None
     mask.apply(logits)
     return set(torch.nonzero(logits[row] == 0).flatten().tolist())
@@ -84,7 +84,7 @@ def test_the_mask_allows_exactly_the_tokens_that_keep_the_grammar(
     }
     assert first == expected and first
     logits = torch.zeros(2, outputs.vocab_size)
-    mask = outputs.mask(["free", "c"])
+    mask, _ = outputs.masks(["free", "c"], [])
     assert mask is not None
     mask.apply(logits)
     assert not logits[0].isinf().any()
@@ -100,9 +100,41 @@ def test_a_rebuilt_matcher_resumes_where_its_output_left_off(
     assert allowed(outputs, ["c"], 0) == {
         t for t in range(tokenizer.get_vocab_size()) if token_text(tokenizer, t) == "s"
     }
-    assert outputs.accept(["c"], [s]) == {}  # complete, but only a stop token ends it
+    assert outputs.accept(["c"], [[s]]) == {}  # complete, but only a stop token ends it
     assert allowed(outputs, ["c"], 0) == {EOS, IM_END}
-    assert outputs.accept(["c"], [EOS]) == {"c": "stop"}
+    assert outputs.accept(["c"], [[EOS]]) == {"c": "stop"}
+
+
+def _allowed_rows(mask: GrammarMask | None, num_rows: int, vocab_size: int) -> list[set[int]]:
+    assert mask is not None
+    logits = torch.zeros(num_rows, vocab_size)
+    mask.apply(logits)
+    return [set(torch.nonzero(row == 0).flatten().tolist()) for row in logits]
+
+
+def test_drafts_are_masked_by_the_grammar_after_the_drafts_before_them(
+    outputs: StructuredOutputs, tokenizer: Tokenizer
+) -> None:
+    (y,), (e,), (s,), (n,) = (tokenizer.encode(c).ids for c in "yesn")
+    assert outputs.add("c", CHOICE, []) is None
+    alone, _ = outputs.masks(["c"], [])
+    # Drafts y, e, s: each row masked as if the ones before it were output; the bonus row after all.
+    bonus, drafts = outputs.masks(["c"], [("c", [y, e, s])])
+    rows = _allowed_rows(drafts, 3, outputs.vocab_size)
+    assert {y, n} <= rows[0] and e in rows[1] - rows[0] and s in rows[2] - rows[1]
+    assert _allowed_rows(bonus, 1, outputs.vocab_size)[0] == {EOS, IM_END}
+    # A draft the grammar refuses (n after y): the rows after it are never reached and copy its mask.
+    _, drafts = outputs.masks(["c"], [("c", [y, n, e])])
+    rows = _allowed_rows(drafts, 3, outputs.vocab_size)
+    assert n not in rows[1] and e in rows[1] and rows[2] == rows[1]
+    # A stop token among the drafts ends the grammar: nothing after it is filled from a done matcher.
+    bonus, drafts = outputs.masks(["c"], [("c", [n, tokenizer.encode("o").ids[0], EOS, y])])
+    assert _allowed_rows(drafts, 4, outputs.vocab_size)[3] == {EOS, IM_END}
+    # The matcher is where it was: the step's own tokens are accepted after sampling.
+    assert torch.equal(outputs.masks(["c"], [])[0].bitmask, alone.bitmask)  # type: ignore[union-attr]
+    run = [y, e, s, EOS, y]
+    assert outputs.accept(["c"], [run]) == {"c": "stop"}
+    assert run == [y, e, s, EOS]  # cut after the stop token that ended the grammar
 
 
 def test_json_never_holds_a_raw_control_character(outputs: StructuredOutputs, tokenizer: Tokenizer) -> None:
@@ -124,7 +156,7 @@ def test_output_that_breaks_the_grammar_or_a_bad_grammar_is_an_error(
     assert error is not None and "does not follow" in error
     error = outputs.add("g", StructuredOutput(kind="grammar", spec="root ::= undefined_rule"), [])
     assert error is not None and "undefined_rule" in error
-    assert len(outputs) == 0 and outputs.mask(["c", "g"]) is None
+    assert len(outputs) == 0 and outputs.masks(["c", "g"], []) == (None, None)
 
 
 def test_grammars_are_compiled_once_and_evicted_least_recently_used(outputs: StructuredOutputs) -> None:

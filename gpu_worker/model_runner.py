@@ -392,9 +392,9 @@ class ModelRunner:
         grammar, draft_grammar = self.structured_outputs.masks(req_ids, spec)
         # Before `sample`, which records the step's tokens in the sampling state.
         draft_samples = self._sample_drafts(batch, kept[num_sampling:], draft_grammar)
-        # A drafting request's sampling row comes after its drafts: that many outputs further on.
-        offsets = [len(r.spec_token_ids) for r in batch.sampling_reqs] if batch.spec_reqs else None
-        result = self.sampler.sample(logits, self.sampling_state, req_ids, grammar, offsets)
+        # A drafting request's sampling row comes after its drafts.
+        earlier = [r.spec_token_ids for r in batch.sampling_reqs] if batch.spec_reqs else None
+        result = self.sampler.sample(logits, self.sampling_state, req_ids, grammar, earlier)
         for req_id, logprobs in zip(req_ids, result.logprobs, strict=True):
             if logprobs is not None:
                 self._step_logprobs[req_id] = logprobs
@@ -415,8 +415,8 @@ class ModelRunner:
         if not batch.spec_reqs:
             return []
         req_ids = [r.state.req_id for r in batch.spec_reqs for _ in r.spec_token_ids]
-        offsets = [n for r in batch.spec_reqs for n in range(len(r.spec_token_ids))]
-        return self.sampler.sample_drafts(draft_logits, self.sampling_state, req_ids, offsets, grammar)
+        earlier = [r.spec_token_ids[:n] for r in batch.spec_reqs for n in range(len(r.spec_token_ids))]
+        return self.sampler.sample_drafts(draft_logits, self.sampling_state, req_ids, earlier, grammar)
 
     def _verify_drafts(self, batch: InputBatch, draft_samples: list[int], sampled: list[int]) -> list[int]:
         """The step's tokens with each drafting request's replaced by the last of its verified run;
@@ -429,7 +429,7 @@ class ModelRunner:
         drafts = [r.spec_token_ids for r in batch.spec_reqs]
         runs = accept_drafts(drafts, draft_samples, [tokens[row[i]] for i in spec_ids])
         for req_id, run in zip(spec_ids, runs, strict=True):
+            self.sampling_state.count_run(req_id, run[:-1], tokens[row[req_id]], run[-1])
             tokens[row[req_id]] = run[-1]
             self._step_accepted[req_id] = run[:-1]
-            self.sampling_state.count_outputs(req_id, len(run) - 1)
         return tokens

@@ -74,17 +74,17 @@ class Sampler:
         state: SamplingState,
         req_ids: Sequence[str],
         grammar: GrammarMask | None = None,
-        output_offsets: Sequence[int] | None = None,
+        earlier: Sequence[Sequence[int]] | None = None,
     ) -> SamplerOutput:
         """logits [N, V], row i for `req_ids[i]` (each added to `state`); `grammar`: the masks of the
-        constrained rows; `output_offsets`: per row, how far past its request's next output index the
-        row samples (a drafting request's last row). Records the sampled tokens in `state` (output
-        index, penalty counts)."""
+        constrained rows; `earlier`: per row, the tokens it follows within the step (a drafting
+        request's drafts, taken as output: its output index and penalty counts). Records the sampled
+        tokens in `state` (output index, penalty counts)."""
         if not req_ids:
             return SamplerOutput([], [])
         batch = state.prepare(req_ids)
-        if output_offsets is not None:
-            _shift_output_index(batch, output_offsets)
+        if earlier is not None:
+            _take_as_output(batch, earlier)
         raw_logits = logits
         if batch.any_bias or batch.any_min_tokens or batch.penalty_rows is not None or grammar is not None:
             logits = logits.to(torch.float32, copy=True)  # the raw logits stay intact for logprobs
@@ -98,16 +98,16 @@ class Sampler:
         logits: torch.Tensor,
         state: SamplingState,
         req_ids: Sequence[str],
-        output_offsets: Sequence[int],
+        earlier: Sequence[Sequence[int]],
         grammar: GrammarMask | None = None,
     ) -> list[int]:
-        """What plain decoding would sample at each draft's position (rows of drafting requests, which
-        set no penalty): the same logit_bias, min_tokens at that output index, the grammar's state
-        after the drafts before it, and the same uniform per (seed, output index), so a seeded
+        """What plain decoding would sample at each draft's position, `earlier[i]` the drafts before
+        row i's: the same logit_bias, min_tokens and penalties with those drafts taken as output,
+        the grammar's state after them, and the same uniform per (seed, output index), so a seeded
         request's tokens do not depend on the drafts. Records nothing."""
         batch = state.prepare(req_ids)
-        _shift_output_index(batch, output_offsets)
-        if batch.any_bias or batch.any_min_tokens or grammar is not None:
+        _take_as_output(batch, earlier)
+        if batch.any_bias or batch.any_min_tokens or batch.penalty_rows is not None or grammar is not None:
             logits = logits.to(torch.float32, copy=True)  # processed as `sample` processes its rows
             self._process(logits, batch, grammar)
         return self._pick(logits, batch).tolist()
@@ -196,10 +196,19 @@ class Sampler:
         return SamplerOutput(token_part.tolist(), logprobs)
 
 
-def _shift_output_index(batch: SamplingBatch, offsets: Sequence[int]) -> None:
-    # batch.ints is the step's own copy (prepare gathers it), so the state is untouched.
-    shift = torch.tensor(offsets, dtype=batch.ints.dtype).to(batch.ints.device)
-    batch.ints[:, OUTPUT_INDEX] += shift
+def _take_as_output(batch: SamplingBatch, earlier: Sequence[Sequence[int]]) -> None:
+    """Each row as if its `earlier` tokens were output already: its output index further on, and
+    its penalty counts with them. The batch holds the step's own copies: the state is untouched."""
+    shift = torch.tensor([len(tokens) for tokens in earlier], dtype=batch.ints.dtype)
+    batch.ints[:, OUTPUT_INDEX] += shift.to(batch.ints.device)
+    if batch.output_counts is None:
+        return
+    rows = [p for p, row in enumerate(batch.penalty_row_list) for _ in earlier[row]]
+    if rows:
+        tokens = [t for row in batch.penalty_row_list for t in earlier[row]]
+        index = torch.tensor([rows, tokens], device=batch.output_counts.device)
+        ones = torch.ones(len(rows), device=batch.output_counts.device)
+        batch.output_counts.index_put_((index[0], index[1]), ones, accumulate=True)
 
 
 def _bits(values: torch.Tensor) -> torch.Tensor:

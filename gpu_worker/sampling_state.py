@@ -57,6 +57,7 @@ class SamplingBatch:
     plain_min_p: bool  # some plain row sets min_p
     penalty_rows: torch.Tensor | None  # rows with penalties, and their rows in the penalty tables
     penalty_table_rows: torch.Tensor | None
+    penalty_row_list: list[int]  # penalty_rows on the host
     logprob_rows: torch.Tensor | None
     logprob_row_list: list[int]  # the same rows on the host
     logprob_ks: list[int]  # per logprob row, how many most likely tokens it asked for
@@ -306,6 +307,7 @@ class SamplingState:
             plain_min_p=plain_min_p,
             penalty_rows=views[5],
             penalty_table_rows=views[6],
+            penalty_row_list=penalty_rows,
             logprob_rows=views[7],
             logprob_row_list=logprob_rows,
             logprob_ks=logprob_ks,
@@ -329,12 +331,21 @@ class SamplingState:
                 accumulate=True,
             )
 
-    def count_outputs(self, req_id: str, num_tokens: int) -> None:
-        """`num_tokens` more outputs of `req_id` that `record` did not see (accepted drafts; requests
-        with penalties never draft, so only the output index moves)."""
+    def count_run(self, req_id: str, accepted: Sequence[int], sampled: int, final: int) -> None:
+        """A drafting request's step output its `accepted` drafts, then `final`, where `record` saw
+        one output, `sampled` (the token of its row after the drafts, which `final` replaces when a
+        draft was rejected): its output index moves past the drafts and its penalty counts take the
+        run instead of `sampled`."""
         slot = self._slots[req_id]
-        self._num_outputs[slot] += num_tokens
-        self.ints[slot, OUTPUT_INDEX] += num_tokens
+        self._num_outputs[slot] += len(accepted)
+        self.ints[slot, OUTPUT_INDEX] += len(accepted)
+        info = self._info[slot]
+        assert info is not None
+        if info.penalty_row >= 0 and (accepted or final != sampled):
+            tokens = [*accepted, final, sampled]
+            counts = torch.tensor([1.0] * (len(accepted) + 1) + [-1.0], device=self.device)
+            index = torch.tensor(tokens, dtype=torch.long, device=self.device)
+            self.output_counts[info.penalty_row].index_add_(0, index, counts)
 
     def _upload(self, values: Sequence[float], dtype: torch.dtype) -> torch.Tensor:
         """A small host list on the device; on CUDA through pinned memory, so the copy is queued on

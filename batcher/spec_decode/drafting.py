@@ -12,11 +12,11 @@ from common.speculative_config import SpeculativeConfig
 
 def can_draft(params: SamplingParams) -> bool:
     """The worker samples every draft's position as a plain step would sample it there, with the
-    drafts before it taken as output (gpu_worker/spec_decode.py): logit_bias, min_tokens (by output
-    index) and a grammar (advanced through the drafts) included. Penalties, which count the output
-    tokens, and logprobs, reported per token, are not built for drafts: those requests never draft,
-    so speculation changes no output."""
-    return not params.has_penalties and params.logprobs is None
+    drafts before it taken as output (gpu_worker/spec_decode.py): logit_bias, min_tokens and
+    penalties (by output index and counts), and a grammar (advanced through the drafts). Logprobs,
+    reported per token, are not built for drafts: those requests never draft, so speculation changes
+    no output."""
+    return params.logprobs is None
 
 
 def adapt_num_spec_tokens(config: SpeculativeConfig, req: Request, num_accepted: int) -> None:

@@ -46,15 +46,8 @@ def test_drafts_respect_budget_max_tokens_and_model_len() -> None:
     assert propose_drafts(NGRAM, request(greedy, []), 64, 512) == []  # the first token comes from prefill
 
 
-@pytest.mark.parametrize(
-    "params",
-    [
-        SamplingParams(temperature=0.7, repetition_penalty=1.1),
-        SamplingParams(temperature=0.0, logprobs=0),
-        SamplingParams(temperature=0.0, presence_penalty=0.5),
-    ],
-)
-def test_requests_with_penalties_or_logprobs_never_draft(params: SamplingParams) -> None:
+def test_requests_with_logprobs_never_draft() -> None:
+    params = SamplingParams(temperature=0.0, logprobs=0)
     assert not can_draft(params)
     assert propose_drafts(NGRAM, request(params, [3]), 64, 512) == []
 
@@ -62,12 +55,14 @@ def test_requests_with_penalties_or_logprobs_never_draft(params: SamplingParams)
 @pytest.mark.parametrize(
     "params",
     [
+        SamplingParams(temperature=0.7, repetition_penalty=1.1),
+        SamplingParams(temperature=0.0, presence_penalty=0.5),
         SamplingParams(temperature=0.0, logit_bias={5: 1.0}),
         SamplingParams(temperature=0.0, min_tokens=2),
         SamplingParams(temperature=0.0, structured_output=StructuredOutput(kind="json_object")),
     ],
 )
-def test_bias_min_tokens_and_grammars_draft(params: SamplingParams) -> None:
+def test_penalties_bias_min_tokens_and_grammars_draft(params: SamplingParams) -> None:
     # The worker processes each draft's row as plain decoding would (tests/unit/gpu_worker).
     assert can_draft(params)
     assert propose_drafts(NGRAM, request(params, [3]), 64, 512) == [1, 2, 3]

@@ -147,7 +147,7 @@ def test_a_draft_is_accepted_with_its_probability_else_another_token_is_drawn() 
         state.add(req_id, SamplingParams(temperature=1.0), [1], [])
     logits = probs.log().expand(num_draws, 4).contiguous()
     for draft in (0, 3):
-        samples = Sampler(seed=draft).sample_drafts(logits, state, req_ids, [0] * num_draws)
+        samples = Sampler(seed=draft).sample_drafts(logits, state, req_ids, [[]] * num_draws)
         firsts = [run[0] for run in accept_drafts([[draft]] * num_draws, samples, [0] * num_draws)]
         freq = torch.bincount(torch.tensor(firsts), minlength=4).float() / num_draws
         # Four standard deviations of a frequency estimated from 20000 draws (at most 0.0035).
@@ -209,3 +209,22 @@ def test_drafts_under_bias_min_tokens_and_a_grammar_change_no_output(
     assert stats.spec_decode_num_accepted_tokens > 0
     assert with_drafts[0] != expected[0]  # the bias changed the output
     assert len(with_drafts[1]) > 12 and expected[1][2] in with_drafts[1]
+
+
+def test_drafts_under_penalties_change_no_output(tiny_model_dir: Path, expected: list[list[int]]) -> None:
+    # A draft's row is penalised with the drafts before it counted as output, the row after all of
+    # them with all, and the state counts the run that was kept (not the row's own sample). Light
+    # penalties, so that the outputs still repeat enough to accept drafts.
+    params = [
+        greedy(MAX_TOKENS[0], repetition_penalty=1.05),
+        greedy(MAX_TOKENS[1], frequency_penalty=0.05),
+        greedy(MAX_TOKENS[2], presence_penalty=0.05, frequency_penalty=0.02),
+        SamplingParams(
+            temperature=0.8, seed=7, max_tokens=MAX_TOKENS[3], presence_penalty=0.05, ignore_eos=True
+        ),
+    ]
+    with_drafts, stats = run_pipeline(tiny_model_dir, NGRAM, params)
+    without, _ = run_pipeline(tiny_model_dir, None, params)
+    assert with_drafts == without
+    assert stats.spec_decode_num_accepted_tokens > 0
+    assert all(out != plain for out, plain in zip(with_drafts[:3], expected[:3], strict=True))

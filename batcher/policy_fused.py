@@ -14,7 +14,7 @@ from batcher.prefix_cache import Admission, cache_computed_blocks, plan_admissio
 from batcher.prefix_wait import waits_for_prefix
 from batcher.request import Request, RequestStatus
 from batcher.scheduler_state import SchedulerState, StepDraft
-from batcher.spec_decode.drafting import can_draft, lookup, num_drafts_to_ask, propose_drafts
+from batcher.spec_decode.drafting import lookup, num_drafts_to_ask, propose_drafts
 from batcher.waiting_order import order_waiting
 from batcher.worker_state import WorkerState
 from common.protocol import CachedRequestData
@@ -90,11 +90,11 @@ def schedule_running(
 
 def waits_to_draft(state: SchedulerState, req: Request, num_new: int) -> bool:
     """Async scheduling: a decode whose step is still in flight follows a token not known yet, so it
-    cannot draft; one that may draft, and whose known tokens have a continuation to draft, waits for
-    that result instead (the step after, it drafts), while the others, and all of a worker whose
-    speculation is off (auto_off.py), keep pipelining."""
+    cannot draft; one whose known tokens have a continuation to draft waits for that result instead
+    (the step after, it drafts), while the others, and all of a worker whose speculation is off
+    (auto_off.py), keep pipelining."""
     config = state.config.speculative
-    if config is None or num_new != 1 or not req.num_inflight_steps or not can_draft(req.sampling_params):
+    if config is None or num_new != 1 or not req.num_inflight_steps:
         return False
     return config.method != "draft_model" and bool(lookup(config, req, 1, state.suffix_cache))
 

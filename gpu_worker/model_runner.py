@@ -45,10 +45,10 @@ from gpu_worker.profile import (
     run_profile_step,
 )
 from gpu_worker.prompt_logprobs import collect_prompt_logprobs
-from gpu_worker.sampler import Sampler
+from gpu_worker.sampler import Sampler, SamplerOutput
 from gpu_worker.sampling_state import SamplingState
 from gpu_worker.settings import WorkerSettings
-from gpu_worker.spec_decode import accept_drafts
+from gpu_worker.spec_decode import accept_drafts, run_logprobs
 from gpu_worker.step_checks import check_cached, check_new, check_scheduled
 from gpu_worker.step_hooks import with_step_hooks
 from gpu_worker.step_output import advance, token_events
@@ -103,7 +103,7 @@ class ModelRunner:
         self._sample_step = with_step_hooks(settings, self._sample)
         self.requests: dict[str, CachedRequestState] = {}
         # Logprobs of the last step's samples, by req_id, for its token events (only requests that asked).
-        self._step_logprobs: dict[str, SampleLogprobs] = {}
+        self._step_logprobs: dict[str, list[SampleLogprobs]] = {}  # per token of each run
         self.num_isolated_steps = 0  # steps that raised and were rerun request by request
         self.decode_graphs: DecodeGraphs | None = None  # none during the profiling step
         self._size_kv_cache(settings, profile, memory_at_start)
@@ -245,7 +245,7 @@ class ModelRunner:
             step_id=so.step_id, worker_id=self.worker_id, req_ids=[], sampled_token_ids=[], finish_reasons=[]
         )
         frees = so.finished_req_ids
-        logprobs: dict[str, SampleLogprobs] = {}  # each rerun's forward resets _step_logprobs
+        logprobs: dict[str, list[SampleLogprobs]] = {}  # each rerun's forward resets _step_logprobs
         for req_id, num_tokens in so.num_scheduled_tokens.items():
             alone = SchedulerOutput(
                 step_id=so.step_id,
@@ -391,14 +391,12 @@ class ModelRunner:
         spec = [(r.state.req_id, r.spec_token_ids) for r in batch.spec_reqs]
         grammar, draft_grammar = self.structured_outputs.masks(req_ids, spec)
         # Before `sample`, which records the step's tokens in the sampling state.
-        draft_samples = self._sample_drafts(batch, kept[num_sampling:], draft_grammar)
+        drafted = self._sample_drafts(batch, kept[num_sampling:], draft_grammar)
         # A drafting request's sampling row comes after its drafts.
         earlier = [r.spec_token_ids for r in batch.sampling_reqs] if batch.spec_reqs else None
         result = self.sampler.sample(logits, self.sampling_state, req_ids, grammar, earlier)
-        for req_id, logprobs in zip(req_ids, result.logprobs, strict=True):
-            if logprobs is not None:
-                self._step_logprobs[req_id] = logprobs
-        tokens = self._verify_drafts(batch, draft_samples, result.token_ids)
+        tokens = self._verify_drafts(batch, drafted.token_ids, result.token_ids)
+        self._step_logprobs = run_logprobs(batch, self._step_accepted, result.logprobs, drafted.logprobs)
         runs = [[*self._step_accepted.get(i, []), t] for i, t in zip(req_ids, tokens, strict=True)]
         self._grammar_ends = self.structured_outputs.accept(req_ids, runs)
         for req_id in self._grammar_ends:  # its run may end at a stop token among its drafts
@@ -410,10 +408,8 @@ class ModelRunner:
 
     def _sample_drafts(
         self, batch: InputBatch, draft_logits: torch.Tensor, grammar: GrammarMask | None
-    ) -> list[int]:
+    ) -> SamplerOutput:
         """What the model samples at each draft's position, drafts of every request in order."""
-        if not batch.spec_reqs:
-            return []
         req_ids = [r.state.req_id for r in batch.spec_reqs for _ in r.spec_token_ids]
         earlier = [r.spec_token_ids[:n] for r in batch.spec_reqs for n in range(len(r.spec_token_ids))]
         return self.sampler.sample_drafts(draft_logits, self.sampling_state, req_ids, earlier, grammar)

@@ -100,17 +100,21 @@ class Sampler:
         req_ids: Sequence[str],
         earlier: Sequence[Sequence[int]],
         grammar: GrammarMask | None = None,
-    ) -> list[int]:
+    ) -> SamplerOutput:
         """What plain decoding would sample at each draft's position, `earlier[i]` the drafts before
         row i's: the same logit_bias, min_tokens and penalties with those drafts taken as output,
         the grammar's state after them, and the same uniform per (seed, output index), so a seeded
-        request's tokens do not depend on the drafts. Records nothing."""
+        request's tokens do not depend on the drafts; with the logprobs of each row's sample where
+        its request asks for them. Records nothing."""
+        if not req_ids:
+            return SamplerOutput([], [])
         batch = state.prepare(req_ids)
         _take_as_output(batch, earlier)
+        raw_logits = logits
         if batch.any_bias or batch.any_min_tokens or batch.penalty_rows is not None or grammar is not None:
             logits = logits.to(torch.float32, copy=True)  # processed as `sample` processes its rows
             self._process(logits, batch, grammar)
-        return self._pick(logits, batch).tolist()
+        return self._to_host(raw_logits, self._pick(logits, batch), batch)
 
     def _process(self, logits: torch.Tensor, batch: SamplingBatch, grammar: GrammarMask | None) -> None:
         if batch.bias_ids is not None and batch.bias_values is not None:

@@ -11,7 +11,10 @@ Every token of the run is the one decoding without drafts gives (for a seeded re
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+
+from gpu_worker.input_batch import InputBatch
+from gpu_worker.logprobs import SampleLogprobs
 
 
 def accept_drafts(
@@ -31,4 +34,34 @@ def accept_drafts(
             num_accepted += 1
         last = bonus if num_accepted == len(proposed) else chosen[num_accepted]
         runs.append([*proposed[:num_accepted], last])
+    return runs
+
+
+def run_logprobs(
+    batch: InputBatch,
+    accepted: Mapping[str, list[int]],
+    sampled: Sequence[SampleLogprobs | None],
+    drafted: Sequence[SampleLogprobs | None],
+) -> dict[str, list[SampleLogprobs]]:
+    """Per request that asks for logprobs, those of each token of its run: an accepted draft's and
+    a sample that replaced a rejected draft come from that draft's row (its sample is the token),
+    the token after a run accepted whole from the request's sampling row. `sampled` per sampling
+    row, `drafted` per draft row (`batch.spec_reqs`' drafts in order); `accepted`: the drafts each
+    drafting request accepted."""
+    first_row: dict[str, int] = {}
+    num_drafts: dict[str, int] = {}
+    row = 0
+    for req in batch.spec_reqs:
+        first_row[req.state.req_id] = row
+        num_drafts[req.state.req_id] = len(req.spec_token_ids)
+        row += len(req.spec_token_ids)
+    runs: dict[str, list[SampleLogprobs]] = {}
+    for req, last in zip(batch.sampling_reqs, sampled, strict=True):
+        req_id = req.state.req_id
+        if last is None:
+            continue
+        start, n = first_row.get(req_id, 0), len(accepted.get(req_id, []))
+        rows = [drafted[i] for i in range(start, start + n + (n < num_drafts.get(req_id, 0)))]
+        records = [r for r in rows if r is not None]
+        runs[req_id] = records if n < num_drafts.get(req_id, 0) else [*records, last]
     return runs

@@ -52,16 +52,18 @@ def advance(
 
 
 def token_events(
-    output: ModelRunnerOutput, requests: dict[str, CachedRequestState], logprobs: dict[str, SampleLogprobs]
+    output: ModelRunnerOutput,
+    requests: dict[str, CachedRequestState],
+    logprobs: dict[str, list[SampleLogprobs]],
 ) -> list[TokenEvent | PromptEvent]:
+    """The step's events: per request its accepted drafts, then its sample, one event each, with
+    `logprobs[req_id][i]` for the run's i-th token where the request asks for them."""
     events: list[TokenEvent | PromptEvent] = []
     for req_id, token_id, reason in zip(
         output.req_ids, output.sampled_token_ids, output.finish_reasons, strict=True
     ):
         state = requests[req_id]
         accepted = output.accepted_draft_token_ids.get(req_id, [])
-        # Accepted drafts come first, one event each; logprobs exist only for the sampled token
-        # (requests that ask for them never draft).
         first = state.num_output_tokens - 1 - len(accepted)
         num_cached_tokens = state.num_cached_tokens if first == 0 else 0
         generates = state.sampling_params.max_tokens > 0
@@ -69,30 +71,23 @@ def token_events(
             events.append(prompt_event(state, None if generates else reason, num_cached_tokens))
         if not generates:
             continue  # its one sample only ended the prompt: never shown, never counted
-        for offset, draft_id in enumerate(accepted):
+        records = logprobs.get(req_id)
+        for offset, run_token in enumerate([*accepted, token_id]):
+            last = offset == len(accepted)
+            sample = None if records is None else records[offset]
             events.append(
                 TokenEvent(
                     req_id=req_id,
                     index=first + offset,
-                    token_id=draft_id,
+                    token_id=run_token,
                     attempt=state.attempt,
+                    finish_reason=reason if last else None,
+                    logprob=None if sample is None else sample.logprob,
+                    top_token_ids=[] if sample is None else sample.top_token_ids,
+                    top_logprobs=[] if sample is None else sample.top_logprobs,
                     num_cached_tokens=num_cached_tokens if offset == 0 else 0,
                 )
             )
-        sample = logprobs.get(req_id)
-        events.append(
-            TokenEvent(
-                req_id=req_id,
-                index=first + len(accepted),
-                token_id=token_id,
-                attempt=state.attempt,
-                finish_reason=reason,
-                logprob=None if sample is None else sample.logprob,
-                top_token_ids=[] if sample is None else sample.top_token_ids,
-                top_logprobs=[] if sample is None else sample.top_logprobs,
-                num_cached_tokens=0 if accepted else num_cached_tokens,
-            )
-        )
     return events
 
 

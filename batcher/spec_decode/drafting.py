@@ -1,22 +1,15 @@
 """Which running requests draft in a step, and how many tokens (the drafts count in the step's
-token budget and blocks like any other token; the worker verifies them)."""
+token budget and blocks like any other token; the worker verifies them). Any request may draft: the
+worker samples each draft's position as a plain step would sample it there, with the drafts before
+it taken as output (logit_bias, min_tokens, penalties, a grammar), and reports the logprobs of each
+token of the run (gpu_worker/spec_decode.py), so speculation changes no output."""
 
 from __future__ import annotations
 
 from batcher.request import Request
 from batcher.spec_decode.ngram_proposer import propose_ngram
 from batcher.spec_decode.suffix_cache import SuffixCache
-from common.protocol import SamplingParams
 from common.speculative_config import SpeculativeConfig
-
-
-def can_draft(params: SamplingParams) -> bool:
-    """The worker samples every draft's position as a plain step would sample it there, with the
-    drafts before it taken as output (gpu_worker/spec_decode.py): logit_bias, min_tokens and
-    penalties (by output index and counts), and a grammar (advanced through the drafts). Logprobs,
-    reported per token, are not built for drafts: those requests never draft, so speculation changes
-    no output."""
-    return params.logprobs is None
 
 
 def adapt_num_spec_tokens(config: SpeculativeConfig, req: Request, num_accepted: int) -> None:
@@ -32,7 +25,7 @@ def adapt_num_spec_tokens(config: SpeculativeConfig, req: Request, num_accepted:
 def num_drafts_to_ask(config: SpeculativeConfig, req: Request) -> int:
     """draft_model: how many drafts the worker makes for `req` after the step being planned, for
     the step after it (0: none)."""
-    if config.method != "draft_model" or not can_draft(req.sampling_params):
+    if config.method != "draft_model":
         return 0
     return req.num_spec_tokens or config.num_draft_tokens
 
@@ -57,7 +50,7 @@ def propose_drafts(
 ) -> list[int]:
     """Drafts for `req`'s next decode, within `budget` tokens for the whole of it; [] when it should
     not draft. Never more than it could still output, nor past `max_model_len`."""
-    if not req.output_token_ids or req.num_output_placeholders or not can_draft(req.sampling_params):
+    if not req.output_token_ids or req.num_output_placeholders:
         return []
     k = min(
         req.num_spec_tokens or config.num_draft_tokens,

@@ -6,7 +6,7 @@ import pytest
 from pydantic import ValidationError
 
 from batcher.request import Request
-from batcher.spec_decode.drafting import can_draft, propose_drafts
+from batcher.spec_decode.drafting import propose_drafts
 from batcher.spec_decode.ngram_proposer import propose_ngram
 from common.protocol import SamplingParams, StructuredOutput
 from common.speculative_config import SpeculativeConfig
@@ -46,15 +46,10 @@ def test_drafts_respect_budget_max_tokens_and_model_len() -> None:
     assert propose_drafts(NGRAM, request(greedy, []), 64, 512) == []  # the first token comes from prefill
 
 
-def test_requests_with_logprobs_never_draft() -> None:
-    params = SamplingParams(temperature=0.0, logprobs=0)
-    assert not can_draft(params)
-    assert propose_drafts(NGRAM, request(params, [3]), 64, 512) == []
-
-
 @pytest.mark.parametrize(
     "params",
     [
+        SamplingParams(temperature=0.0, logprobs=2),
         SamplingParams(temperature=0.7, repetition_penalty=1.1),
         SamplingParams(temperature=0.0, presence_penalty=0.5),
         SamplingParams(temperature=0.0, logit_bias={5: 1.0}),
@@ -62,9 +57,8 @@ def test_requests_with_logprobs_never_draft() -> None:
         SamplingParams(temperature=0.0, structured_output=StructuredOutput(kind="json_object")),
     ],
 )
-def test_penalties_bias_min_tokens_and_grammars_draft(params: SamplingParams) -> None:
+def test_every_request_drafts_whatever_its_sampling_params(params: SamplingParams) -> None:
     # The worker processes each draft's row as plain decoding would (tests/unit/gpu_worker).
-    assert can_draft(params)
     assert propose_drafts(NGRAM, request(params, [3]), 64, 512) == [1, 2, 3]
 
 

@@ -50,10 +50,11 @@ def run_pipeline(
     speculative: SpeculativeConfig | None,
     params: list[SamplingParams],
     prompts: list[list[int]] = PROMPTS,
+    events_out: list[TokenEvent] | None = None,
     **settings: Any,
 ) -> tuple[list[list[int]], SchedulerStats]:
     """Every prompt to completion; returns each output as its token events tell it, and the stats.
-    `settings`: the worker's, over this file's small pool."""
+    `events_out` collects the events; `settings`: the worker's, over this file's small pool."""
     defaults: dict[str, Any] = {"model": str(model_dir), "num_blocks": 64, "block_size": 8, "worker_id": "w"}
     # The worker's step bounds are the scheduler's: its start-up profiling step is then no larger
     # than the steps it runs (at the cpu defaults, 64 x 512, Triton's interpreter takes ~20 s on it).
@@ -77,6 +78,8 @@ def run_pipeline(
             assert isinstance(event, TokenEvent)
             assert event.index == len(events[event.req_id]), "token indexes must stay contiguous"
             events[event.req_id].append(event.token_id)
+            if events_out is not None:
+                events_out.append(event)
         sched.update_from_output(result)
     assert not sched.requests
     return [events[f"r{i}"] for i in range(len(prompts))], sched.stats
@@ -147,7 +150,7 @@ def test_a_draft_is_accepted_with_its_probability_else_another_token_is_drawn() 
         state.add(req_id, SamplingParams(temperature=1.0), [1], [])
     logits = probs.log().expand(num_draws, 4).contiguous()
     for draft in (0, 3):
-        samples = Sampler(seed=draft).sample_drafts(logits, state, req_ids, [[]] * num_draws)
+        samples = Sampler(seed=draft).sample_drafts(logits, state, req_ids, [[]] * num_draws).token_ids
         firsts = [run[0] for run in accept_drafts([[draft]] * num_draws, samples, [0] * num_draws)]
         freq = torch.bincount(torch.tensor(firsts), minlength=4).float() / num_draws
         # Four standard deviations of a frequency estimated from 20000 draws (at most 0.0035).
@@ -228,3 +231,24 @@ def test_drafts_under_penalties_change_no_output(tiny_model_dir: Path, expected:
     assert with_drafts == without
     assert stats.spec_decode_num_accepted_tokens > 0
     assert all(out != plain for out, plain in zip(with_drafts[:3], expected[:3], strict=True))
+
+
+def test_logprobs_of_drafted_runs_are_those_of_plain_decoding(tiny_model_dir: Path) -> None:
+    # Each token of a run gets the logprobs of the row it was sampled at: an accepted draft's and a
+    # replacing sample's from its draft's row, the bonus token's from the row after the drafts.
+    params = [greedy(m, logprobs=3) for m in MAX_TOKENS[:3]]
+    params.append(
+        SamplingParams(temperature=0.9, seed=3, max_tokens=MAX_TOKENS[3], logprobs=0, ignore_eos=True)
+    )
+    with_drafts: list[TokenEvent] = []
+    outputs, stats = run_pipeline(tiny_model_dir, NGRAM, params, events_out=with_drafts)
+    without: list[TokenEvent] = []
+    assert outputs == run_pipeline(tiny_model_dir, None, params, events_out=without)[0]
+    assert stats.spec_decode_num_accepted_tokens > 0
+    assert len(with_drafts) == len(without) == sum(len(out) for out in outputs)
+    key = lambda e: (e.req_id, e.index)  # noqa: E731
+    for drafted, plain in zip(sorted(with_drafts, key=key), sorted(without, key=key), strict=True):
+        assert (drafted.token_id, drafted.top_token_ids) == (plain.token_id, plain.top_token_ids)
+        assert drafted.logprob is not None and plain.logprob is not None
+        assert abs(drafted.logprob - plain.logprob) < 1e-4
+        assert drafted.top_logprobs == pytest.approx(plain.top_logprobs, abs=1e-4)

@@ -147,9 +147,11 @@ def run_failover(
     # Entries a new attempt adds get later ids: what is at or before the old last id was kept.
     run.events_kept = sum(len(replica.xrange(key, "-", last_id)) for key, last_id in last_ids.items())  # type: ignore[arg-type]
     # Tokens sent before the kill may still be in flight to the clients; after writes work again
-    # every token is a new one.
+    # every token is a new one. The probe notices writes late when its client refreshes its slots
+    # late: a stream that finished before then resumed no later than that.
     writes_at = run.killed_at + run.writes_after_s
-    run.resumed_after_s = max(next(t for t in s.arrivals if t > writes_at) for s in run.seen) - run.killed_at
+    resumed = [next((t for t in s.arrivals if t > writes_at), writes_at) for s in run.seen]
+    run.resumed_after_s = max(resumed) - run.killed_at
     run.longest_wait_s = fault.longest_wait(run.seen, run.killed_at)
     return run
 

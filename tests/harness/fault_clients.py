@@ -147,7 +147,18 @@ def check_clients(seen: list[ClientStream], expected: list[list[int]]) -> None:
     for i, s in enumerate(seen):
         assert not s.errors, f"stream {i} got errors: {s.errors}"
         assert s.finish_reason == "length", f"stream {i} ended with {s.finish_reason}"
-        assert s.token_ids == expected[i], f"stream {i} differs from generate"
+        assert s.token_ids == expected[i], (
+            f"stream {i} differs from generate: {_first_difference(s.token_ids, expected[i])}"
+        )
+
+
+def _first_difference(got: list[int], want: list[int]) -> str:
+    """Where a client's tokens leave `generate`'s, with a few on either side (a repeat, a gap or
+    another token read differently)."""
+    pairs = enumerate(zip(got, want, strict=False))
+    at = next((i for i, (a, b) in pairs if a != b), min(len(got), len(want)))
+    around = slice(max(at - 3, 0), at + 5)
+    return f"at index {at} of {len(got)} (generate: {len(want)}): got {got[around]}, generate {want[around]}"
 
 
 def raw_token_events(

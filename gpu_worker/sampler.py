@@ -85,13 +85,9 @@ class Sampler:
         batch = state.prepare(req_ids)
         if earlier is not None:
             _take_as_output(batch, earlier)
-        raw_logits = logits
-        if batch.any_bias or batch.any_min_tokens or batch.penalty_rows is not None or grammar is not None:
-            logits = logits.to(torch.float32, copy=True)  # the raw logits stay intact for logprobs
-            self._process(logits, batch, grammar)
-        tokens = self._pick(logits, batch)
+        tokens = self._pick(self._processed(logits, batch, grammar), batch)
         state.record(batch, tokens)
-        return self._to_host(raw_logits, tokens, batch)
+        return self._to_host(logits, tokens, batch)
 
     def sample_drafts(
         self,
@@ -110,11 +106,17 @@ class Sampler:
             return SamplerOutput([], [])
         batch = state.prepare(req_ids)
         _take_as_output(batch, earlier)
-        raw_logits = logits
+        return self._to_host(logits, self._pick(self._processed(logits, batch, grammar), batch), batch)
+
+    def _processed(
+        self, logits: torch.Tensor, batch: SamplingBatch, grammar: GrammarMask | None
+    ) -> torch.Tensor:
+        """`logits` with bias, min_tokens, penalties and the grammar applied, in a float32 copy so
+        that the raw logits stay intact for logprobs; `logits` itself where nothing applies."""
         if batch.any_bias or batch.any_min_tokens or batch.penalty_rows is not None or grammar is not None:
-            logits = logits.to(torch.float32, copy=True)  # processed as `sample` processes its rows
+            logits = logits.to(torch.float32, copy=True)
             self._process(logits, batch, grammar)
-        return self._to_host(raw_logits, self._pick(logits, batch), batch)
+        return logits
 
     def _process(self, logits: torch.Tensor, batch: SamplingBatch, grammar: GrammarMask | None) -> None:
         if batch.bias_ids is not None and batch.bias_values is not None:

@@ -60,8 +60,10 @@ def run_logprobs(
         req_id = req.state.req_id
         if last is None:
             continue
-        start, n = first_row.get(req_id, 0), len(accepted.get(req_id, []))
-        rows = [drafted[i] for i in range(start, start + n + (n < num_drafts.get(req_id, 0)))]
-        records = [r for r in rows if r is not None]
-        runs[req_id] = records if n < num_drafts.get(req_id, 0) else [*records, last]
+        start, k = first_row.get(req_id, 0), num_drafts.get(req_id, 0)
+        n = len(accepted.get(req_id, []))
+        # The accepted drafts' rows, and the rejected draft's row when there is one.
+        records = drafted[start : start + min(n + 1, k)]
+        assert all(r is not None for r in records), "a request's draft rows carry its logprobs"
+        runs[req_id] = [r for r in records if r is not None] + ([last] if n == k else [])
     return runs

@@ -159,9 +159,11 @@ class StructuredOutputs:
             return None, None
         import xgrammar as xgr
 
-        draft_bits = xgr.allocate_token_bitmask(max(1, sum(len(d) for _, d in drafts)), self.vocab_size)
         draft_rows: list[int] = []
         after_drafts: dict[str, torch.Tensor] = {}  # the bonus row of each constrained drafting request
+        draft_bits = torch.zeros(0, dtype=torch.int32)
+        if any(req_id in self._matchers for req_id, _ in drafts):
+            draft_bits = xgr.allocate_token_bitmask(sum(len(d) for _, d in drafts), self.vocab_size)
         start = 0
         for req_id, tokens in drafts:
             matcher = self._matchers.get(req_id)

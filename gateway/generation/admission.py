@@ -81,7 +81,7 @@ async def _checked_requests(
     num_output_tokens = sum(r.message.sampling_params.max_tokens for r in requests)
     num_bytes = request_bytes(len(requests), num_prompt_tokens, num_output_tokens)
     await state.cell_guard.check(state.redis, cell, num_bytes)
-    await state.queue_bound.check(state.redis, cell_keys(cell), request.req_id, len(requests))
+    await state.queue_bound.check(state.redis, cell_keys(cell), request.req_id, [r.req_id for r in requests])
     num_tokens = num_prompt_tokens + num_output_tokens
     try:
         await state.rate_limiter.check(owner, num_tokens, request.message.user)

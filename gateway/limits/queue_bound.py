@@ -3,110 +3,137 @@
 Waiting = requests on the requests stream that no batcher has claimed yet (the consumer group's
 `lag`) plus the interactive ones the batcher holds in its waiting queue (`num_waiting_interactive` in
 its stats hash): waiting Batch API lines do not count, since they are admitted only after every
-waiting interactive request. Both are read in one round trip. Several gateways read the same
-numbers, so the bound is shared, though soft: gateways admitting at the same instant can overshoot it
-by a few requests. Within one gateway, the requests it admitted and has not written yet count too: a
+waiting interactive request. Several gateways read the same numbers, so the bound is shared, though
+soft: gateways admitting at the same instant can overshoot it by a few requests.
+
+Within one gateway the count is exact. The requests it admitted and has not released count too: a
 burst whose checks all read the queue before any of them was written would otherwise pass the bound
-together (20 was overshot to 106 by one gateway). They count until the caller releases them, which
-it does once they are written or refused (gateway/generation/admission.py), and after that for the
-readings already in flight.
+together (20 was overshot to 106 by one gateway). Whether one of them is already on the stream, and
+so in the lag, is asked in the same atomic reading (its submit marker), so a request written while a
+check is in flight is counted once, not twice (a bound of 2 refused the second of two requests).
+Requests admitted after a reading was sent are counted by it whatever it shows: that reading cannot
+have asked about them.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
 
 import redis.asyncio as aioredis
 
-from common.streams import BATCHER_GROUP, CellKeys
+from common.streams import BATCHER_GROUP, CellKeys, submitted_key
 from openai_frontend.protocol.errors import OpenAIError
 
 # A queue that is full now is usually not empty a second later; clients back off and try again.
 RETRY_AFTER_S = 2
 
+# One atomic reading, so that no submit (a script too) falls between its parts. KEYS: the requests
+# stream, the batcher's stats hash, then submit markers. ARGV: the batcher group's name.
+# Returns {unclaimed, waiting interactive, how many of the markers exist}. Without the group (no
+# batcher ever started) every entry is unclaimed; a null lag (entries inside the range were trimmed)
+# leaves only the batcher's own count.
+_READ = """
+local unclaimed = redis.call('XLEN', KEYS[1])
+local ok, groups = pcall(redis.call, 'XINFO', 'GROUPS', KEYS[1])
+if ok then
+  for _, group in ipairs(groups) do
+    local fields = {}
+    for i = 1, #group, 2 do fields[group[i]] = group[i + 1] end
+    if fields['name'] == ARGV[1] then unclaimed = fields['lag'] or 0 end
+  end
+end
+local waiting = tonumber(redis.call('HGET', KEYS[2], 'num_waiting_interactive') or 0)
+local written = 0
+for i = 3, #KEYS do written = written + redis.call('EXISTS', KEYS[i]) end
+return {unclaimed, math.floor(waiting), written}
+"""
 
-async def num_queued(redis: aioredis.Redis, keys: CellKeys) -> int:
-    """The interactive requests waiting in the cell of `keys`."""
-    pipe = redis.pipeline(transaction=False)
-    pipe.xinfo_groups(keys.requests)
-    pipe.xlen(keys.requests)
-    pipe.hget(keys.stats, "num_waiting_interactive")
-    groups, length, waiting = await pipe.execute(raise_on_error=False)
-    if isinstance(length, Exception) or isinstance(waiting, Exception):
-        raise length if isinstance(length, Exception) else waiting
-    return _unclaimed(groups, int(length)) + (int(float(waiting)) if waiting is not None else 0)
+
+@dataclass(frozen=True, slots=True)
+class QueueReading:
+    num_queued: int  # the cell's waiting interactive requests, as Redis counts them
+    num_written: int  # of the choices asked about, those already on the stream
 
 
-def _unclaimed(groups: Any, length: int) -> int:
-    """The group's lag; with no group yet (no batcher ever started), every entry is unclaimed."""
-    if isinstance(groups, Exception):
-        return length  # no stream yet: length is 0
-    for group in groups:
-        if _s(group.get("name", b"")) == BATCHER_GROUP:
-            lag = group.get("lag")
-            # Redis cannot tell the lag after entries inside the range were trimmed; then only the
-            # batcher's own count is known.
-            return int(lag) if lag is not None else 0
-    return length
+async def read_queue(redis: aioredis.Redis, keys: CellKeys, choice_ids: list[str]) -> QueueReading:
+    """The interactive requests waiting in the cell of `keys`, and how many of `choice_ids` (requests
+    of that cell) Redis holds already."""
+    markers = [submitted_key(choice_id) for choice_id in choice_ids]
+    unclaimed, waiting, written = await redis.eval(
+        _READ, 2 + len(markers), keys.requests, keys.stats, *markers, BATCHER_GROUP
+    )
+    return QueueReading(int(unclaimed) + int(waiting), int(written))
+
+
+@dataclass(slots=True)
+class _Admitted:
+    number: int  # in admission order
+    choice_ids: list[str]
 
 
 @dataclass(slots=True)
 class _Unseen:
-    """One cell's requests this gateway admitted that a reading of Redis in flight may miss: those
-    not written yet, and those written (released) after the reading was sent. Without the second kind
-    a check whose reading was sent before a request's XADD, and answered after its release, counted
-    that request nowhere (a burst of 40 passed a bound of 5 as 8 on a loaded host)."""
+    """One cell's requests this gateway admitted and has not released (released once written or
+    refused), and what a reading in flight must add to what Redis shows it."""
 
-    admitted: dict[str, int] = field(default_factory=dict)  # req_id -> its choices, until released
-    released: list[tuple[int, int]] = field(default_factory=list)  # (release number, choices)
-    num_released: int = 0
-    readings: Counter[int] = field(default_factory=Counter)  # in flight: releases before each began
+    admitted: dict[str, _Admitted] = field(default_factory=dict)  # by req_id
+    num_admitted: int = 0
+    # Released while a reading sent before their admission was in flight: (admission number, choices).
+    late: list[tuple[int, int]] = field(default_factory=list)
+    readings: Counter[int] = field(default_factory=Counter)  # in flight: admissions before each began
 
-    def begin_reading(self) -> int:
-        self.readings[self.num_released] += 1
-        return self.num_released
+    def begin_reading(self) -> tuple[int, list[str]]:
+        """A reading is sent: its admission number, and the choices it asks Redis about."""
+        self.readings[self.num_admitted] += 1
+        return self.num_admitted, [c for a in self.admitted.values() for c in a.choice_ids]
 
-    def end_reading(self, began: int) -> int:
-        """The reading that began at release number `began` is answered: what it may not show."""
-        num = sum(self.admitted.values()) + sum(n for at, n in self.released if at > began)
+    def end_reading(self, began: int, num_asked: int, num_written: int) -> int:
+        """The reading that began at admission `began`, which found `num_written` of the `num_asked`
+        choices it asked about on the stream, is answered: what it does not show."""
+        num = num_asked - num_written
+        num += sum(len(a.choice_ids) for a in self.admitted.values() if a.number > began)
+        num += sum(n for at, n in self.late if at > began)
         self.readings[began] -= 1
         if self.readings[began] == 0:
             del self.readings[began]
-        oldest = min(self.readings, default=self.num_released)
-        self.released = [(at, n) for at, n in self.released if at > oldest]
+        oldest = min(self.readings, default=self.num_admitted)
+        self.late = [(at, n) for at, n in self.late if at > oldest]
         return num
 
+    def admit(self, req_id: str, choice_ids: list[str]) -> None:
+        self.num_admitted += 1
+        self.admitted[req_id] = _Admitted(self.num_admitted, choice_ids)
+
     def release(self, req_id: str) -> None:
-        num = self.admitted.pop(req_id, 0)
-        if num and self.readings:
-            self.num_released += 1
-            self.released.append((self.num_released, num))
+        admitted = self.admitted.pop(req_id, None)
+        if admitted is not None and min(self.readings, default=admitted.number) < admitted.number:
+            self.late.append((admitted.number, len(admitted.choice_ids)))
 
 
 @dataclass(slots=True)
 class QueueBound:
     """GATEWAY_MAX_QUEUED_REQUESTS for one gateway: what Redis says waits, plus what it admitted and
-    Redis may not show yet."""
+    Redis does not show yet."""
 
     max_queued: int  # 0: no bound
     _unseen: dict[str, _Unseen] = field(default_factory=dict)  # by cell
 
-    async def check(self, redis: aioredis.Redis, keys: CellKeys, req_id: str, num_new: int) -> None:
-        """Raise 429 when admitting `req_id`'s `num_new` requests (one per choice) would exceed the
+    async def check(self, redis: aioredis.Redis, keys: CellKeys, req_id: str, choice_ids: list[str]) -> None:
+        """Raise 429 when admitting `req_id`'s requests (`choice_ids`, one per choice) would exceed the
         bound; else count them as waiting until `release(req_id)`."""
         if self.max_queued <= 0:
             return
         unseen = self._unseen.setdefault(keys.cell, _Unseen())
-        began = unseen.begin_reading()
+        began, asked = unseen.begin_reading()
         try:
-            queued = await num_queued(redis, keys)
-        finally:
-            # No await from here on: the count and the admission are one step for this gateway.
-            queued_here = unseen.end_reading(began)
-        queued += queued_here
-        if queued + num_new > self.max_queued:
+            reading = await read_queue(redis, keys, asked)
+        except BaseException:
+            unseen.end_reading(began, len(asked), 0)
+            raise
+        # No await from here on: the count and the admission are one step for this gateway.
+        queued = reading.num_queued + unseen.end_reading(began, len(asked), reading.num_written)
+        if queued + len(choice_ids) > self.max_queued:
             raise OpenAIError(
                 429,
                 f"The server is overloaded: {queued} requests are waiting (limit {self.max_queued}). "
@@ -115,13 +142,9 @@ class QueueBound:
                 code="queue_full",
                 headers={"Retry-After": str(RETRY_AFTER_S)},
             )
-        unseen.admitted[req_id] = num_new
+        unseen.admit(req_id, choice_ids)
 
     def release(self, cell: str, req_id: str) -> None:
         """`req_id` was written (or refused after all): Redis counts it in readings sent from now on."""
         if cell in self._unseen:
             self._unseen[cell].release(req_id)
-
-
-def _s(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value

@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
 import pytest
+import redis.asyncio as aioredis
 
+from common.protocol import GenerateRequest, SamplingParams
+from common.stream_client import new_req_id, submit_once_async
+from common.streams import DEFAULT_CELL, cell_keys
+from gateway.limits.queue_bound import QueueBound
+from openai_frontend.protocol.errors import OpenAIError
 from tests.harness.gateway_server import RunningGateway
 
 BODY = {"prompt": "hi", "max_tokens": 2}
@@ -60,11 +67,39 @@ def test_a_burst_does_not_overshoot_the_bound(make_gateway: Callable[..., Runnin
             return await asyncio.gather(*(one() for _ in range(40)))
 
     statuses = asyncio.run(burst())
-    # Never more than the bound. Fewer when a check's reading of Redis was sent before another
-    # request was written and answered after it: that request may be counted twice, never zero times.
+    # Never more than the bound. Fewer only if a reading sent before a request was admitted were
+    # answered after that request was written: the reading counts it without asking Redis.
     admitted = statuses.count(200)
     assert 1 <= admitted <= 5 and statuses.count(429) == 40 - admitted, statuses
     assert gateway.harness.num_requests() == admitted
+
+
+def test_a_written_request_not_yet_released_counts_once(redis_url: str) -> None:
+    """Between a request's write and its release the stream counts it; before, the gateway counted it
+    as admitted too, and a bound of 2 refused the second of two requests (tests/stack/test_overload.py
+    in a full run)."""
+
+    async def scenario() -> None:
+        redis = aioredis.Redis.from_url(redis_url)
+        keys = cell_keys(DEFAULT_CELL)
+        bound = QueueBound(max_queued=2)
+        first, second, third = _request(), _request(), _request()
+        await bound.check(redis, keys, first.req_id, [first.req_id])
+        await submit_once_async(redis, first)  # on the stream, not released yet
+        await bound.check(redis, keys, second.req_id, [second.req_id])  # 1 waiting + 1: room
+        with pytest.raises(OpenAIError) as refused:  # 1 on the stream + 1 admitted + 1
+            await bound.check(redis, keys, third.req_id, [third.req_id])
+        assert refused.value.status == 429 and refused.value.code == "queue_full"
+        await redis.aclose()
+
+    asyncio.run(scenario())
+
+
+def _request() -> GenerateRequest:
+    params = SamplingParams(max_tokens=2, temperature=0.0)
+    return GenerateRequest(
+        req_id=new_req_id(), prompt_token_ids=[1], sampling_params=params, arrival_time=time.time()
+    )
 
 
 @pytest.mark.parametrize(

@@ -10,12 +10,16 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <atomic>
 #include <type_traits>
 #include <vector>
 
 namespace {
 
 using Vec = at::vec::Vectorized<float>;
+
+// Keys ahead whose K/V rows are prefetched while one is read.
+constexpr int64_t kPrefetchKeys = 4;
 
 // Vec::size() pool elements as float32.
 template <typename T>
@@ -103,11 +107,21 @@ void paged_decode_attention(at::Tensor out, at::Tensor query, at::Tensor k_pool,
         // A task is one sequence's KV heads, or a slice of them when there are fewer sequences than
         // threads: a whole sequence reads each token's K/V row contiguously, once for all its queries.
         const int64_t slices = std::min<int64_t>(KVH, std::max<int64_t>(1, (at::get_num_threads() + B - 1) / B));
+        // Threads take tasks longest first from a shared counter: contexts differ by 10x or more, and
+        // an equal count of tasks each (parallel_for's split of a range) left one thread the long ones.
+        const int64_t num_tasks = B * slices;
+        std::vector<int64_t> order(num_tasks);
+        for (int64_t i = 0; i < num_tasks; ++i) order[i] = i;
+        std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+            return lens[a / slices] > lens[b / slices];
+        });
+        std::atomic<int64_t> next_task{0};
 
-        at::parallel_for(0, B * slices, 1, [&](int64_t begin, int64_t end) {
+        at::parallel_for(0, std::min<int64_t>(at::get_num_threads(), num_tasks), 1, [&](int64_t, int64_t) {
             std::vector<float> scores;
             std::vector<float> acc;
-            for (int64_t task = begin; task < end; ++task) {
+            for (int64_t i = next_task.fetch_add(1); i < num_tasks; i = next_task.fetch_add(1)) {
+                const int64_t task = order[i];
                 const int64_t b = task / slices, slice = task % slices;
                 const int64_t kv0 = slice * KVH / slices, kv1 = (slice + 1) * KVH / slices;
                 const int64_t h0 = kv0 * group, nh = (kv1 - kv0) * group;
@@ -117,9 +131,19 @@ void paged_decode_attention(at::Tensor out, at::Tensor query, at::Tensor k_pool,
                 const int64_t first_unseen = n - nq + 1;
                 // fn(h, t, x): for every key position t, x is the K (or V) vector each of the task's
                 // heads h reads there, in the pool's row for t.
+                auto row_of = [&](const scalar_t* pool, int64_t t) {
+                    return pool + (static_cast<int64_t>(table[t / BS]) * BS + t % BS) * KVH * D;
+                };
                 auto for_each_key = [&](const scalar_t* pool, auto&& fn) {
                     for (int64_t t = 0; t < n; ++t) {
-                        const scalar_t* row = pool + (static_cast<int64_t>(table[t / BS]) * BS + t % BS) * KVH * D;
+                        const scalar_t* row = row_of(pool, t);
+                        // The hardware prefetchers stop at each 4 KiB page, and a block's pages lie
+                        // anywhere in the pool: ask for the task's part of a row a few keys ahead.
+                        if (t + kPrefetchKeys < n) {
+                            const char* ahead = reinterpret_cast<const char*>(row_of(pool, t + kPrefetchKeys) + kv0 * D);
+                            const int64_t bytes = (kv1 - kv0) * D * static_cast<int64_t>(sizeof(scalar_t));
+                            for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(ahead + off, 0, 0);
+                        }
                         for (int64_t kvh = kv0; kvh < kv1; ++kvh)
                             for (int64_t g = 0; g < group; ++g) fn((kvh - kv0) * group + g, t, row + kvh * D);
                     }

@@ -16,7 +16,7 @@ import torch
 
 log = logging.getLogger(__name__)
 
-SOURCES = [Path(__file__).with_name("paged_decode.cpp")]
+SOURCES = [Path(__file__).with_name(name) for name in ("paged_decode.cpp", "packed_linear.cpp")]
 
 
 def _cpu_flags() -> str:
@@ -64,4 +64,6 @@ def load() -> bool:
     except Exception as exc:  # a missing compiler or headers: the gathering path still works
         log.warning("CPU attention kernels unavailable, decodes gather their K/V instead: %s", exc)
         return False
-    return hasattr(torch.ops.cbserve_cpu, "paged_decode_attention")
+    return hasattr(torch.ops.cbserve_cpu, "paged_decode_attention") and hasattr(
+        torch.ops.cbserve_cpu, "packed_linear"
+    )

@@ -2,9 +2,10 @@
 checkpoint's weights.
 
 - `None`: the checkpoint's dtype. On the CPU at float32 the weight is reordered once, at load, into
-  oneDNN's blocked layout and multiplied by oneDNN (`cbserve::packed_linear`): MKL's sgemm, which
-  `F.linear` calls, takes a slow path on AMD hosts, and a packed weight is read in the order the
-  kernel walks it. Elsewhere `F.linear`.
+  oneDNN's blocked layout and multiplied by oneDNN (`cbserve_cpu::packed_linear`, a C++ op opaque to
+  inductor, whose own lowering of that call accepts only weights frozen into the graph): MKL's sgemm,
+  which `F.linear` calls, takes a slow path on AMD hosts, and a packed weight is read in the order the
+  kernel walks it. Elsewhere, and without a C++ compiler, `F.linear`.
 - `int8` (CPU): int8 weights with one scale per output channel, activations quantized per token at
   each call (W8A8 dynamic), multiplied by `torch._int_mm` (int8 x int8 -> int32): a quarter of fp32's
   weight bytes and int8 arithmetic. Per-token activation scales, not one per tensor (fbgemm's
@@ -17,6 +18,8 @@ the kernels around the GEMM.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 import torch.nn.functional as F
@@ -33,26 +36,31 @@ INT8_MAX = 127.0
 PACK_ROWS_HINT = 16
 
 
-@torch.library.custom_op("cbserve::packed_linear", mutates_args=())
-def packed_linear(
-    x: torch.Tensor, weight_packed: torch.Tensor, bias: torch.Tensor | None, out_features: int
-) -> torch.Tensor:
-    """x [T, in] float32 -> [T, out], the weight in oneDNN's blocked layout. Opaque to inductor, whose
-    own lowering of this call accepts only weights frozen into the graph as constants."""
-    return torch.ops.mkldnn._linear_pointwise(x.contiguous(), weight_packed, bias, "none", [], "")
-
-
-@packed_linear.register_fake
-def _(
-    x: torch.Tensor, weight_packed: torch.Tensor, bias: torch.Tensor | None, out_features: int
-) -> torch.Tensor:
-    return x.new_empty(x.shape[0], out_features)
-
-
 def packs_on_cpu(weight: torch.Tensor) -> bool:
+    """Whether `weight` is packed for oneDNN: float32 on a CPU with oneDNN, where the C++ kernels
+    (gpu_worker/cpu_kernels/, built with the host's compiler) hold the op that multiplies by it."""
     return (
-        weight.device.type == "cpu" and weight.dtype == torch.float32 and torch.backends.mkldnn.is_available()
+        weight.device.type == "cpu"
+        and weight.dtype == torch.float32
+        and torch.backends.mkldnn.is_available()
+        and _packed_linear_registered()
     )
+
+
+@functools.cache
+def _packed_linear_registered() -> bool:
+    from gpu_worker import cpu_kernels
+
+    if not cpu_kernels.load():
+        return False
+
+    @torch.library.register_fake("cbserve_cpu::packed_linear")
+    def _(
+        x: torch.Tensor, weight_packed: torch.Tensor, bias: torch.Tensor | None, out_features: int
+    ) -> torch.Tensor:
+        return x.new_empty(x.shape[0], out_features)
+
+    return True
 
 
 class Linear(nn.Module):
@@ -84,7 +92,7 @@ class Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed:
-            return packed_linear(x, self.weight_packed, self.bias, self.out_features)
+            return torch.ops.cbserve_cpu.packed_linear(x, self.weight_packed, self.bias, self.out_features)
         if self.quantization is None:
             return F.linear(x, self.weight, self.bias)
         flat = x.reshape(-1, self.in_features)

@@ -349,13 +349,16 @@ def test_cbserve_launch_with_two_cells_serves_from_both(tiny_model_dir: Path, tm
         group.stop()
 
 
-def test_control_plane_cells_reports_cpu_by_cell(tiny_model_dir: Path, tmp_path: Path) -> None:
+def test_control_plane_cells_reports_cpu_by_cell(tool_model_dir: Path, tmp_path: Path) -> None:
     """Two cells of one null worker behind two gateways: a row per cell over the window with every
-    request running, each with its own batcher's and workers' CPU, and the shared parts' CPU."""
+    request running, each with its own batcher's and workers' CPU, and the shared parts' CPU.
+
+    The model with the longer context, so that 2000 tokens a request leave room for the placement of
+    the last request under the suite's load (at 500, one request finished first in a full run)."""
     from benchmarks import control_plane
 
     result_file = tmp_path / "cells.json"
-    argv = ["--model", str(tiny_model_dir), "--batch-sizes", "4", "--output-len", "500"]
+    argv = ["--model", str(tool_model_dir), "--batch-sizes", "4", "--output-len", "2000"]
     argv += ["--scheduling", "async", "--cells", "2", "--workers-per-cell", "1", "--gateways", "2"]
     control_plane.main([*argv, "--result-file", str(result_file)])
     (row,) = json.loads(result_file.read_text())

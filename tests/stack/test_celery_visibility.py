@@ -45,7 +45,8 @@ def test_a_running_task_is_not_delivered_again(redis_url: str, tiny_model_dir: P
         # The Celery worker first, so that it is ready with the others.
         stack.start_celery_worker("celery", **env)
         stack.start_all()
-        client, batch_id, _ = submit_batch(stack.base_url, 24, max_tokens=128)
+        # Long enough to outlast the timeout on a fast host too (24 x 128 took 5.1 s on one).
+        client, batch_id, _ = submit_batch(stack.base_url, 48, max_tokens=160)
         started = time.monotonic()
         batch = wait_final(client, batch_id, timeout=120)
         took_s = time.monotonic() - started

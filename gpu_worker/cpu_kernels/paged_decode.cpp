@@ -134,6 +134,7 @@ void paged_decode_attention(at::Tensor out, at::Tensor query, at::Tensor k_pool,
                 auto row_of = [&](const scalar_t* pool, int64_t t) {
                     return pool + (static_cast<int64_t>(table[t / BS]) * BS + t % BS) * KVH * D;
                 };
+                const int64_t task_row_bytes = (kv1 - kv0) * D * static_cast<int64_t>(sizeof(scalar_t));
                 auto for_each_key = [&](const scalar_t* pool, auto&& fn) {
                     for (int64_t t = 0; t < n; ++t) {
                         const scalar_t* row = row_of(pool, t);
@@ -141,8 +142,7 @@ void paged_decode_attention(at::Tensor out, at::Tensor query, at::Tensor k_pool,
                         // anywhere in the pool: ask for the task's part of a row a few keys ahead.
                         if (t + kPrefetchKeys < n) {
                             const char* ahead = reinterpret_cast<const char*>(row_of(pool, t + kPrefetchKeys) + kv0 * D);
-                            const int64_t bytes = (kv1 - kv0) * D * static_cast<int64_t>(sizeof(scalar_t));
-                            for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(ahead + off, 0, 0);
+                            for (int64_t off = 0; off < task_row_bytes; off += 64) __builtin_prefetch(ahead + off, 0, 0);
                         }
                         for (int64_t kvh = kv0; kvh < kv1; ++kvh)
                             for (int64_t g = 0; g < group; ++g) fn((kvh - kv0) * group + g, t, row + kvh * D);

@@ -111,7 +111,7 @@ def follow_entries(
     request fails and RequestTimedOut when it has not finished after `timeout_s`.
     """
     key = token_stream(req_id)
-    event_filter = EventFilter()
+    event_filter = EventFilter(next_index=0 if last_id == "0-0" else None)
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     while True:
         block_ms = _block_ms(req_id, deadline)
@@ -151,7 +151,7 @@ async def follow_async(
 ) -> AsyncIterator[TokenEvent]:
     """`follow` for asyncio; one blocking read per request (the gateway shares one read instead)."""
     key = token_stream(req_id)
-    event_filter = EventFilter()
+    event_filter = EventFilter(next_index=0 if last_id == "0-0" else None)
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     while True:
         block_ms = _block_ms(req_id, deadline)

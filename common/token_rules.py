@@ -29,9 +29,17 @@ class RequestTimedOut(Exception):
 
 @dataclass(slots=True)
 class EventFilter:
-    """One writer per token stream is enforced by readers: stale attempts and repeated indexes drop out."""
+    """One writer per token stream is enforced by readers: stale attempts, repeated indexes and
+    indexes past a gap drop out.
 
-    next_index: int = 0  # output index the next new token must have at least
+    A gap is a late write: after a failover that lost the stream's last entries, the old writer's
+    retried publish can land an index the stream no longer leads up to. The new attempt recomputes
+    from the stream's unbroken run, so it writes the missing index and the rest again, in order.
+    """
+
+    # The output index the next token must have; None for a reader that starts after an entry id
+    # (a resume), which takes the first token's index as where it is.
+    next_index: int | None = 0
     attempt: int = -1  # newest attempt seen
 
     def accept(self, event: TokenEvent | PromptEvent) -> bool:
@@ -40,7 +48,7 @@ class EventFilter:
         if isinstance(event, PromptEvent):
             if self.next_index:  # it comes before any token: too late once one was kept
                 return False
-        elif event.index < self.next_index:
+        elif self.next_index is not None and event.index != self.next_index:
             return False
         else:
             self.next_index = event.index + 1

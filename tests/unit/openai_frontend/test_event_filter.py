@@ -22,3 +22,24 @@ def test_duplicates_and_stale_attempts_are_dropped() -> None:
     assert not f.accept(_event(3, 0))  # the old writer woke up late
     assert f.accept(_event(3, 1))
     assert (f.next_index, f.attempt) == (4, 1)
+
+
+def test_an_index_past_a_gap_waits_for_the_new_attempt() -> None:
+    """A failover lost the stream's last entries; the old writer's retried publish lands index 22 on
+    the promoted replica, where the client has 0..20. Taking it would lose index 21 for good."""
+    f = EventFilter()
+    for i in range(21):
+        assert f.accept(_event(i, 0))
+    assert not f.accept(_event(22, 0, token_id=9))  # past the gap
+    # The new attempt recomputes from what the promoted replica held (index 10 on) and writes 21.
+    assert not any(f.accept(_event(i, 1)) for i in range(10, 21))
+    assert f.accept(_event(21, 1))
+    assert f.accept(_event(22, 1))
+    assert (f.next_index, f.attempt) == (23, 1)
+
+
+def test_a_reader_resuming_after_an_entry_takes_its_first_index() -> None:
+    f = EventFilter(next_index=None)
+    assert f.accept(_event(5, 0))
+    assert not f.accept(_event(7, 0))
+    assert f.accept(_event(6, 0))

@@ -139,10 +139,11 @@ void paged_decode_attention(at::Tensor out, at::Tensor query, at::Tensor k_pool,
                     for (int64_t t = 0; t < n; ++t) {
                         const scalar_t* row = row_of(pool, t);
                         // The hardware prefetchers stop at each 4 KiB page, and a block's pages lie
-                        // anywhere in the pool: ask for the task's part of a row a few keys ahead.
+                        // anywhere in the pool: ask for the task's part of a row a few keys ahead, into
+                        // every cache level (a non-temporal hint skips L2 on Intel: 3x slower there).
                         if (t + kPrefetchKeys < n) {
                             const char* ahead = reinterpret_cast<const char*>(row_of(pool, t + kPrefetchKeys) + kv0 * D);
-                            for (int64_t off = 0; off < task_row_bytes; off += 64) __builtin_prefetch(ahead + off, 0, 0);
+                            for (int64_t off = 0; off < task_row_bytes; off += 64) __builtin_prefetch(ahead + off, 0, 3);
                         }
                         for (int64_t kvh = kv0; kvh < kv1; ++kvh)
                             for (int64_t g = 0; g < group; ++g) fn((kvh - kv0) * group + g, t, row + kvh * D);

@@ -74,6 +74,13 @@ class AttentionBackend(ABC, Generic[M]):
         contiguous) -> output [T, heads, head_dim]; stores key/value at the step's slots first.
         `variant`: the layer's window, softcapping and sinks (attention_variant.py)."""
 
+    def begin_step(self, metadata: M, common: CommonAttentionMetadata) -> None:
+        """Before a step's forward: hand the step to an attention op that is not this object's
+        `forward` (the CPU's C++ op, attention_torch.py). Nothing by default."""
+
+    def end_step(self) -> None:
+        """After the step's forward (raised or not): undo `begin_step`."""
+
 
 @dataclass(slots=True)
 class AttentionContext:

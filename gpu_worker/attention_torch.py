@@ -5,8 +5,10 @@ Decodes are attended in groups of similar context length (one gather and one SDP
 every prefill chunk by itself; a first chunk attends over its own K/V without reading the pool. On
 the CPU at float32 a plain layer's decodes, and its chunks of a few queries (a decode's drafts to
 verify), read the pool directly through their block tables (cpu_kernels/paged_decode.cpp) instead of
-gathering a copy first. With cascade attention (the CPU
-default), decodes sharing leading blocks read them once (cascade_attention.py). A layer's variant
+gathering a copy first; in a step without cascade the compiled forward's C++ op does a plain
+layer's whole attention that way (cpu_kernels/paged_attention.cpp, `begin_step`), so that no layer
+enters Python. With cascade attention (the CPU default), decodes sharing leading blocks read them
+once (cascade_attention.py). A layer's variant
 (attention_variant.py) adds its window to the masks (built once per step and window; blocks wholly
 before a group's or chunk's window are not gathered) and computes softcapping and sinks with eager
 attention, which SDPA cannot.
@@ -86,6 +88,9 @@ class TorchAttentionMetadata:
     # Set instead of `decodes` when some decodes share a head (cascade_attention.py).
     cascade: CascadeDecodes | None = None
     max_seq_len: int = 0
+    # The C++ op (cpu_kernels/paged_attention.cpp) attends the step's plain layers: the kernel reads
+    # the decodes, no cascade.
+    native: bool = False
     # window -> (a read per decode group, a read per prefill chunk), built when a layer first asks.
     window_reads: dict[int, tuple[list[KeyRead], list[KeyRead]]] = field(default_factory=dict)
 
@@ -167,7 +172,21 @@ class TorchAttentionBackend(AttentionBackend[TorchAttentionMetadata]):
             if self.decode_kernel and cached > 0 and end - start <= KERNEL_MAX_QUERIES:
                 kernel = _kernel_read(common, seq, seq + 1)
             chunks.append(PrefillChunk(start, end, table, context_len, cached, causal, kernel))
-        return TorchAttentionMetadata(common.slot_mapping, groups, chunks, cascade, common.max_seq_len)
+        native = self.decode_kernel and cascade is None
+        return TorchAttentionMetadata(
+            common.slot_mapping, groups, chunks, cascade, common.max_seq_len, native
+        )
+
+    def begin_step(self, metadata: TorchAttentionMetadata, common: CommonAttentionMetadata) -> None:
+        if metadata.native:
+            torch.ops.cbserve_cpu.set_attention_step(
+                self.kv_cache.k_pools, self.kv_cache.v_pools, common.slot_mapping, common.block_tables,
+                common.seq_lens, common.query_start_loc, common.num_decodes, KERNEL_MAX_QUERIES,
+            )  # fmt: skip
+
+    def end_step(self) -> None:
+        if self.decode_kernel:
+            torch.ops.cbserve_cpu.clear_attention_step()
 
     def _cascade(self, common: CommonAttentionMetadata, context_lens: list[int]) -> CascadeDecodes | None:
         """The cascade plan of the step's decodes, None when no decode has a head."""

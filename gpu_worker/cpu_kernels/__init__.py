@@ -16,7 +16,17 @@ import torch
 
 log = logging.getLogger(__name__)
 
-SOURCES = [Path(__file__).with_name(name) for name in ("paged_decode.cpp", "packed_linear.cpp")]
+SOURCES = [
+    Path(__file__).with_name(name)
+    for name in ("paged_decode.cpp", "paged_attention.cpp", "packed_linear.cpp")
+]
+OPS = (
+    "paged_decode_attention",
+    "paged_attention",
+    "set_attention_step",
+    "clear_attention_step",
+    "packed_linear",
+)
 
 
 def _cpu_flags() -> str:
@@ -64,6 +74,4 @@ def load() -> bool:
     except Exception as exc:  # a missing compiler or headers: the gathering path still works
         log.warning("CPU attention kernels unavailable, decodes gather their K/V instead: %s", exc)
         return False
-    return hasattr(torch.ops.cbserve_cpu, "paged_decode_attention") and hasattr(
-        torch.ops.cbserve_cpu, "packed_linear"
-    )
+    return all(hasattr(torch.ops.cbserve_cpu, op) for op in OPS)

@@ -3,11 +3,16 @@
 The op cannot take the step's metadata (Python objects) as an argument, so the step's
 `AttentionContext` is set around the forward (`step_context`), as vLLM's forward context is, and the
 op reads it: the compiled graph never sees it and never recompiles for it.
+
+On the CPU with the C++ kernels built, the decoder calls `cbserve_cpu::paged_attention` instead
+(cpu_kernels/paged_attention.cpp): the same contract, done in C++ for a step the backend handed to it
+(`begin_step`), and passed on to this module's Python op otherwise.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterator
 
 import torch
@@ -21,10 +26,31 @@ _current: list[AttentionContext] = []  # the context of the forward running now 
 @contextlib.contextmanager
 def step_context(context: AttentionContext) -> Iterator[None]:
     _current.append(context)
+    context.backend.begin_step(context.metadata, context.common)
     try:
         yield
     finally:
+        context.backend.end_step()
         _current.pop()
+
+
+def native_attention(device: torch.device) -> bool:
+    """Whether the decoder on `device` calls the C++ op (registering its shape function once)."""
+    return device.type == "cpu" and _native_registered()
+
+
+@functools.cache
+def _native_registered() -> bool:
+    from gpu_worker import cpu_kernels
+
+    if not cpu_kernels.load():
+        return False
+
+    @torch.library.register_fake("cbserve_cpu::paged_attention")
+    def _(query: torch.Tensor, *_: object) -> torch.Tensor:
+        return torch.empty_like(query, memory_format=torch.contiguous_format)
+
+    return True
 
 
 @torch.library.custom_op("cbserve::paged_attention", mutates_args=())

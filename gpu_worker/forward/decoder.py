@@ -3,7 +3,8 @@ windows included (Mistral's for every layer, Qwen2/3's from `max_window_layers` 
 
 Built from the transformers model with the same weights: q/k/v become one GEMM and gate/up another
 (vLLM's QKVParallelLinear / MergedColumnParallelLinear), RMSNorm and RoPE are written as plain tensor
-ops that inductor fuses, and attention is the opaque `cbserve::paged_attention` op. The arithmetic is
+ops that inductor fuses, and attention is an opaque op (`cbserve::paged_attention`, or its C++ twin
+on the CPU: attention_op.py). The arithmetic is
 transformers' own, op for op (RMSNorm in float32, RoPE from the model's rotary module), so greedy
 output stays equal to `generate`.
 """
@@ -19,7 +20,7 @@ from torch import nn
 from transformers import PreTrainedModel
 
 from gpu_worker.attention_backend import AttentionContext
-from gpu_worker.forward.attention_op import step_context
+from gpu_worker.forward.attention_op import native_attention, step_context
 from gpu_worker.forward.linear import Linear
 from gpu_worker.settings import Quantization
 
@@ -57,10 +58,13 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, hf_layer: Any, layer_idx: int, quantization: Quantization | None) -> None:
+    def __init__(
+        self, hf_layer: Any, layer_idx: int, quantization: Quantization | None, native_attention: bool
+    ) -> None:
         super().__init__()
         attn, mlp = hf_layer.self_attn, hf_layer.mlp
         self.layer_idx = layer_idx
+        self.native_attention = native_attention  # the C++ op (attention_op.py)
         self.head_dim = int(attn.head_dim)
         self.q_size = attn.q_proj.out_features
         self.kv_size = attn.k_proj.out_features
@@ -95,7 +99,10 @@ class DecoderLayer(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q = q * cos + _rotate_half(q) * sin
         k = k * cos + _rotate_half(k) * sin
-        attn = torch.ops.cbserve.paged_attention(q, k, v, self.layer_idx, self.scale, self.window)
+        if self.native_attention:
+            attn = torch.ops.cbserve_cpu.paged_attention(q, k, v, self.layer_idx, self.scale, self.window)
+        else:
+            attn = torch.ops.cbserve.paged_attention(q, k, v, self.layer_idx, self.scale, self.window)
         hidden = residual + self.o_proj(attn.flatten(1))
         residual = hidden
         gate, up = self.gate_up_proj(self.post_attention_layernorm(hidden)).split(
@@ -115,8 +122,9 @@ class Decoder(nn.Module):
         self.dtype = hf_model.dtype
         self.embed_tokens = inner.embed_tokens
         self.rotary_emb = inner.rotary_emb
+        native = native_attention(hf_model.device)
         self.layers = nn.ModuleList(
-            [DecoderLayer(layer, i, quantization) for i, layer in enumerate(inner.layers)]
+            [DecoderLayer(layer, i, quantization, native) for i, layer in enumerate(inner.layers)]
         )
         self.norm = RMSNorm(inner.norm.weight, inner.norm.variance_epsilon)
         lm_head = hf_model.lm_head

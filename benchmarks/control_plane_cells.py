@@ -149,11 +149,8 @@ async def _load(
     request with one stats read per cell, and 2048 at once once drew 503s from a gateway (its Redis
     calls failing; not diagnosed) and otherwise left the batches filling for most of the load.
     """
-    body = {"prompt": PROMPT, "max_tokens": output_len, "temperature": 0, "ignore_eos": True}
-    # No connection reuse: a gateway closes an idle one after GATEWAY_KEEP_ALIVE_S, and a request sent
-    # on it as it closes fails with ReadError (a later wave's did, on the contended 2-core host).
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=0)
-    clients = [httpx.AsyncClient(base_url=u, timeout=900, limits=limits) for u in base_urls]
+    body = _body(output_len)
+    clients = _clients(base_urls)
     tasks: list[asyncio.Task[httpx.Response]] = []
     stats = aioredis.Redis.from_url(redis_url)
 
@@ -185,24 +182,63 @@ async def _load(
                 raise TimeoutError("no request finished within 300 s")
             await asyncio.sleep(0.05)
         window_end = snap()
-        responses = await asyncio.gather(*tasks)
+        _check_responses(await asyncio.gather(*tasks))
         elapsed = time.perf_counter() - start
-        # The stats count a finish a pass later; the next load's "none finished yet" relies on it.
-        deadline = time.monotonic() + 60
-        while await _finished(stats, cells) - finished_before < num_requests and not _any_failed(tasks):
-            if time.monotonic() > deadline:
-                raise TimeoutError("the cells' stats did not count every finished request within 60 s")
-            await asyncio.sleep(0.05)
+        await _counted(stats, cells, finished_before + num_requests)
     finally:
         for t in tasks:
             t.cancel()
         for c in clients:
             await c.aclose()
         await stats.aclose()
+    return elapsed, window_start, window_end
+
+
+async def _warm_up(redis_url: str, base_urls: list[str], cells: list[str], num_requests: int) -> None:
+    """Connections and first allocations: requests of 40 tokens over every gateway, each to its end.
+    No window is measured, so none needs every request running at once (on a loaded machine one
+    could finish before the last was placed)."""
+    body = _body(40)
+    clients = _clients(base_urls)
+    stats = aioredis.Redis.from_url(redis_url)
+    try:
+        finished_before = await _finished(stats, cells)
+        posts = (clients[i % len(clients)].post("/v1/completions", json=body) for i in range(num_requests))
+        _check_responses(await asyncio.gather(*posts))
+        await _counted(stats, cells, finished_before + num_requests)
+    finally:
+        for c in clients:
+            await c.aclose()
+        await stats.aclose()
+
+
+async def _counted(stats: aioredis.Redis, cells: list[str], num_finished: float) -> None:
+    """Wait until the cells' stats count `num_finished` finished requests: they count a finish a
+    batcher pass late, and the next load's "none finished yet" relies on it."""
+    deadline = time.monotonic() + 60
+    while await _finished(stats, cells) < num_finished:
+        if time.monotonic() > deadline:
+            raise TimeoutError("the cells' stats did not count every finished request within 60 s")
+        await asyncio.sleep(0.05)  # polling a condition, with the deadline above
+
+
+def _body(output_len: int) -> dict[str, Any]:
+    return {"prompt": PROMPT, "max_tokens": output_len, "temperature": 0, "ignore_eos": True}
+
+
+def _clients(base_urls: list[str]) -> list[httpx.AsyncClient]:
+    """One client per gateway. No connection reuse: a gateway closes an idle one after
+    GATEWAY_KEEP_ALIVE_S, and a request sent on it as it closes fails with ReadError (a later wave's
+    did, on the contended 2-core host)."""
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=0)
+    return [httpx.AsyncClient(base_url=u, timeout=900, limits=limits) for u in base_urls]
+
+
+def _check_responses(responses: list[httpx.Response]) -> None:
     failed = [r for r in responses if r.status_code != 200]
     if failed:  # say why: an overloaded machine shows here first (timeouts, queue_timeout)
-        raise RuntimeError(f"{len(failed)} of {num_requests} requests failed; first: {failed[0].text[:500]}")
-    return elapsed, window_start, window_end
+        first = failed[0].text[:500]
+        raise RuntimeError(f"{len(failed)} of {len(responses)} requests failed; first: {first}")
 
 
 def measure_cells(
@@ -251,8 +287,7 @@ def measure_cells(
                 time.perf_counter(), _cpu_seconds(group), _machine_cpu_s(), _client_cpu_s(), stats
             )
 
-        # Warm-up: connections, first allocations.
-        asyncio.run(_load(base_urls, redis_url, cells, 2 * num_cells * num_gateways, 40, wave, snap))
+        asyncio.run(_warm_up(redis_url, base_urls, cells, 2 * num_cells * num_gateways))
         load_before = os.getloadavg()
         elapsed, w0, w1 = asyncio.run(
             _load(base_urls, redis_url, cells, num_requests, output_len, wave, snap)

@@ -58,7 +58,8 @@ def _vector_flags(flags: str) -> list[str]:
 @functools.cache
 def load() -> bool:
     """Build (or load the cached build of) the kernels and register their ops under
-    `torch.ops.cbserve_cpu`; False, with a warning, where no C++ compiler can build them."""
+    `torch.ops.cbserve_cpu`, with the shape functions a compiled graph needs of the ops it calls;
+    False, with a warning, where no C++ compiler can build them."""
     from torch.utils import cpp_extension
 
     flags = _cpu_flags()
@@ -71,7 +72,26 @@ def load() -> bool:
             is_python_module=False,
             verbose=False,
         )
-    except Exception as exc:  # a missing compiler or headers: the gathering path still works
-        log.warning("CPU attention kernels unavailable, decodes gather their K/V instead: %s", exc)
+    except Exception as exc:  # a missing compiler or headers: the torch paths still work
+        log.warning(
+            "CPU kernels unavailable: decodes gather their K/V, fp32 weights go through F.linear: %s", exc
+        )
         return False
-    return all(hasattr(torch.ops.cbserve_cpu, op) for op in OPS)
+    if not all(hasattr(torch.ops.cbserve_cpu, op) for op in OPS):
+        return False
+    _register_fakes()
+    return True
+
+
+def _register_fakes() -> None:
+    """Output shapes of the ops the decoder's compiled graph calls (forward/decoder.py, linear.py)."""
+
+    @torch.library.register_fake("cbserve_cpu::paged_attention")
+    def _(query: torch.Tensor, *_: object) -> torch.Tensor:
+        return torch.empty_like(query, memory_format=torch.contiguous_format)
+
+    @torch.library.register_fake("cbserve_cpu::packed_linear")
+    def _(
+        x: torch.Tensor, weight_packed: torch.Tensor, bias: torch.Tensor | None, out_features: int
+    ) -> torch.Tensor:
+        return x.new_empty(x.shape[0], out_features)

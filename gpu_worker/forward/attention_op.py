@@ -12,11 +12,11 @@ On the CPU with the C++ kernels built, the decoder calls `cbserve_cpu::paged_att
 from __future__ import annotations
 
 import contextlib
-import functools
 from collections.abc import Iterator
 
 import torch
 
+from gpu_worker import cpu_kernels
 from gpu_worker.attention_backend import AttentionContext
 from gpu_worker.attention_variant import PLAIN, AttentionVariant
 
@@ -35,22 +35,8 @@ def step_context(context: AttentionContext) -> Iterator[None]:
 
 
 def native_attention(device: torch.device) -> bool:
-    """Whether the decoder on `device` calls the C++ op (registering its shape function once)."""
-    return device.type == "cpu" and _native_registered()
-
-
-@functools.cache
-def _native_registered() -> bool:
-    from gpu_worker import cpu_kernels
-
-    if not cpu_kernels.load():
-        return False
-
-    @torch.library.register_fake("cbserve_cpu::paged_attention")
-    def _(query: torch.Tensor, *_: object) -> torch.Tensor:
-        return torch.empty_like(query, memory_format=torch.contiguous_format)
-
-    return True
+    """Whether the decoder on `device` calls the C++ op."""
+    return device.type == "cpu" and cpu_kernels.load()
 
 
 @torch.library.custom_op("cbserve::paged_attention", mutates_args=())

@@ -19,12 +19,11 @@ the kernels around the GEMM.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from gpu_worker import cpu_kernels
 from gpu_worker.settings import Quantization
 
 FP8 = torch.float8_e4m3fn
@@ -43,24 +42,8 @@ def packs_on_cpu(weight: torch.Tensor) -> bool:
         weight.device.type == "cpu"
         and weight.dtype == torch.float32
         and torch.backends.mkldnn.is_available()
-        and _packed_linear_registered()
+        and cpu_kernels.load()
     )
-
-
-@functools.cache
-def _packed_linear_registered() -> bool:
-    from gpu_worker import cpu_kernels
-
-    if not cpu_kernels.load():
-        return False
-
-    @torch.library.register_fake("cbserve_cpu::packed_linear")
-    def _(
-        x: torch.Tensor, weight_packed: torch.Tensor, bias: torch.Tensor | None, out_features: int
-    ) -> torch.Tensor:
-        return x.new_empty(x.shape[0], out_features)
-
-    return True
 
 
 class Linear(nn.Module):

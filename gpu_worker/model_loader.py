@@ -15,7 +15,7 @@ from gpu_worker.forward.compile import compile_decoder
 from gpu_worker.forward.decoder import FAMILIES, Decoder
 from gpu_worker.forward.linear import check_quantization
 from gpu_worker.kv_cache import KVCache
-from gpu_worker.model_support import check_attention_supported, head_dim
+from gpu_worker.model_support import check_model_supported, head_dim
 from gpu_worker.settings import WorkerSettings
 
 logger = logging.getLogger(__name__)
@@ -40,7 +40,7 @@ def load_model(settings: WorkerSettings) -> Model:
     if settings.device == "cuda" and not torch.cuda.is_available():
         raise ValueError("WORKER_DEVICE=cuda but torch sees no CUDA device: use --device cpu or a CUDA build")
     config = AutoConfig.from_pretrained(settings.model)
-    check_attention_supported(config)  # before loading any weight
+    check_model_supported(config)  # before loading any weight
     own_decoder = config.model_type in FAMILIES
     if settings.quantization is not None and not own_decoder:
         raise ValueError(

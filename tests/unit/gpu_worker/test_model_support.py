@@ -1,5 +1,7 @@
-"""Models whose attention the paged backends do not implement are refused at load, naming the feature;
-windows, softcapping and sinks load.
+"""Models the worker's forward cannot run are refused at load, naming the architecture and the reason:
+those whose layers drop the attention context (Falcon, StableLM), multi-head latent attention whatever
+its head sizes, attention features no backend implements. Windows, softcapping and sinks load, and so
+does every family the end-to-end tests serve.
 
 Each case is a tiny random model of the real model type, saved and loaded back through
 `from_pretrained` as a user's model directory would be.
@@ -13,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 from transformers import (
+    AutoConfig,
     AutoModelForCausalLM,
     BloomConfig,
     CpmAntConfig,
@@ -20,6 +23,7 @@ from transformers import (
     FalconConfig,
     Gemma2Config,
     Gemma3TextConfig,
+    GPT2Config,
     GptOssConfig,
     Llama4TextConfig,
     LlamaConfig,
@@ -28,13 +32,22 @@ from transformers import (
     PretrainedConfig,
     PreTrainedModel,
     Qwen2Config,
+    Qwen3Config,
     Qwen3NextConfig,
+    StableLmConfig,
 )
 
+from gpu_worker.forward.decoder import FAMILIES as DECODER_FAMILIES
 from gpu_worker.forward.decoder import Decoder
 from gpu_worker.model_runner import ModelRunner
-from gpu_worker.model_support import UnsupportedModelError, unsupported_attention_features
+from gpu_worker.model_support import (
+    UnsupportedModelError,
+    check_model_supported,
+    unsupported_attention_features,
+    unsupported_features,
+)
 from gpu_worker.settings import WorkerSettings
+from tests.harness.family_models import FAMILIES
 
 SMALL = {
     "vocab_size": 128,
@@ -57,7 +70,36 @@ def load(path: Path, **settings: object) -> ModelRunner:
     return ModelRunner(WorkerSettings(model=str(path), num_blocks=64, worker_id="t", **settings))  # type: ignore[arg-type]
 
 
+def mla_config(**overrides: int) -> DeepseekV3Config:
+    """DeepSeek-V3's multi-head latent attention, tiny; by default with values as wide as the RoPE part
+    of the keys, which is also the config's `head_dim`: the sizes a check of `v_head_dim` alone let in."""
+    sizes = {"qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 8, "kv_lora_rank": 16, **overrides}
+    return DeepseekV3Config(
+        **{**SMALL, "num_key_value_heads": 4},
+        **sizes,
+        q_lora_rank=None,
+        moe_intermediate_size=16,
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+        first_k_dense_replace=1,
+        n_group=1,
+        topk_group=1,
+    )
+
+
+# Each case: the config, and what the refusal must name.
 REFUSED: dict[str, tuple[Callable[[], PretrainedConfig], list[str]]] = {
+    # Their decoder layers call attention without the forward's kwargs: the step's context never
+    # reaches paged attention (before, they crashed in the profiling step).
+    "falcon": (
+        lambda: FalconConfig(vocab_size=128, hidden_size=32, num_hidden_layers=2, num_attention_heads=4),
+        ["'falcon' (FalconForCausalLM)", "do not pass the step's attention context"],
+    ),
+    "stablelm": (
+        lambda: StableLmConfig(**SMALL),
+        ["'stablelm' (StableLmForCausalLM)", "do not pass the step's attention context"],
+    ),
+    "deepseek-v3-mla": (mla_config, ["'deepseek_v3'", "multi-head latent attention", "keys of 16"]),
     # EmbeddingGemma: Gemma 3 whose attention sees both ways.
     "gemma3-bidirectional": (
         lambda: Gemma3TextConfig(**SMALL, head_dim=8, use_bidirectional_attention=True),
@@ -82,6 +124,39 @@ def test_unsupported_attention_is_refused_at_load_naming_the_feature(tmp_path: P
     assert "not supported" in message
     for feature in features:
         assert feature in message
+    # The check reads the config alone: the same refusal before any weight is loaded.
+    with pytest.raises(UnsupportedModelError, match="not supported"):
+        check_model_supported(AutoConfig.from_pretrained(path))
+
+
+@pytest.mark.parametrize("sizes", [{}, {"v_head_dim": 16}, {"qk_nope_head_dim": 0, "qk_rope_head_dim": 8}])
+def test_multi_head_latent_attention_is_refused_whatever_its_head_sizes(sizes: dict[str, int]) -> None:
+    [problem] = unsupported_features(mla_config(**sizes))
+    assert "multi-head latent attention" in problem
+
+
+def _served_configs() -> dict[str, PretrainedConfig]:
+    """Every family the end-to-end and family tests serve (tests/harness/family_models.py), the
+    decoder's own families, the tiny Llama and GPT-2 (transformers' forward)."""
+    configs = {name: make() for name, make in FAMILIES.items()}
+    configs |= {
+        "llama": LlamaConfig(**SMALL),
+        "qwen3": Qwen3Config(**SMALL, head_dim=8),
+        "qwen2": Qwen2Config(**SMALL),
+        "mistral": MistralConfig(**SMALL, sliding_window=None),
+        "gpt2": GPT2Config(vocab_size=128, n_embd=32, n_layer=2, n_head=4),
+        "gemma2-softcap": SERVED["gemma2-softcap"](),
+        "gpt-oss-sinks": SERVED["gpt-oss-sinks"](),
+    }
+    return configs
+
+
+def test_every_served_family_passes_the_check() -> None:
+    configs = _served_configs()
+    assert {c.model_type for c in configs.values()} >= DECODER_FAMILIES
+    for name, config in configs.items():
+        assert unsupported_features(config) == [], name
+        check_model_supported(config)
 
 
 # The decoder's windows: (config, each layer's window).
@@ -150,7 +225,7 @@ def test_the_tiny_llama_loads(tiny_model_dir: Path) -> None:
 @pytest.mark.parametrize(
     ("config", "feature"),
     [
-        (DeepseekV3Config, "different head sizes"),
+        (DeepseekV3Config, "multi-head latent attention"),
         (MptConfig, "ALiBi"),
         (BloomConfig, "ALiBi"),
         (Llama4TextConfig, "chunked_attention layers"),

@@ -23,12 +23,12 @@ from common.redis_refusal import refuses_writes
 from common.streams import cell_keys
 from gateway.app_state import GatewayState
 from gateway.limits.redis_memory import memory_use
+from openai_frontend.protocol.errors import RETRY_AFTER_S
 
 __all__ = ["BATCHER_SILENT_S", "Health", "check"]
 
 # A probe must answer quickly even when Redis hangs.
 REDIS_TIMEOUT_S = 2.0
-RETRY_AFTER_S = "2"
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,8 +38,9 @@ class Health:
     headers: dict[str, str] = field(default_factory=dict)
 
 
-def _unavailable(status: str, reason: str, message: str, retry: bool = True) -> Health:
-    headers = {"Retry-After": RETRY_AFTER_S} if retry else {}
+def unavailable(status: str, reason: str, message: str) -> Health:
+    """A 503 naming what is missing; every one says when to look again, as the API's 503s do."""
+    headers = {"Retry-After": str(RETRY_AFTER_S)}
     return Health(503, {"status": status, "reason": reason, "message": message}, headers)
 
 
@@ -51,9 +52,9 @@ async def check(state: GatewayState) -> Health:
         if not refuses_writes(exc):
             raise
         message = "redis refuses writes (full under maxmemory, or read-only): new requests are refused"
-        return _unavailable("unavailable", "redis_refuses_writes", message)
+        return unavailable("unavailable", "redis_refuses_writes", message)
     except (redis.exceptions.RedisError, TimeoutError):
-        return _unavailable("degraded", "redis_unreachable", "degraded: redis unreachable")
+        return unavailable("degraded", "redis_unreachable", "degraded: redis unreachable")
 
 
 async def _check(state: GatewayState) -> Health:
@@ -73,11 +74,11 @@ async def _check(state: GatewayState) -> Health:
         memory.append((await memory_use(state.redis, cell)).over(state.settings.redis_memory_headroom))
     if all(memory):
         message = "redis is nearly full (less than its headroom of maxmemory free): new requests are refused"
-        return _unavailable("unavailable", "redis_nearly_full", message)
+        return unavailable("unavailable", "redis_nearly_full", message)
     if "gone" in batchers and "live" not in batchers:
         message = f"no batcher has published in the last {BATCHER_SILENT_S:g} s"
-        return _unavailable("unavailable", "no_batcher", message)
+        return unavailable("unavailable", "no_batcher", message)
     if num_alive == 0:
         message = f"no worker heartbeat in the last {timeout_s:g} s"
-        return _unavailable("unavailable", "no_worker", message, retry=False)
+        return unavailable("unavailable", "no_worker", message)
     return Health(200, {"status": "ok", "num_workers": num_alive})

@@ -17,6 +17,9 @@ _STATUS_BY_CODE = {
     "request_lost": 503,  # Redis lost it (restarted without persistence): send it again
     "no_batcher": 503,  # its cell had no batcher for a while (openai_frontend/follow/stream_watch.py)
 }
+# Every 503 says when to try again (RFC 9110 Retry-After): each is a passing state (no batcher yet, Redis
+# away or full, a request Redis lost), and client libraries back off by the header when it is there.
+RETRY_AFTER_S = 2
 
 
 class OpenAIError(Exception):
@@ -39,10 +42,16 @@ class OpenAIError(Exception):
         self.type = type
         self.param = None if param is None else _printable(param)
         self.code = code
-        self.headers = headers  # e.g. Retry-After on 429, WWW-Authenticate on 401
+        self.headers = _with_retry_after(headers) if status == 503 else headers  # WWW-Authenticate on 401
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+def _with_retry_after(headers: dict[str, str] | None) -> dict[str, str]:
+    if any(name.lower() == "retry-after" for name in headers or {}):
+        return dict(headers or {})
+    return {**(headers or {}), "Retry-After": str(RETRY_AFTER_S)}
 
 
 def _printable(text: str) -> str:

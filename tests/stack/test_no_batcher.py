@@ -39,6 +39,8 @@ async def _stream_error(client: httpx.AsyncClient) -> tuple[dict[str, Any], floa
 
 async def _collected_error(client: httpx.AsyncClient) -> tuple[int, dict[str, Any], float]:
     response = await client.post("/v1/completions", json=BODY)
+    # A 503 says when to retry, also when the request failed after it was placed.
+    assert int(response.headers.get("Retry-After", "0")) > 0, response.headers
     return response.status_code, response.json()["error"], time.monotonic()
 
 
@@ -70,11 +72,14 @@ def test_requests_fail_and_are_refused_without_a_batcher(make_stack: Callable[[]
     wait_for(lambda: health().status_code == 503, 5, "/health to say no batcher")
     assert health().json()["reason"] == "no_batcher"
     assert time.monotonic() - killed_at < FAILED_WITHIN_S
-    # Once no batcher serves the cell, a new request is refused at once, with when to retry.
-    started = time.monotonic()
-    response = httpx.post(f"{stack.base_url}/v1/completions", json=BODY, timeout=30)
-    assert response.status_code == 503 and response.json()["error"]["code"] == "no_batcher", response.text
-    assert int(response.headers["Retry-After"]) > 0 and time.monotonic() - started < 2
+    # Once no batcher serves the cell, a new request is refused at once, with when to retry; a
+    # streamed one too, before any SSE header is sent.
+    for body in (BODY, {**BODY, "stream": True}):
+        started = time.monotonic()
+        response = httpx.post(f"{stack.base_url}/v1/completions", json=body, timeout=30)
+        assert response.status_code == 503 and response.json()["error"]["code"] == "no_batcher", response.text
+        assert response.headers["content-type"] == "application/json"
+        assert int(response.headers["Retry-After"]) > 0 and time.monotonic() - started < 2
 
     stack.start_batcher()
     wait_for(lambda: health().status_code == 200, 60, "/health to say ok with a new batcher")

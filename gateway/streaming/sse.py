@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 DONE = b"data: [DONE]\n\n"
-# A comment line: every SSE client skips it; sent while a stream has nothing else to say.
-KEEPALIVE = b": keep-alive\n\n"
+# A comment line alone, sent while a stream has nothing else to say. No blank line after it: a blank
+# line dispatches an event, and decoders that keep the last event id (the OpenAI and Anthropic SDKs)
+# then hand their client an event with empty data, which it fails to parse as JSON.
+KEEPALIVE = b": keep-alive\n"
 # Every SSE answer: never cached, and not buffered by a proxy (nginx reads X-Accel-Buffering).
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 

@@ -18,6 +18,7 @@ from common.settings import (
 from common.streams import check_cell
 from gateway.cell_router import CellPolicy
 from gateway.key_hashes import parse_key_hashes
+from openai_frontend.protocol.strings import MAX_ID_CHARS
 
 
 class GatewaySettings(BaseSettings):
@@ -25,8 +26,9 @@ class GatewaySettings(BaseSettings):
 
     # Model directory holding tokenizer.json (+ tokenizer_config.json, config.json, generation_config.json).
     model: Path = Field(validation_alias=AliasChoices("GATEWAY_MODEL", "MODEL", "model"))
-    # Name clients pass as `model`; defaults to the model directory's name.
-    served_model_name: str | None = None
+    # Name clients pass as `model`; defaults to the model directory's name. Capped as a request's
+    # `model` is, so that clients can always send back the name the server gave.
+    served_model_name: str | None = Field(default=None, max_length=MAX_ID_CHARS)
     # Longest prompt + output; defaults to config.json's max_position_embeddings.
     max_model_len: int | None = Field(default=None, gt=0)
     # A worker counts as alive while its last heartbeat is younger than this.

@@ -26,6 +26,7 @@ from gateway.security.quotas import check_batch_quota
 from openai_frontend.batch.objects import COMPLETION_WINDOWS, ENDPOINTS, BatchObject, BatchSpec, BatchState
 from openai_frontend.protocol.errors import OpenAIError, invalid_request
 from openai_frontend.protocol.list_page import list_page
+from openai_frontend.protocol.strings import Id, Word
 
 router = APIRouter()
 
@@ -36,9 +37,9 @@ MAX_METADATA_PAIRS, MAX_METADATA_KEY, MAX_METADATA_VALUE = 16, 64, 512
 class BatchCreateRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
-    input_file_id: str
-    endpoint: str
-    completion_window: str
+    input_file_id: Id
+    endpoint: Word
+    completion_window: Word
     metadata: dict[str, str] | None = None
 
 

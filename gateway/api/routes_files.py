@@ -21,6 +21,7 @@ from gateway.security.quotas import check_file_quota
 from openai_frontend.batch.files_store import FileObject
 from openai_frontend.protocol.errors import OpenAIError, invalid_request
 from openai_frontend.protocol.list_page import list_page
+from openai_frontend.protocol.strings import MAX_FILENAME_CHARS, MAX_WORD_CHARS, check_length
 
 router = APIRouter()
 
@@ -59,10 +60,11 @@ def check_upload(content: bytes, purpose: str, state: GatewayState) -> None:
 @router.post("/v1/files", response_model=FileObject)
 async def upload_file(
     file: Annotated[UploadFile, File()],
-    purpose: Annotated[str, Form()],
+    purpose: Annotated[str, Form(max_length=MAX_WORD_CHARS)],
     http_request: Request,
     state: State,
 ) -> dict[str, Any]:
+    filename = check_length(file.filename or "upload.jsonl", MAX_FILENAME_CHARS, "file")  # stored, listed
     content = await file.read()
     check_upload(content, purpose, state)
     owner = request_owner(http_request)
@@ -71,9 +73,7 @@ async def upload_file(
         state.files, owner, len(content), limits.max_files_per_key, limits.max_file_bytes_per_key
     )
     expires_at = int(time.time()) + state.settings.file_expires_s
-    meta = await state.files.put(
-        owner, file.filename or "upload.jsonl", purpose, content, expires_at=expires_at
-    )
+    meta = await state.files.put(owner, filename, purpose, content, expires_at=expires_at)
     return FileObject.of(meta).model_dump()
 
 

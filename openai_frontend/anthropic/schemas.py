@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from openai_frontend.protocol.openai_schemas import JSONObject, Text
+from openai_frontend.protocol.strings import Description, Id, JSONObject, Name, Text, Word
 
 
 class _Strict(BaseModel):
@@ -24,12 +24,12 @@ class ContentBlock(BaseModel):
 
     model_config = ConfigDict(extra="allow", strict=True)
 
-    type: Text
+    type: Word
     text: Text | None = None  # text
-    id: Text | None = None  # tool_use: the call's id, which a tool_result names
-    name: Text | None = None  # tool_use: the tool called
+    id: Id | None = None  # tool_use: the call's id, which a tool_result names
+    name: Text | None = None  # tool_use: the tool called, as the model wrote it (strings.py: not capped)
     input: JSONObject | None = None  # tool_use: its arguments
-    tool_use_id: Text | None = None  # tool_result: the call it answers
+    tool_use_id: Id | None = None  # tool_result: the call it answers
     content: Text | list[ContentBlock] | None = None  # tool_result: the tool's output
     is_error: bool | None = None  # tool_result: the tool failed (its output says how)
     # A prompt-caching breakpoint: our prefix cache is automatic, so it changes nothing.
@@ -37,7 +37,7 @@ class ContentBlock(BaseModel):
 
 
 class Message(_Strict):
-    role: Text  # user or assistant
+    role: Word  # user or assistant
     content: Text | list[ContentBlock]
 
 
@@ -46,9 +46,9 @@ class Tool(BaseModel):
 
     model_config = ConfigDict(extra="allow", strict=True)
 
-    type: Text | None = None
-    name: Text | None = None
-    description: Text | None = None
+    type: Word | None = None
+    name: Name | None = None
+    description: Description | None = None
     input_schema: JSONObject | None = None
     strict: bool | None = None  # the input follows input_schema exactly (a grammar, as chat's strict)
     cache_control: JSONObject | None = None
@@ -57,7 +57,7 @@ class Tool(BaseModel):
 class CountTokensRequest(_Strict):
     """POST /v1/messages/count_tokens: what makes the prompt."""
 
-    model: Text
+    model: Id
     messages: list[Message]
     system: Text | list[ContentBlock] | None = None
     tools: list[Tool] | None = None
@@ -81,8 +81,8 @@ class MessagesRequest(CountTokensRequest):
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None
-    service_tier: Text | None = None  # auto or standard_only: there is one tier
+    service_tier: Word | None = None  # auto or standard_only: there is one tier
     # The API's fields we do not implement: refused by name.
-    inference_geo: Text | None = None
-    speed: Text | None = None
+    inference_geo: Word | None = None
+    speed: Word | None = None
     diagnostics: JSONObject | None = None

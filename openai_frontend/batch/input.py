@@ -1,10 +1,10 @@
 """A batch input file (JSONL) into its requests, or the errors that fail the whole batch. No I/O.
 
 Each non-blank line is `{"custom_id": str, "method": "POST", "url": <the batch's endpoint>, "body":
-{...}}`. A line that breaks this shape (not JSON, a missing or repeated custom_id, another method or
-url) fails the batch while it is `validating`, with the line numbers in `errors`, as OpenAI does. A
-body that the endpoint would refuse is only found when its line runs: that line goes to the error
-file with the endpoint's own answer, and the other lines run.
+{...}}`. A line that breaks this shape (not JSON, a missing, repeated or too long custom_id, another
+method or url) fails the batch while it is `validating`, with the line numbers in `errors`, as OpenAI
+does. A body that the endpoint would refuse is only found when its line runs: that line goes to the
+error file with the endpoint's own answer, and the other lines run.
 """
 
 from __future__ import annotations
@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from typing import Any
+
+from openai_frontend.protocol.strings import MAX_ID_CHARS
 
 # A file with more faults than this reports only the first ones.
 MAX_REPORTED_ERRORS = 100
@@ -63,6 +65,9 @@ def _check(raw: str, line: int, endpoint: str) -> tuple[dict[str, Any] | None, d
     if not isinstance(custom_id, str) or not custom_id:
         message = f"line {line} needs a custom_id: a non-empty string"
         return None, _error("missing_required_parameter", message, line, "custom_id")
+    if len(custom_id) > MAX_ID_CHARS:  # it is stored, and quoted back in the output and error files
+        message = f"line {line}: custom_id has {len(custom_id)} characters, more than {MAX_ID_CHARS}"
+        return None, _error("string_above_max_length", message, line, "custom_id")
     if obj.get("method") != "POST":
         message = f"line {line}: method must be POST, got {obj.get('method')!r}"
         return None, _error("invalid_request", message, line, "method")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -62,6 +63,17 @@ def invalid_request(message: str, param: str | None = None, code: str | None = N
     return OpenAIError(400, message, param=param, code=code)
 
 
+def too_long(param: str, limit: int, length: int, key: bool = False) -> OpenAIError:
+    """A string past its field's cap (openai_frontend/protocol/strings.py), in OpenAI's words."""
+    what = f"a key of '{param}'" if key else f"'{param}'"
+    return invalid_request(
+        f"Invalid {what}: string too long. Expected a string with maximum length {limit}, but got a "
+        f"string with length {length} instead.",
+        param,
+        "string_above_max_length",
+    )
+
+
 def from_request_error(error: RequestError) -> OpenAIError:
     status = _STATUS_BY_CODE.get(error.code, 500)
     kind = "invalid_request_error" if status < 500 else "server_error"
@@ -70,6 +82,11 @@ def from_request_error(error: RequestError) -> OpenAIError:
 
 # Pydantic names the member of a union that failed inside `loc` (e.g. ("prompt", "list[int]")): not a param.
 _UNION_TAGS = {"str", "int", "float", "bool", "list", "dict", "none", "function-after", "function-before"}
+_UNION_MEMBER = re.compile(r"[\w-]+\[.*\]", re.DOTALL)  # e.g. "list[ContentBlock]"; not "[key]"
+
+
+def _is_union_tag(part: int | str) -> bool:
+    return isinstance(part, str) and (part in _UNION_TAGS or _UNION_MEMBER.fullmatch(part) is not None)
 
 
 def _param_name(loc: tuple[int | str, ...]) -> str | None:
@@ -92,14 +109,28 @@ def validation_error(errors: Sequence[Any], api: str = "OpenAI API") -> OpenAIEr
     """A body that failed its schema (pydantic's `errors()`): 400 naming the bad parameter, as OpenAI
     answers. The HTTP handler and batch lines answer with it, so a line fails exactly as the same body
     sent alone. `api` names the API whose fields an unknown parameter is not among."""
+    if errors and _most_telling(errors).get("type") == "string_too_long":
+        return _too_long_error(_most_telling(errors))
     message, param = _validation_message(errors, api)
     return OpenAIError(400, message, param=param)
 
 
+def _too_long_error(error: Any) -> OpenAIError:
+    loc = tuple(error.get("loc", ()))
+    key = "[key]" in loc
+    if not key:  # named through the union member it is in (a content block, an input item)
+        loc = tuple(part for part in loc if not _is_union_tag(part))
+    length = len(error["input"]) if isinstance(error.get("input"), str) else 0
+    limit = int(error.get("ctx", {}).get("max_length", 0))
+    return too_long(_param_name(loc) or "body", limit, length, key=key)
+
+
 def _most_telling(errors: Sequence[Any]) -> Any:
     # A value that fails every member of a union is reported once per member; a failed check of our
-    # own (e.g. invalid Unicode) says more than "Input should be a valid list".
-    return next((e for e in errors if e.get("type") == "value_error"), errors[0])
+    # own (e.g. invalid Unicode), or a string past its cap, says more than "Input should be a valid list".
+    return next(
+        (e for kind in ("value_error", "string_too_long") for e in errors if e.get("type") == kind), errors[0]
+    )
 
 
 def _validation_message(errors: Sequence[Any], api: str) -> tuple[str, str | None]:
@@ -110,8 +141,10 @@ def _validation_message(errors: Sequence[Any], api: str) -> tuple[str, str | Non
     message = str(first.get("msg", "invalid value"))
     if first.get("type") == "json_invalid":
         return f"request body is not valid JSON: {first.get('ctx', {}).get('error', message)}", None
-    if first.get("type") == "string_unicode":  # pydantic's own check, on a field name
-        message = "a field name is not valid Unicode (a lone surrogate)"
+    if first.get("type") == "string_unicode":  # pydantic's own check: of a field name, or of a capped value
+        message = "not valid Unicode (a lone surrogate)"
+        if param is None:
+            message = f"a field name is {message}"
     if first.get("type") == "extra_forbidden":
         message = f"unknown parameter (not part of the {api} this server implements)"
     return (f"{param}: {message}" if param else message), param

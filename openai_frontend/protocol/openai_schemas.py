@@ -3,27 +3,17 @@
 Request models are strict, as OpenAI is: an unknown field, a wrong type (no coercion: `"10"` is not
 an int) or a string that is not valid Unicode is a 400 naming the field (see errors.py). Fields OpenAI
 defines that we do not implement are declared, so that `validation.check_unsupported` can refuse them
-by name instead of ignoring them. Value ranges are checked in `validation.py`.
+by name instead of ignoring them. Value ranges are checked in `validation.py`; the strings a client
+names or identifies things with are capped (strings.py), each past its cap a 400 naming it.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field
 
-
-def _valid_unicode(text: str) -> str:
-    # JSON can spell lone UTF-16 surrogates ("\ud83d"); they cannot be encoded, tokenized or stored.
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise ValueError(f"not valid Unicode (a lone surrogate at character {exc.start})") from None
-    return text
-
-
-Text = Annotated[str, AfterValidator(_valid_unicode)]
-JSONObject = dict[Text, Any]
+from openai_frontend.protocol.strings import Description, Id, JSONObject, Name, Text, Word
 
 
 class _Strict(BaseModel):
@@ -56,20 +46,20 @@ class StructuredOutputsParams(_Strict):
 class JSONSchemaFormat(_Strict):
     """`response_format.json_schema`, as OpenAI defines it."""
 
-    name: Text
-    description: Text | None = None
+    name: Name
+    description: Description | None = None
     # `schema` would shadow a BaseModel attribute; the body still spells it `schema`.
     schema_: JSONObject | None = Field(default=None, alias="schema")
     strict: bool | None = None
 
 
 class ResponseFormat(_Strict):
-    type: Text  # "text", "json_object" or "json_schema"
+    type: Word  # "text", "json_object" or "json_schema"
     json_schema: JSONSchemaFormat | None = None
 
 
 class _SamplingRequest(_Strict):
-    model: Text | None = None  # must name the served model when given
+    model: Id | None = None  # must name the served model when given
     max_tokens: int | None = None  # default: whatever room the context has left
     temperature: float | None = None
     top_p: float | None = None
@@ -81,7 +71,7 @@ class _SamplingRequest(_Strict):
     presence_penalty: float | None = None  # [-2, 2], over output tokens
     frequency_penalty: float | None = None  # [-2, 2], per occurrence in the output
     repetition_penalty: float | None = None  # vLLM / HF: > 0, over prompt + output, 1 is off
-    logit_bias: dict[Text, float] | None = None  # token id (as a string) -> bias in [-100, 100]
+    logit_bias: dict[Word, float] | None = None  # token id (as a string) -> bias in [-100, 100]
     min_tokens: int | None = None  # vLLM: EOS / stop_token_ids cannot end the output before this
     # null is accepted wherever OpenAI accepts it, meaning the default.
     ignore_eos: bool | None = False
@@ -104,9 +94,9 @@ class _SamplingRequest(_Strict):
     # OpenAI's: kept with the request and logged (metadata up to 16 string pairs).
     metadata: dict[Text, Text] | None = None
     store: bool | None = None  # chat: kept for GET /v1/chat/completions/{id}
-    service_tier: Text | None = None  # refused by name, but for "auto" and "default"
+    service_tier: Word | None = None  # refused by name, but for "auto" and "default"
     safety_identifier: Text | None = None  # the end user: recorded, the tenant of rate limits
-    prompt_cache_key: Text | None = None  # requests with the same key are placed together
+    prompt_cache_key: Id | None = None  # requests with the same key are placed together
     # Ours: the request outlives its connection for GATEWAY_RESUME_GRACE_S, so that its client can
     # resume it (GET /v1/requests/{id}/stream). Otherwise a client that goes away cancels it.
     resumable: bool | None = False
@@ -121,7 +111,7 @@ class CompletionRequest(_SamplingRequest):
 
 
 class ContentPart(_Strict):
-    type: Text  # only "text" is supported; the other kinds OpenAI defines are refused by name
+    type: Word  # only "text" is supported; the other kinds OpenAI defines are refused by name
     text: Text | None = None
     image_url: JSONObject | None = None
     input_audio: JSONObject | None = None
@@ -130,11 +120,11 @@ class ContentPart(_Strict):
 
 
 class ChatMessage(_Strict):
-    role: Text
+    role: Word
     content: Text | list[ContentPart] | None = None
-    name: Text | None = None
-    tool_calls: list[JSONObject] | None = None  # an assistant's calls (tool_history.py)
-    tool_call_id: Text | None = None  # the call a tool message answers
+    name: Name | None = None  # the participant's; OpenAI's cap, without its [a-zA-Z0-9_-] pattern
+    tool_calls: list[JSONObject] | None = None  # an assistant's calls (tools/history.py)
+    tool_call_id: Id | None = None  # the call a tool message answers
     reasoning_content: Text | None = None  # an assistant's thoughts, as vLLM returns them (reasoning/)
     # Turns OpenAI defines that are not implemented; refused by name.
     function_call: JSONObject | None = None
@@ -150,7 +140,7 @@ class ChatCompletionRequest(_SamplingRequest):
     response_format: ResponseFormat | None = None  # text, json_object or json_schema
     # Function tools (tools.py): the template lists them, the output is parsed for calls.
     tools: list[JSONObject] | None = None
-    tool_choice: Text | JSONObject | None = None  # none, auto, required or {"type": "function", ...}
+    tool_choice: Word | JSONObject | None = None  # none, auto, required or {"type": "function", ...}
     parallel_tool_calls: bool | None = None  # false: at most one call
     # vLLM's template controls: extra variables for the chat template (e.g. enable_thinking), the
     # generation prompt, and continuing the last (assistant) message instead of starting a new one.
@@ -159,14 +149,14 @@ class ChatCompletionRequest(_SamplingRequest):
     continue_final_message: bool | None = False
     # OpenAI fields we do not implement: refused by name in validation.check_unsupported.
     functions: list[JSONObject] | None = None
-    function_call: Text | JSONObject | None = None
+    function_call: Word | JSONObject | None = None
     audio: JSONObject | None = None
-    modalities: list[Text] | None = None
+    modalities: list[Word] | None = None
     prediction: JSONObject | None = None
     web_search_options: JSONObject | None = None
     # Handed to the chat template; refused when the template does not read them.
-    reasoning_effort: Text | None = None
-    verbosity: Text | None = None
+    reasoning_effort: Word | None = None
+    verbosity: Word | None = None
 
 
 def response_exclude(*, return_token_ids: bool, include_usage: bool = True) -> dict[str, Any] | None:

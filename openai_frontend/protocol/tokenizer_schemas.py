@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
-from openai_frontend.protocol.openai_schemas import ChatMessage, JSONObject, Text
+from openai_frontend.protocol.openai_schemas import ChatMessage
+from openai_frontend.protocol.strings import Id, JSONObject, Text
 
 
 class _Strict(BaseModel):
@@ -13,14 +14,14 @@ class _Strict(BaseModel):
 
 
 class TokenizeCompletionRequest(_Strict):
-    model: Text | None = None
+    model: Id | None = None
     prompt: Text
     add_special_tokens: bool | None = True  # the tokenizer's own (a BOS, say), as a completion adds
     return_token_strs: bool | None = False  # also each token as the tokenizer spells it
 
 
 class TokenizeChatRequest(_Strict):
-    model: Text | None = None
+    model: Id | None = None
     messages: list[ChatMessage]
     add_generation_prompt: bool | None = True
     continue_final_message: bool | None = False
@@ -38,7 +39,7 @@ class TokenizeResponse(BaseModel):
 
 
 class DetokenizeRequest(_Strict):
-    model: Text | None = None
+    model: Id | None = None
     tokens: list[int]
 
 

@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from openai_frontend.protocol.openai_schemas import JSONObject, Text
+from openai_frontend.protocol.strings import Description, Id, JSONObject, Name, Text, Word
 
 ResponseStatus = Literal["queued", "in_progress", "completed", "incomplete", "failed", "cancelled"]
 TERMINAL: tuple[ResponseStatus, ...] = ("completed", "incomplete", "failed", "cancelled")
@@ -24,16 +24,16 @@ class _Open(BaseModel):
 
 
 class InputPart(_Open):
-    type: Text  # input_text, and output_text in an assistant turn sent back; other kinds are refused
+    type: Word  # input_text, and output_text in an assistant turn sent back; other kinds are refused
     text: Text | None = None
 
 
 class InputItem(_Open):
-    type: Text | None = None  # "message" (or absent), "function_call", "function_call_output"
-    role: Text | None = None  # a message's
+    type: Word | None = None  # "message" (or absent), "function_call", "function_call_output"
+    role: Word | None = None  # a message's
     content: Text | list[InputPart] | None = None  # a message's
-    call_id: Text | None = None  # a function call's, and the call a function_call_output answers
-    name: Text | None = None  # a function call's
+    call_id: Id | None = None  # a function call's, and the call a function_call_output answers
+    name: Text | None = None  # a function call's, as the model wrote it (strings.py: not capped)
     arguments: Text | None = None  # a function call's, JSON text
     output: Text | list[InputPart] | None = None  # a function_call_output's
 
@@ -45,9 +45,9 @@ class _Strict(BaseModel):
 class TextFormat(_Strict):
     """`text.format`: "text", "json_object", or "json_schema" with the fields below (responses_text.py)."""
 
-    type: Text
-    name: Text | None = None  # json_schema: required, 1 to 64 letters, digits, '_' or '-'
-    description: Text | None = None
+    type: Word
+    name: Name | None = None  # json_schema: required, 1 to 64 letters, digits, '_' or '-'
+    description: Description | None = None
     # `schema` would shadow a BaseModel attribute; the body still spells it `schema`.
     schema_: JSONObject | None = Field(default=None, alias="schema")
     strict: bool | None = None  # the schema is always enforced, strict or not
@@ -55,14 +55,14 @@ class TextFormat(_Strict):
 
 class TextConfig(_Strict):
     format: TextFormat | None = None
-    verbosity: Text | None = None  # only "medium", OpenAI's default, is accepted
+    verbosity: Word | None = None  # only "medium", OpenAI's default, is accepted
 
 
 class ResponsesRequest(_Strict):
-    model: Text | None = None
+    model: Id | None = None
     input: Text | list[InputItem]
     instructions: Text | None = None  # a system message before the input, not carried to the next turn
-    previous_response_id: Text | None = None  # continue that response's conversation
+    previous_response_id: Id | None = None  # continue that response's conversation
     max_output_tokens: int | None = None
     temperature: float | None = None
     top_p: float | None = None
@@ -86,24 +86,24 @@ class ResponsesRequest(_Strict):
     text: TextConfig | None = None  # the output's format (see responses_text.py)
     # Function tools (responses_tools.py): run as chat's tools.
     tools: list[JSONObject] | None = None
-    tool_choice: Text | JSONObject | None = None  # none, auto, required or {"type": "function", "name"}
+    tool_choice: Word | JSONObject | None = None  # none, auto, required or {"type": "function", "name"}
     parallel_tool_calls: bool | None = None  # false: at most one call
     # OpenAI fields we do not implement: refused by name in responses_input.check_unsupported.
     max_tool_calls: int | None = None
     reasoning: JSONObject | None = None
     include: list[Text] | None = None
-    truncation: Text | None = None
+    truncation: Word | None = None
     top_logprobs: int | None = None
     stream_options: JSONObject | None = None
     background_options: JSONObject | None = None
-    conversation: Text | JSONObject | None = None
+    conversation: Id | JSONObject | None = None
     context_management: list[JSONObject] | None = None
     prompt: JSONObject | None = None
-    prompt_cache_key: Text | None = None
-    prompt_cache_retention: Text | None = None
+    prompt_cache_key: Id | None = None
+    prompt_cache_retention: Word | None = None
     prompt_cache_options: JSONObject | None = None
     safety_identifier: Text | None = None
-    service_tier: Text | None = None
+    service_tier: Word | None = None
     moderation: JSONObject | None = None
     image: JSONObject | None = None
     access_programs: JSONObject | None = None

@@ -9,6 +9,7 @@ from typing import Any
 
 from openai_frontend.protocol.errors import invalid_request
 from openai_frontend.protocol.openai_schemas import ChatMessage
+from openai_frontend.protocol.strings import MAX_ID_CHARS, check_length
 
 
 def tool_fields(i: int, message: ChatMessage) -> dict[str, Any]:
@@ -32,6 +33,7 @@ def _call(call: dict[str, Any], param: str) -> dict[str, Any]:
         raise invalid_request(f"{param}.type must be 'function'", f"{param}.type")
     if not isinstance(call.get("id"), str):
         raise invalid_request(f"{param}.id must be a string", f"{param}.id")
+    check_length(call["id"], MAX_ID_CHARS, f"{param}.id")
     function = call.get("function")
     if not isinstance(function, dict):
         raise invalid_request(f"{param}.function must be an object", f"{param}.function")

@@ -21,12 +21,13 @@ from common.protocol import StructuredOutput
 from openai_frontend.model.served_model import ServedModel
 from openai_frontend.protocol.errors import invalid_request
 from openai_frontend.protocol.openai_schemas import ChatCompletionRequest
+from openai_frontend.protocol.strings import MAX_DESCRIPTION_CHARS, MAX_NAME_CHARS, check_length
 from openai_frontend.tools.parsers import chosen_parser, forced_grammar, strict_grammar, string_params
 from openai_frontend.tools.parsers.hermes_grammar import arguments_schema
 
 MAX_TOOLS = 128  # as OpenAI allows
 MAX_TOOLS_CHARS = 64 * 1024  # all schemas together; each becomes part of the prompt and of a grammar
-_FUNCTION_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # as OpenAI requires
+_FUNCTION_NAME = re.compile(rf"^[A-Za-z0-9_-]{{1,{MAX_NAME_CHARS}}}$")  # as OpenAI requires
 _FUNCTION_FIELDS = ("name", "description", "parameters", "strict")
 _CHOICES = ("none", "auto", "required")
 
@@ -113,6 +114,8 @@ def _function(i: int, tool: dict[str, Any]) -> dict[str, Any]:
         raise invalid_request(
             f"{param}.function.description must be a string", f"{param}.function.description"
         )
+    if description is not None:
+        check_length(description, MAX_DESCRIPTION_CHARS, f"{param}.function.description")
     strict = function.get("strict")
     if strict is not None and not isinstance(strict, bool):
         raise invalid_request(f"{param}.function.strict must be a boolean", f"{param}.function.strict")
@@ -150,6 +153,7 @@ def _choice(tool_choice: str | dict[str, Any] | None, names: list[str]) -> tuple
         )
     if not isinstance(function, dict) or set(function) != {"name"} or not isinstance(function["name"], str):
         raise invalid_request('tool_choice.function must be {"name": ...}', "tool_choice.function")
+    check_length(function["name"], MAX_NAME_CHARS, "tool_choice.function.name")  # before it is quoted
     if function["name"] not in names:
         raise invalid_request(
             f"tool_choice names {function['name']!r}, which is not among the tools",

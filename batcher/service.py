@@ -97,6 +97,8 @@ class Batcher:
             fenced = recovery.fence_workers(self.redis, self.keys)
             log.info("fenced the workers of the previous batcher: %s", fenced)
         self.inbox.start_at_the_end()
+        # Gateways bound their queue by these stats: a Redis restarted from its AOF may hold an old copy.
+        self.outbox.stats_dirty = True
         pending = recovery.claim_pending(self.redis, self.keys, self.settings.batcher_id)
         self.inbox.recover(pending, replay_aborts=True)
         # Every pending entry is ours now: the names of earlier batchers would only accumulate.

@@ -1,15 +1,17 @@
 """Overload protection: refuse new requests (429 + Retry-After) while too many already wait.
 
-Waiting = requests on the requests stream that no batcher has claimed yet (the consumer group's
-`lag`) plus the interactive ones the batcher holds in its waiting queue (`num_waiting_interactive` in
-its stats hash): waiting Batch API lines do not count, since they are admitted only after every
+Waiting = requests on the requests stream that no batcher has claimed yet (the entries after the
+consumer group's last delivered id, counted up to the bound: not the group's `lag`, which a Redis
+restart can leave stale, see _READ) plus the interactive ones the batcher holds in its waiting queue
+(`num_waiting_interactive` in its stats hash, published again by a batcher after every (re)start and
+Redis outage): waiting Batch API lines do not count, since they are admitted only after every
 waiting interactive request. Several gateways read the same numbers, so the bound is shared, though
 soft: gateways admitting at the same instant can overshoot it by a few requests.
 
 Within one gateway the count is exact. The requests it admitted and has not released count too: a
 burst whose checks all read the queue before any of them was written would otherwise pass the bound
 together (20 was overshot to 106 by one gateway). Whether one of them is already on the stream, and
-so in the lag, is asked in the same atomic reading (its submit marker), so a request written while a
+so counted as unclaimed, is asked in the same atomic reading (its submit marker), so a request written while a
 check is in flight is counted once, not twice (a bound of 2 refused the second of two requests).
 Requests admitted after a reading was sent are counted by it whatever it shows: that reading cannot
 have asked about them.
@@ -17,6 +19,8 @@ have asked about them.
 
 from __future__ import annotations
 
+import logging
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -25,45 +29,62 @@ import redis.asyncio as aioredis
 from common.streams import BATCHER_GROUP, CellKeys, submitted_key
 from openai_frontend.protocol.errors import OpenAIError
 
+log = logging.getLogger(__name__)
+
 # A queue that is full now is usually not empty a second later; clients back off and try again.
 RETRY_AFTER_S = 2
 
 # One atomic reading, so that no submit (a script too) falls between its parts. KEYS: the requests
-# stream, the batcher's stats hash, then submit markers. ARGV: the batcher group's name.
-# Returns {unclaimed, waiting interactive, how many of the markers exist}. Without the group (no
-# batcher ever started) every entry is unclaimed; a null lag (entries inside the range were trimmed)
-# leaves only the batcher's own count.
+# stream, the batcher's stats hash, then submit markers. ARGV: the batcher group's name, and how many
+# unclaimed entries to count at most (past the bound, the exact number does not matter).
+# Returns {unclaimed, waiting interactive, how many of the markers exist, the group's lag or -1}.
+# Unclaimed entries are counted where they are, after the group's last delivered id, not taken from
+# its `lag`: Redis 7.0 replays a claim from the AOF (XCLAIM ... LASTID) without its read counter, so
+# after a restart the lag keeps counting every entry claimed since the last AOF rewrite, for ever.
 _READ = """
-local unclaimed = redis.call('XLEN', KEYS[1])
+local after = '-'
+local lag = -1
 local ok, groups = pcall(redis.call, 'XINFO', 'GROUPS', KEYS[1])
 if ok then
   for _, group in ipairs(groups) do
     local fields = {}
     for i = 1, #group, 2 do fields[group[i]] = group[i + 1] end
-    if fields['name'] == ARGV[1] then unclaimed = fields['lag'] or 0 end
+    if fields['name'] == ARGV[1] then
+      after = '(' .. fields['last-delivered-id']
+      lag = fields['lag'] or -1
+    end
   end
 end
+local unclaimed = #redis.call('XRANGE', KEYS[1], after, '+', 'COUNT', tonumber(ARGV[2]))
 local waiting = tonumber(redis.call('HGET', KEYS[2], 'num_waiting_interactive') or 0)
 local written = 0
 for i = 3, #KEYS do written = written + redis.call('EXISTS', KEYS[i]) end
-return {unclaimed, math.floor(waiting), written}
+return {unclaimed, math.floor(waiting), written, lag}
 """
+# A stale lag is logged, at most this often: the count above does not depend on it.
+_LAG_WARNING_INTERVAL_S = 60.0
 
 
 @dataclass(frozen=True, slots=True)
 class QueueReading:
     num_queued: int  # the cell's waiting interactive requests, as Redis counts them
     num_written: int  # of the choices asked about, those already on the stream
+    num_unclaimed: int  # on the stream after the batcher group's last delivered id (at most the cap)
+    lag: int | None  # the group's own count of those (None: no group, or Redis could not tell)
 
 
-async def read_queue(redis: aioredis.Redis, keys: CellKeys, choice_ids: list[str]) -> QueueReading:
-    """The interactive requests waiting in the cell of `keys`, and how many of `choice_ids` (requests
-    of that cell) Redis holds already."""
+async def read_queue(
+    redis: aioredis.Redis, keys: CellKeys, choice_ids: list[str], max_unclaimed: int
+) -> QueueReading:
+    """The interactive requests waiting in the cell of `keys` (unclaimed ones counted up to
+    `max_unclaimed`), and how many of `choice_ids` (requests of that cell) Redis holds already."""
     markers = [submitted_key(choice_id) for choice_id in choice_ids]
-    unclaimed, waiting, written = await redis.eval(
-        _READ, 2 + len(markers), keys.requests, keys.stats, *markers, BATCHER_GROUP
+    unclaimed, waiting, written, lag = await redis.eval(
+        _READ, 2 + len(markers), keys.requests, keys.stats, *markers, BATCHER_GROUP, max_unclaimed
     )
-    return QueueReading(int(unclaimed) + int(waiting), int(written))
+    return QueueReading(
+        int(unclaimed) + int(waiting), int(written), int(unclaimed), None if int(lag) < 0 else int(lag)
+    )
 
 
 @dataclass(slots=True)
@@ -118,6 +139,7 @@ class QueueBound:
 
     max_queued: int  # 0: no bound
     _unseen: dict[str, _Unseen] = field(default_factory=dict)  # by cell
+    _lag_warned_at: float = float("-inf")
 
     async def check(self, redis: aioredis.Redis, keys: CellKeys, req_id: str, choice_ids: list[str]) -> None:
         """Raise 429 when admitting `req_id`'s requests (`choice_ids`, one per choice) would exceed the
@@ -127,10 +149,11 @@ class QueueBound:
         unseen = self._unseen.setdefault(keys.cell, _Unseen())
         began, asked = unseen.begin_reading()
         try:
-            reading = await read_queue(redis, keys, asked)
+            reading = await read_queue(redis, keys, asked, self.max_queued + 1)
         except BaseException:
             unseen.end_reading(began, len(asked), 0)
             raise
+        self._check_lag(keys.cell, reading)
         # No await from here on: the count and the admission are one step for this gateway.
         queued = reading.num_queued + unseen.end_reading(began, len(asked), reading.num_written)
         if queued + len(choice_ids) > self.max_queued:
@@ -143,6 +166,24 @@ class QueueBound:
                 headers={"Retry-After": str(RETRY_AFTER_S)},
             )
         unseen.admit(req_id, choice_ids)
+
+    def _check_lag(self, cell: str, reading: QueueReading) -> None:
+        """Warn when the group's lag disagrees with the entries counted (a counted number is exact
+        below the cap): operators who read XINFO GROUPS should know not to trust it."""
+        if reading.lag is None or reading.lag == reading.num_unclaimed:
+            return
+        if reading.num_unclaimed > self.max_queued and reading.lag > self.max_queued:
+            return  # both past the cap, where the count stops
+        now = time.monotonic()
+        if now - self._lag_warned_at >= _LAG_WARNING_INTERVAL_S:
+            self._lag_warned_at = now
+            log.warning(
+                "cell %s: the batcher group's lag is %d but %d requests are unclaimed; counting those "
+                "(a lag left stale by a Redis restart from its AOF)",
+                cell,
+                reading.lag,
+                reading.num_unclaimed,
+            )
 
     def release(self, cell: str, req_id: str) -> None:
         """`req_id` was written (or refused after all): Redis counts it in readings sent from now on."""

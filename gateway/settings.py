@@ -81,10 +81,11 @@ class GatewaySettings(BaseSettings):
     chat_content_special_tokens: bool = False
     # The format the model writes tool calls in (openai_frontend/tools/parsers/): auto reads it from the
     # chat template; a name (hermes, llama3_json, pythonic, mistral, mistral_v11, qwen3_xml, deepseek_v3,
-    # deepseek_v31) overrides it; none turns tool calling off (tools are refused).
+    # deepseek_v31, harmony, or vLLM's name for one of them) overrides it; none turns tool calling off.
     tool_parser: str = "auto"
     # How the model's thoughts are told apart (openai_frontend/reasoning/): auto reads it from the chat
-    # template; think (`<think>` ... `</think>`); none leaves them in the content.
+    # template; think (`<think>` ... `</think>`; vLLM's deepseek_r1, qwen3, ...), harmony; none leaves them
+    # in the content.
     reasoning_parser: str = "auto"
 
     # A stream with nothing to send for this long gets an SSE comment (`: keep-alive`), which every
@@ -144,21 +145,23 @@ class GatewaySettings(BaseSettings):
     @field_validator("tool_parser")
     @classmethod
     def _check_tool_parser(cls, value: str) -> str:
-        from openai_frontend.tools.parsers import PARSERS
+        from openai_frontend.tools.parsers import PARSERS, VLLM_NAMES
 
+        value = VLLM_NAMES.get(value, value)
         if value not in ("auto", "none", *PARSERS):
-            raise ValueError(f"GATEWAY_TOOL_PARSER must be auto, none or one of {', '.join(PARSERS)}")
+            names = ", ".join([*PARSERS, *VLLM_NAMES])
+            raise ValueError(f"GATEWAY_TOOL_PARSER must be auto, none or one of {names}")
         return value
 
     @field_validator("reasoning_parser")
     @classmethod
     def _check_reasoning_parser(cls, value: str) -> str:
-        from openai_frontend.reasoning import REASONING_PARSERS
+        from openai_frontend.reasoning import REASONING_PARSERS, VLLM_NAMES
 
+        value = VLLM_NAMES.get(value, value)
         if value not in ("auto", "none", *REASONING_PARSERS):
-            raise ValueError(
-                f"GATEWAY_REASONING_PARSER must be auto, none or one of {', '.join(REASONING_PARSERS)}"
-            )
+            names = ", ".join([*REASONING_PARSERS, *VLLM_NAMES])
+            raise ValueError(f"GATEWAY_REASONING_PARSER must be auto, none or one of {names}")
         return value
 
     @field_validator("cells")

@@ -9,6 +9,15 @@ from __future__ import annotations
 THINK = "think"
 HARMONY = "harmony"
 REASONING_PARSERS = (THINK, HARMONY)
+# vLLM's --reasoning-parser names for these formats, accepted as they are.
+VLLM_NAMES = {
+    "deepseek_r1": THINK,
+    "deepseek_v3": THINK,
+    "qwen3": THINK,
+    "glm45": THINK,
+    "openai_gptoss": HARMONY,
+    "gpt_oss": HARMONY,
+}
 OPEN, CLOSE = "<think>", "</think>"
 HARMONY_SIGNS = ("<|channel|>", "<|message|>")  # what a harmony template writes
 
@@ -19,7 +28,7 @@ def reasoning_for_template(template: str | None) -> str | None:
         return None
     if all(sign in template for sign in HARMONY_SIGNS) and "analysis" in template:
         return HARMONY
-    if OPEN in template and CLOSE in template:
+    if OPEN in template or CLOSE in template:  # R1's may write only the `<think>` that opens the reply
         return THINK
     return None
 

@@ -40,6 +40,7 @@ from openai_frontend.tools.parsers.snapshot import ReadFn, SnapshotToolParser
 
 __all__ = [
     "PARSERS",
+    "VLLM_NAMES",
     "ParsedDelta",
     "ToolCallDelta",
     "ToolParser",
@@ -94,6 +95,8 @@ _SYNTAX: dict[str, CallSyntax] = {
     ),
 }
 PARSERS = (HERMES, *_SYNTAX)
+# vLLM's --tool-call-parser names for these formats, accepted as they are.
+VLLM_NAMES = {"llama4_json": LLAMA3, "llama4_pythonic": PYTHONIC, "qwen3_coder": QWEN3_XML, "openai": HARMONY}
 
 # What each format's template shows its model, checked in this order (Qwen3-Coder's template also
 # writes `<tool_call>`, Mistral v11's also `[TOOL_CALLS]`).

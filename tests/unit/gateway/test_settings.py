@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pydantic import ValidationError
@@ -50,3 +51,25 @@ def test_model_dir_without_tokenizer_is_refused(tmp_path: Path) -> None:
 def test_missing_model_is_refused() -> None:
     with pytest.raises(ValidationError, match="MODEL"):
         GatewaySettings()
+
+
+@pytest.mark.parametrize(
+    ("field", "vllm_name", "ours"),
+    [
+        ("reasoning_parser", "deepseek_r1", "think"),
+        ("reasoning_parser", "qwen3", "think"),
+        ("reasoning_parser", "openai_gptoss", "harmony"),
+        ("tool_parser", "openai", "harmony"),
+        ("tool_parser", "qwen3_coder", "qwen3_xml"),
+        ("tool_parser", "llama4_pythonic", "pythonic"),
+    ],
+)
+def test_vllm_parser_names_are_ours(tiny_model_dir: Path, field: str, vllm_name: str, ours: str) -> None:
+    overrides: dict[str, Any] = {field: vllm_name}
+    settings = GatewaySettings(model=tiny_model_dir, **overrides)
+    assert getattr(settings, field) == ours
+
+
+def test_a_parser_we_do_not_have_is_refused_with_the_names_we_take(tiny_model_dir: Path) -> None:
+    with pytest.raises(ValueError, match="deepseek_r1"):
+        GatewaySettings(model=tiny_model_dir, reasoning_parser="granite")

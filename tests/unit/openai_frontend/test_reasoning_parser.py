@@ -68,6 +68,11 @@ def test_where_the_prompt_leaves_the_thoughts() -> None:
     assert prompt_state("<|im_start|>assistant\n<think>\n\n</think>\n\n") == "closed"
     assert prompt_state("<|im_start|>assistant\n") == "none"
     assert reasoning_for_template("{{ '<think>' }}{{ '</think>' }}") == "think"
+    # DeepSeek-R1's: the generation prompt opens the thoughts, and nothing in it closes them.
+    assert (
+        reasoning_for_template("{% if add_generation_prompt %}{{ '<｜Assistant｜><think>\\n' }}{% endif %}")
+        == "think"
+    )
     assert reasoning_for_template("{{ messages }}") is None
 
 

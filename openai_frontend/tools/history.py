@@ -1,5 +1,6 @@
 """Tool turns of a chat history as chat templates read them: an assistant's `tool_calls` with their
-arguments parsed (as vLLM passes them: templates write them back with `tojson`), `tool` messages
+arguments parsed when they are JSON (as vLLM passes them: templates write them back with `tojson`),
+`tool` messages
 with the `tool_call_id` they answer."""
 
 from __future__ import annotations
@@ -44,13 +45,21 @@ def _call(call: dict[str, Any], param: str) -> dict[str, Any]:
         raise invalid_request(
             f"{param}.function.arguments must be a JSON string", f"{param}.function.arguments"
         )
+    return {
+        "id": call["id"],
+        "type": "function",
+        "function": {"name": function["name"], "arguments": _parsed(arguments)},
+    }
+
+
+def _parsed(arguments: str) -> Any:
+    """The arguments parsed, or the string as sent when it is not JSON: a call the model was cut off
+    in (max_tokens) is still the server's own output, and an agent sends it back as it came (vLLM
+    renders it raw too)."""
     try:
-        parsed = json.loads(arguments)
-    except (json.JSONDecodeError, RecursionError) as exc:
-        raise invalid_request(
-            f"{param}.function.arguments is not valid JSON: {exc}", f"{param}.function.arguments"
-        ) from None
-    return {"id": call["id"], "type": "function", "function": {"name": function["name"], "arguments": parsed}}
+        return json.loads(arguments)
+    except (json.JSONDecodeError, RecursionError):
+        return arguments
 
 
 def client_tool_texts(

@@ -369,23 +369,29 @@ BAD_REQUESTS: list[tuple[dict[str, Any], str]] = [
         },
         "tools[0]",
     ),
-    (
-        {
-            "messages": [
-                {
-                    "role": "assistant",
-                    "tool_calls": [
-                        {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{"}}
-                    ],
-                }
-            ]
-        },
-        "messages[0].tool_calls[0].function.arguments",
-    ),
     ({"messages": [{"role": "tool", "content": "4"}]}, "messages[0].tool_call_id"),
     ({"messages": [{"role": "user", "content": "hi", "tool_call_id": "c"}]}, "messages[0].tool_call_id"),
     ({"messages": [{"role": "user", "content": "hi", "tool_calls": []}]}, "messages[0].tool_calls"),
 ]
+
+
+def test_a_call_cut_at_max_tokens_is_taken_back(client: openai.OpenAI) -> None:
+    """An agent sends back the assistant turn it got, a call cut off at max_tokens included: its
+    arguments are not JSON, and the history renders them as the text they are (as vLLM does)."""
+    forced = {"type": "function", "function": {"name": "book_trip"}}
+    whole = _ask(client, tool_choice=forced, max_tokens=200, temperature=0)
+    assert whole.usage is not None
+    cut = _ask(client, tool_choice=forced, max_tokens=whole.usage.completion_tokens // 2, temperature=0)
+    [call] = cut.choices[0].message.tool_calls
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(call.function.arguments)
+    history: Any = [
+        *USER,
+        cut.choices[0].message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": "booked"},
+    ]
+    answer = client.chat.completions.create(model=MODEL, messages=history, tools=TOOLS, max_tokens=4)  # type: ignore[arg-type]
+    assert answer.choices[0].finish_reason == "length"
 
 
 @pytest.mark.parametrize(("fields", "param"), BAD_REQUESTS, ids=[p for _, p in BAD_REQUESTS])

@@ -249,6 +249,15 @@ def test_a_response_cut_inside_a_call_cannot_be_continued(client: openai.OpenAI)
     with pytest.raises(openai.BadRequestError) as exc:
         client.responses.create(model=MODEL, previous_response_id=cut.id, input=[result])
     assert exc.value.param == "previous_response_id"  # type: ignore[attr-defined]
+    # Its items sent back as they came (an agent's own history) are taken: the arguments as text.
+    items: Any = [
+        {"role": "user", "content": PROMPT},
+        *(i.model_dump(exclude_unset=True) for i in cut.output),
+    ]
+    again = client.responses.create(
+        model=MODEL, input=[*items, result], tools=FLAT_TOOLS, max_output_tokens=4
+    )
+    assert again.status == "incomplete"
 
 
 def test_background_call_resumes_with_the_same_events(client: openai.OpenAI) -> None:
@@ -324,11 +333,6 @@ BAD_REQUESTS: list[tuple[dict[str, Any], str, str | None]] = [
     (
         {"input": [{"type": "function_call_output", "call_id": "call_x", "output": "1"}]},
         "input[0].call_id",
-        None,
-    ),
-    (
-        {"input": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": "{"}]},
-        "input[0].arguments",
         None,
     ),
     (

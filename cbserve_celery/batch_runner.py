@@ -81,12 +81,17 @@ def output_file_id(batch_id: str, kind: str) -> str:
 
 
 async def run_batch(
-    redis: aioredis.Redis, batch_id: str, tokenizer: ModelTokenizer | None, model_root: str, config: RunConfig
+    redis: aioredis.Redis,
+    batch_id: str,
+    tokenizer: ModelTokenizer | None,
+    model_root: str,
+    config: RunConfig,
+    claim_token: str,
 ) -> Outcome:
-    """Run (a slice of) the batch; closes `redis`, which the task made for this run."""
+    """Run (a slice of) the batch under the task's claim token; closes `redis`, made for this run."""
     try:
         store = BatchStore(redis)
-        claim = BatchClaim(redis, batch_claim(batch_id), config.claim_ttl_s)
+        claim = BatchClaim(redis, batch_claim(batch_id), config.claim_ttl_s, claim_token)
         if not await claim.acquire():
             state = await store.get(batch_id)
             return Outcome.BUSY if state is not None and state.is_active else Outcome.DONE

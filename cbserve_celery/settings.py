@@ -46,6 +46,10 @@ class CelerySettings(BaseSettings):
     # second): after a crash, the task delivered again takes the batch over once this has run out. The
     # name keeps its documented env var, CBSERVE_CELERY_BATCH_LEASE_TTL_S.
     batch_lease_ttl_s: float = Field(default=30.0, ge=2.0)
+    # A task whose run Redis fails (down, restarting, refusing writes) runs it again with backoff, in
+    # the same task (a retry through the broker needs the broker), for up to this long from the first
+    # failure; then it ends and the reaper queues the batch again once Redis answers.
+    batch_redis_wait_s: float = Field(default=300.0, gt=0)
 
     @property
     def visibility_heartbeat_s(self) -> float:

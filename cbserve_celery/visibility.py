@@ -10,17 +10,17 @@ tasks are never delivered again, a dead worker's come back one timeout after its
 
 from __future__ import annotations
 
-import logging
-import threading
 import time
 
 import redis
 from celery.worker import state
 
-logger = logging.getLogger(__name__)
+from cbserve_celery.periodic import Periodic
 
-# kombu's name for the sorted set (its `unacked_index_key` transport option).
+# kombu's names for the sorted set and for the hash of the deliveries themselves (its
+# `unacked_index_key` and `unacked_key` transport options).
 UNACKED_INDEX_KEY = "unacked_index"
+UNACKED_KEY = "unacked"
 
 
 def held_delivery_tags() -> list[str]:
@@ -30,38 +30,16 @@ def held_delivery_tags() -> list[str]:
     return sorted(str(tag) for tag in tags if tag is not None)
 
 
-class DeliveryHeartbeat:
+class DeliveryHeartbeat(Periodic):
     def __init__(self, client: redis.Redis, interval_s: float, key: str = UNACKED_INDEX_KEY) -> None:
+        super().__init__("delivery-heartbeat", interval_s)
         self._client = client
-        self._interval_s = interval_s
         self._key = key
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="delivery-heartbeat", daemon=True)
 
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5.0)
-
-    def beat(self) -> int:
+    def tick(self) -> int:
         """Move every held delivery's score to now; XX: one acked or handed back meanwhile stays gone."""
         tags = held_delivery_tags()
         if not tags:
             return 0
         now = time.time()
         return int(self._client.zadd(self._key, dict.fromkeys(tags, now), xx=True, ch=True) or 0)
-
-    def _run(self) -> None:
-        failing = False
-        while not self._stop.wait(self._interval_s):
-            try:
-                self.beat()
-                if failing:
-                    logger.info("delivery heartbeats restored")
-                failing = False
-            except redis.RedisError as exc:  # the broker is away: the consumer reconnects on its own
-                if not failing:
-                    logger.warning("delivery heartbeat failed: %s", exc)
-                failing = True

@@ -18,8 +18,10 @@ import redis
 from celery import Celery, Task
 from celery.signals import worker_ready, worker_shutdown
 
+from cbserve_celery.batch_reaper import BatchReaper
 from cbserve_celery.batch_task import add_batch_task
 from cbserve_celery.generation import parse_sampling_params, req_id_for_task, run_generation
+from cbserve_celery.periodic import Periodic
 from cbserve_celery.settings import CelerySettings
 from cbserve_celery.visibility import DeliveryHeartbeat
 from common.redis_conn import connect
@@ -65,20 +67,22 @@ def output_text(tokenizer: Any, prompt_token_ids: list[int], token_ids: list[int
     )
 
 
-def _beat_deliveries(settings: CelerySettings) -> None:
-    """In a worker: heartbeats for the deliveries it holds, from ready to shutdown (visibility.py)."""
-    beats: list[DeliveryHeartbeat] = []
+def _start_worker_threads(app: Celery, settings: CelerySettings) -> None:
+    """In a worker, from ready to shutdown: heartbeats for the deliveries it holds (visibility.py), and
+    the batch reaper (batch_reaper.py)."""
+    threads: list[Periodic] = []
 
     @worker_ready.connect(weak=False)
     def start(**_: Any) -> None:
-        beat = DeliveryHeartbeat(connect(settings.redis_url), settings.visibility_heartbeat_s)
-        beat.start()
-        beats.append(beat)
+        threads.append(DeliveryHeartbeat(connect(settings.redis_url), settings.visibility_heartbeat_s))
+        threads.append(BatchReaper(app, settings.redis_url, settings.batch_reap_interval_s))
+        for thread in threads:
+            thread.start()
 
     @worker_shutdown.connect(weak=False)
     def stop(**_: Any) -> None:
-        for beat in beats:
-            beat.stop()
+        for thread in threads:
+            thread.stop()
 
 
 def make_app(settings: CelerySettings) -> Celery:
@@ -103,7 +107,7 @@ def make_app(settings: CelerySettings) -> Celery:
         broker_connection_retry_on_startup=True,
     )
     resources = _Resources(settings)
-    _beat_deliveries(settings)
+    _start_worker_threads(app, settings)
 
     @app.task(name=GENERATE_TASK, bind=True)
     def generate(

@@ -50,6 +50,9 @@ class CelerySettings(BaseSettings):
     # the same task (a retry through the broker needs the broker), for up to this long from the first
     # failure; then it ends and the reaper queues the batch again once Redis answers.
     batch_redis_wait_s: float = Field(default=300.0, gt=0)
+    # How often one of the workers looks for active batches that no task holds, queued or running
+    # (cbserve_celery/batch_reaper.py); one found on two looks in a row is queued again.
+    batch_reap_interval_s: float = Field(default=60.0, ge=0.5)
 
     @property
     def visibility_heartbeat_s(self) -> float:

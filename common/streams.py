@@ -235,3 +235,12 @@ def batch_attempts(batch_id: str) -> str:
 def batch_claim(batch_id: str) -> str:
     """The claim of the one Celery task running the batch now (a token with a PX TTL, renewed)."""
     return f"{batch_key(batch_id)}:runner"
+
+
+# The batch reaper's keys (cbserve_celery/batch_reaper.py); `batches-` so no owner's index can clash.
+# Sorted set: the ids of batches not yet seen ended, scored by creation time.
+ACTIVE_BATCHES: Final = f"{_API}:batches-active"
+# Hash: batch id -> when a reaper pass first found no task holding it (unix seconds).
+ORPHANED_BATCHES: Final = f"{_API}:batches-orphaned"
+# One reaper pass per interval across all Celery workers: whoever sets this key (NX, PX) does it.
+BATCH_REAPER_TURN: Final = f"{_API}:batches-reaper"

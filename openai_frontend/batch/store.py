@@ -18,6 +18,7 @@ import redis.asyncio as aioredis
 
 from common.redis_conn import as_bytes, as_str
 from common.streams import (
+    ACTIVE_BATCHES,
     batch_attempts,
     batch_errors,
     batch_input,
@@ -70,6 +71,7 @@ class BatchStore:
             pipe.hset(key, mapping={_OBJECT: msgspec.json.encode(spec), _STATUS: "validating"})
             pipe.expireat(key, spec.retain_until)
             pipe.zadd(owner_batches(spec.owner), {spec.id: time.time()})
+            pipe.zadd(ACTIVE_BATCHES, {spec.id: time.time()})  # for the reaper (cbserve_celery)
             await pipe.execute()
         return True
 
@@ -140,6 +142,14 @@ class BatchStore:
     async def status(self, batch_id: str) -> Status | None:
         raw = await self._redis.hget(batch_key(batch_id), _STATUS)
         return None if raw is None else as_str(raw)  # type: ignore[return-value]
+
+    async def statuses(self, batch_ids: list[str]) -> list[Status | None]:
+        """Each batch's status, None for one unknown or expired."""
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for batch_id in batch_ids:
+                pipe.hget(batch_key(batch_id), _STATUS)
+            replies = await pipe.execute()
+        return [None if raw is None else as_str(raw) for raw in replies]  # type: ignore[misc]
 
     async def attempts(self, batch_id: str) -> dict[int, int]:
         """Line index -> attempt, for the lines whose result was lost before (usually none)."""

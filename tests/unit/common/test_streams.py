@@ -45,6 +45,7 @@ def test_files_and_batches_share_one_slot_apart_from_cells() -> None:
         streams.batch_input("b"),
     ]
     names += [streams.owner_batches("o"), streams.batch_claim("b"), streams.batch_outputs("b")]
+    names += [streams.ACTIVE_BATCHES, streams.ORPHANED_BATCHES, streams.BATCH_REAPER_TURN]
     assert len({_slot(name) for name in names}) == 1
 
 

@@ -44,6 +44,21 @@ def _host_tag(flags: str) -> str:
     return hashlib.sha1(flags.encode()).hexdigest()[:10]
 
 
+def _sources_tag() -> str:
+    """Builds of other checkouts (or versions) of these sources get names of their own: ninja
+    rebuilds whenever a build's command (which names the source paths) differs from the last one in
+    the directory, so two checkouts sharing one name rebuilt it in turn, half a minute per start."""
+    digest = hashlib.sha1()
+    for path in SOURCES:
+        digest.update(str(path).encode() + path.read_bytes())
+    return digest.hexdigest()[:10]
+
+
+def host_tag() -> str:
+    """This CPU's tag: code built for it (-march=native) runs only where the tag is the same."""
+    return _host_tag(_cpu_flags())
+
+
 def _vector_flags(flags: str) -> list[str]:
     """ATen's Vectorized<float> picks its width from CPU_CAPABILITY, as inductor's C++ kernels set it;
     without it the kernels' exp and reductions fall back to scalar loops."""
@@ -63,9 +78,12 @@ def load() -> bool:
     from torch.utils import cpp_extension
 
     flags = _cpu_flags()
+    name = f"cbserve_cpu_kernels_{_host_tag(flags)}_{_sources_tag()}"
+    if not (Path(cpp_extension._get_build_directory(name, verbose=False)) / f"{name}.so").exists():
+        log.info("building the CPU kernels (once per host and checkout: about half a minute)")
     try:
         cpp_extension.load(
-            name=f"cbserve_cpu_kernels_{_host_tag(flags)}",
+            name=name,
             sources=[str(path) for path in SOURCES],
             extra_cflags=["-O3", "-march=native", "-fopenmp", *_vector_flags(flags)],
             extra_ldflags=["-fopenmp"],

@@ -1,13 +1,15 @@
-"""torch.compile (inductor) over the decoder's forward, cached on disk, eager when it fails.
+"""torch.compile (inductor) over the decoder's forward, compiled once and loaded by later workers,
+eager when it fails.
 
 One graph for every step: the token and row counts are unbacked symbols, so neither 1 nor 0 gets a
 graph of its own, and paged attention is an opaque custom op, so the step's metadata never reaches
 the graph. Inductor fuses the norms, RoPE, residuals and SiLU·mul (C++ kernels on the CPU, Triton on
 CUDA). On the CPU the code calling those kernels is C++ too (inductor's cpp_wrapper): calling them
-from Python cost ~0.7 ms a step at batch 1 on a small model (docs/benchmarks.md). Its FX graph
-cache (and on CUDA the Triton kernels) live in `cache_dir`, so a restarted worker loads instead of
-compiling. The runner's profiling step at start-up is the first call and compiles;
-a failure there leaves the model eager, with a warning.
+from Python cost ~0.7 ms a step at batch 1 on a small model (docs/benchmarks.md). The compiled
+forward is a file in `cache_dir` (precompiled.py), compiled while the model loads when there is none
+and loaded by every later worker. Where that fails, the forward is compiled at its first call (the
+runner's profiling step) through inductor's caches in `cache_dir`; a failure there leaves the model
+eager, with a warning.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Any
 import torch
 
 from gpu_worker.forward.decoder import Decoder
+from gpu_worker.forward.precompiled import PrecompiledForward
 
 logger = logging.getLogger(__name__)
 
@@ -61,7 +64,9 @@ class CompiledForward:
             return self.compiled(input_ids, positions, kept)
         started = time.perf_counter()  # the first call compiles (the runner's profiling step)
         try:
-            logits = self.compiled(input_ids, positions, kept)
+            # Floats (eps, scales) as constants: a symbolic float made dynamo trace everything twice.
+            with torch._dynamo.config.patch(specialize_float=True):
+                logits = self.compiled(input_ids, positions, kept)
         except Exception as exc:
             logger.warning("torch.compile failed, running eager: %s: %s", type(exc).__name__, exc)
             self.decoder.run = self.decoder.logits_of
@@ -75,6 +80,15 @@ def _cache_dir() -> str:
     return os.environ.get("TORCHINDUCTOR_CACHE_DIR", "inductor's default")
 
 
-def compile_decoder(decoder: Decoder, cache_dir: Path, device: torch.device) -> None:
+def compile_decoder(
+    decoder: Decoder, cache_dir: Path, device: torch.device, backend: str | Callable[..., Any] = "inductor"
+) -> None:
+    """`decoder.run` compiled: from its file in `cache_dir`, else at its first call, else eager."""
     configure_cache(cache_dir)
-    decoder.run = CompiledForward(decoder, device)
+    try:
+        decoder.run = PrecompiledForward(decoder, device, cache_dir, inductor_options(device), backend)
+    except Exception as exc:
+        logger.warning(
+            "cannot compile the forward ahead (%s: %s): compiling at its first call", type(exc).__name__, exc
+        )
+        decoder.run = CompiledForward(decoder, device, backend)

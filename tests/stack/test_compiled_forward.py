@@ -1,13 +1,17 @@
-"""The worker's decoder compiled with inductor (gpu_worker/forward/compile.py): the very tokens
-transformers' `generate` gives, one graph for every step shape, the graph loaded from disk by a
-restarted worker, and int8 weights compiled as they run eagerly.
+"""The worker's decoder compiled with inductor (gpu_worker/forward/compile.py, precompiled.py): the very
+tokens transformers' `generate` gives, one graph for every step shape, the compiled forward loaded
+from disk by a restarted worker (and compiled again when the forward's code changes), and int8
+weights compiled as they run eagerly.
 
 Here, not in tests/unit/: each compilation takes tens of seconds and one test starts a process.
 """
 
 from __future__ import annotations
 
+import hashlib
+import inspect
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -18,8 +22,8 @@ from torch._dynamo.utils import counters
 
 from benchmarks.gpu_parity import reference_greedy
 from common.protocol import SamplingParams
-from gpu_worker.forward.compile import CompiledForward
 from gpu_worker.forward.decoder import Decoder
+from gpu_worker.forward.precompiled import PrecompiledForward
 from gpu_worker.model_runner import ModelRunner
 from tests.unit.gpu_worker.test_decoder import MAX_TOKENS, greedy_requests_equal_generate
 from tests.unit.gpu_worker.test_model_runner import make_requests, make_runner, run_to_completion
@@ -45,9 +49,11 @@ def test_compiled_decoder_equals_generate_and_compiles_once(
     compiled: tuple[ModelRunner, Path], tiny_model_dir: Path
 ) -> None:
     runner, _ = compiled
-    assert isinstance(runner.model, Decoder) and isinstance(runner.model.run, CompiledForward)
+    assert isinstance(runner.model, Decoder) and isinstance(runner.model.run, PrecompiledForward)
+    assert not runner.model.run.loaded  # its cache was empty
     greedy_requests_equal_generate(runner, tiny_model_dir)
-    # One graph for every step shape: 1 or many tokens, 0, 1 or many sampled rows.
+    # One graph for every step shape (1 or many tokens, 0, 1 or many sampled rows): the file holds
+    # one, and with no dynamo between a call and the graph, a step cannot compile another.
     assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
 
 
@@ -65,36 +71,58 @@ def test_int8_compiled_equals_int8_eager(tiny_model_dir: Path, tmp_path: Path) -
     assert outputs[0] == outputs[1]
 
 
-_START_AND_COUNT = """
+_START_AND_REPORT = """
 import sys, torch
 from torch._dynamo.utils import counters
-from gpu_worker.model_runner import ModelRunner
 from tests.unit.gpu_worker.test_model_runner import make_runner
 torch.set_num_threads(1)
-make_runner(sys.argv[1], compile=True, compile_cache_dir=sys.argv[2])
-print(counters["inductor"]["fxgraph_cache_hit"], counters["inductor"]["fxgraph_cache_miss"])
+runner = make_runner(sys.argv[1], compile=True, compile_cache_dir=sys.argv[2])
+print(runner.model.run.loaded, counters["stats"]["unique_graphs"])
 """
 
 
-def test_a_restarted_worker_loads_its_compiled_graph(
-    compiled: tuple[ModelRunner, Path], tiny_model_dir: Path
-) -> None:
-    """A new process with the same model and cache directory compiles nothing."""
-    _, cache_dir = compiled
+def _start_in_new_process(model_dir: Path, cache_dir: Path) -> list[str]:
+    """Whether a worker started in a new process loaded its compiled forward, and how many graphs
+    it compiled."""
     run = subprocess.run(
-        [sys.executable, "-c", _START_AND_COUNT, str(tiny_model_dir), str(cache_dir)],
+        [sys.executable, "-c", _START_AND_REPORT, str(model_dir), str(cache_dir)],
         capture_output=True,
         text=True,
         timeout=600,
         env={**os.environ, "PYTHONPATH": str(Path.cwd())},
     )
     assert run.returncode == 0, run.stderr[-3000:]
-    assert run.stdout.split()[-2:] == ["1", "0"], run.stdout[-500:]
+    return run.stdout.split()[-2:]
+
+
+def test_a_restarted_worker_loads_its_compiled_forward(
+    compiled: tuple[ModelRunner, Path], tiny_model_dir: Path
+) -> None:
+    """A new process with the same model and cache directory traces and compiles nothing."""
+    _, cache_dir = compiled
+    assert _start_in_new_process(tiny_model_dir, cache_dir) == ["True", "0"]
+
+
+def test_a_changed_forward_is_compiled_again(
+    compiled: tuple[ModelRunner, Path], tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """The file records the source lines it was traced from: a copy of the cache whose record of
+    one of them differs (as after an edit of the decoder) is compiled again, not trusted."""
+    _, cache_dir = compiled
+    edited = tmp_path / "edited"
+    shutil.copytree(cache_dir, edited)
+    (path,) = (edited / "precompiled").glob("*.bin")
+    # The checksum of `logits_of`'s lines, as recorded; another one, as if they had been edited since.
+    recorded = hashlib.sha256(inspect.getsource(Decoder.logits_of).encode()).hexdigest().encode()
+    data = path.read_bytes()
+    assert data.count(recorded) == 1
+    path.write_bytes(data.replace(recorded, hashlib.sha256(b"an edited forward").hexdigest().encode()))
+    assert _start_in_new_process(tiny_model_dir, edited) == ["False", "1"]
 
 
 def test_steps_with_drafts_run_the_same_graph(tiny_model_dir: Path, tmp_path: Path) -> None:
     """A step with drafts keeps more rows than it samples (gathered under inference mode): the graph
-    compiled by the profiling step runs it, no recompilation in the middle of serving."""
+    compiled at load runs it, no recompilation in the middle of serving."""
     torch._dynamo.reset()  # else the graph of another test's runner of this model may serve this one
     counters.clear()
     params = [greedy(m) for m in SPEC_MAX_TOKENS]

@@ -26,7 +26,7 @@ from transformers import (
 )
 
 from common.protocol import SamplingParams
-from gpu_worker.forward.compile import CompiledForward
+from gpu_worker.forward.compile import compile_decoder
 from gpu_worker.forward.decoder import Decoder
 from gpu_worker.forward.linear import Linear
 from gpu_worker.model_runner import ModelRunner
@@ -144,13 +144,17 @@ def _failing_backend(*args: Any) -> Any:
 
 
 def test_a_failed_compile_leaves_the_model_eager(
-    tiny_model_dir: Path, caplog: pytest.LogCaptureFixture
+    tiny_model_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Compiling ahead fails, then compiling at the first call: the model runs eagerly, correctly."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))  # restored after the test
     runner = make_runner(tiny_model_dir, compile=False)
     decoder = runner.model
     assert isinstance(decoder, Decoder)
-    decoder.run = CompiledForward(decoder, torch.device("cpu"), backend=_failing_backend)
     with caplog.at_level(logging.WARNING):
+        compile_decoder(decoder, tmp_path, torch.device("cpu"), backend=_failing_backend)
         greedy_requests_equal_generate(runner, Path(runner.model_name))
+    assert "cannot compile the forward ahead" in caplog.text
     assert "torch.compile failed, running eager" in caplog.text
     assert decoder.run == decoder.logits_of
+    assert not list(tmp_path.glob("precompiled/*.bin"))

@@ -50,6 +50,7 @@ def load_model(settings: WorkerSettings) -> Model:
         )
     check_quantization(settings.quantization, device)
     attn_implementation = register_paged_attention()
+    logger.info("loading the weights of %s", settings.model)
     model = AutoModelForCausalLM.from_pretrained(
         settings.model,
         config=config,

@@ -118,6 +118,7 @@ def run_profile_step(runner: ModelRunner, step: ProfileStep) -> ProfileResult:
         torch.cuda.synchronize(runner.device)
         torch.cuda.reset_peak_memory_stats(runner.device)
     before = torch.cuda.memory_allocated(runner.device) if cuda else 0
+    logger.info("profiling memory with the largest step the batcher may send")
     isolated = runner.num_isolated_steps
     started = time.perf_counter()
     output = runner.execute_model(so)

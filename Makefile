@@ -81,6 +81,9 @@ test-fast: install
 
 # Redis (REDIS_URL if reachable, else redis-server from PATH, else the embedded one), the batcher,
 # worker(s) and the gateway on :8000 in one command; Ctrl-C stops them all. See `cbserve up --help`.
+# Bytecode written, as for the tests: without it every start of every service compiles torch's and
+# transformers' sources again (seconds per process; the worker's restart doubled).
+run: export PYTHONDONTWRITEBYTECODE :=
 run: install-serve
 	$(VENV)/bin/cbserve up $(ARGS)
 

@@ -30,6 +30,7 @@ from gateway.limits.queue_bound import QueueBound
 from gateway.limits.rate_limit import RateLimiter, RateLimits
 from gateway.model_loader import load_served_model
 from gateway.observability.metrics import GatewayMetrics
+from gateway.prepare_pool import PreparePool
 from gateway.security.api_keys import ApiKeys
 from gateway.security.auth import AuthMiddleware
 from gateway.security.body_limit import BodySizeLimitMiddleware
@@ -64,6 +65,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         )
         batch_queue = BatchQueue(settings.redis_url)
         responses = ResponsesRunner(runner, ResponseStore(redis), settings.retention_s)
+        prepare = PreparePool(settings.prepare_threads, settings.prepare_inline_bytes)
         app.state.gateway = GatewayState(
             settings=settings,
             served=served,
@@ -86,6 +88,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
             ),
             cell_guard=CellGuard(settings.redis_memory_headroom),
             queue_bound=QueueBound(settings.max_queued_requests),
+            prepare=prepare,
         )
         try:
             yield
@@ -93,6 +96,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
             await responses.close()
             await runner.drain()
             batch_queue.close()
+            prepare.close()
             await redis.aclose()
 
     app = FastAPI(title="cbserve gateway", lifespan=lifespan)

@@ -16,6 +16,7 @@ from gateway.limits.cell_guard import CellGuard
 from gateway.limits.queue_bound import QueueBound
 from gateway.limits.rate_limit import RateLimiter
 from gateway.observability.metrics import GatewayMetrics
+from gateway.prepare_pool import PreparePool
 from gateway.settings import GatewaySettings
 from openai_frontend.batch.files_store import FileStore
 from openai_frontend.batch.store import BatchStore
@@ -39,6 +40,7 @@ class GatewayState:
     router: CellRouter  # which cell a new request goes to
     cell_guard: CellGuard  # whether that cell takes a new request now (a batcher, Redis headroom)
     queue_bound: QueueBound  # and whether its queue has room (GATEWAY_MAX_QUEUED_REQUESTS)
+    prepare: PreparePool  # where a large request is parsed, templated and tokenized, off the loop
 
     @property
     def keys(self) -> CellKeys:

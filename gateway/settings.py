@@ -72,6 +72,12 @@ class GatewaySettings(BaseSettings):
     # --- limits ---------------------------------------------------------------------------------
     # Larger bodies are refused (413) before any JSON is parsed.
     max_body_bytes: int = Field(default=4 * 1024 * 1024, gt=0)
+    # A body this large or larger is parsed, templated and tokenized on one of prepare_threads threads,
+    # not the event loop (gateway/prepare_pool.py). Each thread holds about 120 bytes per byte of text
+    # while it tokenizes (0.5 GB for a 4 MiB body); more large requests wait their turn. On 2 cores a
+    # second thread added memory and no speed (docs/reliability.md, *A large request*).
+    prepare_threads: int = Field(default=1, gt=0)
+    prepare_inline_bytes: int = Field(default=16 * 1024, ge=0)
     # Longest prompt accepted; defaults to max_model_len - 1 (room for one output token).
     max_prompt_tokens: int | None = Field(default=None, gt=0)
     # Largest max_tokens accepted, and the default when a request gives none (capped by the context).

@@ -7,6 +7,7 @@ from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 
+from gateway.api.prepared_body import PreparedBodyRoute
 from gateway.app_state import State
 from gateway.generation.flow import generate
 from openai_frontend.protocol.openai_schemas import (
@@ -18,7 +19,7 @@ from openai_frontend.protocol.openai_schemas import (
 from openai_frontend.render.chat import CHAT
 from openai_frontend.render.completion import COMPLETION
 
-router = APIRouter()
+router = APIRouter(route_class=PreparedBodyRoute)
 
 
 @router.post("/v1/completions", response_model=CompletionResponse)

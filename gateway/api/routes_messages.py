@@ -9,7 +9,6 @@ headers are accepted and change nothing.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from typing import Any
@@ -18,9 +17,11 @@ from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 
+from gateway.api.prepared_body import PreparedBodyRoute
 from gateway.app_state import State
 from gateway.generation.admission import admitted
 from gateway.generation.flow import request_id_header
+from gateway.prepare_pool import body_size
 from gateway.streaming.sse import SSE_HEADERS, sse_event
 from openai_frontend.anthropic.answer import message_body
 from openai_frontend.anthropic.events import Event
@@ -32,9 +33,8 @@ from openai_frontend.follow.request_runner import FollowPolicy
 from openai_frontend.generate.request_builder import prompt_ids_of
 from openai_frontend.generate.validation import check_model
 from openai_frontend.model.served_model import ServedModel
-from openai_frontend.protocol.openai_schemas import ChatCompletionRequest
 
-router = APIRouter()
+router = APIRouter(route_class=PreparedBodyRoute)
 
 
 def _headers(req_id: str) -> dict[str, str]:
@@ -50,9 +50,10 @@ async def _sse(events: AsyncGenerator[Event, None]) -> AsyncIterator[bytes]:
 
 @router.post("/v1/messages")
 async def create_message(body: MessagesRequest, http_request: Request, state: State) -> Any:
+    num_bytes = body_size(http_request)
     with anthropic_terms():
-        chat = chat_request(body)
-        async with admitted(chat, http_request, state) as [request]:
+        chat = await state.prepare.run(num_bytes, chat_request, body)
+        async with admitted(chat, http_request, state, num_bytes) as [request]:
             await state.runner.submit(request)
     # A client that goes away cancels its message, as on the chat endpoint.
     follow = FollowPolicy()
@@ -66,15 +67,17 @@ async def create_message(body: MessagesRequest, http_request: Request, state: St
     return JSONResponse(message_body(request, done, tokenizer), headers=_headers(request.req_id))
 
 
-def _num_prompt_tokens(chat: ChatCompletionRequest, served: ServedModel) -> int:
+def _num_prompt_tokens(body: CountTokensRequest, served: ServedModel) -> int:
+    chat = chat_request(body)
     check_model(chat.model, served)
     return len(prompt_ids_of(chat, served))  # what the chat request would queue, tools included
 
 
 @router.post("/v1/messages/count_tokens")
-async def count_tokens(body: CountTokensRequest, state: State) -> dict[str, int]:
+async def count_tokens(body: CountTokensRequest, http_request: Request, state: State) -> dict[str, int]:
     """The prompt's tokens, as /v1/messages would count them in `usage.input_tokens`."""
+    # Tools are checked by building their grammars (the first time importing xgrammar): off the
+    # event loop whatever the size, as a large body is.
+    num_bytes = None if body.tools else body_size(http_request)
     with anthropic_terms():
-        chat = chat_request(body)
-        # Off the event loop: a forced tool_choice builds its grammar (and may import xgrammar).
-        return {"input_tokens": await asyncio.to_thread(_num_prompt_tokens, chat, state.served)}
+        return {"input_tokens": await state.prepare.run(num_bytes, _num_prompt_tokens, body, state.served)}

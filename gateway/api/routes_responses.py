@@ -18,9 +18,11 @@ from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 
+from gateway.api.prepared_body import PreparedBodyRoute
 from gateway.app_state import GatewayState, State
 from gateway.generation.admission import admitted
 from gateway.generation.flow import request_id_header
+from gateway.prepare_pool import body_size
 from gateway.security.auth import request_owner
 from gateway.streaming.sse import KEEPALIVE, SSE_HEADERS, sse_event
 from openai_frontend.follow.collect import collect
@@ -44,7 +46,7 @@ from openai_frontend.responses.schemas import TERMINAL, ResponseObject, Response
 from openai_frontend.responses.store import ResponseResult, ResponseSpec, StoredResponse
 from openai_frontend.responses.text import format_echo
 
-router = APIRouter()
+router = APIRouter(route_class=PreparedBodyRoute)
 
 
 def _not_found(response_id: str) -> OpenAIError:
@@ -145,10 +147,13 @@ async def create_response(
 ) -> JSONResponse | StreamingResponse:
     check_unsupported(body)
     history = await _history(body, http_request, state)
-    conversation = history + input_messages(body, history)
+    # A history is stored, not in the body: then the body's size does not measure the prompt.
+    num_bytes = None if history else body_size(http_request)
+    conversation = history + await state.prepare.run(num_bytes, input_messages, body, history)
     with responses_names():
+        chat = await state.prepare.run(num_bytes, chat_request, body, conversation)
         # Counted by the queue bound until written: the stored record comes first.
-        async with admitted(chat_request(body, conversation), http_request, state) as [request]:
+        async with admitted(chat, http_request, state, num_bytes) as [request]:
             spec = _response_spec(body, request, conversation)
             persist = body.store is not False
             stored = StoredResponse(spec, initial_status(spec), None)

@@ -7,9 +7,13 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Body
 from pydantic import ValidationError
+from starlette.requests import Request
 
+from gateway.api.prepared_body import PreparedBodyRoute
 from gateway.app_state import State
+from gateway.prepare_pool import body_size
 from openai_frontend.generate.tokenize import detokenize, tokenize, tokenizer_info
+from openai_frontend.model.served_model import ServedModel
 from openai_frontend.protocol.errors import validation_error
 from openai_frontend.protocol.tokenizer_schemas import (
     DetokenizeRequest,
@@ -19,23 +23,31 @@ from openai_frontend.protocol.tokenizer_schemas import (
     TokenizeResponse,
 )
 
-router = APIRouter()
+router = APIRouter(route_class=PreparedBodyRoute)
 
 
-@router.post("/tokenize")
-async def tokenize_route(body: Annotated[dict[str, Any], Body()], state: State) -> TokenizeResponse:
+def _tokenize(body: dict[str, Any], served: ServedModel) -> TokenizeResponse:
     # Which of vLLM's two bodies it is decides the schema, so a refusal names the field at fault.
     schema = TokenizeChatRequest if "messages" in body else TokenizeCompletionRequest
     try:
         request = schema.model_validate(body)
     except ValidationError as exc:
         raise validation_error(exc.errors(), "vLLM tokenizer API") from None
-    return tokenize(request, state.served)
+    return tokenize(request, served)
+
+
+@router.post("/tokenize")
+async def tokenize_route(
+    body: Annotated[dict[str, Any], Body()], http_request: Request, state: State
+) -> TokenizeResponse:
+    return await state.prepare.run(body_size(http_request), _tokenize, body, state.served)
 
 
 @router.post("/detokenize")
-async def detokenize_route(body: DetokenizeRequest, state: State) -> DetokenizeResponse:
-    return detokenize(body, state.served)
+async def detokenize_route(
+    body: DetokenizeRequest, http_request: Request, state: State
+) -> DetokenizeResponse:
+    return await state.prepare.run(body_size(http_request), detokenize, body, state.served)
 
 
 @router.get("/tokenizer_info")

@@ -6,7 +6,6 @@ will refuse it, so a 400 or a full queue never costs the client part of its quot
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import time
 from collections.abc import AsyncIterator
@@ -18,6 +17,7 @@ from common.stream_client import new_req_id
 from common.streams import cell_keys, cell_of, placed_req_id
 from gateway.app_state import GatewayState
 from gateway.limits.cell_guard import request_bytes
+from gateway.prepare_pool import body_size
 from gateway.security.auth import request_owner
 from openai_frontend.generate.request import PreparedRequest, with_message
 from openai_frontend.generate.request_builder import prepare_choices
@@ -29,7 +29,7 @@ async def admit(
     body: CompletionRequest | ChatCompletionRequest, http_request: Request, state: GatewayState
 ) -> list[PreparedRequest]:
     """The request's choices (n per prompt), all submitted; raises OpenAIError when refused."""
-    async with admitted(body, http_request, state) as requests:
+    async with admitted(body, http_request, state, body_size(http_request)) as requests:
         if len(requests) == 1:
             # Kept so that the client can resume the stream or fetch the result by id, through any gateway.
             await state.runner.submit(requests[0], keep_meta=True)
@@ -41,12 +41,17 @@ async def admit(
 
 @asynccontextmanager
 async def admitted(
-    body: CompletionRequest | ChatCompletionRequest, http_request: Request, state: GatewayState
+    body: CompletionRequest | ChatCompletionRequest,
+    http_request: Request,
+    state: GatewayState,
+    num_bytes: int | None,
 ) -> AsyncIterator[list[PreparedRequest]]:
     """The request's choices, checked, tokenized, within the queue bound and counted by the rate
     limit, for the caller to submit inside the block. Raises OpenAIError when refused. On leaving
-    the block the queue bound stops counting them: written, the stream counts them; failed, nothing."""
-    requests = await _checked_requests(body, http_request, state)
+    the block the queue bound stops counting them: written, the stream counts them; failed, nothing.
+    `num_bytes` is the size of what the prompt is made of (the body's, gateway/prepare_pool.py
+    `body_size`; None when unknown): a large one is templated and tokenized off the event loop."""
+    requests = await _checked_requests(body, http_request, state, num_bytes)
     request = requests[0]
     try:
         yield requests
@@ -55,7 +60,10 @@ async def admitted(
 
 
 async def _checked_requests(
-    body: CompletionRequest | ChatCompletionRequest, http_request: Request, state: GatewayState
+    body: CompletionRequest | ChatCompletionRequest,
+    http_request: Request,
+    state: GatewayState,
+    num_bytes: int | None,
 ) -> list[PreparedRequest]:
     arrival_time = time.time()
     owner = request_owner(http_request)
@@ -68,8 +76,8 @@ async def _checked_requests(
         queue_deadline=arrival_time + state.settings.max_queue_wait_s,
         req_id=new_req_id(),
     )
-    # Checking a grammar builds it (and the first time imports xgrammar): off the event loop.
-    requests = await asyncio.to_thread(prepare) if asks_for_grammar(body) else prepare()
+    # Building a grammar is heavy whatever the size (the first time it imports xgrammar).
+    requests = await state.prepare.run(None if asks_for_grammar(body) else num_bytes, prepare)
     # Placed once tokenized (the router weighs the prompt); every choice goes to the first's cell.
     # prompt_cache_key is a placement hint within its API key (gateway/cell_router.py).
     cache_key = f"{owner}\0{body.prompt_cache_key}" if body.prompt_cache_key else ""

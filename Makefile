@@ -1,6 +1,7 @@
 # Two commands matter: `make run` (serve the demo model; `make run ARGS="--workers 2"`) and `make test`
 # (`make test-fast`: only the tests that start no service, tests/unit/, in about two minutes). `make run`
-# installs only what serves (the `serve` extra); the test toolchain (`dev`) comes with `make test`.
+# installs what serves and the SDKs of the README's examples (the `serve` and `clients` extras); the test
+# toolchain (`dev`) comes with `make test`.
 VENV ?= .venv
 PY := $(VENV)/bin/python
 # Passed to `cbserve up`, e.g. ARGS="--model /path/to/model --port 8123 --workers 2". A MODEL given on
@@ -28,9 +29,11 @@ $(VENV)/.installed: pyproject.toml
 	$(call pip_install,dev)
 	touch $@ $(VENV)/.installed-serve
 
-# What serves, for `make run`.
+# What serves and the examples' SDKs, for `make run` (tests/stack/test_readme_examples.py makes a
+# venv with this target, VENV=build/readme-venv/<hash>, and runs every example of the docs in it).
+RUN_EXTRAS := serve,clients
 $(VENV)/.installed-serve: pyproject.toml
-	$(call pip_install,serve)
+	$(call pip_install,$(RUN_EXTRAS))
 	touch $@
 
 install: $(VENV)/.installed

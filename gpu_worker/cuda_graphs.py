@@ -8,12 +8,15 @@ addresses, so inputs live in static buffers sized for the largest batch: padding
 sequence the worker admits. Steps with prefill chunks run eagerly. Only the Triton backend can be
 captured: the torch backend plans its work from host values.
 
-Without capture (`capture=False`, the CPU) the same padded buffers run eagerly: that is how the CPU
-test suite checks the padding.
+Without capture (`capture=None`, the CPU) the same padded buffers run eagerly: that is how the CPU
+test suite checks the padding. A size whose capture fails runs eagerly the same way, with a warning.
+What runs under capture (`_forward`) makes no host tensor and waits for nothing: the capture-rules
+lane (tests/unit/gpu_worker/test_capture_rules.py) checks that on the CPU with fake `cuda` tensors.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from typing import TYPE_CHECKING, Any
@@ -21,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from gpu_worker.attention_backend import AttentionBackend, AttentionContext, CommonAttentionMetadata
+from gpu_worker.graph_capture import Graph, GraphCapture
 from gpu_worker.input_batch import InputBatch
 
 if TYPE_CHECKING:
@@ -45,15 +49,17 @@ class DecodeGraphs:
         max_num_seqs: int,
         max_model_len: int,
         device: torch.device,
-        capture: bool,
+        capture: GraphCapture | None,
     ) -> None:
+        """`capture`: how graphs are captured (`CudaGraphCapture` on a GPU); None runs every size
+        eagerly from the padded buffers."""
         if backend.name != "triton":
             raise ValueError("CUDA graphs need the triton attention backend (WORKER_ATTENTION_BACKEND)")
         self.model = model
         self.backend = backend
         self.sizes = capture_sizes(max_num_seqs)
         self.max_model_len = max_model_len
-        self.capture_enabled = capture
+        self._capture = capture
         size = self.sizes[-1]
         width = -(-max_model_len // backend.kv_cache.block_size)
         self.input_ids = torch.zeros((1, size), dtype=torch.long, device=device)
@@ -66,38 +72,48 @@ class DecodeGraphs:
         # [size, vocab] output of its own alive (0.5 GB per graph for a 128k vocabulary).
         vocab_size = int(model.config.get_text_config().vocab_size)
         self.logits = torch.empty((size, vocab_size), dtype=torch.float32, device=device)
-        self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self._graphs: dict[int, Graph] = {}
+        self.failed: dict[int, str] = {}  # sizes whose capture failed (they run eagerly), with why
         self.num_replays = 0  # decode steps served from these buffers (tests and stats)
 
     def capture(self) -> None:
-        """Capture one graph per size, largest first, all in one memory pool; logs time and memory."""
-        if not self.capture_enabled:
+        """Capture one graph per size, largest first; logs time and memory. A size whose capture
+        fails runs eagerly from the same buffers (one warning for all such sizes): a worker that
+        cannot capture serves slower, it does not die at startup."""
+        if self._capture is None:
             return
         started = time.perf_counter()
-        free_before, _total = torch.cuda.mem_get_info()
-        pool = torch.cuda.graph_pool_handle()
-        stream = torch.cuda.Stream()
+        errors: dict[int, RuntimeError] = {}
         with torch.inference_mode():
             for size in reversed(self.sizes):
-                # Warm-up on a side stream, as torch's docs ask (lazy inits, autotuning, JIT compiles).
-                stream.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(stream):
-                    for _ in range(2):
-                        self._forward(size)
-                torch.cuda.current_stream().wait_stream(stream)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool):
-                    self._forward(size)
-                self._graphs[size] = graph
-        torch.cuda.synchronize()
-        free_after, _total = torch.cuda.mem_get_info()
+                step = functools.partial(self._forward, size)
+                # Eager, as every uncaptured step runs: an error here is the step's own, and stops us.
+                self._capture.warm_up(step)
+                try:
+                    self._graphs[size] = self._capture.capture(step)
+                except RuntimeError as exc:  # torch's capture errors (AcceleratorError is one too)
+                    errors[size] = exc
+        self.failed = {size: str(exc) for size, exc in sorted(errors.items())}
+        if errors:
+            first = errors[max(errors)]
+            logger.warning(
+                "CUDA graph capture failed for decode batches of %s rows: they run eagerly (%s)",
+                ", ".join(map(str, self.failed)),
+                first,
+                exc_info=first,
+            )
         logger.info(
             "captured %d CUDA graphs for decode batches up to %d in %.1f s, using %.0f MiB",
-            len(self.sizes),
+            len(self._graphs),
             self.sizes[-1],
             time.perf_counter() - started,
-            (free_before - free_after) / 2**20,
+            self._capture.memory_used() / 2**20,
         )
+
+    @property
+    def captured_sizes(self) -> list[int]:
+        """The batch sizes a graph replays, smallest first."""
+        return sorted(self._graphs)
 
     def can_run(self, batch: InputBatch) -> bool:
         """A decode-only step whose every row samples, small enough for the largest graph."""

@@ -25,6 +25,7 @@ from gpu_worker.attention_backend import make_attention_backend
 from gpu_worker.cached_request_state import CachedRequestState
 from gpu_worker.cuda_graphs import DecodeGraphs
 from gpu_worker.draft_model import DraftModelProposer
+from gpu_worker.graph_capture import CudaGraphCapture
 from gpu_worker.input_batch import InputBatch, ScheduledRequest, build_input_batch
 from gpu_worker.logprobs import SampleLogprobs
 from gpu_worker.model_loader import (
@@ -115,7 +116,7 @@ class ModelRunner:
                 max_num_seqs=self.max_num_seqs,
                 max_model_len=self.max_model_len,
                 device=self.device,
-                capture=self.device.type == "cuda",
+                capture=CudaGraphCapture() if self.device.type == "cuda" else None,
             )
             self.decode_graphs.capture()
 

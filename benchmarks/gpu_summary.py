@@ -1,9 +1,11 @@
 """Collects the step results of benchmarks/gpu_check.sh into one JSON summary (printed and written).
 
-    python -m benchmarks.gpu_summary WORK_DIR --out docs/results/gpu-check.json
+    python -m benchmarks.gpu_summary WORK_DIR --out docs/results/gpu-check.json --budget-s 420 --started T
 
 A step that did not finish leaves its key out and is named under "missing", so a partial run still
-reports what it measured.
+reports what it measured; "steps" gives each step's limit, seconds and exit status (or "skipped"),
+"wall_s" the run's time so far against "budget_s", and "stopped" why the run ended before its steps
+(the carry: a module that does not import), when it did.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import argparse
 import datetime
 import json
 import subprocess
+import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
@@ -64,7 +67,27 @@ def _control(rows: Any) -> dict[str, Any] | None:
     }
 
 
-def summarize(work: Path) -> dict[str, Any]:
+def _steps(work: Path) -> dict[str, dict[str, Any]]:
+    """steps.tsv (benchmarks/steps.sh): NAME, limit, seconds, exit status or "skipped", per line."""
+    steps: dict[str, dict[str, Any]] = {}
+    try:
+        lines = (work / "steps.tsv").read_text().splitlines()
+    except OSError:
+        return steps
+    for line in lines:
+        name, limit, seconds, rc = line.split("\t")
+        if rc == "skipped":
+            steps[name] = {"skipped": True}
+        else:
+            steps[name] = {"limit_s": int(limit), "wall_s": int(seconds), "rc": int(rc)}
+    return steps
+
+
+def _text(path: Path) -> str | None:
+    return path.read_text().strip() if path.exists() else None
+
+
+def summarize(work: Path, budget_s: int | None = None, started: float | None = None) -> dict[str, Any]:
     commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=False)
     decode = _load(work / "decode.json")
     summary: dict[str, Any] = {
@@ -84,6 +107,10 @@ def summarize(work: Path) -> dict[str, Any]:
     summary["missing"] = [key for key, value in summary.items() if value is None] + [
         f"parity.{dtype}" for dtype, value in summary["parity"].items() if value is None
     ]
+    summary["steps"] = _steps(work)
+    summary["budget_s"] = budget_s
+    summary["wall_s"] = None if started is None else round(time.time() - started)
+    summary["stopped"] = _text(work / "stopped.txt")
     return summary
 
 
@@ -91,8 +118,10 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.gpu_summary", description=__doc__)
     parser.add_argument("work", type=Path)
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--budget-s", type=int, help="the run's budget, reported beside its wall time")
+    parser.add_argument("--started", type=float, help="the run's start (epoch seconds)")
     args = parser.parse_args(argv)
-    summary = summarize(args.work)
+    summary = summarize(args.work, args.budget_s, args.started)
     text = json.dumps(summary, indent=2)
     print(text)
     args.out.write_text(text + "\n")

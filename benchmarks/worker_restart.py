@@ -7,7 +7,9 @@ at once (as a supervisor would), and time the replacement's start and the stream
 Starts a private redis-server, the batcher, one worker (WORKER_COMPILE=true on the user's compile
 cache, or --cache-dir) and the gateway, and streams a greedy completion. Each run kills the worker
 once the stream has a few tokens, starts the replacement, and prints:
-- start -> registered: the replacement's process start to its hello in Redis (all of its start-up);
+- start -> registered: the replacement's process start to its hello in Redis (all of its start-up),
+  and the CPU time it had used by then (its children's included): about what the start takes on an
+  idle machine, whatever else this one runs;
 - start -> first token: to the stream's next token, which only the replacement can produce;
 - kill -> first token: what the client waited (at least the batcher's BATCHER_HEARTBEAT_TIMEOUT_S);
 - the replacement's phases from its log, in seconds after its start.
@@ -83,6 +85,12 @@ def _worker_ids(stack: Stack) -> set[str]:
         return {k.decode() for k in client.hkeys(streams.cell_keys(streams.DEFAULT_CELL).workers)}
 
 
+def cpu_seconds(pid: int) -> float:
+    """User and system time of process `pid` and of its children it has waited for."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+
+
 def phases(log: str, started_wall: float) -> str:
     """Seconds after `started_wall` at which each phase's first log line was written."""
     found = []
@@ -104,15 +112,16 @@ def restart_once(stack: Stack, run: int, args: argparse.Namespace, worker_env: d
     stack.procs.pop(victim_name).send_signal(signal.SIGKILL)
     started_at, started_wall = time.monotonic(), time.time()
     name = f"worker{run + 1}"
-    stack.start_worker(name, **worker_env)
+    replacement = stack.start_worker(name, **worker_env)
     wait_for(lambda: bool(_worker_ids(stack) - before), 300, "the replacement to register", 0.005)
     registered_at = time.monotonic()
+    cpu = cpu_seconds(replacement.pid)
     wait_for(lambda: stream.first_after(registered_at - 0.005) is not None, 120, "the replacement's token")
     first = stream.first_after(registered_at - 0.005)
     assert first is not None
     stream.join()
     return (
-        f"start -> registered {registered_at - started_at:.2f} s, start -> first token "
+        f"start -> registered {registered_at - started_at:.2f} s (cpu {cpu:.2f} s), start -> first token "
         f"{first - started_at:.2f} s, kill -> first token {first - killed_at:.2f} s; "
         f"phases: {phases(stack.log(name), started_wall)}"
     )

@@ -80,7 +80,7 @@ def load() -> bool:
     flags = _cpu_flags()
     name = f"cbserve_cpu_kernels_{_host_tag(flags)}_{_sources_tag()}"
     if not (Path(cpp_extension._get_build_directory(name, verbose=False)) / f"{name}.so").exists():
-        log.info("building the CPU kernels (once per host and checkout: about half a minute)")
+        log.info("building the CPU kernels, once per host and checkout: about 30 s")
     try:
         cpp_extension.load(
             name=name,

@@ -34,6 +34,7 @@ from cbserve.redis_resolver import RedisUnavailable, redact, resolve
 from cbserve.restarts import RestartBudget
 from cbserve.run_state import RunState
 from cbserve.stack import ServiceArgs, Stack, celery_installed, cell_names, joined_workers, start_services
+from cbserve.startup_progress import StartupProgress
 from common.speculative_config import SpeculativeConfig
 
 
@@ -200,27 +201,33 @@ def _health(base_url: str) -> tuple[bool, str]:
 
 
 def wait_ready(stack: Stack, opts: UpOptions, base_url: str, redis_url: str, signals: StopSignals) -> bool:
-    """True once /health is 200 and every cell's workers joined; False if a stop was asked first."""
+    """True once /health is 200 and every cell's workers joined; False if a stop was asked first.
+    Meanwhile the workers' phases are shown (cbserve/startup_progress.py)."""
     started_at = time.time() - 1.0  # a little slack for clock granularity
     deadline = time.monotonic() + opts.ready_timeout_s
-    while not signals.requested:
-        dead = stack.first_exited()
-        if dead is not None:
-            raise LaunchError(_died_message(dead, "before the stack was ready"))
-        # /health is asked only once every worker has joined, when it answers 200: polling it while
-        # the workers load their model would fill the gateway's log with 503 lines.
-        joined = sum(min(opts.workers, joined_workers(redis_url, c, started_at)) for c in stack.cells)
-        expected = opts.workers * len(stack.cells)
-        healthy, health = _health(base_url) if joined >= expected else (False, "not asked yet")
-        if healthy:
-            return True
-        if time.monotonic() > deadline:
-            raise LaunchError(
-                f"not ready after {opts.ready_timeout_s:g} s: /health {health}, "
-                f"{joined} of {expected} workers joined; logs in {stack.run_dir}"
-            )
-        signals.wait(0.2)
-    return False
+    progress = StartupProgress.of([(c.name, c.log_path) for c in stack.services if "worker" in c.name])
+    try:
+        while not signals.requested:
+            progress.poll()
+            dead = stack.first_exited()
+            if dead is not None:
+                raise LaunchError(_died_message(dead, "before the stack was ready"))
+            # /health is asked only once every worker has joined, when it answers 200: polling it while
+            # the workers load their model would fill the gateway's log with 503 lines.
+            joined = sum(min(opts.workers, joined_workers(redis_url, c, started_at)) for c in stack.cells)
+            expected = opts.workers * len(stack.cells)
+            healthy, health = _health(base_url) if joined >= expected else (False, "not asked yet")
+            if healthy:
+                return True
+            if time.monotonic() > deadline:
+                raise LaunchError(
+                    f"not ready after {opts.ready_timeout_s:g} s: /health {health}, "
+                    f"{joined} of {expected} workers joined; logs in {stack.run_dir}"
+                )
+            signals.wait(0.2)
+        return False
+    finally:
+        progress.done()
 
 
 def served_model_name(base_url: str, fallback: str) -> str:

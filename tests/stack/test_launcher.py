@@ -182,6 +182,10 @@ def test_up_serves_then_sigint_stops_every_process(
     assert f"curl -N {launcher.base_url}/v1/chat/completions" in output
     assert f'OpenAI(base_url="{launcher.base_url}/v1", api_key="unused")' in output
     assert 'model="tiny-llama"' in output
+    # While it waited, the terminal said what the worker was doing, in the order it did it.
+    phases = ["worker0: loading the weights", "worker0: profiling memory"]
+    assert all(phase in output for phase in phases), output
+    assert output.index(phases[0]) < output.index(phases[1]) < output.index("cbserve is ready")
     # Closed by default: the Redis it started asks for a password generated once, found in a file
     # to `source` that only the user reads, on no command line.
     env_file = tmp_path / "run" / "env"

@@ -123,8 +123,8 @@ class PrecompiledForward:
     def _load(self) -> Any:
         started = time.perf_counter()
         try:
-            # The key names this CPU, so the vector ISA inductor probed when compiling the file holds:
-            # its probe (a Python subprocess per ISA, seconds on a busy host) is skipped.
+            # The key names this CPU, so the vector ISAs inductor probed when compiling the file hold:
+            # their base probes (a Python subprocess each, seconds on a busy host) are skipped.
             with self.path.open("rb") as file, torch._inductor.config.patch({"cpp.vec_isa_ok": True}):
                 compiled = torch.compiler.load_compiled_function(file)
             changed = _changed_source(compiled)

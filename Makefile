@@ -18,9 +18,12 @@ TORCH_PIP_ARGS := $(if $(TORCH_INDEX_URL),$(if $(shell command -v nvidia-smi),,-
 
 # --no-compile: Python compiles only what is imported, when first imported, instead of pip
 # byte-compiling every file of torch and transformers up front (a minute of a clean CI run).
+# pip runs quietly; these lines say what the wait is for (a first install takes minutes).
 define pip_install
 	test -x $(PY) || python3 -m venv $(VENV)
+	@echo "make: installing torch 2.13.0 into $(VENV) (once; a few minutes the first time)"
 	$(PY) -m pip install -q --no-compile torch==2.13.0 $(TORCH_PIP_ARGS)
+	@echo "make: installing cbserve[$(1)] into $(VENV)"
 	$(PY) -m pip install -q --no-compile -e ".[$(1)]"
 endef
 

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from gateway.settings import GatewaySettings
 from openai_frontend.model.chat_template import check_template
+from openai_frontend.model.path_names import directory_names
 from openai_frontend.model.served_model import ServedModel
 from openai_frontend.model.tokenizer import ModelTokenizer, read_max_model_len
 
@@ -27,4 +30,6 @@ def load_served_model(settings: GatewaySettings) -> ServedModel:
         special_tokens_in_content=settings.chat_content_special_tokens,
         tool_parser=settings.tool_parser,
         reasoning_parser=settings.reasoning_parser,
+        # As vLLM: a model the operator did not name answers to its path too (its default name there).
+        path_names=frozenset() if settings.served_model_name else directory_names(settings.model, Path.cwd()),
     )

@@ -22,4 +22,7 @@ class ServedModel:
     # or auto (read from the chat template).
     tool_parser: str = "auto"
     reasoning_parser: str = "auto"
+    # Other names a request may give: the model directory's path (openai_frontend/model/path_names.py),
+    # unless the operator named the model (GATEWAY_SERVED_MODEL_NAME).
+    path_names: frozenset[str] = frozenset()
     created: int = field(default_factory=lambda: int(time.time()))

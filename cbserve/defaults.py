@@ -16,7 +16,7 @@ DEFAULT_MAX_RESTARTS = 5
 DEFAULT_RESTART_WINDOW_S = 600.0
 DEFAULT_BASE_URL = "http://127.0.0.1:8000"
 # A completion has no end of turn to stop at: without a bound it runs to the context's end (the demo
-# model's 512 tokens, ending in template text). A few sentences, unless --max-tokens says otherwise.
+# model's 1024 tokens, ending in template text). A few sentences, unless --max-tokens says otherwise.
 DEFAULT_COMPLETE_MAX_TOKENS = 64
 
 RedisMode = Literal["auto", "url", "binary", "embedded"]

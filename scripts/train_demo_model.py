@@ -9,7 +9,7 @@ sample order per epoch, `torch.use_deterministic_algorithms(True)`, two CPU thre
 
 The tokenizer (byte-level BPE, 4096 tokens with `<|endoftext|>`, `<|im_start|>`, `<|im_end|>`) is trained
 on the same text with the `tokenizers` library; the model is a 4-layer `LlamaForCausalLM` (hidden 192, MLP
-512, 6 heads, 3 KV heads, tied embeddings, 512 positions, 2.4M parameters), trained in float32 on 512-token
+512, 6 heads, 3 KV heads, tied embeddings, 1024 positions, 2.4M parameters), trained in float32 on 512-token
 windows that each start at a paragraph or a conversation (2000 steps of 4 windows, about 20 passes over
 the 115k-token corpus) and saved in float16 (5 MB).
 Small and heavily trained on purpose: on two CPU cores a smaller model reaches a lower loss in the same
@@ -57,6 +57,7 @@ from benchmarks.chatml_tokenizer import (
 )
 from scripts.demo_tool_samples import TOOLS, no_tool_samples, tool_samples
 
+CONTEXT_LEN = 1024  # the model's positions (config.json's max_position_embeddings)
 SAMPLE_PROMPTS = ["The import statement", "A function is", "Exceptions are"]
 SAMPLE_CHAT = "What is the assert statement?"
 SAMPLE_TOOL_CHAT = "What is the weather in Paris?"
@@ -418,7 +419,9 @@ def main(argv: list[str] | None = None) -> None:
         num_hidden_layers=args.layers,
         num_attention_heads=args.heads,
         num_key_value_heads=args.kv_heads,
-        max_position_embeddings=512,
+        # RoPE has no position table, so the context may outrun the training windows (the text degrades
+        # past them): load-testing tools' default prompts fit (aiperf's 550 tokens; docs/api.md).
+        max_position_embeddings=CONTEXT_LEN,
         initializer_range=0.02,
         **config_token_ids(tok),
         tie_word_embeddings=True,
@@ -552,7 +555,8 @@ knows little else: expect plausible sentences about Python, not correct answers.
   Generation stops at `<|endoftext|>` or `<|im_end|>` (`generation_config.json`).
 - **Architecture**: Llama, {stats["layers"]} layers, hidden {stats["hidden"]}, MLP {stats["intermediate"]},
   {stats["heads"]} attention heads, {stats["kv_heads"]} KV heads, tied
-  embeddings, 512 positions (trained on {stats["seq_len"]}-token windows). Weights stored in float16.
+  embeddings, {CONTEXT_LEN} positions (RoPE; trained on {stats["seq_len"]}-token windows, and the text
+  degrades past them). Weights stored in float16.
 - **Training**: {stats["steps"]} steps of {stats["batch_size"]} × {stats["seq_len"]} tokens
   ({stats["tokens_seen"] / 1e6:.1f}M tokens; each window starts at a paragraph or a conversation), AdamW
   (peak lr {stats["lr"]}, cosine), fixed seeds, deterministic algorithms, {stats["threads"]} CPU

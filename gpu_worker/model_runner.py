@@ -308,7 +308,9 @@ class ModelRunner:
             error = check_new(new, self.vocab_size, self.max_model_len, self.num_blocks)
             structured = new.sampling_params.structured_output
             if error is None and structured is not None:
-                error = self.structured_outputs.add(new.req_id, structured, new.output_token_ids)
+                error = self.structured_outputs.add(
+                    new.req_id, structured, new.output_token_ids, new.sampling_params.ignore_eos
+                )
             self._fail_or(req_errors, new.req_id, error)
             if new.req_id not in req_errors:
                 self.requests[new.req_id] = CachedRequestState.from_new(new)

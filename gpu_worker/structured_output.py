@@ -14,6 +14,8 @@ masks the logits before sampling (vLLM's and SGLang's approach, with xgrammar as
   ends the request with "stop".
 - JSON rows also lose every token holding a control character (bytes below 0x20): JSON allows none
   raw, our JSON has no free whitespace, and xgrammar 0.2 lets them into strings with a `maxLength`.
+- A JSON row whose model would end its turn before the JSON is complete has that probability moved
+  onto the tokens that close what is open (`json_closing.py`), unless its request ignores EOS.
 
 The tokenizer (transformers' AutoTokenizer, for xgrammar's TokenizerInfo) and the compiler are
 loaded on the first structured request: a worker that never sees one never pays for them.
@@ -32,6 +34,7 @@ import torch
 
 from common.grammar import GrammarError, build_grammar
 from common.protocol import FinishReason, StructuredOutput
+from gpu_worker.json_closing import JsonClosing, closer_tiers
 
 logger = logging.getLogger(__name__)
 
@@ -46,11 +49,15 @@ class GrammarMask:
     bitmask: torch.Tensor
     rows: list[int]
     vocab_size: int
+    closing: JsonClosing | None = None  # the JSON rows whose wish to stop closes the JSON
 
     def apply(self, logits: torch.Tensor) -> None:
-        """Sets, in place, every token the grammar forbids to -inf on the constrained rows."""
+        """Sets, in place, every token the grammar forbids to -inf on the constrained rows (after moving
+        the JSON rows' probability of a forbidden stop onto their closing tokens)."""
         import xgrammar as xgr
 
+        if self.closing is not None:
+            self.closing.apply(logits, self.bitmask)
         xgr.apply_token_bitmask_inplace(logits, self.bitmask, vocab_size=self.vocab_size, indices=self.rows)
 
 
@@ -90,7 +97,10 @@ class StructuredOutputs:
         self._batch_matcher: Any = None
         self._matchers: dict[str, Any] = {}
         self._json_rows: set[str] = set()  # requests whose output is JSON
+        self._closing_rows: set[str] = set()  # JSON requests that do not ignore EOS (json_closing.py)
         self._no_control_bytes = torch.zeros(0, dtype=torch.int32)  # bitmask row, set on load
+        self._closer_tiers = torch.zeros(3, 0, dtype=torch.bool)  # on the device, set on load
+        self._stop_ids = torch.tensor(self._stop_token_ids, dtype=torch.long, device=device)
         self._bitmask = torch.zeros(0, 0, dtype=torch.int32)  # host buffer, pinned on cuda
 
     def __len__(self) -> int:
@@ -113,12 +123,19 @@ class StructuredOutputs:
         self._no_control_bytes = _bitmask_row(
             [not any(b < 0x20 for b in token) for token in info.decoded_vocab], self.vocab_size
         )
+        self._closer_tiers = closer_tiers(info.decoded_vocab, self.vocab_size).to(self._device)
         threads = max(1, torch.get_num_threads())
         self._batch_matcher = xgr.BatchGrammarMatcher(max_threads=threads)
         # Our own LRU caches compiled grammars; xgrammar's cache would hold a second copy.
         return GrammarCache(xgr.GrammarCompiler(info, max_threads=threads, cache_enabled=False))
 
-    def add(self, req_id: str, output: StructuredOutput, output_token_ids: Sequence[int]) -> str | None:
+    def add(
+        self,
+        req_id: str,
+        output: StructuredOutput,
+        output_token_ids: Sequence[int],
+        ignore_eos: bool = False,
+    ) -> str | None:
         """A matcher for `req_id`, advanced over the tokens it already generated; an error if its
         grammar does not compile or those tokens do not follow it."""
         import xgrammar as xgr
@@ -135,15 +152,19 @@ class StructuredOutputs:
         self._matchers[req_id] = matcher
         if output.kind in ("json", "json_object"):
             self._json_rows.add(req_id)
+            if not ignore_eos:
+                self._closing_rows.add(req_id)
         return None
 
     def remove(self, req_id: str) -> None:
         self._matchers.pop(req_id, None)
         self._json_rows.discard(req_id)
+        self._closing_rows.discard(req_id)
 
     def clear(self) -> None:
         self._matchers.clear()
         self._json_rows.clear()
+        self._closing_rows.clear()
 
     def masks(
         self, req_ids: Sequence[str], drafts: Sequence[tuple[str, Sequence[int]]]
@@ -221,7 +242,11 @@ class StructuredOutputs:
             bitmask[json_rows] &= self._no_control_bytes
         if self._device.type != "cpu":
             bitmask = bitmask.to(self._device, non_blocking=True)
-        return GrammarMask(bitmask=bitmask, rows=rows, vocab_size=self.vocab_size)
+        closing_rows = [i for i in rows if req_ids[i] in self._closing_rows]
+        closing = None
+        if closing_rows:
+            closing = JsonClosing(closing_rows, self._closer_tiers, self._stop_ids)
+        return GrammarMask(bitmask=bitmask, rows=rows, vocab_size=self.vocab_size, closing=closing)
 
     def _host_bitmask(self, num_rows: int) -> torch.Tensor:
         import xgrammar as xgr

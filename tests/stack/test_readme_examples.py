@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import jsonschema
 import pytest
 
 from tests.harness.make_run import MadeRun, make_run
@@ -180,8 +181,44 @@ def test_structured_output_example(stack: MadeRun) -> None:
         assert choice in ("yes", "no")
 
 
+# Greedy requests of the demo model that wrote one string or number until the context was full
+# (max_tokens left to its default, as the llm CLI leaves it) before json_closing.py.
+PET = {
+    "type": "object",
+    "properties": {"name": {"type": "string"}, "kind": {"type": "string"}},
+    "required": ["name", "kind"],
+}  # what `llm --schema 'name, kind'` sends
+PERSON = {
+    "type": "object",
+    "properties": {"name": {"type": "string"}, "age": {"type": "integer"}, "hobbies": {"type": "array"}},
+    "required": ["name", "age", "hobbies"],
+    "additionalProperties": False,
+}
+
+
+def schema_format(schema: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "json_schema", "json_schema": {"name": "output", "schema": schema}}
+
+
+UNBOUNDED = {
+    "pet": ("Hello", schema_format(PET), PET),
+    "person": ("A pet, as JSON", schema_format(PERSON), PERSON),
+    "object": ("Give me a person as JSON.", {"type": "json_object"}, {"type": "object"}),
+}
+
+
+@pytest.mark.parametrize("name", UNBOUNDED)
+def test_structured_output_without_max_tokens_stops(stack: MadeRun, name: str) -> None:
+    prompt, response_format, schema = UNBOUNDED[name]
+    messages = [{"role": "user", "content": prompt}]
+    answer = post(stack, "/v1/chat/completions", {"messages": messages, "response_format": response_format})
+    choice = answer["choices"][0]
+    assert choice["finish_reason"] == "stop", answer
+    jsonschema.validate(json.loads(choice["message"]["content"]), schema)
+
+
 def test_metrics_example(stack: MadeRun) -> None:
-    """The requests above were counted: the gateway's and the batcher's metrics, no comment lines."""
+    """The gateway's and the batcher's metrics, without the comment lines."""
     lines = run(stack, "metrics", "bash", API_DOC).splitlines()
     assert lines and all(line.startswith("cbserve:") for line in lines), lines
     names = {re.split(r"[{ ]", line, maxsplit=1)[0] for line in lines}

@@ -146,7 +146,12 @@ class SimScheduler:
             req = by_id[event.req_id]
             assert event.index == len(req.outputs) and event.attempt == req.attempt
             req.outputs.append(event.token_id)
-            assert (reason == "length") == (len(req.outputs) == req.params.max_tokens)
+            # max_tokens ends the output, as "length" unless its last token is a stop token.
+            if len(req.outputs) < req.params.max_tokens:
+                assert reason != "length"
+            else:
+                stops = {*self.runner.eos_token_ids, *req.params.stop_token_ids}
+                assert reason == "length" or (reason == "stop" and event.token_id in stops)
             if reason is not None:
                 req.done = True
                 self.release(req)

@@ -59,12 +59,13 @@ def outputs(tiny_model_dir: Path, tokenizer: Tokenizer) -> StructuredOutputs:
 
 
 def allowed(outputs: StructuredOutputs, req_ids: list[str], row: int) -> set[int]:
-    """The tokens the step's mask leaves possible on `row` (logits of zeros, masked)."""
+    """The tokens the step's mask leaves possible on `row` (logits of zeros, masked; a JSON row's
+    closing tokens may be raised, json_closing.py)."""
     logits = torch.zeros(len(req_ids), outputs.vocab_size)
     mask, _ = outputs.masks(req_ids, [])
     assert mask is not None
     mask.apply(logits)
-    return set(torch.nonzero(logits[row] == 0).flatten().tolist())
+    return set(torch.nonzero(logits[row].isfinite()).flatten().tolist())
 
 
 def token_text(tokenizer: Tokenizer, token_id: int) -> str:
@@ -109,7 +110,7 @@ def _allowed_rows(mask: GrammarMask | None, num_rows: int, vocab_size: int) -> l
     assert mask is not None
     logits = torch.zeros(num_rows, vocab_size)
     mask.apply(logits)
-    return [set(torch.nonzero(row == 0).flatten().tolist()) for row in logits]
+    return [set(torch.nonzero(row.isfinite()).flatten().tolist()) for row in logits]
 
 
 def test_drafts_are_masked_by_the_grammar_after_the_drafts_before_them(

@@ -27,7 +27,7 @@ define pip_install
 	$(PY) -m pip install -q --no-compile -e ".[$(1)]"
 endef
 
-# Everything: what serves, the benchmarks and the test toolchain (dev includes serve).
+# Everything: what serves, the benchmarks and the test toolchain (dev includes serve and clients).
 $(VENV)/.installed: pyproject.toml
 	$(call pip_install,dev)
 	touch $@ $(VENV)/.installed-serve

@@ -110,12 +110,12 @@ class Stack:
     def num_workers_joined(self, cell: str = streams.DEFAULT_CELL) -> int:
         with self.redis() as client:
             raw = client.hget(streams.cell_keys(cell).stats, "num_workers")
-        return int(raw) if raw is not None else 0  # type: ignore[arg-type]
+        return int(raw) if raw is not None else 0
 
     def stats(self, cell: str = streams.DEFAULT_CELL) -> dict[str, float]:
         with self.redis() as client:
             raw = client.hgetall(streams.cell_keys(cell).stats)
-        return {k.decode(): float(v) for k, v in raw.items()}  # type: ignore[union-attr]
+        return {k.decode(): float(v) for k, v in raw.items()}
 
     def stats_after(self, num_finished: int, timeout: float = 30.0) -> dict[str, float]:
         """The stats once the batcher has counted `num_finished` requests: a worker streams the last

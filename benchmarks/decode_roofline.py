@@ -32,8 +32,8 @@ from transformers import PretrainedConfig, PreTrainedModel
 
 from benchmarks.forward_timer import ForwardTimer
 from common.protocol import CachedRequestData, NewRequestData, SamplingParams, SchedulerOutput
-from gpu_worker.forward.compile import compile_decoder
-from gpu_worker.forward.decoder import FAMILIES, Decoder
+from gpu_worker import model_loader
+from gpu_worker.forward.decoder import Decoder
 from gpu_worker.forward.linear import check_quantization
 from gpu_worker.model_loader import Model
 from gpu_worker.settings import WorkerSettings
@@ -84,16 +84,11 @@ def build_model(shape: str, device: torch.device, dtype: torch.dtype) -> PreTrai
 
 
 def worker_forward(model: PreTrainedModel, settings: WorkerSettings) -> Model:
-    """What `load_model` (gpu_worker/model_loader.py) makes of a model it loaded, by the same calls:
-    the worker's `Decoder` for the Llama family, compiled when WORKER_COMPILE; the model itself else."""
+    """What `load_model` makes of a model it loaded: the quantization checked, then the same
+    `model_loader.worker_forward`."""
     device = torch.device(settings.device)
     check_quantization(settings.quantization, device)
-    if model.config.model_type not in FAMILIES:
-        return model
-    decoder = Decoder(model, settings.quantization)
-    if settings.compile:
-        compile_decoder(decoder, Path(settings.compile_cache_dir), device)
-    return decoder
+    return model_loader.worker_forward(model, settings, device)
 
 
 def describe_forward(model: Model) -> str:

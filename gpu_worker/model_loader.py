@@ -60,7 +60,13 @@ def load_model(settings: WorkerSettings) -> Model:
     # transformers types `.to` through a decorator that mypy misreads; it is nn.Module.to.
     model.to(device)  # type: ignore[arg-type]
     model.eval()
-    if not own_decoder:
+    return worker_forward(model, settings, device)
+
+
+def worker_forward(model: PreTrainedModel, settings: WorkerSettings, device: torch.device) -> Model:
+    """The forward the worker runs for a loaded model: its `Decoder` for the families it implements,
+    compiled when WORKER_COMPILE; the model itself else (benchmarks/decode_roofline.py times this)."""
+    if model.config.model_type not in FAMILIES:
         return model
     decoder = Decoder(model, settings.quantization)
     if settings.compile:

@@ -23,23 +23,19 @@ def _settings(model: str, compile_: bool) -> WorkerSettings:
 
 
 def test_the_forward_is_built_as_load_model_builds_it(tiny_model_dir: Path, monkeypatch) -> None:
-    calls: list[tuple[str, Any, Path, torch.device]] = []
+    calls: list[tuple[Any, Path, torch.device]] = []
 
-    def recorder(where: str):
-        def compile_decoder(decoder: Decoder, cache_dir: Path, device: torch.device) -> None:
-            calls.append((where, type(decoder), cache_dir, device))
+    def compile_decoder(decoder: Decoder, cache_dir: Path, device: torch.device) -> None:
+        calls.append((type(decoder), cache_dir, device))
 
-        return compile_decoder
-
-    monkeypatch.setattr(model_loader, "compile_decoder", recorder("worker"))
-    monkeypatch.setattr(decode_roofline, "compile_decoder", recorder("benchmark"))
+    monkeypatch.setattr(model_loader, "compile_decoder", compile_decoder)
     loaded = model_loader.load_model(_settings(str(tiny_model_dir), compile_=True))
+    assert len(calls) == 1  # the worker's
     built = decode_roofline.worker_forward(
         decode_roofline.build_model("tiny", torch.device("cpu"), torch.float32), _settings("x", True)
     )
     assert type(loaded) is type(built) is Decoder
-    assert [c[1:] for c in calls if c[0] == "worker"] == [c[1:] for c in calls if c[0] == "benchmark"]
-    assert len(calls) == 2
+    assert len(calls) == 2 and calls[0] == calls[1]  # the benchmark's, as the worker's
     eager = decode_roofline.worker_forward(
         decode_roofline.build_model("tiny", torch.device("cpu"), torch.float32), _settings("x", False)
     )

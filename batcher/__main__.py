@@ -8,7 +8,7 @@ import sys
 import threading
 import time
 
-from batcher.leader import serve
+from batcher.service.leader import serve
 from batcher.settings import BatcherSettings
 from common import streams
 from common.logging_setup import configure_logging

@@ -67,7 +67,7 @@ class BatcherSettings(BaseSettings):
         True,
         description="Reuse the KV of a prompt's cached prefix (full blocks) instead of computing it again.",
     )
-    # Placement (batcher/placement.py): 0 places by load (free blocks) alone.
+    # Placement (batcher/core/placement.py): 0 places by load (free blocks) alone.
     cache_overlap_weight: float = Field(
         1.0, ge=0, description="A block still to prefill on a worker weighs this many blocks of its load."
     )

@@ -51,7 +51,7 @@ MODULES = (
     "xgrammar",
     "pytest",
     "gpu_worker.worker",
-    "batcher.service",
+    "batcher.service.loop",
     "gateway.app",
     "benchmarks.serve",
     "benchmarks.gpu_parity",

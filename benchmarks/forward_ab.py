@@ -22,8 +22,8 @@ from types import SimpleNamespace
 
 import torch
 
-from batcher.request import Request
-from batcher.scheduler import Scheduler, SchedulerConfig
+from batcher.core.request import Request
+from batcher.core.scheduler import Scheduler, SchedulerConfig
 from common.protocol import SamplingParams
 from gpu_worker import attention_torch
 from gpu_worker.forward import compile as forward_compile

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import torch
 
-from batcher.request import Request
-from batcher.scheduler import Scheduler, SchedulerConfig
+from batcher.core.request import Request
+from batcher.core.scheduler import Scheduler, SchedulerConfig
 from common.protocol import SamplingParams
 
 

@@ -12,8 +12,8 @@ import logging
 import queue
 import time
 
-from batcher.request import Request
-from batcher.scheduler import Scheduler, SchedulerConfig, SchedulerStats
+from batcher.core.request import Request
+from batcher.core.scheduler import Scheduler, SchedulerConfig, SchedulerStats
 from benchmarks.static_engine import EngineThread, GenerationRequest, TokenEvent
 from common.protocol import SamplingParams
 from gpu_worker.model_runner import ModelRunner

@@ -39,8 +39,8 @@ from collections.abc import Callable
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from batcher.request import Request
-from batcher.scheduler import Scheduler, SchedulerConfig
+from batcher.core.request import Request
+from batcher.core.scheduler import Scheduler, SchedulerConfig
 from common.protocol import SamplingParams
 from gpu_worker.attention_torch import TorchAttentionBackend
 from gpu_worker.model_runner import ModelRunner

@@ -1,5 +1,5 @@
 """The name of a block of tokens: a hash chained on its parent block's, so it stands for the whole
-prefix up to it. The batcher's prefix cache names KV blocks so (batcher/prefix_cache.py), and the
+prefix up to it. The batcher's prefix cache names KV blocks so (batcher/core/kv/prefix_cache.py), and the
 gateway's cell router names the prompts it placed the same way (gateway/prefix_index.py)."""
 
 from __future__ import annotations

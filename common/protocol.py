@@ -135,7 +135,7 @@ class SchedulerOutput(msgspec.Struct, tag="step", kw_only=True):
     num_scheduled_tokens: dict[str, int]  # req_id -> tokens to compute this step (prefill chunk or 1)
     total_num_scheduled_tokens: int
     finished_req_ids: list[str]  # finished, aborted or preempted since the last step: free them
-    epoch: int = 0  # the sending batcher's lease epoch (batcher/leadership.py); echoed in the result
+    epoch: int = 0  # the sending batcher's lease epoch (batcher/service/leadership.py); echoed in the result
     # vLLM's name: req_id -> draft tokens computed after its known tokens (in num_scheduled_tokens).
     scheduled_spec_decode_tokens: dict[str, list[int]] = {}
     # req_id -> how many tokens the worker's draft model drafts after this step (method draft_model).

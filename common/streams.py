@@ -66,7 +66,8 @@ class CellKeys:
     trace: str
     # Sorted set req_id -> unix deadline: gateways keep the requests their clients follow alive here
     # (refreshed every second); a client that leaves gets the resume window, a gateway that dies stops
-    # refreshing. The cell's batcher aborts requests whose deadline has passed (batcher/follow_deadlines.py).
+    # refreshing. The cell's batcher aborts requests whose deadline has passed
+    # (batcher/service/follow_deadlines.py).
     follow_deadlines: str
     # The active batcher's lease "<epoch>:<batcher_id>" (SET PX, renewed); standbys wait for it to
     # expire. Every step the batcher writes is fenced on it.

@@ -1,4 +1,4 @@
-"""A batcher taking over rebuilds its state from Redis alone (batcher/recovery.py), in-process."""
+"""A batcher taking over rebuilds its state from Redis alone (batcher/service/recovery.py), in-process."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ from typing import Any
 
 import redis
 
-from batcher.leadership import Leadership
-from batcher.recovery import _history
-from batcher.service import Batcher
+from batcher.service.leadership import Leadership
+from batcher.service.loop import Batcher
+from batcher.service.recovery import _history
 from batcher.settings import BatcherSettings
 from common import streams
 from common.protocol import (

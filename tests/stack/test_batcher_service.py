@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import redis
 
-from batcher.inbox import READ_COUNT
+from batcher.service.inbox import READ_COUNT
 from common import streams
 from common.protocol import FIELD, GenerateRequest, SamplingParams, encode
 from tests.harness.services import Stack, wait_for

@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 import redis
 
-from batcher.leadership import Leadership, LeadershipLost
-from batcher.service import Batcher
+from batcher.service.leadership import Leadership, LeadershipLost
+from batcher.service.loop import Batcher
 from batcher.settings import BatcherSettings
 from common import streams
 from common.protocol import (

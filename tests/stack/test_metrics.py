@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
-from batcher.metrics import Histogram
+from batcher.service.metrics import Histogram
 from common.metrics_schema import HistogramData, MetricsSnapshot, WorkerMetrics
 from gateway.observability.batcher_collector import BatcherCollector
 from gateway.observability.cell_collector import CellCollector, CellReading, kv_cache_usage

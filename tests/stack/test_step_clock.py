@@ -1,4 +1,4 @@
-"""When the batcher plans a worker's next step under async scheduling (batcher/step_clock.py).
+"""When the batcher plans a worker's next step under async scheduling (batcher/core/step_clock.py).
 
 The batcher runs in this process against a real redis-server; the worker is played by the test,
 which registers it, reads its steps and writes its results with a step time it chooses.
@@ -12,10 +12,10 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from batcher.leadership import Leadership
-from batcher.service import Batcher
+from batcher.core.step_clock import MIN_LEAD_S, StepClock
+from batcher.service.leadership import Leadership
+from batcher.service.loop import Batcher
 from batcher.settings import BatcherSettings
-from batcher.step_clock import MIN_LEAD_S, StepClock
 from common import streams
 from common.protocol import (
     FIELD,

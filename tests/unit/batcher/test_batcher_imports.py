@@ -10,7 +10,7 @@ ROOT = Path(__file__).resolve().parents[3]
 
 CHECK = """
 import sys
-import batcher.__main__, batcher.service, common.protocol, common.finish
+import batcher.__main__, batcher.service.loop, common.protocol, common.finish
 heavy = sorted(m for m in ("torch", "transformers") if m in sys.modules)
 print("heavy:", heavy)
 sys.exit(1 if heavy else 0)

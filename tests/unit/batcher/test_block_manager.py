@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from batcher.block_manager import BlockManager
-from batcher.prefix_cache import block_hashes
+from batcher.core.kv.block_manager import BlockManager
+from batcher.core.kv.prefix_cache import block_hashes
 from common.block_hash import hash_block
 from tests.unit.batcher.test_scheduler import request
 

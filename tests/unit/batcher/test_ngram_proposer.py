@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from batcher.request import Request
-from batcher.spec_decode.drafting import propose_drafts
-from batcher.spec_decode.ngram_proposer import propose_ngram
+from batcher.core.request import Request
+from batcher.core.spec_decode.drafting import propose_drafts
+from batcher.core.spec_decode.ngram_proposer import propose_ngram
 from common.protocol import SamplingParams, StructuredOutput
 from common.speculative_config import SpeculativeConfig
 

@@ -1,9 +1,9 @@
-"""Placement across workers (batcher/placement.py): which worker a waiting request goes to."""
+"""Placement across workers (batcher/core/placement.py): which worker a waiting request goes to."""
 
 from __future__ import annotations
 
-from batcher.placement import best_worker, fair_share, has_room, hostable_elsewhere
-from batcher.worker_state import WorkerState
+from batcher.core.placement import best_worker, fair_share, has_room, hostable_elsewhere
+from batcher.core.worker_state import WorkerState
 from tests.unit.batcher.test_scheduler import request, worker
 
 

@@ -1,10 +1,10 @@
-"""When a running request is preempted, and which one (batcher/preemption.py)."""
+"""When a running request is preempted, and which one (batcher/core/preemption.py)."""
 
 from __future__ import annotations
 
-from batcher.preemption import preempt_for_waiting, preemption_victim
-from batcher.request import Request, RequestStatus
-from batcher.scheduler import Scheduler, SchedulerConfig
+from batcher.core.preemption import preempt_for_waiting, preemption_victim
+from batcher.core.request import Request, RequestStatus
+from batcher.core.scheduler import Scheduler, SchedulerConfig
 from tests.unit.batcher.test_scheduler import request, worker
 
 

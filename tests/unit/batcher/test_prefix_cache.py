@@ -1,10 +1,10 @@
-"""Prefix caching in the scheduler (batcher/prefix_cache.py, placement.py): what a request reuses,
+"""Prefix caching in the scheduler (batcher/core/kv/prefix_cache.py, placement.py): what a request reuses,
 what a worker computes, and where a request goes. Hand-built steps, no Redis, no model."""
 
 from __future__ import annotations
 
-from batcher.request import Request
-from batcher.scheduler import Scheduler, SchedulerConfig
+from batcher.core.request import Request
+from batcher.core.scheduler import Scheduler, SchedulerConfig
 from common.protocol import ModelRunnerOutput
 from tests.unit.batcher.test_scheduler import complete, request, step, worker
 

@@ -1,12 +1,12 @@
-"""Waiting for a prefix being computed (batcher/prefix_wait.py): a waiting request is passed over
+"""Waiting for a prefix being computed (batcher/core/prefix_wait.py): a waiting request is passed over
 while a running request still sends the blocks of its prefix, and admitted with them cached once
 they are. Hand-built steps, no Redis, no model."""
 
 from __future__ import annotations
 
-from batcher.prefix_wait import MAX_PREFIX_WAITS, waits_for_prefix
-from batcher.request import Request
-from batcher.scheduler import Scheduler, SchedulerConfig
+from batcher.core.prefix_wait import MAX_PREFIX_WAITS, waits_for_prefix
+from batcher.core.request import Request
+from batcher.core.scheduler import Scheduler, SchedulerConfig
 from common.protocol import SchedulerOutput
 from tests.unit.batcher.test_scheduler import complete, request, worker
 

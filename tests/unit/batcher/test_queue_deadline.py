@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from batcher.request import RequestStatus
+from batcher.core.request import RequestStatus
 from tests.unit.batcher.test_scheduler import make, request
 
 

@@ -1,10 +1,10 @@
-"""Retry, dead-letter, queue-deadline and early-abort rules (batcher/retry_rules.py)."""
+"""Retry, dead-letter, queue-deadline and early-abort rules (batcher/core/retry_rules.py)."""
 
 from __future__ import annotations
 
-from batcher.request import RequestStatus
-from batcher.retry_rules import EARLY_ABORT_TTL_S, EarlyAborts, expire_waiting, retry_or_give_up
-from batcher.scheduler import Scheduler
+from batcher.core.request import RequestStatus
+from batcher.core.retry_rules import EARLY_ABORT_TTL_S, EarlyAborts, expire_waiting, retry_or_give_up
+from batcher.core.scheduler import Scheduler
 from tests.unit.batcher.test_scheduler import complete, make, request
 
 

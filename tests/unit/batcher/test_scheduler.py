@@ -7,9 +7,9 @@ from collections.abc import Callable
 
 import pytest
 
-from batcher.block_manager import BlockManager
-from batcher.request import Request, RequestStatus
-from batcher.scheduler import Scheduler, SchedulerConfig
+from batcher.core.kv.block_manager import BlockManager
+from batcher.core.request import Request, RequestStatus
+from batcher.core.scheduler import Scheduler, SchedulerConfig
 from common.protocol import FinishReason, ModelRunnerOutput, SamplingParams, SchedulerOutput, WorkerInfo
 
 

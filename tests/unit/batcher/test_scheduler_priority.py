@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from batcher.request import Request, RequestStatus
-from batcher.scheduler import Policy, Scheduler, SchedulerConfig
+from batcher.core.request import Request, RequestStatus
+from batcher.core.scheduler import Policy, Scheduler, SchedulerConfig
 from common.protocol import FinishReason, SchedulerOutput
 from tests.unit.batcher.test_scheduler import complete, request, worker
 

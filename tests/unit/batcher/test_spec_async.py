@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from batcher.request import Request
-from batcher.scheduler import Scheduler, SchedulerConfig
+from batcher.core.request import Request
+from batcher.core.scheduler import Scheduler, SchedulerConfig
 from common.protocol import FinishReason, ModelRunnerOutput, SamplingParams, SchedulerOutput, WorkerInfo
 from common.speculative_config import SpeculativeConfig
 

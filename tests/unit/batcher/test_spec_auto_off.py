@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from batcher.request import Request
-from batcher.scheduler import Scheduler, SchedulerConfig
-from batcher.spec_decode.auto_off import PROBE_INTERVAL, PROBES, WINDOW, AutoOff
+from batcher.core.request import Request
+from batcher.core.scheduler import Scheduler, SchedulerConfig
+from batcher.core.spec_decode.auto_off import PROBE_INTERVAL, PROBES, WINDOW, AutoOff
 from common.protocol import SchedulerOutput, WorkerInfo
 from common.speculative_config import SpeculativeConfig
 from tests.unit.batcher.test_spec_scheduling import add, answer, prefill

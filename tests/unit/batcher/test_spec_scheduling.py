@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from batcher.request import Request
-from batcher.scheduler import Scheduler, SchedulerConfig
-from batcher.step_trace import step_trace
+from batcher.core.request import Request
+from batcher.core.scheduler import Scheduler, SchedulerConfig
+from batcher.service.step_trace import step_trace
 from common.protocol import ModelRunnerOutput, SamplingParams, SchedulerOutput, WorkerInfo
 from common.speculative_config import SpeculativeConfig
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from batcher.request import Request
-from batcher.scheduler import Scheduler, SchedulerConfig
-from batcher.spec_decode.suffix_cache import SuffixCache
+from batcher.core.request import Request
+from batcher.core.scheduler import Scheduler, SchedulerConfig
+from batcher.core.spec_decode.suffix_cache import SuffixCache
 from common.protocol import ModelRunnerOutput, SamplingParams, WorkerInfo
 from common.speculative_config import SpeculativeConfig
 

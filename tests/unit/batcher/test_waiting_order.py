@@ -1,13 +1,13 @@
-"""The order waiting requests are admitted in (batcher/waiting_order.py): arrival with `fcfs`, most
+"""The order waiting requests are admitted in (batcher/core/waiting_order.py): arrival with `fcfs`, most
 cached tokens first with `lpm`, never across priorities. Hand-built steps, no Redis, no model."""
 
 from __future__ import annotations
 
 import pytest
 
-from batcher.request import Request
-from batcher.scheduler import Scheduler, SchedulerConfig
-from batcher.scheduler_state import Policy, WaitingOrder
+from batcher.core.request import Request
+from batcher.core.scheduler import Scheduler, SchedulerConfig
+from batcher.core.scheduler_state import Policy, WaitingOrder
 from tests.unit.batcher.test_prefix_wait import run
 from tests.unit.batcher.test_scheduler import request, worker
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from batcher.spec_decode.ngram_proposer import propose_ngram
+from batcher.core.spec_decode.ngram_proposer import propose_ngram
 from benchmarks.datasets import DatasetConfig, sample_requests
 from benchmarks.repetitive import repetitive_prompt
 from benchmarks.tokenizer import BenchTokenizer

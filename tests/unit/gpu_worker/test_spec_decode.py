@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 import torch
 
-from batcher.request import Request
-from batcher.scheduler import Scheduler, SchedulerConfig, SchedulerStats
+from batcher.core.request import Request
+from batcher.core.scheduler import Scheduler, SchedulerConfig, SchedulerStats
 from benchmarks.gpu_parity import reference_greedy
 from common.protocol import SamplingParams, StructuredOutput, TokenEvent
 from common.speculative_config import SpeculativeConfig

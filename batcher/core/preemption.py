@@ -9,10 +9,10 @@ priority level and is recomputed from prompt + tokens so far.
 
 from __future__ import annotations
 
-from batcher.placement import has_room
-from batcher.request import Request
-from batcher.scheduler_state import SchedulerState
-from batcher.worker_state import WorkerState
+from batcher.core.placement import has_room
+from batcher.core.request import Request
+from batcher.core.scheduler_state import SchedulerState
+from batcher.core.worker_state import WorkerState
 
 
 def _priority(req: Request) -> int:

@@ -7,12 +7,12 @@ its tokens count as computed as soon as it is sent, as in vLLM's async scheduler
 
 from __future__ import annotations
 
-from batcher.policy_fused import schedule_fused
-from batcher.policy_tgi import schedule_tgi
-from batcher.preemption import preempt_for_waiting
-from batcher.request import Request
-from batcher.scheduler_state import SchedulerState, StepDraft
-from batcher.worker_state import WorkerState
+from batcher.core.policies.fused import schedule_fused
+from batcher.core.policies.tgi import schedule_tgi
+from batcher.core.preemption import preempt_for_waiting
+from batcher.core.request import Request
+from batcher.core.scheduler_state import SchedulerState, StepDraft
+from batcher.core.worker_state import WorkerState
 from common.protocol import SchedulerOutput
 
 

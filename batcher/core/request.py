@@ -38,7 +38,7 @@ class Request:
     # Known tokens when it was last admitted: computing any of them is prefill (a recompute included).
     num_prefill_tokens: int = 0
     block_ids: list[int] = field(default_factory=list)
-    # Prefix caching (prefix_cache.py): hashes of its full blocks of known tokens, for block size
+    # Prefix caching (kv/prefix_cache.py): hashes of its full blocks of known tokens, for block size
     # `hash_block_size`, and how many of its blocks from the start are findable in its worker's cache.
     block_hashes: list[bytes] = field(default_factory=list)
     hash_block_size: int = 0

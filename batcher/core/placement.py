@@ -15,9 +15,9 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
-from batcher.prefix_cache import cached_prefix_blocks, plan_admission
-from batcher.request import Request
-from batcher.worker_state import WorkerState
+from batcher.core.kv.prefix_cache import cached_prefix_blocks, plan_admission
+from batcher.core.request import Request
+from batcher.core.worker_state import WorkerState
 
 
 def eligible(ws: WorkerState) -> bool:

@@ -1,8 +1,8 @@
 """The batcher's busy loop: receive (requests, results, aborts), schedule, send (one step per worker).
 
-Reading is batcher/inbox.py, the writes about finished requests batcher/outbox.py, the periodic
-chores (heartbeats, trims, follow deadlines, queue deadlines) batcher/housekeeping.py, what a new
-leader reads back batcher/recovery.py, and every scheduling decision batcher/scheduler.py.
+Reading is inbox.py, the writes about finished requests outbox.py, the periodic chores (heartbeats,
+trims, follow deadlines, queue deadlines) housekeeping.py, what a new leader reads back recovery.py,
+and every scheduling decision batcher/core/scheduler.py.
 """
 
 from __future__ import annotations
@@ -15,17 +15,17 @@ from typing import Any
 
 import redis
 
-from batcher import pending_writes, recovery
-from batcher.context import BatcherContext
-from batcher.housekeeping import Housekeeping
-from batcher.inbox import Inbox
-from batcher.leadership import Leadership, LeadershipLost
-from batcher.metrics import BatcherMetrics
-from batcher.outbox import Outbox
-from batcher.scheduler import Scheduler, SchedulerConfig
+from batcher.core.scheduler import Scheduler, SchedulerConfig
+from batcher.core.worker_state import WorkerState
+from batcher.service import pending_writes, recovery
+from batcher.service.context import BatcherContext
+from batcher.service.housekeeping import Housekeeping
+from batcher.service.inbox import Inbox
+from batcher.service.leadership import Leadership, LeadershipLost
+from batcher.service.metrics import BatcherMetrics
+from batcher.service.outbox import Outbox
+from batcher.service.step_trace import step_trace
 from batcher.settings import BatcherSettings
-from batcher.step_trace import step_trace
-from batcher.worker_state import WorkerState
 from common import streams
 from common.metrics_schema import ACCEPTED_PER_POS
 from common.protocol import FIELD, SchedulerOutput, encode
@@ -49,7 +49,7 @@ class Batcher:
         self.after_outage = after_outage
         self.redis = client
         self.leadership = (
-            leadership  # held: the active batcher (batcher/leader.py); LeadershipLost ends run()
+            leadership  # held: the active batcher (batcher/service/leader.py); LeadershipLost ends run()
         )
         self.scheduler = Scheduler(
             SchedulerConfig(

@@ -7,7 +7,7 @@ import logging
 
 import redis
 
-from batcher.request import Request
+from batcher.core.request import Request
 from common import streams
 from common.protocol import FIELD, RequestError, encode
 from common.redis_conn import min_id

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import redis
 
-from batcher.scheduler import Scheduler
+from batcher.core.scheduler import Scheduler
 from common import streams
 from common.metrics_schema import HistogramData, MetricsSnapshot, WorkerMetrics, encode_snapshot
 from common.protocol import ModelRunnerOutput, SchedulerOutput

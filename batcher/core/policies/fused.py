@@ -8,15 +8,15 @@ running requests are preempted (preemption.py) and no new one is admitted in tha
 
 from __future__ import annotations
 
-from batcher.placement import fair_share, hostable_elsewhere, takes_next
-from batcher.preemption import preempt, preemption_victim
-from batcher.prefix_cache import Admission, cache_computed_blocks, plan_admission
-from batcher.prefix_wait import waits_for_prefix
-from batcher.request import Request, RequestStatus
-from batcher.scheduler_state import SchedulerState, StepDraft
-from batcher.spec_decode.drafting import lookup, num_drafts_to_ask, propose_drafts
-from batcher.waiting_order import order_waiting
-from batcher.worker_state import WorkerState
+from batcher.core.kv.prefix_cache import Admission, cache_computed_blocks, plan_admission
+from batcher.core.placement import fair_share, hostable_elsewhere, takes_next
+from batcher.core.preemption import preempt, preemption_victim
+from batcher.core.prefix_wait import waits_for_prefix
+from batcher.core.request import Request, RequestStatus
+from batcher.core.scheduler_state import SchedulerState, StepDraft
+from batcher.core.spec_decode.drafting import lookup, num_drafts_to_ask, propose_drafts
+from batcher.core.waiting_order import order_waiting
+from batcher.core.worker_state import WorkerState
 from common.protocol import CachedRequestData
 
 TOO_LARGE = "the request needs more KV-cache blocks than any worker has"

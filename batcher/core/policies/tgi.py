@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import math
 
-from batcher.placement import fair_share, hostable_elsewhere, takes_next
-from batcher.policy_fused import admit, fail_too_large, schedule_running
-from batcher.prefix_cache import plan_admission
-from batcher.request import Request
-from batcher.scheduler_state import SchedulerState, StepDraft
-from batcher.waiting_order import order_waiting
-from batcher.worker_state import WorkerState
+from batcher.core.kv.prefix_cache import plan_admission
+from batcher.core.placement import fair_share, hostable_elsewhere, takes_next
+from batcher.core.policies.fused import admit, fail_too_large, schedule_running
+from batcher.core.request import Request
+from batcher.core.scheduler_state import SchedulerState, StepDraft
+from batcher.core.waiting_order import order_waiting
+from batcher.core.worker_state import WorkerState
 
 
 def schedule_tgi(state: SchedulerState, ws: WorkerState, step: StepDraft) -> None:

@@ -6,8 +6,8 @@ request's `num_computed_tokens` already counts the step: the kind and the sample
 
 from __future__ import annotations
 
-from batcher.request import Request
-from batcher.worker_state import WorkerState
+from batcher.core.request import Request
+from batcher.core.worker_state import WorkerState
 from common.protocol import SchedulerOutput
 from common.trace_schema import StepTrace, TracedRequest, TraceKind, short_id
 

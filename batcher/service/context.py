@@ -7,9 +7,9 @@ from dataclasses import dataclass
 
 import redis
 
-from batcher.leadership import Leadership
-from batcher.outbox import Outbox
-from batcher.scheduler import Scheduler
+from batcher.core.scheduler import Scheduler
+from batcher.service.leadership import Leadership
+from batcher.service.outbox import Outbox
 from batcher.settings import BatcherSettings
 from common.streams import CellKeys, cell_keys
 

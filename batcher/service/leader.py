@@ -1,8 +1,8 @@
-"""Active or standby: a batcher process schedules only while it leads (batcher/leadership.py).
+"""Active or standby: a batcher process schedules only while it leads (batcher/service/leadership.py).
 
 Any number of batcher processes may run; one holds the lease and serves, the others poll for it.
 Each time a process takes the lease it builds a fresh `Batcher`, which rebuilds its state from Redis
-(batcher/recovery.py); a process that loses the lease drops all its state and stands by again.
+(batcher/service/recovery.py); a process that loses the lease drops all its state and stands by again.
 
 A Redis outage (restart, crash, network, a cluster master's failover) is handled like a takeover:
 the batcher drops its state, waits with backoff until Redis answers for its cell's slot, takes the
@@ -21,8 +21,8 @@ import threading
 
 import redis
 
-from batcher.leadership import Leadership, LeadershipLost, current_leader
-from batcher.service import Batcher
+from batcher.service.leadership import Leadership, LeadershipLost, current_leader
+from batcher.service.loop import Batcher
 from batcher.settings import BatcherSettings
 from common.redis_refusal import refuses_writes
 from common.retry import REDIS_DOWN, Backoff, wait_for_redis
@@ -63,7 +63,7 @@ def serve(settings: BatcherSettings, client: redis.Redis, stop: threading.Event)
                 log.warning("%s: stepping down to standby", e)
             except redis.ResponseError as e:
                 # Redis refuses writes (full, read-only) while this batcher takes the lease or builds
-                # its state (a running batcher rides it out, batcher/service.py): stand by, retry.
+                # its state (a running batcher rides it out, batcher/service/loop.py): stand by, retry.
                 if not refuses_writes(e):
                     raise
                 if not refusal_logged:

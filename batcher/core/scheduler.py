@@ -12,19 +12,19 @@
 
 from __future__ import annotations
 
-from batcher.request import Request, RequestStatus
-from batcher.retry_rules import EarlyAborts, expire_waiting, retry_or_give_up
-from batcher.scheduler_state import (
+from batcher.core.request import Request, RequestStatus
+from batcher.core.retry_rules import EarlyAborts, expire_waiting, retry_or_give_up
+from batcher.core.scheduler_state import (
     Policy,
     SchedulerConfig,
     SchedulerState,
     SchedulerStats,
     reset,
 )
-from batcher.spec_decode.auto_off import make_auto_off
-from batcher.spec_decode.drafting import adapt_num_spec_tokens
-from batcher.step_scheduler import schedule_step
-from batcher.worker_state import WorkerState
+from batcher.core.spec_decode.auto_off import make_auto_off
+from batcher.core.spec_decode.drafting import adapt_num_spec_tokens
+from batcher.core.step_scheduler import schedule_step
+from batcher.core.worker_state import WorkerState
 from common.protocol import ModelRunnerOutput, SchedulerOutput, WorkerInfo
 
 __all__ = ["Policy", "Scheduler", "SchedulerConfig", "SchedulerStats", "WorkerState"]

@@ -9,9 +9,9 @@
 
 from __future__ import annotations
 
-from batcher.request import Request
-from batcher.scheduler_state import SchedulerState, mark_finished
-from batcher.worker_state import WorkerState
+from batcher.core.request import Request
+from batcher.core.scheduler_state import SchedulerState, mark_finished
+from batcher.core.worker_state import WorkerState
 
 # An abort can reach the batcher before the request it cancels; remember it this long (seconds).
 EARLY_ABORT_TTL_S = 300.0

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from batcher.block_manager import BlockManager
-from batcher.request import Request
+from batcher.core.kv.block_manager import BlockManager
+from batcher.core.request import Request
 from common.block_hash import hash_block
 
 

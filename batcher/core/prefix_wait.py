@@ -15,11 +15,11 @@ tokens do not depend on which blocks it shares.
 
 from __future__ import annotations
 
-from batcher.placement import cached_blocks, cost_once_cached, eligible, placement_cost
-from batcher.prefix_cache import block_hashes, max_cached_blocks
-from batcher.request import Request, RequestStatus
-from batcher.scheduler_state import SchedulerState
-from batcher.worker_state import WorkerState
+from batcher.core.kv.prefix_cache import block_hashes, max_cached_blocks
+from batcher.core.placement import cached_blocks, cost_once_cached, eligible, placement_cost
+from batcher.core.request import Request, RequestStatus
+from batcher.core.scheduler_state import SchedulerState
+from batcher.core.worker_state import WorkerState
 
 # A bound on the hold whatever happens to the sibling: a few of its prefill chunks, many times over.
 MAX_PREFIX_WAITS = 64

@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from batcher.block_manager import BlockManager
-from batcher.request import Request
-from batcher.spec_decode.auto_off import AutoOff
-from batcher.step_clock import StepClock
+from batcher.core.kv.block_manager import BlockManager
+from batcher.core.request import Request
+from batcher.core.spec_decode.auto_off import AutoOff
+from batcher.core.step_clock import StepClock
 from common.protocol import WorkerInfo
 
 

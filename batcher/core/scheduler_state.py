@@ -6,10 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from batcher.request import Request, RequestStatus
-from batcher.spec_decode.drafting import make_suffix_cache
-from batcher.waiting_queue import WaitingQueue
-from batcher.worker_state import WorkerState
+from batcher.core.request import Request, RequestStatus
+from batcher.core.spec_decode.drafting import make_suffix_cache
+from batcher.core.waiting_queue import WaitingQueue
+from batcher.core.worker_state import WorkerState
 from common.protocol import CachedRequestData, FinishReason, NewRequestData
 from common.speculative_config import SpeculativeConfig
 
@@ -41,7 +41,7 @@ class SchedulerConfig:
     prefix_wait: bool = True
     # "fcfs": arrival order; "lpm": most cached tokens on the worker first (waiting_order.py).
     waiting_order: WaitingOrder = "fcfs"
-    # Decodes draft tokens for the worker to verify (batcher/spec_decode/); None: never.
+    # Decodes draft tokens for the worker to verify (batcher/core/spec_decode/); None: never.
     speculative: SpeculativeConfig | None = None
 
     @property
@@ -89,7 +89,7 @@ class SchedulerState:
         self.requests: dict[str, Request] = {}  # every unfinished request
         # Shared by all workers, in (priority, arrival) order; preempted ones go first in their priority.
         self.waiting = WaitingQueue()
-        # Suffix decoding's recent requests (batcher/spec_decode/), when that is the method.
+        # Suffix decoding's recent requests (batcher/core/spec_decode/), when that is the method.
         self.suffix_cache = make_suffix_cache(config.speculative)
 
     def running_on(self, ws: WorkerState, req_id: str) -> Request | None:

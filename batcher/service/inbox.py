@@ -10,11 +10,11 @@ from typing import Any
 import msgspec
 import redis
 
-from batcher import recovery
-from batcher.context import BatcherContext, ContextPart
-from batcher.housekeeping import Housekeeping
-from batcher.metrics import BatcherMetrics
-from batcher.request import Request
+from batcher.core.request import Request
+from batcher.service import recovery
+from batcher.service.context import BatcherContext, ContextPart
+from batcher.service.housekeeping import Housekeeping
+from batcher.service.metrics import BatcherMetrics
 from common import streams
 from common.protocol import (
     FIELD,

@@ -13,7 +13,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from batcher.request import Request
+from batcher.core.request import Request
 
 
 class WaitingQueue:

@@ -7,9 +7,9 @@ import logging
 import time
 from typing import Any
 
-from batcher.context import BatcherContext, ContextPart
-from batcher.follow_deadlines import FollowDeadlineReaper
-from batcher.retention import StreamTrimmer
+from batcher.service.context import BatcherContext, ContextPart
+from batcher.service.follow_deadlines import FollowDeadlineReaper
+from batcher.service.retention import StreamTrimmer
 from common import streams
 from common.protocol import FIELD, WorkerInfo, WorkerLost, decode_worker, encode
 from common.redis_conn import as_str

@@ -6,9 +6,9 @@ token of the run (gpu_worker/spec_decode.py), so speculation changes no output."
 
 from __future__ import annotations
 
-from batcher.request import Request
-from batcher.spec_decode.ngram_proposer import propose_ngram
-from batcher.spec_decode.suffix_cache import SuffixCache
+from batcher.core.request import Request
+from batcher.core.spec_decode.ngram_proposer import propose_ngram
+from batcher.core.spec_decode.suffix_cache import SuffixCache
 from common.speculative_config import SpeculativeConfig
 
 

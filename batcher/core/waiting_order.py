@@ -14,10 +14,10 @@ from __future__ import annotations
 
 from collections import Counter
 
-from batcher.prefix_cache import block_hashes, cached_prefix_blocks
-from batcher.request import Request
-from batcher.scheduler_state import SchedulerState
-from batcher.worker_state import WorkerState
+from batcher.core.kv.prefix_cache import block_hashes, cached_prefix_blocks
+from batcher.core.request import Request
+from batcher.core.scheduler_state import SchedulerState
+from batcher.core.worker_state import WorkerState
 
 # Only the front of the queue is sorted (SGLang falls back to fcfs past 128 waiting): each candidate
 # costs a lookup per block of its prompt on every scheduling pass.

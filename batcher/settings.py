@@ -42,7 +42,7 @@ class BatcherSettings(BaseSettings):
         description="Cap on the token budget of one step (prefill chunks plus decodes); default: the "
         "worker's own.",
     )
-    policy: Literal["fused", "tgi"] = Field(
+    scheduling_policy: Literal["fused", "tgi"] = Field(
         "fused",
         description="fused: decodes and chunked prefills share each step (vLLM); "
         "tgi: whole prompts in prefill-only steps admitted by waiting_served_ratio (TGI).",
@@ -121,7 +121,7 @@ class BatcherSettings(BaseSettings):
             )
         spec = self.speculative_config
         if spec is not None and spec.method == "draft_model" and self.async_scheduling:
-            # Model-free drafts are proposed once a request's step is back (policy_fused.py); the
+            # Model-free drafts are proposed once a request's step is back (policies/running.py); the
             # draft model's, made a step ahead by the worker, are not built for two steps in flight.
             raise ValueError(
                 'SPECULATIVE_CONFIG "draft_model" does not work with BATCHER_ASYNC_SCHEDULING yet; '

@@ -43,7 +43,7 @@ from benchmarks.llama_launch import LlamaServerOptions
 KIND_OPTIONS: dict[str, frozenset[str]] = {
     "static": frozenset({"batch_size", "batch_timeout_ms", "device", "dtype", "num_threads"}),
     "inprocess": frozenset(
-        {"device", "dtype", "num_threads", "max_num_seqs", "max_num_batched_tokens", "policy"}
+        {"device", "dtype", "num_threads", "max_num_seqs", "max_num_batched_tokens", "scheduling_policy"}
     ),
     "cbserve": frozenset({"workers", "cells", "device", "num_threads"}),
     "transformers": frozenset(

@@ -291,7 +291,7 @@ def load_inprocess_state(args: argparse.Namespace) -> ServerState:
         )
     )
     config = SchedulerConfig(
-        policy=args.policy,
+        scheduling_policy=args.scheduling_policy,
         async_scheduling=False,  # nothing to overlap: schedule and forward share one thread
     )
     return ServerState(
@@ -320,7 +320,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--max-num-batched-tokens", type=int, default=512, help="inprocess: as WORKER_MAX_NUM_BATCHED_TOKENS"
     )
     parser.add_argument(
-        "--policy", choices=["fused", "tgi"], default="fused", help="inprocess: BATCHER_POLICY"
+        "--scheduling-policy",
+        choices=["fused", "tgi"],
+        default="fused",
+        help="inprocess: as BATCHER_SCHEDULING_POLICY",
     )
     parser.add_argument(
         "--batch-timeout-ms",

@@ -75,8 +75,8 @@ WORKLOAD=(--model "$MODEL" --dataset capped-exponential --num-prompts "$NUM" --r
     --max-model-len "$MAXLEN" --disable-tqdm)
 POLICY_ENV="device=$DEVICE${LAUNCH_EXTRA:-},BATCHER_MAX_NUM_SEQS=$SEQS,BATCHER_MAX_NUM_BATCHED_TOKENS=$BUDGET_TOKENS"
 POLICY_ENV="$POLICY_ENV,BATCHER_ASYNC_SCHEDULING=true,WORKER_NUM_BLOCKS=$BLOCKS"
-POLICIES=(--launch "fused=cbserve:$POLICY_ENV,BATCHER_POLICY=fused"
-    --launch "tgi=cbserve:$POLICY_ENV,BATCHER_POLICY=tgi")
+POLICIES=(--launch "fused=cbserve:$POLICY_ENV,BATCHER_SCHEDULING_POLICY=fused"
+    --launch "tgi=cbserve:$POLICY_ENV,BATCHER_SCHEDULING_POLICY=tgi")
 step policy_max 120 $PY -m benchmarks.serve compare "${POLICIES[@]}" "${WORKLOAD[@]}" \
     --request-rate inf --result-file "$WORK/policy_max.json"
 MAX_RPS=${MAX_RPS:-$($PY -c "import json; print(json.load(open('$WORK/policy_max.json'))['systems']['fused']['summary']['request_throughput'])" 2>/dev/null || echo 1)}

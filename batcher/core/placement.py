@@ -1,6 +1,6 @@
 """Placement across workers: which worker a waiting request goes to. No I/O.
 
-Every worker takes waiting requests in its own step (step_scheduler.py, policy_tgi.py), so placement
+Every worker takes waiting requests in its own step (policies/fused.py, policies/tgi.py), so placement
 is a rule each one checks. A worker's cost for a request is NVIDIA Dynamo's
 router cost: the blocks it would still have to prefill there, times `cache_overlap_weight`, plus
 its load once it holds the request (blocks it would take, less its free blocks); the cheapest worker
@@ -15,7 +15,6 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
-from batcher.core.kv.prefix_cache import cached_prefix_blocks, plan_admission
 from batcher.core.request import Request
 from batcher.core.worker_state import WorkerState
 
@@ -29,23 +28,23 @@ def has_room(ws: WorkerState, req: Request) -> bool:
     """`ws` could admit `req` now: a free slot and blocks for its first chunk."""
     if not eligible(ws) or not ws.can_host(req):
         return False
-    plan = plan_admission(ws.block_manager, req, ws.max_num_batched_tokens)
-    return plan.num_free_blocks_needed <= ws.block_manager.num_free_blocks
+    kv = ws.kv_cache_manager
+    return kv.plan_admission(req, ws.max_num_batched_tokens).num_free_blocks_needed <= kv.num_free_blocks
 
 
 def cached_blocks(ws: WorkerState, req: Request) -> list[int]:
     """The blocks of `req`'s prefix that `ws` holds in its cache."""
-    return cached_prefix_blocks(ws.block_manager, req)
+    return ws.kv_cache_manager.get_computed_blocks(req)
 
 
 def placement_cost(ws: WorkerState, req: Request, weight: float) -> float:
     """Lower is better: the blocks `req` would prefill on `ws` (weighted) plus `ws`'s load once it
     holds `req` (the blocks it would take, less the free ones). Weight 0: the load alone."""
-    bm = ws.block_manager
+    kv = ws.kv_cache_manager
     if not weight:
-        return -bm.num_free_blocks
+        return -kv.num_free_blocks
     cached = cached_blocks(ws, req)
-    return _cost(ws, req, len(cached), bm.num_unheld(cached), weight)
+    return _cost(ws, req, len(cached), kv.num_unheld(cached), weight)
 
 
 def cost_once_cached(ws: WorkerState, req: Request, num_cached: int, weight: float) -> float:
@@ -55,9 +54,9 @@ def cost_once_cached(ws: WorkerState, req: Request, num_cached: int, weight: flo
 
 
 def _cost(ws: WorkerState, req: Request, num_cached: int, num_unheld: int, weight: float) -> float:
-    bm = ws.block_manager
-    prefill_blocks = bm.blocks_for(req.num_tokens) - num_cached
-    return weight * prefill_blocks + prefill_blocks + num_unheld - bm.num_free_blocks
+    kv = ws.kv_cache_manager
+    prefill_blocks = kv.blocks_for(req.num_tokens) - num_cached
+    return weight * prefill_blocks + prefill_blocks + num_unheld - kv.num_free_blocks
 
 
 def best_worker(
@@ -87,10 +86,10 @@ def cached_longer_elsewhere(workers: list[WorkerState], ws: WorkerState, req: Re
 
 def fair_share(workers: Iterable[WorkerState], ws: WorkerState, num_waiting: int) -> int:
     """How many of the waiting requests `ws` may take now, by its share of free blocks."""
-    total = sum(w.block_manager.num_free_blocks for w in workers if eligible(w))
+    total = sum(w.kv_cache_manager.num_free_blocks for w in workers if eligible(w))
     if total == 0:
         return 0
-    return math.floor(num_waiting * ws.block_manager.num_free_blocks / total)
+    return math.floor(num_waiting * ws.kv_cache_manager.num_free_blocks / total)
 
 
 def hostable_elsewhere(workers: Iterable[WorkerState], req: Request) -> bool:

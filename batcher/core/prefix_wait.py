@@ -30,7 +30,7 @@ def waits_for_prefix(state: SchedulerState, ws: WorkerState, req: Request) -> bo
     blocks of `req`'s prefix, and once it has, `req` computes less here or goes to its worker."""
     if not state.config.prefix_wait or req.num_prefix_waits >= MAX_PREFIX_WAITS:
         return False
-    if not ws.block_manager.enable_caching:
+    if not ws.kv_cache_manager.enable_caching:
         return False
     weight = state.config.cache_overlap_weight
     for w in state.workers.values():
@@ -53,7 +53,7 @@ def waits_for_prefix(state: SchedulerState, ws: WorkerState, req: Request) -> bo
 def blocks_coming(ws: WorkerState, req: Request) -> int:
     """The longest prefix of `req` (in blocks) that a request running on `ws` is still to send in
     its prefill chunks; 0 when none is."""
-    bs = ws.block_manager.block_size
+    bs = ws.kv_cache_manager.block_size
     longest = 0
     limit = max_cached_blocks(req, bs)
     hashes = block_hashes(req, bs)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from common.finish import max_samples, num_samples_left
 from common.protocol import FinishReason, GenerateRequest, NewRequestData, SamplingParams
 
 
@@ -87,21 +88,17 @@ class Request:
         """Known tokens plus those being sampled now: what the next step may compute up to."""
         return self.num_tokens + self.num_output_placeholders
 
-    @property
-    def is_finishing(self) -> bool:
-        """Steps already sent will bring it to max_tokens: scheduling it again would be wasted."""
-        return len(self.output_token_ids) + self.num_output_placeholders >= self.num_samples
-
-    @property
-    def num_samples(self) -> int:
-        """Tokens it samples at most: a request that generates nothing (max_tokens 0) still samples
-        once, at the end of its prompt, to end there (the sample is never shown)."""
-        return max(1, self.sampling_params.max_tokens)
+    def is_finishing(self, max_model_len: int) -> bool:
+        """Steps already sent will bring it to its length bound (common/finish.py) on a worker of
+        `max_model_len`: scheduling it again would be wasted."""
+        num_output = len(self.output_token_ids) + self.num_output_placeholders
+        num_tokens = self.num_tokens_with_placeholders
+        return num_samples_left(num_output, num_tokens, self.sampling_params, max_model_len) <= 0
 
     @property
     def max_num_tokens(self) -> int:
-        """The longest this request can grow."""
-        return len(self.prompt_token_ids) + self.num_samples
+        """The longest this request can grow, whatever the model's context."""
+        return len(self.prompt_token_ids) + max_samples(self.sampling_params)
 
     def to_new_request_data(self) -> NewRequestData:
         return NewRequestData(

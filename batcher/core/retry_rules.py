@@ -21,9 +21,7 @@ def retry_or_give_up(state: SchedulerState, ws: WorkerState, req: Request, messa
     """Queue a request that failed alone again, or give it up on its `max_deliveries`-th failure.
     True when it finished."""
     req.num_failed_deliveries += 1
-    # The worker dropped it, maybe before writing its KV: blocks only it holds must not be found.
-    bm = ws.block_manager
-    bm.uncache([b for b in req.block_ids if bm.ref_count(b) == 1])
+    ws.kv_cache_manager.uncache_unshared(req)
     if req.num_failed_deliveries >= state.config.max_deliveries:
         state.fail(req, f"{message} (failed on {req.num_failed_deliveries} deliveries)")
         req.dead_letter = True

@@ -3,10 +3,11 @@
 `Scheduler` is the entry point the batcher drives; each decision lives in a module of its own:
 
 - placement.py: which worker a waiting request goes to;
-- step_scheduler.py, policy_fused.py, policy_tgi.py: what runs in one worker's step (token budget,
-  running before waiting, chunked prefill);
+- step_scheduler.py and policies/ (fused.py, tgi.py, behind interface.py): what runs in one
+  worker's step (token budget, running before waiting, chunked prefill);
 - preemption.py: when a running request is preempted, and which one;
 - retry_rules.py: when a request is retried, dead-lettered, expired, or aborted before it arrived;
+- kv/: each worker's KV blocks (kv_cache_manager.py), the pool and the prefix cache beneath it;
 - scheduler_state.py: what they all read and change (workers, requests, the waiting queue).
 """
 
@@ -15,24 +16,25 @@ from __future__ import annotations
 from batcher.core.request import Request, RequestStatus
 from batcher.core.retry_rules import EarlyAborts, expire_waiting, retry_or_give_up
 from batcher.core.scheduler_state import (
-    Policy,
     SchedulerConfig,
     SchedulerState,
     SchedulerStats,
+    SchedulingPolicyName,
     reset,
 )
 from batcher.core.spec_decode.auto_off import make_auto_off
 from batcher.core.spec_decode.drafting import adapt_num_spec_tokens
-from batcher.core.step_scheduler import schedule_step
+from batcher.core.step_scheduler import make_policy, schedule_step
 from batcher.core.worker_state import WorkerState
 from common.protocol import ModelRunnerOutput, SchedulerOutput, WorkerInfo
 
-__all__ = ["Policy", "Scheduler", "SchedulerConfig", "SchedulerStats", "WorkerState"]
+__all__ = ["Scheduler", "SchedulerConfig", "SchedulerStats", "SchedulingPolicyName", "WorkerState"]
 
 
 class Scheduler(SchedulerState):
     def __init__(self, config: SchedulerConfig) -> None:
         super().__init__(config)
+        self.policy = make_policy(config)
         self.early_aborts = EarlyAborts()
         # vLLM's per-position acceptance: entry i counts drafts accepted at position i of their step.
         self.spec_accepted_per_pos: list[int] = []
@@ -114,7 +116,7 @@ class Scheduler(SchedulerState):
     # ----- one step ------------------------------------------------------------------------------
     def schedule(self, worker_id: str) -> tuple[SchedulerOutput | None, list[Request]]:
         """The next step for `worker_id` (None when it has nothing to compute) and requests failed now."""
-        return schedule_step(self, self.workers[worker_id])
+        return schedule_step(self, self.policy, self.workers[worker_id])
 
     # ----- results -------------------------------------------------------------------------------
     def update_from_output(self, out: ModelRunnerOutput) -> list[Request]:

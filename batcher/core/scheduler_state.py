@@ -3,17 +3,17 @@ every scheduling decision shares: release, finish, fail, put back to wait. No I/
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
 from batcher.core.request import Request, RequestStatus
 from batcher.core.spec_decode.drafting import make_suffix_cache
 from batcher.core.waiting_queue import WaitingQueue
 from batcher.core.worker_state import WorkerState
-from common.protocol import CachedRequestData, FinishReason, NewRequestData
+from common.protocol import FinishReason
 from common.speculative_config import SpeculativeConfig
 
-Policy = Literal["fused", "tgi"]
+SchedulingPolicyName = Literal["fused", "tgi"]
 WaitingOrder = Literal["fcfs", "lpm"]
 
 
@@ -23,8 +23,8 @@ class SchedulerConfig:
     max_num_seqs: int | None = None  # requests in one worker's batch
     max_num_batched_tokens: int | None = None  # tokens computed in one step (prefill chunks + decodes)
     # "fused": vLLM-style steps mixing decodes and chunked prefills under the token budget.
-    # "tgi": text-generation-inference's admission, whole prompts in prefill-only steps (policy_tgi.py).
-    policy: Policy = "fused"
+    # "tgi": text-generation-inference's admission, whole prompts in prefill-only steps (policies/tgi.py).
+    scheduling_policy: SchedulingPolicyName = "fused"
     waiting_served_ratio: float = 0.3  # tgi: admit only if floor(running * ratio) new requests fit
     max_waiting_tokens: int = 20  # tgi: ... unless the batch decoded this many steps since the last admission
     # Schedule a worker's step N+1 while step N runs (the worker feeds back the tokens it sampled),
@@ -32,7 +32,7 @@ class SchedulerConfig:
     async_scheduling: bool = False
     # A request that fails alone on this many deliveries to a worker is given up (dead-lettered).
     max_deliveries: int = 3
-    # Reuse the KV of full blocks whose tokens (and everything before them) match (prefix_cache.py).
+    # Reuse the KV of full blocks whose tokens (and everything before them) match (kv/prefix_cache.py).
     enable_prefix_caching: bool = True
     # Placement (placement.py): a block still to prefill on a worker weighs this many of its free
     # blocks; 0 places by load alone.
@@ -41,7 +41,7 @@ class SchedulerConfig:
     prefix_wait: bool = True
     # "fcfs": arrival order; "lpm": most cached tokens on the worker first (waiting_order.py).
     waiting_order: WaitingOrder = "fcfs"
-    # Decodes draft tokens for the worker to verify (batcher/core/spec_decode/); None: never.
+    # Decodes draft tokens for the worker to verify (spec_decode/); None: never.
     speculative: SpeculativeConfig | None = None
 
     @property
@@ -69,18 +69,6 @@ class SchedulerStats:
     spec_decode_num_accepted_tokens: int = 0  # of which the worker accepted
 
 
-@dataclass(slots=True)
-class StepDraft:
-    """A step being filled by a policy: what each request computes, and requests failed meanwhile."""
-
-    num_scheduled: dict[str, int] = field(default_factory=dict)  # req_id -> tokens this step
-    cached: list[CachedRequestData] = field(default_factory=list)  # running ones, continued
-    new: list[NewRequestData] = field(default_factory=list)  # admitted now
-    spec_token_ids: dict[str, list[int]] = field(default_factory=dict)  # req_id -> its drafts
-    draft_after: dict[str, int] = field(default_factory=dict)  # req_id -> drafts its worker makes next
-    failed: list[Request] = field(default_factory=list)
-
-
 class SchedulerState:
     def __init__(self, config: SchedulerConfig) -> None:
         self.config = config
@@ -89,7 +77,7 @@ class SchedulerState:
         self.requests: dict[str, Request] = {}  # every unfinished request
         # Shared by all workers, in (priority, arrival) order; preempted ones go first in their priority.
         self.waiting = WaitingQueue()
-        # Suffix decoding's recent requests (batcher/core/spec_decode/), when that is the method.
+        # Suffix decoding's recent requests (spec_decode/), when that is the method.
         self.suffix_cache = make_suffix_cache(config.speculative)
 
     def running_on(self, ws: WorkerState, req_id: str) -> Request | None:
@@ -102,7 +90,7 @@ class SchedulerState:
         """Take a running request off `ws` (blocks freed, the worker told to drop it) to wait again
         at the front of its priority, recomputed from prompt + tokens so far when admitted."""
         ws.running.remove(req)
-        ws.block_manager.free(req.block_ids)
+        ws.kv_cache_manager.free(req)
         ws.to_free.append(req.req_id)
         reset(req)  # num_inflight_steps stays: admission waits for those results
         self.waiting.appendleft(req)
@@ -113,7 +101,7 @@ class SchedulerState:
             ws = self.workers.get(req.worker_id)
             if ws is not None:
                 ws.running.remove(req)
-                ws.block_manager.free(req.block_ids)
+                ws.kv_cache_manager.free(req)
                 ws.to_free.append(req.req_id)
         elif req.status is RequestStatus.WAITING and req in self.waiting:
             self.waiting.remove(req)

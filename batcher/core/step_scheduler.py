@@ -1,30 +1,39 @@
 """One worker's next step: what runs in it, as a `SchedulerOutput`. No I/O.
 
 Less urgent running requests first make room for a waiting request nobody else can take
-(preemption.py); then the configured policy fills the step (policy_fused.py or policy_tgi.py), and
-its tokens count as computed as soon as it is sent, as in vLLM's async scheduler.
+(preemption.py); then the policy chosen by `make_policy` fills the step (policies/fused.py or
+policies/tgi.py), and its tokens count as computed as soon as it is sent, as in vLLM's async scheduler.
 """
 
 from __future__ import annotations
 
-from batcher.core.policies.fused import schedule_fused
-from batcher.core.policies.tgi import schedule_tgi
+from batcher.core.policies.fused import FusedPolicy
+from batcher.core.policies.interface import SchedulingPolicy, StepDraft
+from batcher.core.policies.tgi import TGIPolicy
 from batcher.core.preemption import preempt_for_waiting
 from batcher.core.request import Request
-from batcher.core.scheduler_state import SchedulerState, StepDraft
+from batcher.core.scheduler_state import SchedulerConfig, SchedulerState
 from batcher.core.worker_state import WorkerState
 from common.protocol import SchedulerOutput
 
 
-def schedule_step(state: SchedulerState, ws: WorkerState) -> tuple[SchedulerOutput | None, list[Request]]:
+def make_policy(config: SchedulerConfig) -> SchedulingPolicy:
+    """The policy `config.scheduling_policy` names."""
+    if config.scheduling_policy == "tgi":
+        return TGIPolicy(config.waiting_served_ratio, config.max_waiting_tokens)
+    return FusedPolicy()
+
+
+def schedule_step(
+    state: SchedulerState, policy: SchedulingPolicy, ws: WorkerState
+) -> tuple[SchedulerOutput | None, list[Request]]:
     """The next step for `ws` (None when it has nothing to compute) and requests failed now."""
     if ws.fenced:
         return None, []
     assert len(ws.in_flight) < state.config.max_steps_in_flight, "too many steps in flight"
     step = StepDraft()
     preempt_for_waiting(state, ws)
-    policy = schedule_tgi if state.config.policy == "tgi" else schedule_fused
-    policy(state, ws, step)
+    policy.schedule(state, ws, step)
 
     num_scheduled = step.num_scheduled
     if not num_scheduled:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from batcher.core.kv.prefix_cache import block_hashes, cached_prefix_blocks
+from batcher.core.kv.prefix_cache import block_hashes
 from batcher.core.request import Request
 from batcher.core.scheduler_state import SchedulerState
 from batcher.core.worker_state import WorkerState
@@ -26,13 +26,13 @@ LPM_WINDOW = 128
 
 def order_waiting(state: SchedulerState, ws: WorkerState) -> None:
     """Put the waiting queue in the order `ws` should take requests from it."""
-    if state.config.waiting_order != "lpm" or not ws.block_manager.enable_caching or not state.waiting:
+    if state.config.waiting_order != "lpm" or not ws.kv_cache_manager.enable_caching or not state.waiting:
         return
-    bm = ws.block_manager
+    kv = ws.kv_cache_manager
     top = state.waiting[0].priority
     front = [req for _, req in zip(range(LPM_WINDOW), state.waiting, strict=False) if req.priority == top]
-    cached = {req.req_id: len(cached_prefix_blocks(bm, req)) for req in front}
-    first = {req.req_id: _first_block(req, bm.block_size) for req in front}
+    cached = {req.req_id: len(kv.get_computed_blocks(req)) for req in front}
+    first = {req.req_id: _first_block(req, kv.block_size) for req in front}
     sharing = Counter(first.values())
     arrival: dict[bytes | str, float] = {}
     for req in front:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from batcher.core.kv.block_manager import BlockManager
+from batcher.core.kv.kv_cache_manager import KVCacheManager
 from batcher.core.request import Request
 from batcher.core.spec_decode.auto_off import AutoOff
 from batcher.core.step_clock import StepClock
@@ -15,7 +15,7 @@ from common.protocol import WorkerInfo
 @dataclass(slots=True)
 class WorkerState:
     info: WorkerInfo
-    block_manager: BlockManager
+    kv_cache_manager: KVCacheManager  # its KV blocks, as its requests hold them
     max_num_seqs: int  # the worker's registered limit, under the batcher's cap
     max_num_batched_tokens: int
     running: list[Request] = field(default_factory=list)  # in admission order: newest last
@@ -44,7 +44,7 @@ class WorkerState:
         Its cache starts empty: a worker that joins (or rejoins) holds no KV yet."""
         return cls(
             info=info,
-            block_manager=BlockManager(info.num_blocks, info.block_size, enable_prefix_caching),
+            kv_cache_manager=KVCacheManager(info.num_blocks, info.block_size, enable_prefix_caching),
             max_num_seqs=_capped(info.max_num_seqs, max_num_seqs),
             max_num_batched_tokens=_capped(info.max_num_batched_tokens, max_num_batched_tokens),
         )
@@ -54,7 +54,7 @@ class WorkerState:
         if len(req.prompt_token_ids) >= self.info.max_model_len:
             return False
         longest = min(req.max_num_tokens, self.info.max_model_len)
-        return self.block_manager.blocks_for(longest) <= self.block_manager.num_blocks
+        return self.kv_cache_manager.blocks_for(longest) <= self.kv_cache_manager.num_blocks
 
 
 def _capped(limit: int, cap: int | None) -> int:

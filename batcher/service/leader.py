@@ -1,8 +1,8 @@
-"""Active or standby: a batcher process schedules only while it leads (batcher/service/leadership.py).
+"""Active or standby: a batcher process schedules only while it leads (leadership.py).
 
 Any number of batcher processes may run; one holds the lease and serves, the others poll for it.
 Each time a process takes the lease it builds a fresh `Batcher`, which rebuilds its state from Redis
-(batcher/service/recovery.py); a process that loses the lease drops all its state and stands by again.
+(recovery.py); a process that loses the lease drops all its state and stands by again.
 
 A Redis outage (restart, crash, network, a cluster master's failover) is handled like a takeover:
 the batcher drops its state, waits with backoff until Redis answers for its cell's slot, takes the
@@ -63,7 +63,7 @@ def serve(settings: BatcherSettings, client: redis.Redis, stop: threading.Event)
                 log.warning("%s: stepping down to standby", e)
             except redis.ResponseError as e:
                 # Redis refuses writes (full, read-only) while this batcher takes the lease or builds
-                # its state (a running batcher rides it out, batcher/service/loop.py): stand by, retry.
+                # its state (a running batcher rides it out, loop.py): stand by, retry.
                 if not refuses_writes(e):
                     raise
                 if not refusal_logged:

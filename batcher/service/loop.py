@@ -48,14 +48,12 @@ class Batcher:
         # Redis was unreachable since the last leader's state was built: rebuild as on a takeover.
         self.after_outage = after_outage
         self.redis = client
-        self.leadership = (
-            leadership  # held: the active batcher (batcher/service/leader.py); LeadershipLost ends run()
-        )
+        self.leadership = leadership  # held: the active batcher (leader.py); LeadershipLost ends run()
         self.scheduler = Scheduler(
             SchedulerConfig(
                 max_num_seqs=settings.max_num_seqs,
                 max_num_batched_tokens=settings.max_num_batched_tokens,
-                policy=settings.policy,
+                scheduling_policy=settings.scheduling_policy,
                 waiting_served_ratio=settings.waiting_served_ratio,
                 max_waiting_tokens=settings.max_waiting_tokens,
                 async_scheduling=settings.async_scheduling,

@@ -96,9 +96,9 @@ class BatcherMetrics:
         for worker_id, ws in self._scheduler.workers.items():
             hists = self.workers.setdefault(worker_id, WorkerHistograms())
             workers[worker_id] = WorkerMetrics(
-                num_blocks=ws.block_manager.num_blocks,
-                num_free_blocks=ws.block_manager.num_free_blocks,
-                num_cached_blocks=ws.block_manager.num_evictable_blocks,
+                num_blocks=ws.kv_cache_manager.num_blocks,
+                num_free_blocks=ws.kv_cache_manager.num_free_blocks,
+                num_cached_blocks=ws.kv_cache_manager.num_evictable_blocks,
                 prefix_cache_queries=ws.prefix_cache_queries,
                 prefix_cache_hits=ws.prefix_cache_hits,
                 num_running=len(ws.running),

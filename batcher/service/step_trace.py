@@ -29,15 +29,15 @@ def step_trace(ws: WorkerState, out: SchedulerOutput, num_waiting: int, now: flo
         # A step samples once every known token is computed (placeholders of async steps included).
         if n and req.num_computed_tokens >= req.num_tokens:
             num_sampled += 1
-    bm = ws.block_manager
+    kv = ws.kv_cache_manager
     return StepTrace(
         worker_id=ws.info.worker_id,
         step_id=out.step_id,
         time=now,
         reqs=reqs,
         num_sampled=num_sampled,
-        num_blocks_used=bm.num_blocks - bm.num_free_blocks,
-        num_blocks=bm.num_blocks,
-        num_blocks_cached=bm.num_evictable_blocks,
+        num_blocks_used=kv.num_blocks - kv.num_free_blocks,
+        num_blocks=kv.num_blocks,
+        num_blocks_cached=kv.num_evictable_blocks,
         num_waiting=num_waiting,
     )

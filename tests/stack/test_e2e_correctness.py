@@ -109,7 +109,7 @@ CONFIGS: dict[str, dict[str, object]] = {
     "one_worker": {"workers": 1, "worker_env": {}, "batcher_env": {}},
     "two_workers": {"workers": 2, "worker_env": {}, "batcher_env": {}},
     # TGI-style admission (whole prompts in prefill-only steps) must not change results either.
-    "tgi_policy": {"workers": 1, "worker_env": {}, "batcher_env": {"BATCHER_POLICY": "tgi"}},
+    "tgi_policy": {"workers": 1, "worker_env": {}, "batcher_env": {"BATCHER_SCHEDULING_POLICY": "tgi"}},
     # 16 blocks of 16 tokens hold ~2 of the longest requests: preemption is certain, and a budget
     # of 32 tokens per step splits every longer prompt into chunks.
     "preempt_and_chunk": {

@@ -88,7 +88,7 @@ def test_every_step_of_a_request_is_traced(make_stack: Callable[[], Stack]) -> N
 
 
 def test_tgi_prefill_steps_show_the_running_batch_waiting(make_stack: Callable[[], Stack]) -> None:
-    client = _start(make_stack(), BATCHER_POLICY="tgi")
+    client = _start(make_stack(), BATCHER_SCHEDULING_POLICY="tgi")
     first, second = _request(prompt_len=6, max_tokens=60), _request(prompt_len=6, max_tokens=3)
     submit(client, first)
     events = follow(client, first.req_id, timeout_s=60)

@@ -9,39 +9,44 @@ from __future__ import annotations
 
 import math
 
-from batcher.core.kv.prefix_cache import plan_admission
 from batcher.core.placement import fair_share, hostable_elsewhere, takes_next
-from batcher.core.policies.fused import admit, fail_too_large, schedule_running
+from batcher.core.policies.admission import admit, fail_too_large
+from batcher.core.policies.interface import SchedulingPolicy, StepDraft
+from batcher.core.policies.running import schedule_running
 from batcher.core.request import Request
-from batcher.core.scheduler_state import SchedulerState, StepDraft
+from batcher.core.scheduler_state import SchedulerState
 from batcher.core.waiting_order import order_waiting
 from batcher.core.worker_state import WorkerState
 
 
-def schedule_tgi(state: SchedulerState, ws: WorkerState, step: StepDraft) -> None:
-    cfg = state.config
-    min_size = 0
-    if ws.running and ws.steps_since_admission < cfg.max_waiting_tokens:
-        min_size = math.floor(len(ws.running) * cfg.waiting_served_ratio)
-    batch = _candidates(state, ws, step)
-    if batch and len(batch) >= min_size:
-        for req in batch:  # planned again: each one admitted may cache blocks the next one shares
-            admit(state, ws, req, plan_admission(ws.block_manager, req, req.num_tokens), step)
-        ws.steps_since_admission = 1
-        return
-    if ws.running:
-        schedule_running(state, ws, ws.max_num_batched_tokens, step)
-        ws.steps_since_admission += 1
+class TGIPolicy(SchedulingPolicy):
+    def __init__(self, waiting_served_ratio: float, max_waiting_tokens: int) -> None:
+        self.waiting_served_ratio = waiting_served_ratio
+        self.max_waiting_tokens = max_waiting_tokens
+
+    def schedule(self, state: SchedulerState, ws: WorkerState, step: StepDraft) -> None:
+        min_size = 0
+        if ws.running and ws.steps_since_admission < self.max_waiting_tokens:
+            min_size = math.floor(len(ws.running) * self.waiting_served_ratio)
+        batch = _candidates(state, ws, step)
+        if batch and len(batch) >= min_size:
+            for req in batch:  # planned again: each one admitted may cache blocks the next one shares
+                admit(state, ws, req, ws.kv_cache_manager.plan_admission(req, req.num_tokens), step)
+            ws.steps_since_admission = 1
+            return
+        if ws.running:
+            schedule_running(state, ws, ws.max_num_batched_tokens, step)
+            ws.steps_since_admission += 1
 
 
 def _candidates(state: SchedulerState, ws: WorkerState, step: StepDraft) -> list[Request]:
     """The waiting requests (a prefix of the queue) one prefill-only step could take whole."""
-    bm = ws.block_manager
+    kv = ws.kv_cache_manager
     order_waiting(state, ws)
     workers = list(state.workers.values())
     share = fair_share(workers, ws, len(state.waiting))
     weight = state.config.cache_overlap_weight
-    free, tokens = bm.num_free_blocks, 0
+    free, tokens = kv.num_free_blocks, 0
     picked: list[Request] = []
     for req in list(state.waiting):
         if len(ws.running) + len(picked) >= ws.max_num_seqs or req.num_inflight_steps:
@@ -54,7 +59,7 @@ def _candidates(state: SchedulerState, ws: WorkerState, step: StepDraft) -> list
         if not takes_next(workers, ws, req, len(picked), share, weight):
             break
         # No chunking: a prompt over the budget still goes, alone (TGI sizes its budget to fit one).
-        plan = plan_admission(bm, req, req.num_tokens)
+        plan = kv.plan_admission(req, req.num_tokens)
         if picked and tokens + plan.num_new_tokens > ws.max_num_batched_tokens:
             break
         if plan.num_free_blocks_needed > free:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from batcher.core.request import Request
 from batcher.core.spec_decode.ngram_proposer import propose_ngram
 from batcher.core.spec_decode.suffix_cache import SuffixCache
+from common.finish import num_samples_left
 from common.speculative_config import SpeculativeConfig
 
 
@@ -55,8 +56,8 @@ def propose_drafts(
     k = min(
         req.num_spec_tokens or config.num_draft_tokens,
         budget - 1,  # its last known token is computed too
-        req.num_samples - len(req.output_token_ids) - 1,  # the bonus token comes on top
-        max_model_len - req.num_tokens - 1,
+        # The bonus token comes on top.
+        num_samples_left(len(req.output_token_ids), req.num_tokens, req.sampling_params, max_model_len) - 1,
     )
     if k <= 0:
         return []

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from batcher.core.placement import best_worker, fair_share, has_room, hostable_elsewhere
 from batcher.core.worker_state import WorkerState
+from tests.unit.batcher.test_kv_cache_manager import hold_blocks
 from tests.unit.batcher.test_scheduler import request, worker
 
 
@@ -12,17 +13,13 @@ def state(worker_id: str, num_blocks: int = 16, max_num_seqs: int = 4, max_len: 
     return WorkerState.register(info, max_num_seqs=None, max_num_batched_tokens=None)
 
 
-def use_blocks(ws: WorkerState, n: int) -> None:
-    ws.block_manager.allocate(n)
-
-
 def test_has_room_needs_a_slot_blocks_for_the_first_chunk_and_no_fence() -> None:
     ws = state("w", num_blocks=8, max_num_seqs=1)
     req = request("r", prompt_len=12)  # its prompt: 3 blocks of 4 tokens
     assert has_room(ws, req)
-    held = ws.block_manager.allocate(6)
+    holder = hold_blocks(ws, 6)
     assert not has_room(ws, req)  # 2 free blocks, 3 needed
-    ws.block_manager.free(held)
+    ws.kv_cache_manager.free(holder)
     ws.running.append(request("other", prompt_len=1))
     assert not has_room(ws, req)  # its only slot is taken
     ws.running.clear()
@@ -32,9 +29,9 @@ def test_has_room_needs_a_slot_blocks_for_the_first_chunk_and_no_fence() -> None
 
 def test_best_worker_has_the_most_free_blocks_and_the_asking_worker_wins_a_tie() -> None:
     a, b, c = state("a"), state("b"), state("c")
-    use_blocks(a, 8)
-    use_blocks(b, 2)
-    use_blocks(c, 2)
+    hold_blocks(a, 8)
+    hold_blocks(b, 2)
+    hold_blocks(c, 2)
     req = request("r", prompt_len=4)
     assert best_worker([a, b, c], req, prefer=a, weight=0) is b  # 14 free, first of the tie b / c
     assert best_worker([a, b, c], req, prefer=c, weight=0) is c  # the tie goes to the worker asking
@@ -44,7 +41,7 @@ def test_best_worker_has_the_most_free_blocks_and_the_asking_worker_wins_a_tie()
 
 def test_best_worker_skips_workers_that_could_never_hold_the_request() -> None:
     small, large = state("small", num_blocks=4), state("large", num_blocks=64)
-    use_blocks(large, 60)  # fewer free blocks than the small one
+    hold_blocks(large, 60)  # fewer free blocks than the small one
     req = request("r", prompt_len=40, max_tokens=8)  # 12 blocks at its longest
     assert best_worker([small, large], req, prefer=small, weight=0) is large
     assert hostable_elsewhere([small, large], req)

@@ -1,11 +1,12 @@
-"""Prefix caching in the scheduler (batcher/core/kv/prefix_cache.py, placement.py): what a request reuses,
-what a worker computes, and where a request goes. Hand-built steps, no Redis, no model."""
+"""Prefix caching in the scheduler (batcher/core/kv/, placement.py): what a request reuses, what a
+worker computes, and where a request goes. Hand-built steps, no Redis, no model."""
 
 from __future__ import annotations
 
 from batcher.core.request import Request
 from batcher.core.scheduler import Scheduler, SchedulerConfig
 from common.protocol import ModelRunnerOutput
+from tests.unit.batcher.test_kv_cache_manager import hold_blocks
 from tests.unit.batcher.test_scheduler import complete, request, step, worker
 
 PREFIX = list(range(1000, 1016))  # 4 blocks of 4 tokens
@@ -24,8 +25,9 @@ def make(num_blocks: int = 64, caching: bool = True, weight: float = 1.0, worker
 
 
 def finish_all(s: Scheduler, worker_id: str = "w0") -> None:
+    max_model_len = s.workers[worker_id].info.max_model_len
     while s.requests:
-        step(s, worker_id, finish=lambda r: "length" if r.is_finishing else None)
+        step(s, worker_id, finish=lambda r: "length" if r.is_finishing(max_model_len) else None)
 
 
 def test_a_shared_prefix_is_computed_once_and_only_the_rest_is_scheduled() -> None:
@@ -71,7 +73,7 @@ def test_requests_admitted_in_the_same_step_share_the_prefix_computed_in_it() ->
     assert out.total_num_scheduled_tokens == 17 + 1 + 1
     tables = [new.block_ids[:4] for new in out.scheduled_new_reqs]
     assert tables[0] == tables[1] == tables[2]
-    assert s.workers["w0"].block_manager.num_free_blocks == 64 - 4 - 3
+    assert s.workers["w0"].kv_cache_manager.num_free_blocks == 64 - 4 - 3
 
 
 def test_generated_tokens_are_cached_for_the_next_turn() -> None:
@@ -90,7 +92,7 @@ def test_a_finished_prefix_stays_cached_until_its_blocks_are_needed() -> None:
     s = make(num_blocks=8)
     s.add_request(shared("a", [1]), now=0.0)
     finish_all(s)
-    bm = s.workers["w0"].block_manager
+    bm = s.workers["w0"].kv_cache_manager
     assert bm.num_free_blocks == 8 and bm.num_evictable_blocks == 5
     # A request with other tokens needs 6 of the 8 blocks: cached ones are evicted, tail first.
     s.add_request(request("big", 24, max_tokens=1), now=0.0)
@@ -108,7 +110,7 @@ def test_caching_off_computes_every_prompt_in_full() -> None:
     s.add_request(shared("b", [2]), now=0.0)
     out = step(s)
     assert out.scheduled_new_reqs[0].num_computed_tokens == 0
-    assert s.workers["w0"].block_manager.num_cached_blocks == 0
+    assert s.workers["w0"].kv_cache_manager.num_cached_blocks == 0
 
 
 def test_blocks_of_a_request_that_failed_alone_are_not_found_again() -> None:
@@ -127,7 +129,7 @@ def test_blocks_of_a_request_that_failed_alone_are_not_found_again() -> None:
             req_errors={"a": "bad input"},
         )
     )
-    assert s.workers["w0"].block_manager.num_cached_blocks == 0
+    assert s.workers["w0"].kv_cache_manager.num_cached_blocks == 0
     retry = step(s)
     assert retry.scheduled_new_reqs[0].num_computed_tokens == 0
 
@@ -148,11 +150,11 @@ def test_a_worker_rejoining_under_its_id_starts_with_an_empty_cache() -> None:
     s = make()
     s.add_request(shared("a", [1]), now=0.0)
     finish_all(s)
-    assert s.workers["w0"].block_manager.num_cached_blocks
+    assert s.workers["w0"].kv_cache_manager.num_cached_blocks
     restarted = worker("w0", num_blocks=64, block_size=4)
     restarted.started_at = 1.0
     s.add_worker(restarted)
-    assert s.workers["w0"].block_manager.num_cached_blocks == 0
+    assert s.workers["w0"].kv_cache_manager.num_cached_blocks == 0
 
 
 def test_cache_aware_placement_sends_a_request_where_its_prefix_is() -> None:
@@ -184,14 +186,14 @@ def test_load_outweighs_a_short_cached_prefix() -> None:
     s.add_request(shared("a", [1], max_tokens=64), now=0.0)
     step(s, "w0")
     # w0 holds 1 cached block of b's prompt but is loaded with other requests' blocks.
-    s.workers["w0"].block_manager.allocate(20)
+    hold_blocks(s.workers["w0"], 20)
     s.add_request(request("b", 0, prompt=PREFIX[:4] + [9] * 12), now=0.0)
     out = step(s, "w1")
     assert out.scheduled_new_reqs[0].req_id == "b"
 
 
 def test_tgi_policy_reuses_cached_prefixes_too() -> None:
-    s = Scheduler(SchedulerConfig(policy="tgi"))
+    s = Scheduler(SchedulerConfig(scheduling_policy="tgi"))
     s.add_worker(worker("w0", num_blocks=64, block_size=4))
     s.add_request(shared("a", [1]), now=0.0)
     s.add_request(shared("b", [2]), now=0.0)

@@ -31,7 +31,7 @@ def test_a_request_failing_alone_is_retried_until_its_last_delivery_then_dead_le
         assert req.num_failed_deliveries == delivery and not req.dead_letter
         assert req.status is RequestStatus.WAITING and list(s.waiting) == [req]
         assert req.block_ids == [] and "r" in ws.to_free and req not in ws.running
-        assert ws.block_manager.num_free_blocks == ws.block_manager.num_blocks
+        assert ws.kv_cache_manager.num_free_blocks == ws.kv_cache_manager.num_blocks
         deliver(s, "r")  # delivered again, as a new attempt
         assert req.attempt == delivery + 1
     assert retry_or_give_up(s, ws, req, "boom")

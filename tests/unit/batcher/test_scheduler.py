@@ -147,13 +147,13 @@ def test_finished_request_is_freed_and_dropped_on_the_worker_next_step() -> None
     s.add_request(request("a", prompt_len=5, max_tokens=2), now=0.0)
     s.add_request(request("b", prompt_len=5, max_tokens=9), now=0.0)
     step(s)
-    free_before = s.workers["w0"].block_manager.num_free_blocks
+    free_before = s.workers["w0"].kv_cache_manager.num_free_blocks
     out, _ = s.schedule("w0")
     assert out is not None
     finished = complete(s, out, finish=lambda r: "length" if r.req_id == "a" else None)
     assert [r.req_id for r in finished] == ["a"]
     assert finished[0].status is RequestStatus.FINISHED and finished[0].output_token_ids == [100, 101]
-    assert s.workers["w0"].block_manager.num_free_blocks == free_before + 2
+    assert s.workers["w0"].kv_cache_manager.num_free_blocks == free_before + 2
     out2, _ = s.schedule("w0")
     assert out2 is not None and out2.finished_req_ids == ["a"]
     assert set(out2.num_scheduled_tokens) == {"b"}
@@ -198,7 +198,7 @@ def test_abort_frees_running_and_remembers_early_aborts() -> None:
     step(s)
     aborted = s.abort_request("a", "abort", now=0.0)
     assert aborted is not None and aborted.finish_reason == "abort"
-    assert s.workers["w0"].block_manager.num_free_blocks == 64
+    assert s.workers["w0"].kv_cache_manager.num_free_blocks == 64
     assert s.schedule("w0")[0] is None  # nothing left to compute; the free rides on the next step
     assert s.abort_request("later", "stop", now=1.0) is None
     [early] = s.add_request(request("later", prompt_len=4), now=2.0)
@@ -314,7 +314,7 @@ def tgi(max_num_seqs: int = 32, max_tokens: int = 64, max_waiting_tokens: int = 
     config = SchedulerConfig(
         max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max_tokens,
-        policy="tgi",
+        scheduling_policy="tgi",
         waiting_served_ratio=0.3,
         max_waiting_tokens=max_waiting_tokens,
     )
@@ -452,7 +452,7 @@ def test_async_scheduling_gives_the_same_tokens_with_preemption_and_finishes() -
         for i, (n, m) in enumerate([(4, 9), (7, 5), (12, 8), (3, 1), (9, 7)]):
             s.add_request(request(f"r{i}", prompt_len=n, max_tokens=m), now=0.0)
         done = run_async(s, FakeWorker())
-        assert not s.requests and s.workers["w0"].block_manager.num_free_blocks == 10
+        assert not s.requests and s.workers["w0"].kv_cache_manager.num_free_blocks == 10
         if async_scheduling:
             assert s.stats.num_preemptions > 0
         return {r.req_id: r.output_token_ids for r in done}

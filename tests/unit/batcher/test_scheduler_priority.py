@@ -9,16 +9,16 @@ from __future__ import annotations
 import pytest
 
 from batcher.core.request import Request, RequestStatus
-from batcher.core.scheduler import Policy, Scheduler, SchedulerConfig
+from batcher.core.scheduler import Scheduler, SchedulerConfig, SchedulingPolicyName
 from common.protocol import FinishReason, SchedulerOutput
 from tests.unit.batcher.test_scheduler import complete, request, worker
 
 INTERACTIVE, BATCH = 0, 1
-POLICIES: list[Policy] = ["fused", "tgi"]
+POLICIES: list[SchedulingPolicyName] = ["fused", "tgi"]
 
 
-def make(policy: Policy, *, max_num_seqs: int = 8, num_blocks: int = 64) -> Scheduler:
-    config = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=64, policy=policy)
+def make(policy: SchedulingPolicyName, *, max_num_seqs: int = 8, num_blocks: int = 64) -> Scheduler:
+    config = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=64, scheduling_policy=policy)
     s = Scheduler(config)
     s.add_worker(worker(num_blocks=num_blocks, block_size=4))
     return s
@@ -50,7 +50,9 @@ def admitted(s: Scheduler) -> list[str]:
 
 
 @pytest.mark.parametrize("policy", POLICIES)
-def test_a_waiting_interactive_request_is_admitted_before_older_batch_lines(policy: Policy) -> None:
+def test_a_waiting_interactive_request_is_admitted_before_older_batch_lines(
+    policy: SchedulingPolicyName,
+) -> None:
     s = make(policy, max_num_seqs=2)
     for i in range(4):
         add(s, f"b{i}", BATCH, max_tokens=3)
@@ -79,7 +81,9 @@ def test_equal_priorities_keep_arrival_order_and_preempted_ones_go_first() -> No
 
 
 @pytest.mark.parametrize("policy", POLICIES)
-def test_out_of_blocks_the_batch_line_gives_way_even_when_it_was_admitted_first(policy: Policy) -> None:
+def test_out_of_blocks_the_batch_line_gives_way_even_when_it_was_admitted_first(
+    policy: SchedulingPolicyName,
+) -> None:
     # 6 blocks of 4 tokens: two requests of 8 prompt tokens take 4 blocks; growing needs more.
     s = make(policy, num_blocks=6)
     batch_line = add(s, "batch", BATCH, prompt_len=8, max_tokens=12)
@@ -114,7 +118,9 @@ def test_interactive_decodes_get_the_token_budget_before_batch_prefill_chunks() 
 
 
 @pytest.mark.parametrize("policy", POLICIES)
-def test_an_interactive_request_preempts_a_batch_line_when_the_batch_is_full(policy: Policy) -> None:
+def test_an_interactive_request_preempts_a_batch_line_when_the_batch_is_full(
+    policy: SchedulingPolicyName,
+) -> None:
     s = make(policy, max_num_seqs=2)
     old, new = add(s, "b0", BATCH, max_tokens=50), add(s, "b1", BATCH, max_tokens=50)
     step(s)
@@ -130,7 +136,7 @@ def test_an_interactive_request_preempts_a_batch_line_when_the_batch_is_full(pol
 
 
 @pytest.mark.parametrize("policy", POLICIES)
-def test_equal_priorities_never_preempt_for_a_slot(policy: Policy) -> None:
+def test_equal_priorities_never_preempt_for_a_slot(policy: SchedulingPolicyName) -> None:
     s = make(policy, max_num_seqs=2)
     running = [add(s, "a0", INTERACTIVE, max_tokens=50), add(s, "a1", INTERACTIVE, max_tokens=50)]
     step(s)

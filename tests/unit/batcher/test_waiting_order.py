@@ -7,7 +7,7 @@ import pytest
 
 from batcher.core.request import Request
 from batcher.core.scheduler import Scheduler, SchedulerConfig
-from batcher.core.scheduler_state import Policy, WaitingOrder
+from batcher.core.scheduler_state import SchedulingPolicyName, WaitingOrder
 from tests.unit.batcher.test_prefix_wait import run
 from tests.unit.batcher.test_scheduler import request, worker
 
@@ -18,10 +18,10 @@ def hit(req_id: str, tail: list[int]) -> Request:
     return request(req_id, 0, max_tokens=4, prompt=PREFIX + tail)
 
 
-def warmed(order: WaitingOrder, policy: Policy = "fused") -> Scheduler:
+def warmed(order: WaitingOrder, policy: SchedulingPolicyName = "fused") -> Scheduler:
     """`a` has computed the shared prefix; then `u` (40 uncached tokens) arrives before `h` and `h2`
     (the prefix plus 2 tokens each)."""
-    s = Scheduler(SchedulerConfig(waiting_order=order, policy=policy))
+    s = Scheduler(SchedulerConfig(waiting_order=order, scheduling_policy=policy))
     s.add_worker(worker("w0", num_blocks=64, max_num_batched_tokens=40))
     s.add_request(hit("a", [1, 2]), now=0.0)
     run(s, "w0")
@@ -72,8 +72,8 @@ def test_lpm_computes_the_prefix_more_requests_wait_for_first() -> None:
 
 
 @pytest.mark.parametrize("policy", ["fused", "tgi"])
-def test_lpm_does_not_pass_a_more_urgent_request(policy: Policy) -> None:
-    s = Scheduler(SchedulerConfig(waiting_order="lpm", policy=policy))
+def test_lpm_does_not_pass_a_more_urgent_request(policy: SchedulingPolicyName) -> None:
+    s = Scheduler(SchedulerConfig(waiting_order="lpm", scheduling_policy=policy))
     s.add_worker(worker("w0", num_blocks=64, max_num_batched_tokens=40))
     s.add_request(hit("a", [1, 2]), now=0.0)
     run(s, "w0")

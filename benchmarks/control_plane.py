@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import signal
 import sys
 import tempfile
@@ -36,7 +35,7 @@ import redis
 
 from benchmarks import control_plane_cells
 from benchmarks.specs import LaunchSpec
-from benchmarks.systems import ProcessGroup, free_port, http_ok, wait_until
+from benchmarks.systems import ProcessGroup, cpu_seconds, free_port, http_ok, wait_until
 from common import streams
 
 
@@ -70,23 +69,6 @@ class _StepSampler(threading.Thread):
         window = [(t, s) for t, s in self.samples if low <= s <= high] or self.samples
         (t0, s0), (t1, s1) = window[0], window[-1]
         return 1000 * (t1 - t0) / (s1 - s0) if s1 > s0 else float("nan")
-
-
-def _cpu_seconds(group: ProcessGroup) -> dict[str, float]:
-    """User + system CPU seconds of each process of the group so far (Linux /proc; {} elsewhere).
-
-    On a machine with fewer cores than busy processes the iteration period is bound by their sum,
-    not by any one of them: this shows which service's share to cut.
-    """
-    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-    seconds = {}
-    for name, proc in group.procs.items():
-        try:
-            fields = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        seconds[name] = (int(fields[11]) + int(fields[12])) / tick  # utime, stime
-    return seconds
 
 
 def _stats(redis_url: str) -> dict[str, float]:
@@ -138,12 +120,12 @@ def measure(
         assert group.redis_url is not None
         asyncio.run(_load(base_url, batch_size, 4))  # warm-up: connections, first allocations
         before = _stats(group.redis_url)
-        cpu_before = _cpu_seconds(group)
+        cpu_before = cpu_seconds(group)
         sampler = _StepSampler(group.redis_url)
         sampler.start()
         elapsed = asyncio.run(_load(base_url, batch_size, output_len))
         steady_ms = sampler.finish()
-        cpu_after = _cpu_seconds(group)
+        cpu_after = cpu_seconds(group)
         after = _stats(group.redis_url)
     finally:
         group.stop()

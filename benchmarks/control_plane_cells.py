@@ -32,7 +32,7 @@ import httpx
 import redis
 import redis.asyncio as aioredis
 
-from benchmarks.systems import ProcessGroup, free_port, http_ok, start_redis, wait_until
+from benchmarks.systems import ProcessGroup, cpu_seconds, free_port, http_ok, start_redis, wait_until
 from common import streams
 
 PROMPT = [7, 8, 9, 10]
@@ -273,8 +273,6 @@ def measure_cells(
     num_requests = num_cells * workers_per_cell * batch_size
     # A cell's worth of requests at a time, at least 256 (a burst that size placed fine here).
     wave = max(workers_per_cell * batch_size, 256)
-    from benchmarks.control_plane import _cpu_seconds
-
     try:
         startup = time.perf_counter()
         redis_url = start_cells(group, model, cells, workers_per_cell, ports)
@@ -283,9 +281,7 @@ def measure_cells(
 
         def snap() -> Snapshot:
             stats = _cell_stats(client, cells)
-            return Snapshot(
-                time.perf_counter(), _cpu_seconds(group), _machine_cpu_s(), _client_cpu_s(), stats
-            )
+            return Snapshot(time.perf_counter(), cpu_seconds(group), _machine_cpu_s(), _client_cpu_s(), stats)
 
         asyncio.run(_warm_up(redis_url, base_urls, cells, 2 * num_cells * num_gateways))
         load_before = os.getloadavg()

@@ -80,6 +80,23 @@ class ProcessGroup:
                 proc.wait()
 
 
+def cpu_seconds(group: ProcessGroup) -> dict[str, float]:
+    """User + system CPU seconds of each process of the group so far (Linux /proc; {} elsewhere).
+
+    On a machine with fewer cores than busy processes the iteration period is bound by their sum,
+    not by any one of them: this shows which service's share to cut.
+    """
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    seconds = {}
+    for name, proc in group.procs.items():
+        try:
+            fields = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        seconds[name] = (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+    return seconds
+
+
 def wait_until(condition: Callable[[], bool], timeout_s: float, what: str, group: ProcessGroup) -> None:
     deadline = time.monotonic() + timeout_s
     while not condition():

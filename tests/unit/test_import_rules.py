@@ -3,7 +3,13 @@
 `common` and `openai_frontend` are libraries: `common` is what every process shares (the protocol,
 stream names, Redis helpers), `openai_frontend` turns OpenAI requests into queued requests and their
 tokens back into responses, for the gateway and the Celery batch task alike. Each service runs as its
-own process and talks to the others only through Redis, so none imports another's code.
+own process and talks to the others only through Redis, so none imports another's code; only a
+service's pure core (`batcher/core/`) may be driven in-process, by `cbserve` and the benchmarks.
+
+The batcher's scheduling core imports no Redis, not even through another module: only its own
+modules, `common`'s Redis-free ones and third-party packages. No package has a circle of imports
+between its files (Tarjan's strongly connected components over the module graph); the circles that
+remain elsewhere are listed in KNOWN_CIRCLES until they are removed.
 
 Inside `openai_frontend`, each file sits in a folder that does one job, and the folders form layers:
 a folder imports only the folders below it in FRONTEND_LAYERS (and itself), so there is no back-edge
@@ -16,6 +22,9 @@ module outside it that imports back into it (`app_state.py` holding `generation/
 from __future__ import annotations
 
 import ast
+import functools
+from collections import deque
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
@@ -25,6 +34,20 @@ SERVICES = ("gateway", "batcher", "gpu_worker", "cbserve_celery", "cbserve")
 # Each library and the top-level packages it may import, besides itself and third-party ones.
 LIBRARIES: dict[str, tuple[str, ...]] = {"common": (), "openai_frontend": ("common",)}
 PROJECT = (*SERVICES, *LIBRARIES, "benchmarks", "scripts", "tests", "models")
+# A service's pure core, which an in-process engine drives without the service's process.
+SERVICE_CORES: dict[str, str] = {"batcher": "batcher.core"}
+# Who may import a service's core (and nothing else of that service): the in-process `LLM`, the benchmarks.
+CORE_USERS = ("cbserve", "benchmarks")
+# Packages whose modules must import no Redis client, directly or through a module they import.
+REDIS_FREE = ("batcher.core",)
+# File-level import circles still to remove, each as its sorted modules; the circle rule allows these.
+KNOWN_CIRCLES: frozenset[tuple[str, ...]] = frozenset(
+    {
+        ("gpu_worker.cached_request_state", "gpu_worker.prompt_logprobs"),
+        ("gpu_worker.attention_backend", "gpu_worker.attention_torch", "gpu_worker.attention_triton"),
+        ("gpu_worker.model_runner", "gpu_worker.profile"),
+    }
+)
 # openai_frontend's job folders, lowest first: each may import those before it, never one after.
 FRONTEND_LAYERS = (
     "protocol",  # OpenAI's schemas and error bodies
@@ -53,7 +76,8 @@ GATEWAY_FORBIDDEN: dict[str, tuple[str, ...]] = {
 }
 
 
-def _imported_modules(path: Path) -> set[str]:
+@functools.cache
+def _imported_modules(path: Path) -> frozenset[str]:
     """The modules this file imports, at any depth (function-level imports too); `from a import b`
     counts as `a` and `a.b` (b may be a module), a relative import as the absolute name it means."""
     found: set[str] = set()
@@ -66,7 +90,7 @@ def _imported_modules(path: Path) -> set[str]:
             module = ".".join(part for part in (base, node.module or "") if part)
             found.add(module)
             found.update(f"{module}.{alias.name}" for alias in node.names)
-    return found
+    return frozenset(found)
 
 
 def _imported_packages(path: Path) -> set[str]:
@@ -75,11 +99,48 @@ def _imported_packages(path: Path) -> set[str]:
 
 
 def _violations(package: str, allowed: tuple[str, ...]) -> list[str]:
+    # A user of services' cores is checked module by module (test_a_core_user_imports_only_the_core).
+    cores = set(SERVICE_CORES) if package in CORE_USERS else set()
     return [
         f"{path.relative_to(ROOT)} imports {other}"
         for path in sorted((ROOT / package).rglob("*.py"))
-        for other in sorted(_imported_packages(path) - {package, *allowed})
+        for other in sorted(_imported_packages(path) - {package, *allowed, *cores})
     ]
+
+
+def _within(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def _outside_cores(user: str) -> list[str]:
+    """Each import by `user` of a module of a service with a core that is not in that core."""
+    return [
+        f"{path.relative_to(ROOT)} imports {module}"
+        for path in sorted((ROOT / user).rglob("*.py"))
+        for module in sorted(_imported_modules(path))
+        if (service := module.split(".")[0]) in SERVICE_CORES
+        and service != user
+        and not _within(module, SERVICE_CORES[service])
+    ]
+
+
+@pytest.mark.parametrize("user", CORE_USERS)
+def test_a_core_user_imports_only_the_core(user: str) -> None:
+    assert _outside_cores(user) == []
+
+
+def test_the_core_rule_sees_an_import_past_the_core(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(globals(), "ROOT", tmp_path)
+    engine = tmp_path / "cbserve" / "engine.py"
+    engine.parent.mkdir(parents=True)
+    engine.write_text(
+        "from batcher.core.scheduler import Scheduler\nfrom batcher.service.loop import Batcher\n"
+    )
+    assert _outside_cores("cbserve") == [
+        "cbserve/engine.py imports batcher.service.loop",
+        "cbserve/engine.py imports batcher.service.loop.Batcher",
+    ]
+    assert _violations("cbserve", tuple(LIBRARIES)) == []  # the core itself is allowed
 
 
 @pytest.mark.parametrize("library", sorted(LIBRARIES))
@@ -196,6 +257,13 @@ def _module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
+def _plant(root: Path, files: dict[str, str]) -> None:
+    """Write each file (a path under `root`: its text) for a rule to read."""
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+
+
 def _imports_back(package: str) -> list[str]:
     """Each import by a folder of `package` of one of the package's modules outside that folder (a
     top-level file or another folder's) which itself imports a module of that folder."""
@@ -224,15 +292,16 @@ def test_no_gateway_folder_imports_a_module_that_imports_it_back() -> None:
 
 def test_the_import_back_rule_sees_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(globals(), "ROOT", tmp_path)
-    for name, text in {
-        "__init__.py": "",
-        "state.py": "from gateway.work.guard import Guard\n",
-        "work/__init__.py": "",
-        "work/guard.py": "",
-        "work/flow.py": "from ..state import State\n",
-    }.items():
-        (tmp_path / "gateway" / name).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / "gateway" / name).write_text(text)
+    _plant(
+        tmp_path / "gateway",
+        {
+            "__init__.py": "",
+            "state.py": "from gateway.work.guard import Guard\n",
+            "work/__init__.py": "",
+            "work/guard.py": "",
+            "work/flow.py": "from ..state import State\n",
+        },
+    )
     assert _imports_back("gateway") == [
         "gateway.work.flow imports gateway.state, which imports back gateway.work.guard"
     ]
@@ -246,3 +315,145 @@ def test_a_relative_import_counts_as_the_module_it_means(
     auth.parent.mkdir(parents=True)
     auth.write_text("from ..api import routes_files\nfrom . import quotas\n")
     assert {"gateway.api", "gateway.api.routes_files", "gateway.security.quotas"} <= _imported_modules(auth)
+
+
+def _module_imports(packages: Iterable[str]) -> dict[str, frozenset[str]]:
+    """Each module of `packages` (a package's `__init__` named as the package) and what it imports."""
+    return {
+        _module_name(path): _imported_modules(path)
+        for package in packages
+        for path in sorted((ROOT / package).rglob("*.py"))
+    }
+
+
+def _module_graph(packages: Iterable[str]) -> dict[str, set[str]]:
+    """Each module of `packages` and the project modules it imports, at module or function level;
+    third-party modules are left out."""
+    imports = _module_imports(packages)
+    return {module: set(imported & imports.keys()) - {module} for module, imported in imports.items()}
+
+
+def _redis_path(module: str, imports: dict[str, frozenset[str]]) -> list[str]:
+    """The shortest chain of project modules by which importing `module` imports a Redis client,
+    ending in "redis"; [] when it does not."""
+    parents: dict[str, str] = {}
+    queue = deque([module])
+    while queue:
+        current = queue.popleft()
+        if any(name.split(".")[0] == "redis" for name in imports[current]):
+            chain = [current, "redis"]
+            while chain[0] != module:
+                chain.insert(0, parents[chain[0]])
+            return chain
+        for other in sorted(imports[current] & imports.keys()):
+            if other != module and other not in parents:
+                parents[other] = current
+                queue.append(other)
+    return []
+
+
+def _impure_core_files(core: str) -> list[str]:
+    """Each import by a module of `core` that is neither `core` itself, a Redis-free module of
+    `common`, nor a third-party package other than Redis."""
+    imports = _module_imports(PROJECT)
+    found = []
+    for module in sorted(m for m in imports if _within(m, core)):
+        for imported in sorted(imports[module]):
+            top = imported.split(".")[0]
+            if top == "redis":
+                found.append(f"{module} imports {imported}")
+            elif top in PROJECT and not (_within(imported, core) or top == "common"):
+                found.append(f"{module} imports {imported}, outside {core}")
+            elif imported in imports and (chain := _redis_path(imported, imports)):
+                found.append(f"{module} imports Redis through {' -> '.join(chain)}")
+    return found
+
+
+@pytest.mark.parametrize("core", REDIS_FREE)
+def test_a_core_imports_no_redis(core: str) -> None:
+    assert _impure_core_files(core) == []
+
+
+def test_the_redis_rule_catches_a_planted_import(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(globals(), "ROOT", tmp_path)
+    _plant(
+        tmp_path,
+        {
+            "common/__init__.py": "",
+            "common/protocol.py": "import msgspec\n",
+            "common/redis_conn.py": "import redis\n",
+            "common/streams.py": "from common import redis_conn\n",
+            "batcher/__init__.py": "",
+            "batcher/core/__init__.py": "",
+            "batcher/core/pure.py": "import math\nfrom common.protocol import X\nfrom . import clean\n",
+            "batcher/core/clean.py": "from collections import deque\n",
+            "batcher/core/direct.py": "def f():\n    import redis.asyncio\n",
+            "batcher/core/through.py": "from common.streams import cell_keys\n",
+            "batcher/core/service.py": "from ..service.loop import Batcher\n",
+            "batcher/service/__init__.py": "",
+            "batcher/service/loop.py": "",
+        },
+    )
+    assert _impure_core_files("batcher.core") == [
+        "batcher.core.direct imports redis.asyncio",
+        "batcher.core.service imports batcher.service.loop, outside batcher.core",
+        "batcher.core.service imports batcher.service.loop.Batcher, outside batcher.core",
+        "batcher.core.through imports Redis through common.streams -> common.redis_conn -> redis",
+    ]
+
+
+def _circles(graph: dict[str, set[str]]) -> list[tuple[str, ...]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm), each as its
+    sorted modules: every module of one imports every other, through the others."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    circles: list[tuple[str, ...]] = []
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        on_stack.add(module)
+        for other in sorted(graph[module]):
+            if other not in index:
+                visit(other)
+                low[module] = min(low[module], low[other])
+            elif other in on_stack:
+                low[module] = min(low[module], index[other])
+        if low[module] == index[module]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == module:
+                    break
+            if len(component) > 1:
+                circles.append(tuple(sorted(component)))
+
+    for module in sorted(graph):
+        if module not in index:
+            visit(module)
+    return sorted(circles)
+
+
+def test_no_package_has_a_circle_of_imports_between_its_files() -> None:
+    circles = _circles(_module_graph(PROJECT))
+    assert [circle for circle in circles if circle not in KNOWN_CIRCLES] == []
+
+
+def test_the_circle_rule_sees_a_circle_between_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert _circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}) == [("a", "b", "c")]
+    assert _circles({"a": {"b", "c"}, "b": {"c"}, "c": set()}) == []
+    monkeypatch.setitem(globals(), "ROOT", tmp_path)
+    _plant(
+        tmp_path,
+        {
+            "pkg/__init__.py": "",
+            "pkg/a.py": "from pkg.b import B\n",
+            "pkg/b.py": "def later():\n    from . import a\n",  # a function-level import counts too
+            "pkg/c.py": "from pkg import a\n",
+        },
+    )
+    assert _circles(_module_graph(["pkg"])) == [("pkg.a", "pkg.b")]

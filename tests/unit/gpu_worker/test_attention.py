@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from gpu_worker.attention import paged_attention_forward, variant_of
+from gpu_worker.runner.attention.transformers_interface import paged_attention_forward, variant_of
 from gpu_worker.settings import WorkerSettings
 
 

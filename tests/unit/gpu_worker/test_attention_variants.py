@@ -11,12 +11,12 @@ import torch
 from transformers.models.gemma2.modeling_gemma2 import eager_attention_forward as gemma2_eager
 from transformers.models.gpt_oss.modeling_gpt_oss import eager_attention_forward as gpt_oss_eager
 
-from gpu_worker.attention_backend import CommonAttentionMetadata
-from gpu_worker.attention_torch import TorchAttentionBackend
-from gpu_worker.attention_triton import TritonAttentionBackend
-from gpu_worker.attention_variant import AttentionVariant
-from gpu_worker.input_batch import ScheduledRequest, build_input_batch
-from gpu_worker.kv_cache import KVCache
+from gpu_worker.runner.attention.backend import CommonAttentionMetadata
+from gpu_worker.runner.attention.torch_attn import TorchAttentionBackend
+from gpu_worker.runner.attention.triton_attn import TritonAttentionBackend
+from gpu_worker.runner.attention.variant import AttentionVariant
+from gpu_worker.runner.input_batch import ScheduledRequest, build_input_batch
+from gpu_worker.runner.kv_cache import KVCache
 from tests.harness.paged_steps import DEVICE, make_step, pool, scheduled_request
 
 NUM_KV_HEADS, QUERIES_PER_KV, HEAD_DIM = 2, 2, 32

@@ -7,9 +7,9 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from gpu_worker.attention_torch import TorchAttentionBackend, TorchAttentionMetadata
-from gpu_worker.cascade_attention import SharedHead, plan_heads
-from gpu_worker.input_batch import ScheduledRequest, build_input_batch
+from gpu_worker.runner.attention.cascade import SharedHead, plan_heads
+from gpu_worker.runner.attention.torch_attn import TorchAttentionBackend, TorchAttentionMetadata
+from gpu_worker.runner.input_batch import ScheduledRequest, build_input_batch
 from gpu_worker.settings import WorkerSettings
 from tests.harness.paged_steps import pool, scheduled_request
 

@@ -1,4 +1,4 @@
-"""The CPU attention kernels (gpu_worker/cpu_kernels/): reading the pool through the block tables
+"""The CPU attention kernels (gpu_worker/kernels/cpu/): reading the pool through the block tables
 gives what gathering the K/V and running SDPA gives, on the same pool and step, for decodes and for
 chunks of a few queries (drafts to verify), whether the pool is float32 or stored narrower
 (WORKER_KV_CACHE_DTYPE) for float32 queries; and the C++ op that does a layer's whole step computes
@@ -11,12 +11,12 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from gpu_worker import cpu_kernels
-from gpu_worker.attention_backend import AttentionContext
-from gpu_worker.attention_torch import KERNEL_MAX_QUERIES, TorchAttentionBackend
-from gpu_worker.attention_variant import AttentionVariant
-from gpu_worker.forward.attention_op import native_attention, step_context
-from gpu_worker.input_batch import ScheduledRequest, build_input_batch
+from gpu_worker.kernels import cpu as cpu_kernels
+from gpu_worker.runner.attention.backend import AttentionContext
+from gpu_worker.runner.attention.torch_attn import KERNEL_MAX_QUERIES, TorchAttentionBackend
+from gpu_worker.runner.attention.variant import AttentionVariant
+from gpu_worker.runner.forward.attention_op import native_attention, step_context
+from gpu_worker.runner.input_batch import ScheduledRequest, build_input_batch
 from tests.harness.paged_steps import pool, scheduled_request
 
 BS = 16

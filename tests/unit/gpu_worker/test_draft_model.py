@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from benchmarks.gpu_parity import reference_greedy
-from gpu_worker.draft_model import DraftModelProposer
+from gpu_worker.runner.spec_decode.draft_model import DraftModelProposer
 from gpu_worker.settings import WorkerSettings
 
 PROMPT = [5, 17, 301, 52, 99, 260, 8, 411, 12, 40]

@@ -1,6 +1,6 @@
 """A JSON row whose model would stop before the JSON is complete: the probability of its forbidden stop
-tokens goes to the tokens that close what is open (gpu_worker/json_closing.py), against the tiny
-model's real tokenizer and xgrammar's masks."""
+tokens goes to the tokens that close what is open (gpu_worker/runner/structured_output/json_closing.py),
+against the tiny model's real tokenizer and xgrammar's masks."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import torch
 from tokenizers import Tokenizer
 
 from common.protocol import StructuredOutput
-from gpu_worker.structured_output import StructuredOutputs
+from gpu_worker.runner.structured_output.matchers import StructuredOutputs
 
 EOS, IM_END = 0, 2  # the tiny model's stop tokens (generation_config)
 PET = {

@@ -7,8 +7,8 @@ import math
 import torch
 
 from common.protocol import SamplingParams
-from gpu_worker.logits_processors import apply_penalties
-from gpu_worker.sampler import Sampler
+from gpu_worker.runner.sample.logits_processors import apply_penalties
+from gpu_worker.runner.sample.sampler import Sampler
 from tests.harness.sampling_rows import sample_rows, token_counts
 
 VOCAB = 32

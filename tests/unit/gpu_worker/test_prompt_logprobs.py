@@ -14,8 +14,8 @@ from common.protocol import (
     SamplingParams,
     TokenEvent,
 )
-from gpu_worker import prompt_logprobs
-from gpu_worker.model_runner import ModelRunner
+from gpu_worker.runner.model_runner import ModelRunner
+from gpu_worker.runner.sample import prompt_logprobs
 from gpu_worker.settings import WorkerSettings
 from tests.harness.worker_steps import new_request, scheduler_output
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 
 from common.protocol import SamplingParams
-from gpu_worker.sampler import Sampler
-from gpu_worker.sampling_state import SamplingState
+from gpu_worker.runner.sample.sampler import Sampler
+from gpu_worker.runner.sample.sampling_state import SamplingState
 from tests.harness.sampling_rows import token_counts
 
 VOCAB = 48

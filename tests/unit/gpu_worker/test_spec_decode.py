@@ -15,11 +15,11 @@ from batcher.scheduler import Scheduler, SchedulerConfig, SchedulerStats
 from benchmarks.gpu_parity import reference_greedy
 from common.protocol import SamplingParams, StructuredOutput, TokenEvent
 from common.speculative_config import SpeculativeConfig
-from gpu_worker.model_runner import ModelRunner
-from gpu_worker.sampler import Sampler
-from gpu_worker.sampling_state import SamplingState
+from gpu_worker.runner.model_runner import ModelRunner
+from gpu_worker.runner.sample.sampler import Sampler
+from gpu_worker.runner.sample.sampling_state import SamplingState
+from gpu_worker.runner.spec_decode.verify import accept_drafts
 from gpu_worker.settings import WorkerSettings
-from gpu_worker.spec_decode import accept_drafts
 from tests.harness.tiny_model import build_tiny_model
 
 NGRAM = SpeculativeConfig(method="ngram", num_speculative_tokens=4, prompt_lookup_min=1, prompt_lookup_max=3)

@@ -13,9 +13,9 @@ import torch
 from tokenizers import Tokenizer
 
 from common.protocol import SamplingParams, StructuredOutput
-from gpu_worker.model_runner import ModelRunner
+from gpu_worker.runner.model_runner import ModelRunner
+from gpu_worker.runner.structured_output.matchers import GrammarMask, StructuredOutputs
 from gpu_worker.settings import WorkerSettings
-from gpu_worker.structured_output import GrammarMask, StructuredOutputs
 from tests.unit.gpu_worker.test_model_runner import (
     BLOCK_SIZE,
     NUM_BLOCKS,

@@ -8,11 +8,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gpu_worker.attention_torch import TorchAttentionBackend
-from gpu_worker.attention_triton import TritonAttentionBackend
-from gpu_worker.attention_variant import PLAIN, AttentionVariant
-from gpu_worker.triton_kernels.kv_write import kv_write
-from gpu_worker.triton_kernels.paged_decode import paged_decode
+from gpu_worker.kernels.triton.kv_write import kv_write
+from gpu_worker.kernels.triton.paged_decode import paged_decode
+from gpu_worker.runner.attention.torch_attn import TorchAttentionBackend
+from gpu_worker.runner.attention.triton_attn import TritonAttentionBackend
+from gpu_worker.runner.attention.variant import PLAIN, AttentionVariant
 from tests.harness.paged_steps import DEVICE, make_step, pool
 
 NUM_KV_HEADS = 2

@@ -25,11 +25,11 @@ from common.protocol import SamplingParams
 from gpu_worker.runner.forward.decoder import Decoder
 from gpu_worker.runner.forward.precompiled import PrecompiledForward
 from gpu_worker.runner.model_runner import ModelRunner
+from tests.unit.gpu_worker.spec_decode.test_spec_decode import MAX_TOKENS as SPEC_MAX_TOKENS
+from tests.unit.gpu_worker.spec_decode.test_spec_decode import NGRAM, greedy, run_pipeline
+from tests.unit.gpu_worker.spec_decode.test_spec_decode import PROMPTS as SPEC_PROMPTS
 from tests.unit.gpu_worker.test_decoder import MAX_TOKENS, greedy_requests_equal_generate
 from tests.unit.gpu_worker.test_model_runner import make_requests, make_runner, run_to_completion
-from tests.unit.gpu_worker.test_spec_decode import MAX_TOKENS as SPEC_MAX_TOKENS
-from tests.unit.gpu_worker.test_spec_decode import NGRAM, greedy, run_pipeline
-from tests.unit.gpu_worker.test_spec_decode import PROMPTS as SPEC_PROMPTS
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -28,7 +28,7 @@ from common.protocol import SamplingParams
 def pipeline_greedy(
     model: str, device: str, dtype: str, prompts: list[list[int]], max_tokens: int, env: dict[str, str]
 ) -> list[list[int]]:
-    from gpu_worker.model_runner import ModelRunner
+    from gpu_worker.runner.model_runner import ModelRunner
     from gpu_worker.settings import WorkerSettings
 
     runner = ModelRunner(WorkerSettings(model=model, device=device, dtype=dtype, **env))  # type: ignore[arg-type]

@@ -16,7 +16,7 @@ from batcher.request import Request
 from batcher.scheduler import Scheduler, SchedulerConfig, SchedulerStats
 from benchmarks.static_engine import EngineThread, GenerationRequest, TokenEvent
 from common.protocol import SamplingParams
-from gpu_worker.model_runner import ModelRunner
+from gpu_worker.runner.model_runner import ModelRunner
 
 log = logging.getLogger("benchmarks.inprocess_engine")
 

@@ -278,7 +278,7 @@ def load_inprocess_state(args: argparse.Namespace) -> ServerState:
     """Our scheduler + model runner in this process (the pipeline without Redis), same HTTP front."""
     from batcher.scheduler import SchedulerConfig
     from benchmarks.inprocess_engine import InProcessEngine
-    from gpu_worker.model_runner import ModelRunner
+    from gpu_worker.runner.model_runner import ModelRunner
     from gpu_worker.settings import WorkerSettings
 
     runner = ModelRunner(

@@ -278,28 +278,23 @@ def load_inprocess_state(args: argparse.Namespace) -> ServerState:
     """Our scheduler + model runner in this process (the pipeline without Redis), same HTTP front."""
     from batcher.scheduler import SchedulerConfig
     from benchmarks.inprocess_engine import InProcessEngine
-    from gpu_worker.model_runner import ModelRunner
+    from cbserve.offline.engine import LLMEngine
     from gpu_worker.settings import WorkerSettings
 
-    runner = ModelRunner(
-        WorkerSettings(
-            model=args.model,
-            device=args.device,
-            dtype=args.dtype,
-            max_num_seqs=args.max_num_seqs,
-            max_num_batched_tokens=args.max_num_batched_tokens,
-        )
+    settings = WorkerSettings(
+        model=args.model,
+        device=args.device,
+        dtype=args.dtype,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
     )
-    config = SchedulerConfig(
-        policy=args.policy,
-        async_scheduling=False,  # nothing to overlap: schedule and forward share one thread
-    )
+    engine = LLMEngine.load(settings, SchedulerConfig(policy=args.policy))
     return ServerState(
-        engine=InProcessEngine(runner, config),
+        engine=InProcessEngine(engine),
         tokenizer=BenchTokenizer(args.model),
         served_name=args.served_model_name or Path(args.model).name,
         root=str(args.model),
-        max_model_len=args.max_model_len or runner.max_model_len,
+        max_model_len=args.max_model_len or engine.max_model_len,
     )
 
 

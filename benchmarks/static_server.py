@@ -279,16 +279,19 @@ def load_inprocess_state(args: argparse.Namespace) -> ServerState:
     from batcher.scheduler import SchedulerConfig
     from benchmarks.inprocess_engine import InProcessEngine
     from cbserve.offline.engine import LLMEngine
+    from gpu_worker.model_runner import ModelRunner
     from gpu_worker.settings import WorkerSettings
 
-    settings = WorkerSettings(
-        model=args.model,
-        device=args.device,
-        dtype=args.dtype,
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
+    runner = ModelRunner(
+        WorkerSettings(
+            model=args.model,
+            device=args.device,
+            dtype=args.dtype,
+            max_num_seqs=args.max_num_seqs,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+        )
     )
-    engine = LLMEngine.load(settings, SchedulerConfig(policy=args.policy))
+    engine = LLMEngine(runner, SchedulerConfig(policy=args.policy))
     return ServerState(
         engine=InProcessEngine(engine),
         tokenizer=BenchTokenizer(args.model),

@@ -5,7 +5,7 @@ ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /app
 
 # A C++ compiler (and ninja, which torch's extension builder drives): the worker compiles its forward
-# at startup (inductor's C++ kernels and gpu_worker/cpu_kernels/ on the CPU, Triton's launcher on
+# at startup (inductor's C++ kernels and gpu_worker/kernels/cpu/ on the CPU, Triton's launcher on
 # CUDA); without one it runs eagerly and gathers K/V for decode attention, with a warning. Its cache
 # lives in the container's ~/.cache, so a restarted container loads its builds instead of compiling.
 RUN apt-get update && apt-get install -y --no-install-recommends g++ ninja-build && rm -rf /var/lib/apt/lists/*

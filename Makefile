@@ -72,9 +72,9 @@ PYTEST_WORKERS ?= 2
 # FastAPI: they share compiled bytecode only if the first is allowed to write it, even where the
 # environment sets PYTHONDONTWRITEBYTECODE (Python reads an empty value as unset).
 test: export PYTHONDONTWRITEBYTECODE :=
-# The CPU kernels (gpu_worker/cpu_kernels/) are compiled once, before any test's worker would wait on it.
+# The CPU kernels (gpu_worker/kernels/cpu/) are compiled once, before any test's worker would wait on it.
 test: check-deps lint
-	$(PY) -m gpu_worker.cpu_kernels
+	$(PY) -m gpu_worker.kernels.cpu
 	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile
 
 # The tests that start no service (marked `unit` by their folder, tests/unit/): no Redis, no stack, no
@@ -82,7 +82,7 @@ test: check-deps lint
 # folder spares each pytest process importing the other test modules only to deselect them (~6 s).
 test-fast: export PYTHONDONTWRITEBYTECODE :=
 test-fast: install
-	$(PY) -m gpu_worker.cpu_kernels
+	$(PY) -m gpu_worker.kernels.cpu
 	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile -m unit tests/unit
 
 # Redis (REDIS_URL if reachable, else redis-server from PATH, else the embedded one), the batcher,

@@ -50,7 +50,7 @@ MODULES = (
     "tqdm",
     "xgrammar",
     "pytest",
-    "gpu_worker.worker",
+    "gpu_worker.service.worker",
     "batcher.service.loop",
     "gateway.app",
     "benchmarks.serve",

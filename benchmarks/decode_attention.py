@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--layers", type=int, default=8, help="pools the calls go round (a model's layers)")
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args(argv)
-    from gpu_worker import cpu_kernels
+    from gpu_worker.kernels import cpu as cpu_kernels
 
     if not cpu_kernels.load():
         raise SystemExit("the CPU kernels did not build (see the warning above)")

@@ -6,7 +6,7 @@
 A decode step must read every weight once and every request's K/V once, so its floor is
 (weight bytes + KV bytes) / memory bandwidth. This builds a random-weight transformers model of
 `--shape` directly on the device (no file: an 8B model would take longer to write than to measure),
-then makes of it what gpu_worker/model_loader.py's `load_model` makes of a loaded one: the worker's
+then makes of it what gpu_worker/runner/load_model.py's `load_model` makes of a loaded one: the worker's
 `Decoder` (merged GEMMs, WORKER_QUANTIZATION), compiled by `compile_decoder` unless WORKER_COMPILE is
 false, and a `ModelRunner` around it (its profiling step, the KV pool, CUDA graphs for decode steps
 on a GPU). It puts `batch` requests whose first `--context - 1` tokens are already in the KV pool and
@@ -32,10 +32,10 @@ from transformers import PretrainedConfig, PreTrainedModel
 
 from benchmarks.forward_timer import ForwardTimer
 from common.protocol import CachedRequestData, NewRequestData, SamplingParams, SchedulerOutput
-from gpu_worker import model_loader
-from gpu_worker.forward.decoder import Decoder
-from gpu_worker.forward.linear import check_quantization
-from gpu_worker.model_loader import Model
+from gpu_worker.runner import load_model
+from gpu_worker.runner.forward.decoder import Decoder
+from gpu_worker.runner.forward.linear import check_quantization
+from gpu_worker.runner.load_model import Model
 from gpu_worker.settings import WorkerSettings
 
 # name -> (hidden, layers, heads, kv_heads, mlp, vocab)
@@ -63,7 +63,7 @@ class DecodeResult:
 def build_model(shape: str, device: torch.device, dtype: torch.dtype) -> PreTrainedModel:
     from transformers import AutoModelForCausalLM, LlamaConfig
 
-    from gpu_worker.attention import register_paged_attention
+    from gpu_worker.runner.attention.transformers_interface import register_paged_attention
 
     hidden, layers, heads, kv_heads, mlp, vocab = SHAPES[shape]
     config = LlamaConfig(
@@ -85,10 +85,10 @@ def build_model(shape: str, device: torch.device, dtype: torch.dtype) -> PreTrai
 
 def worker_forward(model: PreTrainedModel, settings: WorkerSettings) -> Model:
     """What `load_model` makes of a model it loaded: the quantization checked, then the same
-    `model_loader.worker_forward`."""
+    `load_model.worker_forward`."""
     device = torch.device(settings.device)
     check_quantization(settings.quantization, device)
-    return model_loader.worker_forward(model, settings, device)
+    return load_model.worker_forward(model, settings, device)
 
 
 def describe_forward(model: Model) -> str:
@@ -122,7 +122,7 @@ def weight_bytes(model: PreTrainedModel) -> int:
 
 
 def kv_bytes_per_token(config: PretrainedConfig, dtype: torch.dtype) -> int:
-    from gpu_worker.model_loader import kv_shape
+    from gpu_worker.runner.load_model import kv_shape
 
     shape = kv_shape(config)
     itemsize = torch.empty((), dtype=dtype).element_size()
@@ -139,7 +139,7 @@ def time_decode(
     runner: object, timer: ForwardTimer, batch: int, context: int, warmup: int, steps: int, step_id: int
 ) -> StepTimes:
     """Decode steps of `batch` requests at `context` tokens (growing by one a step), each timed."""
-    from gpu_worker.model_runner import ModelRunner
+    from gpu_worker.runner.model_runner import ModelRunner
 
     assert isinstance(runner, ModelRunner)
     runner.reset()
@@ -235,7 +235,7 @@ def main(argv: list[str] | None = None) -> None:
     # The worker's own log lines (the compile and its seconds, the profiling step, CUDA graphs).
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
-    from gpu_worker.model_runner import ModelRunner
+    from gpu_worker.runner.model_runner import ModelRunner
 
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
     batches = [int(b) for b in args.batches.split(",")]

@@ -19,7 +19,7 @@ import time
 import torch
 from transformers import AutoConfig
 
-from gpu_worker.draft_model import DraftModelProposer
+from gpu_worker.runner.spec_decode.draft_model import DraftModelProposer
 from gpu_worker.settings import WorkerSettings
 
 

@@ -25,10 +25,10 @@ import torch
 from batcher.core.request import Request
 from batcher.core.scheduler import Scheduler, SchedulerConfig
 from common.protocol import SamplingParams
-from gpu_worker import attention_torch
-from gpu_worker.forward import compile as forward_compile
-from gpu_worker.forward import linear
-from gpu_worker.model_runner import ModelRunner
+from gpu_worker.runner.attention import torch_attn
+from gpu_worker.runner.forward import compile as forward_compile
+from gpu_worker.runner.forward import linear
+from gpu_worker.runner.model_runner import ModelRunner
 from gpu_worker.settings import Quantization, WorkerSettings
 
 
@@ -92,18 +92,18 @@ def build(name: str, args: argparse.Namespace, prompts: list[list[int]]) -> Vari
     started = time.perf_counter()
     # The earlier paths are chosen at load (Linear packs its weight, the backend looks for the kernel),
     # so the choices are turned off for this load only.
-    packs, kernels = linear.packs_on_cpu, attention_torch.cpu_kernels
+    packs, kernels = linear.packs_on_cpu, torch_attn.cpu_kernels
     options = forward_compile.inductor_options
     if base.startswith("pywrap-"):
         forward_compile.inductor_options = lambda device: None
     if base.startswith("mkl-"):
         linear.packs_on_cpu = lambda weight: False
     if base.startswith(("mkl-", "gather-")):
-        attention_torch.cpu_kernels = SimpleNamespace(load=lambda: False)  # type: ignore[assignment]
+        torch_attn.cpu_kernels = SimpleNamespace(load=lambda: False)  # type: ignore[assignment]
     try:
         runner = ModelRunner(settings)
     finally:
-        linear.packs_on_cpu, attention_torch.cpu_kernels = packs, kernels
+        linear.packs_on_cpu, torch_attn.cpu_kernels = packs, kernels
         forward_compile.inductor_options = options
     print(f"{name}: ready in {time.perf_counter() - started:.1f} s", flush=True)
     scheduler = Scheduler(SchedulerConfig())

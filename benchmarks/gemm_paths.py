@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 import torch
 
-from gpu_worker.forward.linear import quantize_int8_rows
+from gpu_worker.runner.forward.linear import quantize_int8_rows
 
 
 def _time_ms(call: Callable[[], torch.Tensor], repeats: int) -> float:

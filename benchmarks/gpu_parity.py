@@ -15,39 +15,35 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from pathlib import Path
 
 import torch
 
-from batcher.core.request import Request
-from batcher.core.scheduler import Scheduler, SchedulerConfig
-from common.protocol import SamplingParams
+from batcher.core.scheduler import SchedulerConfig
+from common.protocol import SamplingParams, TokenEvent
 
 
 def pipeline_greedy(
     model: str, device: str, dtype: str, prompts: list[list[int]], max_tokens: int, env: dict[str, str]
 ) -> list[list[int]]:
-    from gpu_worker.model_runner import ModelRunner
+    from cbserve.offline.engine import LLMEngine
     from gpu_worker.settings import WorkerSettings
 
-    runner = ModelRunner(WorkerSettings(model=model, device=device, dtype=dtype, **env))  # type: ignore[arg-type]
+    settings = WorkerSettings(model=model, device=device, dtype=dtype, **env)  # type: ignore[arg-type]
     # A budget below the longest prompt makes later prompt chunks read earlier ones from the pool.
-    scheduler = Scheduler(SchedulerConfig(max_num_seqs=len(prompts), max_num_batched_tokens=96))
-    scheduler.add_worker(runner.worker_info())
+    engine = LLMEngine.load(settings, SchedulerConfig(max_num_seqs=len(prompts), max_num_batched_tokens=96))
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
-    now = time.time()
     for i, prompt in enumerate(prompts):
-        scheduler.add_request(Request(f"p{i}", prompt, params, now, entry_id=""), now)
+        engine.add_request(f"p{i}", prompt, params)
     outputs: dict[str, list[int]] = {f"p{i}": [] for i in range(len(prompts))}
-    while any(len(tokens) < max_tokens for tokens in outputs.values()):
-        step, _failed = scheduler.schedule(runner.worker_id)
-        assert step is not None, "nothing to schedule before every request finished"
-        result = runner.execute_model(step)
-        assert not result.req_errors, result.req_errors
-        for req_id, token_id in zip(result.req_ids, result.sampled_token_ids, strict=True):
-            outputs[req_id].append(token_id)
-        scheduler.update_from_output(result)
+    while engine.has_unfinished_requests():
+        step = engine.step()
+        assert step.ran, "nothing to schedule before every request finished"
+        failed = [(req.req_id, req.error) for req in step.finished if req.finish_reason == "error"]
+        assert not failed, failed
+        for event in step.events:
+            if isinstance(event, TokenEvent):
+                outputs[event.req_id].append(event.token_id)
     return [outputs[f"p{i}"] for i in range(len(prompts))]
 
 

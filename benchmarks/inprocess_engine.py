@@ -1,4 +1,4 @@
-"""Our engine in one process: the batcher's Scheduler and the worker's ModelRunner wired directly.
+"""Our engine in one process (cbserve/offline/engine.py), behind the benchmarks' engine surface.
 
 It is the full pipeline minus Redis, the gateway and the process boundaries, so comparing the two in
 one benchmark run isolates what the message queue costs. It offers the same `submit / start / stop /
@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import logging
 import queue
-import time
 
-from batcher.core.request import Request
-from batcher.core.scheduler import Scheduler, SchedulerConfig, SchedulerStats
+from batcher.core.scheduler import SchedulerStats
 from benchmarks.static_engine import EngineThread, GenerationRequest, TokenEvent
+from cbserve.offline.engine import LLMEngine
 from common.protocol import SamplingParams
-from gpu_worker.model_runner import ModelRunner
+from common.protocol import TokenEvent as StreamTokenEvent
 
 log = logging.getLogger("benchmarks.inprocess_engine")
 
@@ -24,13 +23,10 @@ _IDLE_POLL_S = 0.05  # how long an idle engine waits for a request before lookin
 
 
 class InProcessEngine(EngineThread):
-    def __init__(self, runner: ModelRunner, config: SchedulerConfig) -> None:
+    def __init__(self, engine: LLMEngine) -> None:
         super().__init__("inprocess-engine")
-        self.runner = runner
-        self.scheduler = Scheduler(config)
-        self.worker_id = runner.worker_id  # results carry it: the scheduler matches them by it
-        self.scheduler.add_worker(runner.worker_info())
-        self.stats: SchedulerStats = self.scheduler.stats
+        self.engine = engine
+        self.stats: SchedulerStats = engine.stats
         self._requests: dict[str, GenerationRequest] = {}
 
     def _loop(self) -> None:
@@ -45,18 +41,13 @@ class InProcessEngine(EngineThread):
                 self._stop.set()
 
     def _step(self) -> None:
-        """Receive new requests, schedule one step, run it, publish its tokens."""
-        self._receive(block=not self.scheduler.requests)
-        out, failed = self.scheduler.schedule(self.worker_id)
-        for req in failed:
-            self._emit(req.req_id, TokenEvent(token_id=None, error=req.error or "request failed"))
-        if out is None:
-            return
-        result = self.runner.execute_model(out)
-        for event in self.runner.token_events(result):
-            if hasattr(event, "token_id"):  # benchmarks ask for no prompt events
+        """Receive new requests, run one engine step, publish its tokens."""
+        self._receive(block=not self.engine.has_unfinished_requests())
+        step = self.engine.step()
+        for event in step.events:
+            if isinstance(event, StreamTokenEvent):  # benchmarks ask for no prompt events
                 self._emit(event.req_id, TokenEvent(event.token_id, event.finish_reason))
-        for req in self.scheduler.update_from_output(result):
+        for req in step.finished:
             if req.finish_reason == "error":
                 self._emit(req.req_id, TokenEvent(token_id=None, error=req.error or "request failed"))
             self._requests.pop(req.req_id, None)
@@ -72,7 +63,6 @@ class InProcessEngine(EngineThread):
                 pending.append(self._waiting.get_nowait())
             except queue.Empty:
                 break
-        now = time.time()
         for gen in pending:
             self._requests[gen.req_id] = gen
             params = SamplingParams(
@@ -81,14 +71,7 @@ class InProcessEngine(EngineThread):
                 seed=gen.seed,
                 ignore_eos=gen.ignore_eos,
             )
-            req = Request(
-                req_id=gen.req_id,
-                prompt_token_ids=gen.prompt_token_ids,
-                sampling_params=params,
-                arrival_time=now,
-                entry_id="",
-            )
-            self.scheduler.add_request(req, now)
+            self.engine.add_request(gen.req_id, gen.prompt_token_ids, params)
 
     def _emit(self, req_id: str, event: TokenEvent) -> None:
         gen = self._requests.get(req_id)

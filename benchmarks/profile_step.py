@@ -42,8 +42,8 @@ from torch.profiler import ProfilerActivity, profile
 from batcher.core.request import Request
 from batcher.core.scheduler import Scheduler, SchedulerConfig
 from common.protocol import SamplingParams
-from gpu_worker.attention_torch import TorchAttentionBackend
-from gpu_worker.model_runner import ModelRunner
+from gpu_worker.runner.attention.torch_attn import TorchAttentionBackend
+from gpu_worker.runner.model_runner import ModelRunner
 from gpu_worker.settings import WorkerSettings
 
 

@@ -15,8 +15,8 @@ import time
 import torch
 
 from common.protocol import SamplingParams
-from gpu_worker.sampler import Sampler
-from gpu_worker.sampling_state import SamplingState
+from gpu_worker.runner.sample.sampler import Sampler
+from gpu_worker.runner.sample.sampling_state import SamplingState
 
 MIXED = [
     SamplingParams(temperature=0.0),

@@ -278,7 +278,8 @@ def load_inprocess_state(args: argparse.Namespace) -> ServerState:
     """Our scheduler + model runner in this process (the pipeline without Redis), same HTTP front."""
     from batcher.core.scheduler import SchedulerConfig
     from benchmarks.inprocess_engine import InProcessEngine
-    from gpu_worker.model_runner import ModelRunner
+    from cbserve.offline.engine import LLMEngine
+    from gpu_worker.runner.model_runner import ModelRunner
     from gpu_worker.settings import WorkerSettings
 
     runner = ModelRunner(
@@ -290,16 +291,13 @@ def load_inprocess_state(args: argparse.Namespace) -> ServerState:
             max_num_batched_tokens=args.max_num_batched_tokens,
         )
     )
-    config = SchedulerConfig(
-        scheduling_policy=args.scheduling_policy,
-        async_scheduling=False,  # nothing to overlap: schedule and forward share one thread
-    )
+    engine = LLMEngine(runner, SchedulerConfig(scheduling_policy=args.scheduling_policy))
     return ServerState(
-        engine=InProcessEngine(runner, config),
+        engine=InProcessEngine(engine),
         tokenizer=BenchTokenizer(args.model),
         served_name=args.served_model_name or Path(args.model).name,
         root=str(args.model),
-        max_model_len=args.max_model_len or runner.max_model_len,
+        max_model_len=args.max_model_len or engine.max_model_len,
     )
 
 

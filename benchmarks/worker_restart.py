@@ -36,9 +36,9 @@ from tests.harness.redis_server import redis_server
 from tests.harness.services import Stack, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
-# The worker's log lines that mark its start-up (gpu_worker/model_loader.py, forward/, profile.py,
-# worker.py): the weights' start, the compiled forward ready (or its compile's start), profiling's
-# start, registered.
+# The worker's log lines that mark its start-up (gpu_worker/runner/: load_model.py, forward/,
+# profile.py; gpu_worker/service/worker.py): the weights' start, the compiled forward ready (or its
+# compile's start), profiling's start, registered.
 PHASES = {
     "weights": "loading the weights of",
     "forward": "compiled forward from cache|compiling the forward|compiled the forward in",

@@ -15,13 +15,11 @@ from redis.backoff import NoBackoff
 from redis.maint_notifications import MaintNotificationsConfig
 from redis.retry import Retry
 
+from common.settings import RETENTION_S
+
 # Blocking reads never ask Redis to block longer than this (ms); the socket timeout stays well above it.
 MAX_BLOCK_MS = 1000
 SOCKET_TIMEOUT_S = 10.0
-# The default retention window (CBSERVE_RETENTION_S): a finished request's token stream and keys stay
-# this long (the resume window), and stream entries are trimmed by this age (MINID), never by a
-# small MAXLEN. docs/reliability.md (*Retention*) lists every key and how it goes.
-RETENTION_S = 15 * 60
 
 
 # redis-py's own retries are off: by default it silently repeats any command (an XADD included)

@@ -6,10 +6,15 @@ from typing import Any
 
 from pydantic import AliasChoices, Field
 
-from common.redis_conn import RETENTION_S
 from common.streams import DEFAULT_CELL
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+# The default retention window (CBSERVE_RETENTION_S): a finished request's token stream and keys stay
+# this long (the resume window), and stream entries are trimmed by this age (MINID), never by a
+# small MAXLEN. docs/reliability.md (*Retention*) lists every key and how it goes.
+# Here, not in redis_conn.py: every service's settings read it, and the worker's model runner must
+# not import Redis through them.
+RETENTION_S = 15 * 60
 
 
 def redis_url_field() -> Any:

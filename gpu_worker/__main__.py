@@ -13,9 +13,9 @@ from pydantic import ValidationError
 from transformers.utils import logging as transformers_logging
 
 from common.logging_setup import configure_logging
-from gpu_worker.model_runner import ModelRunner
+from gpu_worker.runner.model_runner import ModelRunner
+from gpu_worker.service.worker import Worker
 from gpu_worker.settings import WorkerSettings, explain_errors
-from gpu_worker.worker import Worker
 
 logger = logging.getLogger("gpu_worker")
 

@@ -3,15 +3,34 @@
 Decoding one token at a time is wrong for many tokenizers (SentencePiece drops the leading space of the
 first token; byte-level BPE splits multi-byte characters across tokens), so each step decodes the tokens
 from `prefix_offset` and emits only the text beyond what `prefix_offset:read_offset` already produced.
+The window is walked by tokenizers' own `DecodeStream` (the same algorithm in Rust, one call a token:
+vLLM's FastIncrementalDetokenizer); the offsets are mirrored here for `flush`, and a stream that
+refuses a step (its new text does not extend the last, which some normalizers cause) hands the rest
+of the request to the same window decoded from Python.
 """
 
 from __future__ import annotations
 
 from tokenizers import Tokenizer
+from tokenizers.decoders import DecodeStream
 
 # Prompt tokens kept as left context so the first output token decodes with the right leading space.
 NUM_CONTEXT_TOKENS = 5
 _REPLACEMENT_CHAR = "\ufffd"
+
+
+# Each served tokenizer's special token ids, kept with the tokenizer (a gateway serves a few, for good).
+_SPECIAL_TOKEN_IDS: dict[int, tuple[Tokenizer, frozenset[int]]] = {}
+
+
+def special_token_ids(tokenizer: Tokenizer) -> frozenset[int]:
+    """The ids `decode(..., skip_special_tokens=True)` leaves out."""
+    known = _SPECIAL_TOKEN_IDS.get(id(tokenizer))
+    if known is None or known[0] is not tokenizer:
+        added = tokenizer.get_added_tokens_decoder()
+        known = (tokenizer, frozenset(i for i, token in added.items() if token.special))
+        _SPECIAL_TOKEN_IDS[id(tokenizer)] = known
+    return known[1]
 
 
 class IncrementalDetokenizer:
@@ -20,10 +39,17 @@ class IncrementalDetokenizer:
     ) -> None:
         self._tokenizer = tokenizer
         self._skip_special_tokens = skip_special_tokens  # false: special tokens show (vLLM's option)
+        self._skipped = special_token_ids(tokenizer) if skip_special_tokens else frozenset()
         self._token_ids = list(prompt_token_ids[-NUM_CONTEXT_TOKENS:])
         # Text up to read_offset has been emitted; prefix_offset:read_offset is the context window.
         self._prefix_offset = 0
         self._read_offset = len(self._token_ids)
+        # The stream takes its context's text as emitted only when that text is whole: a context that
+        # ends mid-character is walked by the Python window, as every token was before.
+        clean = not self._decode(0).endswith(_REPLACEMENT_CHAR)
+        self._stream: DecodeStream | None = (
+            DecodeStream(self._token_ids, skip_special_tokens) if clean else None
+        )
 
     def _decode(self, start: int, end: int | None = None) -> str:
         return str(
@@ -32,15 +58,32 @@ class IncrementalDetokenizer:
 
     def step(self, token_id: int) -> str:
         """Append one token and return the new text it completes (often "", e.g. mid-character)."""
+        if token_id in self._skipped:
+            # Decoding drops it before anything else, so the window never holds it: a run of them (a
+            # model that emits EOS with ignore_eos) would otherwise grow the window, and each decode.
+            return ""
         self._token_ids.append(token_id)
+        if self._stream is not None:
+            try:
+                text = self._stream.step(self._tokenizer, token_id)
+            except Exception:  # tokenizers raises a plain Exception on a prefix it cannot extend
+                self._stream = None
+            else:
+                if text is None:
+                    return ""
+                self._advance()
+                return str(text)
         prefix_text = self._decode(self._prefix_offset, self._read_offset)
         new_text = self._decode(self._prefix_offset)
         # A trailing U+FFFD is an incomplete UTF-8 sequence: wait for the next token to finish it.
         if len(new_text) <= len(prefix_text) or new_text.endswith(_REPLACEMENT_CHAR):
             return ""
+        self._advance()
+        return new_text[len(prefix_text) :]
+
+    def _advance(self) -> None:
         self._prefix_offset = self._read_offset
         self._read_offset = len(self._token_ids)
-        return new_text[len(prefix_text) :]
 
     def flush(self) -> str:
         """The text still held back, at the end of the output: bytes that never completed a character

@@ -27,14 +27,15 @@ from transformers.modeling_utils import PreTrainedModel
 from triton.runtime.jit import KernelInterface
 
 from common.protocol import SamplingParams
-from gpu_worker.attention import register_paged_attention
-from gpu_worker.attention_backend import AttentionBackend, AttentionContext, make_attention_backend
-from gpu_worker.cached_request_state import CachedRequestState
-from gpu_worker.cuda_graphs import DecodeGraphs
-from gpu_worker.forward.decoder import FAMILIES, Decoder
-from gpu_worker.graph_capture import GraphCapture
-from gpu_worker.input_batch import InputBatch, ScheduledRequest, build_input_batch
-from gpu_worker.model_loader import Model, allocate_kv_cache, kv_shape
+from gpu_worker.runner.attention.backend import AttentionBackend, AttentionContext
+from gpu_worker.runner.attention.selector import make_attention_backend
+from gpu_worker.runner.attention.transformers_interface import register_paged_attention
+from gpu_worker.runner.cached_request_state import CachedRequestState
+from gpu_worker.runner.cuda_graphs import DecodeGraphs
+from gpu_worker.runner.forward.decoder import FAMILIES, Decoder
+from gpu_worker.runner.graph_capture import GraphCapture
+from gpu_worker.runner.input_batch import InputBatch, ScheduledRequest, build_input_batch
+from gpu_worker.runner.load_model import Model, allocate_kv_cache, kv_shape
 from tests.harness.capture_rules import capture_rules, patched
 
 GUARD_SOURCE = Path(__file__).with_name("fake_cuda_guard.cpp")

@@ -9,10 +9,10 @@ from dataclasses import dataclass
 import torch
 
 from common.protocol import SamplingParams
-from gpu_worker.attention_backend import AttentionBackend, CommonAttentionMetadata
-from gpu_worker.cached_request_state import CachedRequestState
-from gpu_worker.input_batch import ScheduledRequest, build_input_batch
-from gpu_worker.kv_cache import KVCache
+from gpu_worker.runner.attention.backend import AttentionBackend, CommonAttentionMetadata
+from gpu_worker.runner.cached_request_state import CachedRequestState
+from gpu_worker.runner.input_batch import ScheduledRequest, build_input_batch
+from gpu_worker.runner.kv_cache import KVCache
 
 # The kernels' device: the CPU under Triton's interpreter, a GPU when benchmarks/gpu_check.sh asks.
 DEVICE = torch.device(os.environ.get("CBSERVE_TEST_DEVICE", "cpu"))

@@ -7,8 +7,8 @@ from collections.abc import Collection, Sequence
 import torch
 
 from common.protocol import SamplingParams
-from gpu_worker.sampler import Sampler, SamplerOutput
-from gpu_worker.sampling_state import SamplingState
+from gpu_worker.runner.sample.sampler import Sampler, SamplerOutput
+from gpu_worker.runner.sample.sampling_state import SamplingState
 
 
 def sample_rows(

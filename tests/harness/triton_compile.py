@@ -16,7 +16,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from gpu_worker.triton_kernels import paged_decode, paged_prefill
+from gpu_worker.kernels.triton import paged_decode, paged_prefill
 
 TARGET = GPUTarget("cuda", 90, 32)  # Hopper
 INT_POINTERS = ("block_tables_ptr", "seq_lens_ptr", "query_start_loc_ptr")

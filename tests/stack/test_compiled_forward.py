@@ -1,6 +1,6 @@
-"""The worker's decoder compiled with inductor (gpu_worker/forward/compile.py, precompiled.py): the very
-tokens transformers' `generate` gives, one graph for every step shape, the compiled forward loaded
-from disk by a restarted worker (and compiled again when the forward's code changes), and int8
+"""The worker's decoder compiled with inductor (gpu_worker/runner/forward/compile.py, precompiled.py):
+the very tokens transformers' `generate` gives, one graph for every step shape, the compiled forward
+loaded from disk by a restarted worker (and compiled again when the forward's code changes), and int8
 weights compiled as they run eagerly.
 
 Here, not in tests/unit/: each compilation takes tens of seconds and one test starts a process.
@@ -22,14 +22,14 @@ from torch._dynamo.utils import counters
 
 from benchmarks.gpu_parity import reference_greedy
 from common.protocol import SamplingParams
-from gpu_worker.forward.decoder import Decoder
-from gpu_worker.forward.precompiled import PrecompiledForward
-from gpu_worker.model_runner import ModelRunner
+from gpu_worker.runner.forward.decoder import Decoder
+from gpu_worker.runner.forward.precompiled import PrecompiledForward
+from gpu_worker.runner.model_runner import ModelRunner
+from tests.unit.gpu_worker.spec_decode.test_spec_decode import MAX_TOKENS as SPEC_MAX_TOKENS
+from tests.unit.gpu_worker.spec_decode.test_spec_decode import NGRAM, greedy, run_pipeline
+from tests.unit.gpu_worker.spec_decode.test_spec_decode import PROMPTS as SPEC_PROMPTS
 from tests.unit.gpu_worker.test_decoder import MAX_TOKENS, greedy_requests_equal_generate
 from tests.unit.gpu_worker.test_model_runner import make_requests, make_runner, run_to_completion
-from tests.unit.gpu_worker.test_spec_decode import MAX_TOKENS as SPEC_MAX_TOKENS
-from tests.unit.gpu_worker.test_spec_decode import NGRAM, greedy, run_pipeline
-from tests.unit.gpu_worker.test_spec_decode import PROMPTS as SPEC_PROMPTS
 
 
 @pytest.fixture(scope="module", autouse=True)

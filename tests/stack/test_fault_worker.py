@@ -3,8 +3,9 @@
 Two workers share eight greedy streams. Once every stream has a few tokens, one worker is killed or
 paused. Its requests must resume on the other worker from the tokens already streamed, so each
 client gets exactly `generate`'s tokens with no error, gap or repeat. The raw token streams in Redis
-must hold every output index exactly once: the fence (gpu_worker/fence.py) keeps a paused worker
-from writing anything once the batcher has declared it dead, rather than relying on readers.
+must hold every output index exactly once: the fence (gpu_worker/service/fenced_writes.py) keeps a
+paused worker from writing anything once the batcher has declared it dead, rather than relying on
+readers.
 """
 
 from __future__ import annotations

@@ -69,6 +69,7 @@ RUN_BY = {
     "stream-client": "test_stream_client_example",
     "celery": "test_celery_example",
     "batch-api": "test_batch_api_example",
+    "offline-llm": "test_offline_llm_example",
     "curl-completion": "test_curl_completion_example",
     "openai-sdk-async": "test_openai_sdk_async_example",
     "structured-output": "test_structured_output_example",
@@ -142,6 +143,18 @@ def test_batch_api_example(stack: MadeRun) -> None:
         for i, q in enumerate(questions)
     }
     assert dict(line.split(" ", 1) for line in lines) == expected
+
+
+def test_offline_llm_example(stack: MadeRun) -> None:
+    """`LLM` in the example's own process answers as the served pipeline does."""
+    out = run(stack, "offline-llm", "python")
+    params = {"max_tokens": 32}
+    texts = [
+        f"{p!r} -> {post(stack, '/v1/completions', {'prompt': p, **params})['choices'][0]['text']!r}"
+        for p in ["The import statement", "The for loop"]
+    ]
+    chat = post(stack, "/v1/chat/completions", {"messages": QUESTION, **params})
+    assert out == "\n".join([*texts, chat["choices"][0]["message"]["content"]]) + "\n"
 
 
 def test_curl_completion_example(stack: MadeRun) -> None:

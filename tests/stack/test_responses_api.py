@@ -18,7 +18,7 @@ import pytest
 import redis
 
 from common.protocol import FIELD, RequestError, decode_event, decode_request
-from common.redis_conn import RETENTION_S
+from common.settings import RETENTION_S
 from common.streams import REQUESTS_STREAM, response_key, token_stream
 from gateway.security.api_keys import hash_key
 from openai_frontend.responses.input import _UNSUPPORTED

@@ -12,9 +12,9 @@ import torch
 
 from benchmarks import decode_roofline
 from benchmarks.forward_timer import ForwardTimer
-from gpu_worker import model_loader
-from gpu_worker.forward.decoder import Decoder
-from gpu_worker.model_runner import ModelRunner
+from gpu_worker.runner import load_model
+from gpu_worker.runner.forward.decoder import Decoder
+from gpu_worker.runner.model_runner import ModelRunner
 from gpu_worker.settings import WorkerSettings
 
 
@@ -28,8 +28,8 @@ def test_the_forward_is_built_as_load_model_builds_it(tiny_model_dir: Path, monk
     def compile_decoder(decoder: Decoder, cache_dir: Path, device: torch.device) -> None:
         calls.append((type(decoder), cache_dir, device))
 
-    monkeypatch.setattr(model_loader, "compile_decoder", compile_decoder)
-    loaded = model_loader.load_model(_settings(str(tiny_model_dir), compile_=True))
+    monkeypatch.setattr(load_model, "compile_decoder", compile_decoder)
+    loaded = load_model.load_model(_settings(str(tiny_model_dir), compile_=True))
     assert len(calls) == 1  # the worker's
     built = decode_roofline.worker_forward(
         decode_roofline.build_model("tiny", torch.device("cpu"), torch.float32), _settings("x", True)

@@ -8,9 +8,9 @@ from pathlib import Path
 
 from cbserve.startup_progress import StartupProgress, bar, phase_message
 
-LOADING = "2026-12-05 15:21:54,271 INFO gpu_worker.model_loader: loading the weights of models/demo"
+LOADING = "2026-12-05 15:21:54,271 INFO gpu_worker.runner.load_model: loading the weights of models/demo"
 COMPILING = (
-    "2026-12-05 15:21:55,000 INFO gpu_worker.forward.precompiled: "
+    "2026-12-05 15:21:55,000 INFO gpu_worker.runner.forward.precompiled: "
     "compiling the forward, none cached: about 30 s"
 )
 
@@ -25,7 +25,13 @@ def test_a_worker_line_is_its_message_and_others_are_not_shown() -> None:
     assert phase_message("2026-12-05 15:21:54,271 INFO torch._dynamo: tracing") is None
     assert phase_message("2026-12-05 15:21:54,271 WARNING torch._inductor: slow") == "slow"
     assert phase_message("Traceback (most recent call last):") is None
-    record = {"ts": 1.0, "level": "INFO", "service": "gpu_worker", "logger": "gpu_worker.profile", "msg": "p"}
+    record = {
+        "ts": 1.0,
+        "level": "INFO",
+        "service": "gpu_worker",
+        "logger": "gpu_worker.runner.profile",
+        "msg": "p",
+    }
     assert phase_message(json.dumps(record)) == "p"  # LOG_FORMAT=json
     assert phase_message("{not json") is None
 

@@ -17,11 +17,11 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, PretrainedConfig, Qwen3Config
 
-from gpu_worker.attention import register_paged_attention
-from gpu_worker.forward.decoder import Decoder
-from gpu_worker.sampler import sample_plain, sample_top_k, sample_top_p
-from gpu_worker.seeded_uniform import seeded_uniforms
-from gpu_worker.triton_kernels.kv_write import kv_write
+from gpu_worker.kernels.triton.kv_write import kv_write
+from gpu_worker.runner.attention.transformers_interface import register_paged_attention
+from gpu_worker.runner.forward.decoder import Decoder
+from gpu_worker.runner.sample.sampler import sample_plain, sample_top_k, sample_top_p
+from gpu_worker.runner.sample.seeded_uniform import seeded_uniforms
 from tests.harness.capture_rules import CaptureViolation, capture_rules
 from tests.harness.fake_cuda import DEVICE, CheckedCapture, decode_graphs, fake_cuda, model_on_fake_cuda
 from tests.harness.family_models import FAMILIES, SMALL
@@ -87,7 +87,7 @@ def test_each_rule_fails_on_what_it_names(name: str) -> None:
         with pytest.raises(CaptureViolation, match=message) as caught, capture_rules():
             region(x)
     # The project's own line, not torch's or the harness's: where to fix it.
-    where = "gpu_worker/triton_kernels/kv_write.py" if "kernel" in name else "test_capture_rules.py"
+    where = "gpu_worker/kernels/triton/kv_write.py" if "kernel" in name else "test_capture_rules.py"
     assert f"at {where}" in str(caught.value) or f"/{where}:" in str(caught.value)
 
 

@@ -15,10 +15,10 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
 from transformers import AutoModelForCausalLM, LlamaConfig, PreTrainedModel
 
-from gpu_worker.attention import register_paged_attention
-from gpu_worker.attention_backend import AttentionContext
-from gpu_worker.cuda_graphs import DecodeGraphs
-from gpu_worker.forward.decoder import Decoder, DecoderOutput
+from gpu_worker.runner.attention.backend import AttentionContext
+from gpu_worker.runner.attention.transformers_interface import register_paged_attention
+from gpu_worker.runner.cuda_graphs import DecodeGraphs
+from gpu_worker.runner.forward.decoder import Decoder, DecoderOutput
 from tests.harness.fake_cuda import CheckedCapture, decode_batch, decode_graphs, fake_cuda, to_fake_cuda
 from tests.harness.family_models import SMALL
 
@@ -72,7 +72,7 @@ def test_a_failed_capture_runs_its_size_eagerly_with_one_warning(caplog: pytest.
     with fake_cuda() as mode:
         graphs = _graphs(HostIndexDecoder, mode, capture, max_num_seqs=6)
         backend = graphs.backend
-        with caplog.at_level(logging.WARNING, logger="gpu_worker.cuda_graphs"):
+        with caplog.at_level(logging.WARNING, logger="gpu_worker.runner.cuda_graphs"):
             graphs.capture()
         assert graphs.captured_sizes == [1, 2]
         assert sorted(graphs.failed) == [4, 6]

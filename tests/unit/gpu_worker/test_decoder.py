@@ -1,4 +1,4 @@
-"""The worker's own decoder (gpu_worker/forward/), eager: merged GEMMs, each family, quantized weights.
+"""The worker's own decoder (gpu_worker/runner/forward/), eager: merged GEMMs, each family, quantized weights.
 
 At fp32 it must give the very tokens transformers' `generate` gives, for each family it serves,
 through batching, chunked prefill and preemption; quantized weights are close, not equal. The
@@ -26,10 +26,10 @@ from transformers import (
 )
 
 from common.protocol import SamplingParams
-from gpu_worker.forward.compile import compile_decoder
-from gpu_worker.forward.decoder import Decoder
-from gpu_worker.forward.linear import Linear
-from gpu_worker.model_runner import ModelRunner
+from gpu_worker.runner.forward.compile import compile_decoder
+from gpu_worker.runner.forward.decoder import Decoder
+from gpu_worker.runner.forward.linear import Linear
+from gpu_worker.runner.model_runner import ModelRunner
 from tests.harness.family_models import SMALL
 from tests.harness.worker_steps import new_request, prefill_step
 from tests.unit.gpu_worker.test_model_runner import (
@@ -122,7 +122,7 @@ def _first_logits(runner: ModelRunner, prompt: list[int]) -> torch.Tensor:
     step = prefill_step([new_request("r", prompt, params, list(range(16)))])
     runner._apply(step, {})
     batch = runner._scheduled(step, {})
-    from gpu_worker.input_batch import build_input_batch
+    from gpu_worker.runner.input_batch import build_input_batch
 
     with torch.inference_mode():
         return runner._forward(build_input_batch(batch, runner.attn_backend, runner.device))[0].clone()

@@ -5,10 +5,10 @@ from __future__ import annotations
 import torch
 
 from common.protocol import SamplingParams
-from gpu_worker.attention_torch import TorchAttentionBackend
-from gpu_worker.cached_request_state import CachedRequestState
-from gpu_worker.input_batch import ScheduledRequest, build_input_batch
-from gpu_worker.kv_cache import KVCache
+from gpu_worker.runner.attention.torch_attn import TorchAttentionBackend
+from gpu_worker.runner.cached_request_state import CachedRequestState
+from gpu_worker.runner.input_batch import ScheduledRequest, build_input_batch
+from gpu_worker.runner.kv_cache import KVCache
 
 BLOCK_SIZE = 4
 

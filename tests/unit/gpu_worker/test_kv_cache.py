@@ -1,4 +1,4 @@
-"""The paged pool's gather (gpu_worker/kv_cache.py): whole blocks in table order, widened for a reader
+"""The paged pool's gather (gpu_worker/runner/kv_cache.py): whole blocks in table order, widened for a reader
 of a wider dtype than the pool's, into workspaces reused from step to step."""
 
 from __future__ import annotations

@@ -19,10 +19,10 @@ from transformers import AutoConfig, PreTrainedModel
 
 from benchmarks.gpu_parity import reference_greedy
 from common.protocol import CachedRequestData, SamplingParams
-from gpu_worker.attention_torch import TorchAttentionMetadata
-from gpu_worker.forward.decoder import FAMILIES as DECODER_FAMILIES
-from gpu_worker.forward.decoder import Decoder
-from gpu_worker.model_runner import ModelRunner
+from gpu_worker.runner.attention.torch_attn import TorchAttentionMetadata
+from gpu_worker.runner.forward.decoder import FAMILIES as DECODER_FAMILIES
+from gpu_worker.runner.forward.decoder import Decoder
+from gpu_worker.runner.model_runner import ModelRunner
 from tests.harness.family_models import FAMILIES, WINDOW, save_family
 from tests.harness.worker_steps import new_request, scheduler_output
 from tests.unit.gpu_worker.test_decoder import greedy_requests_equal_generate

@@ -17,8 +17,8 @@ from common.protocol import (
     NewRequestData,
     SamplingParams,
 )
-from gpu_worker.attention_torch import TorchAttentionBackend
-from gpu_worker.model_runner import ModelRunner
+from gpu_worker.runner.attention.torch_attn import TorchAttentionBackend
+from gpu_worker.runner.model_runner import ModelRunner
 from gpu_worker.settings import WorkerSettings
 from tests.harness.worker_steps import new_request, prefill_step, scheduler_output
 

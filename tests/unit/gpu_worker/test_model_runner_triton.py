@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from common.protocol import SamplingParams
-from gpu_worker.attention_triton import TritonAttentionBackend
+from gpu_worker.runner.attention.triton_attn import TritonAttentionBackend
 from tests.unit.gpu_worker.test_model_runner import (
     generate_alone,
     make_requests,

@@ -37,10 +37,10 @@ from transformers import (
     StableLmConfig,
 )
 
-from gpu_worker.forward.decoder import FAMILIES as DECODER_FAMILIES
-from gpu_worker.forward.decoder import Decoder
-from gpu_worker.model_runner import ModelRunner
-from gpu_worker.model_support import (
+from gpu_worker.runner.forward.decoder import FAMILIES as DECODER_FAMILIES
+from gpu_worker.runner.forward.decoder import Decoder
+from gpu_worker.runner.model_runner import ModelRunner
+from gpu_worker.runner.model_support import (
     UnsupportedModelError,
     check_model_supported,
     unsupported_attention_features,

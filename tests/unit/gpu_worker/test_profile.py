@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from gpu_worker.model_runner import ModelRunner
-from gpu_worker.profile import GIB, GpuMemoryBudget, build_profile_step
+from gpu_worker.runner.model_runner import ModelRunner
+from gpu_worker.runner.profile import GIB, GpuMemoryBudget, build_profile_step
 from gpu_worker.settings import WorkerSettings
 
 
@@ -47,7 +47,7 @@ def test_limits_default_by_device_and_a_full_batch_of_decodes_must_fit() -> None
 def test_runner_profiles_its_own_limits_then_registers_them(
     tiny_model_dir: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    with caplog.at_level(logging.INFO, logger="gpu_worker.profile"):
+    with caplog.at_level(logging.INFO, logger="gpu_worker.runner.profile"):
         runner = ModelRunner(
             settings(str(tiny_model_dir), max_num_seqs=5, max_num_batched_tokens=48, num_blocks=20)
         )

@@ -18,7 +18,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from common.protocol import CachedRequestData, NewRequestData, SamplingParams, SchedulerOutput
-from gpu_worker.model_runner import ModelRunner
+from gpu_worker.runner.model_runner import ModelRunner
 from gpu_worker.settings import WorkerSettings
 from openai_frontend.model.chat_template import render_chat
 from openai_frontend.model.chatml import CHAT_TEMPLATE

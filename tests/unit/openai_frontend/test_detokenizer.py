@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
 import pytest
 from tokenizers import Tokenizer
 
-from openai_frontend.text.detokenizer import IncrementalDetokenizer
+from openai_frontend.text.detokenizer import NUM_CONTEXT_TOKENS, IncrementalDetokenizer
 from openai_frontend.text.output_processor import OutputProcessor
 from tests.harness.tiny_model import byte_token_id
 
@@ -99,3 +100,31 @@ def test_flush_adds_nothing_after_a_stop_string(tokenizer: Tokenizer) -> None:
     deltas = [processor.process(t, None) for t in output_ids]
     assert "".join(d.text for d in deltas) == " one "
     assert any(d.stop_string_hit for d in deltas)
+
+
+@pytest.mark.parametrize("skip_special_tokens", [True, False])
+def test_rust_stream_emits_what_the_window_decode_emits(
+    tokenizer: Tokenizer, skip_special_tokens: bool
+) -> None:
+    """tokenizers' DecodeStream walks the same window as the Python decode it replaced, delta for
+    delta, over random tokens: special ones, lone bytes of multi-byte characters and words."""
+    rng = random.Random(0)
+    vocab = tokenizer.get_vocab_size()
+    for _ in range(200):
+        prompt_ids = [rng.randrange(vocab) for _ in range(rng.randrange(0, 9))]
+        output_ids = [rng.randrange(vocab) for _ in range(rng.randrange(1, 40))]
+        fast = IncrementalDetokenizer(tokenizer, prompt_ids, skip_special_tokens)
+        window = IncrementalDetokenizer(tokenizer, prompt_ids, skip_special_tokens)
+        window._stream = None  # the Python window decode, which a refusing stream falls back to
+        assert [fast.step(t) for t in output_ids] == [window.step(t) for t in output_ids]
+        assert fast.flush() == window.flush()
+
+
+def test_skipped_special_tokens_never_widen_the_window(tokenizer: Tokenizer) -> None:
+    """A model that emits EOS over and over (ignore_eos) must not make each step decode all of them."""
+    eos = tokenizer.token_to_id("<|endoftext|>")
+    hello = tokenizer.encode(" hello").ids
+    output_ids = [*hello, *[eos] * 500, *hello]
+    detok = IncrementalDetokenizer(tokenizer, tokenizer.encode("The prompt").ids)
+    assert "".join(detok.step(t) for t in output_ids) == " hello hello"
+    assert len(detok._token_ids) <= NUM_CONTEXT_TOKENS + 2 * len(hello)

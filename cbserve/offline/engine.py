@@ -1,0 +1,70 @@
+"""The engine core in one thread: the batcher's `Scheduler` and the worker's `ModelRunner`, no Redis.
+
+One `step()` is one iteration of the pipeline (vLLM's EngineCore.step, nano-vllm's LLMEngine.step):
+schedule the worker's next step, run it, apply its result; the token events are those the worker
+would publish. The result comes back before the next step is scheduled, so there is no second step
+to overlap with the first: async scheduling is refused.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from batcher.core.request import Request
+from batcher.core.scheduler import Scheduler, SchedulerConfig, SchedulerStats
+from common.protocol import PromptEvent, SamplingParams, TokenEvent
+from gpu_worker.runner.model_runner import ModelRunner
+from gpu_worker.settings import WorkerSettings
+
+
+@dataclass(slots=True)
+class EngineStep:
+    events: list[TokenEvent | PromptEvent] = field(default_factory=list)  # what the worker would stream
+    # Requests that ended in this step: by their finish_reason, "error" (with .error) when they failed.
+    finished: list[Request] = field(default_factory=list)
+    ran: bool = False  # a forward ran (False: nothing could be scheduled)
+
+
+class LLMEngine:
+    def __init__(self, runner: ModelRunner, config: SchedulerConfig) -> None:
+        if config.async_scheduling:
+            raise ValueError("async scheduling overlaps two steps; one thread runs one step at a time")
+        self.runner = runner
+        self.scheduler = Scheduler(config)
+        self.worker_id = runner.worker_id  # results carry it: the scheduler matches them by it
+        self.scheduler.add_worker(runner.worker_info())
+
+    @classmethod
+    def load(cls, settings: WorkerSettings, config: SchedulerConfig) -> LLMEngine:
+        """The model loaded as the worker loads it (`python -m gpu_worker`), under `config`'s scheduling."""
+        return cls(ModelRunner(settings), config)
+
+    @property
+    def stats(self) -> SchedulerStats:
+        return self.scheduler.stats
+
+    @property
+    def max_model_len(self) -> int:
+        return self.runner.max_model_len
+
+    def add_request(self, req_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        now = time.time()
+        req = Request(req_id, list(prompt_token_ids), params, arrival_time=now, entry_id="")
+        self.scheduler.add_request(req, now)
+
+    def abort_request(self, req_id: str, reason: str = "abort") -> None:
+        """Stop a request still running ("stop": a stop string ended it, as the gateway says it)."""
+        if req_id in self.scheduler.requests:
+            self.scheduler.abort_request(req_id, reason, time.time())
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.scheduler.requests)
+
+    def step(self) -> EngineStep:
+        out, failed = self.scheduler.schedule(self.worker_id)
+        if out is None:
+            return EngineStep(finished=failed)
+        result = self.runner.execute_model(out)
+        events = self.runner.token_events(result)  # before the next step frees the finished ones
+        return EngineStep(events, [*failed, *self.scheduler.update_from_output(result)], ran=True)

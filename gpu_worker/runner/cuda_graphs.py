@@ -1,0 +1,177 @@
+"""CUDA graphs for decode-only steps: captured once per padded batch size, replayed with the real
+batch copied into static buffers.
+
+A decode step of a small or mid-sized model is bound by kernel launches (hundreds per layer, each
+dispatched by Python); a replayed graph submits them all at once. A graph holds fixed shapes and
+addresses, so inputs live in static buffers sized for the largest batch: padding rows attend nothing
+(seq_len 0) and write nowhere (slot -1), and every graph reads block tables as wide as the longest
+sequence the worker admits. Steps with prefill chunks run eagerly. Only the Triton backend can be
+captured: the torch backend plans its work from host values.
+
+Without capture (`capture=None`, the CPU) the same padded buffers run eagerly: that is how the CPU
+test suite checks the padding. A size whose capture fails runs eagerly the same way, with a warning.
+What runs under capture (`_forward`) makes no host tensor and waits for nothing: the capture-rules
+lane (tests/unit/gpu_worker/test_capture_rules.py) checks that on the CPU with fake `cuda` tensors.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from gpu_worker.runner.attention.backend import AttentionBackend, AttentionContext, CommonAttentionMetadata
+from gpu_worker.runner.graph_capture import Graph, GraphCapture
+from gpu_worker.runner.input_batch import InputBatch
+
+if TYPE_CHECKING:
+    from gpu_worker.runner.load_model import Model
+
+logger = logging.getLogger(__name__)
+
+
+def capture_sizes(max_num_seqs: int) -> list[int]:
+    """1, 2, 4, 8, then steps of 16, up to and including `max_num_seqs`."""
+    sizes = [s for s in (1, 2, 4, 8) if s < max_num_seqs]
+    sizes += range(16, max_num_seqs, 16)
+    return [*sizes, max_num_seqs]
+
+
+class DecodeGraphs:
+    def __init__(
+        self,
+        model: Model,
+        backend: AttentionBackend[Any],
+        *,
+        max_num_seqs: int,
+        max_model_len: int,
+        device: torch.device,
+        capture: GraphCapture | None,
+    ) -> None:
+        """`capture`: how graphs are captured (`CudaGraphCapture` on a GPU); None runs every size
+        eagerly from the padded buffers."""
+        if backend.name != "triton":
+            raise ValueError("CUDA graphs need the triton attention backend (WORKER_ATTENTION_BACKEND)")
+        self.model = model
+        self.backend = backend
+        self.sizes = capture_sizes(max_num_seqs)
+        self.max_model_len = max_model_len
+        self._capture = capture
+        size = self.sizes[-1]
+        width = -(-max_model_len // backend.kv_cache.block_size)
+        self.input_ids = torch.zeros((1, size), dtype=torch.long, device=device)
+        self.position_ids = torch.zeros((1, size), dtype=torch.long, device=device)
+        self.slot_mapping = torch.full((size,), -1, dtype=torch.long, device=device)
+        self.seq_lens = torch.zeros(size, dtype=torch.int32, device=device)
+        self.query_start_loc = torch.arange(size + 1, dtype=torch.int32, device=device)
+        self.block_tables = torch.zeros((size, width), dtype=torch.int32, device=device)
+        # One logits buffer for every graph: each graph copies its rows here, so a graph keeps no
+        # [size, vocab] output of its own alive (0.5 GB per graph for a 128k vocabulary).
+        vocab_size = int(model.config.get_text_config().vocab_size)
+        self.logits = torch.empty((size, vocab_size), dtype=torch.float32, device=device)
+        self._graphs: dict[int, Graph] = {}
+        self.failed: dict[int, str] = {}  # sizes whose capture failed (they run eagerly), with why
+        self.num_replays = 0  # decode steps served from these buffers (tests and stats)
+
+    def capture(self) -> None:
+        """Capture one graph per size, largest first; logs time and memory. A size whose capture
+        fails runs eagerly from the same buffers (one warning for all such sizes): a worker that
+        cannot capture serves slower, it does not die at startup."""
+        if self._capture is None:
+            return
+        started = time.perf_counter()
+        errors: dict[int, RuntimeError] = {}
+        with torch.inference_mode():
+            for size in reversed(self.sizes):
+                step = functools.partial(self._forward, size)
+                # Eager, as every uncaptured step runs: an error here is the step's own, and stops us.
+                self._capture.warm_up(step)
+                try:
+                    self._graphs[size] = self._capture.capture(step)
+                except RuntimeError as exc:  # torch's capture errors (AcceleratorError is one too)
+                    errors[size] = exc
+        self.failed = {size: str(exc) for size, exc in sorted(errors.items())}
+        if errors:
+            first = errors[max(errors)]
+            logger.warning(
+                "CUDA graph capture failed for decode batches of %s rows: they run eagerly (%s)",
+                ", ".join(map(str, self.failed)),
+                first,
+                exc_info=first,
+            )
+        logger.info(
+            "captured %d CUDA graphs for decode batches up to %d in %.1f s, using %.0f MiB",
+            len(self._graphs),
+            self.sizes[-1],
+            time.perf_counter() - started,
+            self._capture.memory_used() / 2**20,
+        )
+
+    @property
+    def captured_sizes(self) -> list[int]:
+        """The batch sizes a graph replays, smallest first."""
+        return sorted(self._graphs)
+
+    def can_run(self, batch: InputBatch) -> bool:
+        """A decode-only step whose every row samples, small enough for the largest graph."""
+        common = batch.attn_metadata.common
+        return (
+            common.num_reqs > 0
+            and common.num_decodes == common.num_reqs
+            and common.num_reqs <= self.sizes[-1]
+            and len(batch.sampling_reqs) == common.num_reqs
+            and not batch.prompt_rows
+        )
+
+    def run(self, batch: InputBatch) -> torch.Tensor:
+        """The step's logits [B, vocab]: a view of a static buffer, valid until the next run."""
+        common = batch.attn_metadata.common
+        num_reqs = common.num_reqs
+        size = next(s for s in self.sizes if s >= num_reqs)
+        self.input_ids[:, :num_reqs].copy_(batch.input_ids)
+        self.position_ids[:, :num_reqs].copy_(batch.position_ids)
+        self.slot_mapping[:num_reqs].copy_(common.slot_mapping)
+        self.slot_mapping[num_reqs:size].fill_(-1)
+        self.seq_lens[:num_reqs].copy_(common.seq_lens)
+        self.seq_lens[num_reqs:size].zero_()
+        width = common.block_tables.shape[1]
+        self.block_tables[:num_reqs, :width].copy_(common.block_tables)
+        self.num_replays += 1
+        if size in self._graphs:
+            self._graphs[size].replay()
+        else:
+            self._forward(size)
+        return self.logits[:num_reqs]
+
+    def _forward(self, size: int) -> None:
+        """One padded decode step of `size` rows; its logits land in `self.logits[:size]`."""
+        seq_lens, block_tables = self.seq_lens[:size], self.block_tables[:size]
+        query_start_loc = self.query_start_loc[: size + 1]
+        common = CommonAttentionMetadata(
+            slot_mapping=self.slot_mapping[:size],
+            query_start_loc=query_start_loc,
+            seq_lens=seq_lens,
+            block_tables=block_tables,
+            # Host copies are for backends that plan on the host; the triton backend reads none.
+            query_start_loc_cpu=query_start_loc,
+            seq_lens_cpu=seq_lens,
+            block_tables_cpu=block_tables,
+            num_decodes=size,
+            num_actual_tokens=size,
+            max_query_len=1,
+            max_seq_len=self.max_model_len,
+        )
+        context = AttentionContext(
+            backend=self.backend, metadata=self.backend.build_metadata(common), common=common
+        )
+        outputs = self.model(
+            input_ids=self.input_ids[:, :size],
+            position_ids=self.position_ids[:, :size],
+            use_cache=False,
+            logits_to_keep=0,  # every row of a decode step samples
+            attn_metadata=context,
+        )
+        self.logits[:size].copy_(outputs.logits[0])

@@ -1,0 +1,167 @@
+"""The Llama-family decoder (Llama, Mistral, Qwen2, Qwen3) over one flattened ragged batch, sliding
+windows included (Mistral's for every layer, Qwen2/3's from `max_window_layers` on).
+
+Built from the transformers model with the same weights: q/k/v become one GEMM and gate/up another
+(vLLM's QKVParallelLinear / MergedColumnParallelLinear), RMSNorm and RoPE are written as plain tensor
+ops that inductor fuses, and attention is an opaque op (`cbserve::paged_attention`, or its C++ twin
+on the CPU: attention_op.py). The arithmetic is
+transformers' own, op for op (RMSNorm in float32, RoPE from the model's rotary module), so greedy
+output stays equal to `generate`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import PreTrainedModel
+
+from gpu_worker.runner.attention.backend import AttentionContext
+from gpu_worker.runner.forward.attention_op import native_attention, step_context
+from gpu_worker.runner.forward.linear import Linear
+from gpu_worker.settings import Quantization
+
+FAMILIES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
+
+
+@dataclass(slots=True)
+class DecoderOutput:
+    logits: torch.Tensor  # [1, N, vocab], as transformers' CausalLMOutput
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, weight: torch.Tensor, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(weight.detach(), requires_grad=False)
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(dtype)
+
+
+def _merged(linears: list[nn.Linear], quantization: Quantization | None) -> Linear:
+    weight = torch.cat([lin.weight for lin in linears])
+    biases = [lin.bias for lin in linears]
+    bias = None if biases[0] is None else torch.cat([b for b in biases if b is not None])
+    return Linear(weight, bias, quantization)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(
+        self, hf_layer: Any, layer_idx: int, quantization: Quantization | None, native_attention: bool
+    ) -> None:
+        super().__init__()
+        attn, mlp = hf_layer.self_attn, hf_layer.mlp
+        self.layer_idx = layer_idx
+        self.native_attention = native_attention  # the C++ op (attention_op.py)
+        self.head_dim = int(attn.head_dim)
+        self.q_size = attn.q_proj.out_features
+        self.kv_size = attn.k_proj.out_features
+        self.scale = float(attn.scaling)
+        # Qwen2/3 set it per layer; Mistral reads its config's for every layer.
+        window = getattr(attn, "sliding_window", getattr(attn.config, "sliding_window", None))
+        self.window: int | None = None if window is None else int(window)
+        self.input_layernorm = RMSNorm(
+            hf_layer.input_layernorm.weight, hf_layer.input_layernorm.variance_epsilon
+        )
+        post = hf_layer.post_attention_layernorm
+        self.post_attention_layernorm = RMSNorm(post.weight, post.variance_epsilon)
+        self.qkv_proj = _merged([attn.q_proj, attn.k_proj, attn.v_proj], quantization)
+        self.o_proj = Linear(attn.o_proj.weight, attn.o_proj.bias, quantization)
+        q_norm, k_norm = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)  # Qwen3
+        self.q_norm = None if q_norm is None else RMSNorm(q_norm.weight, q_norm.variance_epsilon)
+        self.k_norm = None if k_norm is None else RMSNorm(k_norm.weight, k_norm.variance_epsilon)
+        self.gate_up_proj = _merged([mlp.gate_proj, mlp.up_proj], quantization)
+        self.intermediate_size = mlp.gate_proj.out_features
+        self.down_proj = Linear(mlp.down_proj.weight, mlp.down_proj.bias, quantization)
+        self.act_fn: Callable[[torch.Tensor], torch.Tensor] = mlp.act_fn
+
+    def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """hidden [T, hidden], cos/sin [T, 1, head_dim] -> [T, hidden]."""
+        residual = hidden
+        qkv = self.qkv_proj(self.input_layernorm(hidden))
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(q.shape[0], -1, self.head_dim)
+        k = k.view(k.shape[0], -1, self.head_dim)
+        v = v.view(v.shape[0], -1, self.head_dim)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = q * cos + _rotate_half(q) * sin
+        k = k * cos + _rotate_half(k) * sin
+        if self.native_attention:
+            attn = torch.ops.cbserve_cpu.paged_attention(q, k, v, self.layer_idx, self.scale, self.window)
+        else:
+            attn = torch.ops.cbserve.paged_attention(q, k, v, self.layer_idx, self.scale, self.window)
+        hidden = residual + self.o_proj(attn.flatten(1))
+        residual = hidden
+        gate, up = self.gate_up_proj(self.post_attention_layernorm(hidden)).split(
+            self.intermediate_size, dim=-1
+        )
+        return residual + self.down_proj(self.act_fn(gate) * up)
+
+
+class Decoder(nn.Module):
+    """Called like the transformers model it replaces: `model(input_ids=[1, T], position_ids=[1, T],
+    logits_to_keep=[N], attn_metadata=context)` -> `.logits` [1, N, vocab]."""
+
+    def __init__(self, hf_model: PreTrainedModel, quantization: Quantization | None) -> None:
+        super().__init__()
+        inner: Any = hf_model.model
+        self.config = hf_model.config
+        self.dtype = hf_model.dtype
+        self.embed_tokens = inner.embed_tokens
+        self.rotary_emb = inner.rotary_emb
+        native = native_attention(hf_model.device)
+        self.layers = nn.ModuleList(
+            [DecoderLayer(layer, i, quantization, native) for i, layer in enumerate(inner.layers)]
+        )
+        self.norm = RMSNorm(inner.norm.weight, inner.norm.variance_epsilon)
+        lm_head = hf_model.lm_head
+        self.lm_head = Linear(lm_head.weight, lm_head.bias, quantization)
+        self.generation_config = hf_model.generation_config
+        # The compiled callable of `logits_of` (compile.py); `logits_of` itself until then.
+        self.run: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] = self.logits_of
+
+    def logits_of(self, input_ids: torch.Tensor, positions: torch.Tensor, kept: torch.Tensor) -> torch.Tensor:
+        """input_ids [T], positions [T], kept [N] -> logits [N, vocab]: the part that is compiled."""
+        hidden = self.embed_tokens(input_ids)
+        cos, sin = self.rotary_emb(hidden, positions.unsqueeze(0))
+        cos, sin = cos[0].unsqueeze(1), sin[0].unsqueeze(1)  # [T, 1, head_dim]: broadcast over heads
+        for layer in self.layers:
+            hidden = layer(hidden, cos, sin)
+        return self.lm_head(self.norm(hidden.index_select(0, kept)))
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        logits_to_keep: torch.Tensor | int,
+        attn_metadata: AttentionContext,
+        use_cache: bool = False,
+    ) -> DecoderOutput:
+        del use_cache  # the paged pool is the cache
+        # Copies, not views of [1, T]: the compiled graph would guard on the base's size too.
+        ids, positions = input_ids[0].clone(), position_ids[0].clone()
+        if isinstance(logits_to_keep, int):  # 0: every row (transformers' meaning)
+            # Made on the device: a decode graph captures this (gpu_worker/runner/cuda_graphs.py), and a
+            # capture refuses a copy from the host (tests/unit/gpu_worker/test_capture_rules.py).
+            num_tokens = ids.shape[0]
+            first = num_tokens - logits_to_keep if logits_to_keep else 0
+            logits_to_keep = torch.arange(first, num_tokens, device=ids.device)
+        # A copy too: made here, under the runner's inference mode, like ids and positions. Rows made
+        # outside it (a decode step's) and inside it (with drafts) differ in dispatch keys, which
+        # the graph guards on: the first step with drafts recompiled it (~2 s).
+        kept = logits_to_keep.clone()
+        with step_context(attn_metadata):
+            return DecoderOutput(logits=self.run(ids, positions, kept).unsqueeze(0))

@@ -1,0 +1,158 @@
+"""Drafts from a small model with the target's tokenizer (SPECULATIVE_CONFIG method "draft_model"),
+run by the worker over its own paged KV pool.
+
+After a step, the requests the batcher asked drafts for get the draft model's greedy continuation,
+all of them in one forward per draft position (vLLM's draft-model proposer batches the same way):
+the first feeds each request the tokens its draft KV lacks (accepted drafts are there already,
+rejected ones are cut off), each later one the draft just made. The batcher sends the drafts with
+its next step, where they are verified like any draft (verify.py); greedy drafts are point
+masses, so verification keeps the target's distribution at any temperature.
+
+The pool has as many blocks as the target's (the worker splits its KV budget between the two) and
+its own free list: a request holds at most a block more than in the target's pool, and one that
+finds no free block gets no drafts that step, never an error. A request that comes back after
+preemption or from another worker starts again from its tokens.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from transformers import AutoConfig
+
+from common.protocol import SamplingParams
+from gpu_worker.runner.attention.selector import make_attention_backend
+from gpu_worker.runner.cached_request_state import CachedRequestState
+from gpu_worker.runner.input_batch import ScheduledRequest, build_input_batch
+from gpu_worker.runner.load_model import KVShape, allocate_kv_cache, kv_shape, load_model, model_max_len
+from gpu_worker.settings import WorkerSettings
+
+logger = logging.getLogger(__name__)
+
+# What a draft request's state carries for build_input_batch; drafts are always the argmax.
+_GREEDY = SamplingParams(temperature=0.0)
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+class DraftModelProposer:
+    def __init__(self, settings: WorkerSettings, model_dir: str, target_vocab_size: int) -> None:
+        config = AutoConfig.from_pretrained(model_dir)
+        draft_vocab = int(config.get_text_config().vocab_size)
+        if draft_vocab > target_vocab_size:
+            raise ValueError(
+                f"the draft model {model_dir} has {draft_vocab} tokens, more than the target's "
+                f"{target_vocab_size}: it needs the target's tokenizer"
+            )
+        # The target's device, dtype and compilation; never quantized (a draft only has to agree).
+        self.model = load_model(settings.model_copy(update={"model": model_dir, "quantization": None}))
+        self.kv_shape: KVShape = kv_shape(config)
+        self.device = torch.device(settings.device)
+        self.block_size = settings.block_size
+        self.max_len = model_max_len(config) or 0
+        self._backend_name = settings.resolved_attention_backend
+        self._group_decodes = settings.resolved_group_decodes
+        self._kv_cache_dtype: torch.dtype = getattr(torch, settings.resolved_kv_cache_dtype)
+        self.requests: dict[str, CachedRequestState] = {}
+        self.free_blocks: list[int] = []
+        self.num_blocks = 0
+        logger.info("draft model %s loaded (%d tokens)", model_dir, draft_vocab)
+
+    def use_kv_cache(self, num_blocks: int) -> None:
+        """Allocate the pool (`num_blocks` of the target's block size) and run one proposal, which
+        compiles the forward before any request waits on it."""
+        self.kv_cache = allocate_kv_cache(
+            self.kv_shape, num_blocks, self.block_size, self._kv_cache_dtype, self.device
+        )
+        self.attn_backend = make_attention_backend(
+            self._backend_name, self.kv_cache, self._group_decodes, dtype=self.model.dtype
+        )
+        self.num_blocks = num_blocks
+        self.clear()
+        self.propose({"warm-up": ([0, 0], 2)})
+        self.clear()
+
+    @torch.inference_mode()
+    def propose(self, asks: dict[str, tuple[list[int], int]]) -> dict[str, list[int]]:
+        """req_id -> (its known tokens, k): the draft model's greedy tokens after them, at most k
+        (fewer where its context ends; none for a request the pool has no room for)."""
+        drafts: dict[str, list[int]] = {}
+        wanted: dict[str, int] = {}
+        step: list[ScheduledRequest] = []
+        for req_id, (token_ids, k) in asks.items():
+            if self.max_len:
+                k = min(k, self.max_len - len(token_ids))
+            if k <= 0 or not token_ids:
+                continue
+            state = self._catch_up(req_id, token_ids, k)
+            if state is None:
+                continue
+            drafts[req_id], wanted[req_id] = [], k
+            step.append(ScheduledRequest(state, state.num_tokens - state.num_computed_tokens))
+        while step:
+            following: list[ScheduledRequest] = []
+            for scheduled, token in self._forward(step):
+                state = scheduled.state
+                state.num_computed_tokens = state.num_tokens
+                drafts[state.req_id].append(token)
+                if len(drafts[state.req_id]) < wanted[state.req_id]:
+                    state.token_ids.append(token)  # its KV comes with the next position's forward
+                    following.append(ScheduledRequest(state, 1))
+            step = following
+        return drafts
+
+    def _catch_up(self, req_id: str, token_ids: list[int], k: int) -> CachedRequestState | None:
+        """`req_id`'s state holding `token_ids`, its KV kept up to where it agrees with them (the
+        last token always fed: its logits give the first draft), with blocks for the k - 1 drafts
+        whose KV the later forwards write; None when the pool has no room."""
+        state = self.requests.get(req_id)
+        if state is None:
+            state = CachedRequestState(
+                req_id=req_id,
+                token_ids=[],
+                num_prompt_tokens=0,
+                sampling_params=_GREEDY,
+                block_ids=[],
+                num_computed_tokens=0,
+                attempt=0,
+            )
+            self.requests[req_id] = state
+        keep = min(_common_prefix(state.token_ids, token_ids), state.num_computed_tokens, len(token_ids) - 1)
+        state.token_ids = list(token_ids)
+        state.num_computed_tokens = keep
+        needed = -(-(len(token_ids) + k - 1) // self.block_size) - len(state.block_ids)
+        if needed > len(self.free_blocks):
+            self.free(req_id)
+            return None
+        for _ in range(needed):
+            state.block_ids.append(self.free_blocks.pop())
+        return state
+
+    def _forward(self, step: list[ScheduledRequest]) -> list[tuple[ScheduledRequest, int]]:
+        """One forward over `step`: each request's greedy next token, in the batch's order."""
+        batch = build_input_batch(step, self.attn_backend, self.device)
+        logits = self.model(
+            input_ids=batch.input_ids,
+            position_ids=batch.position_ids,
+            use_cache=False,
+            logits_to_keep=batch.logits_indices,
+            attn_metadata=batch.attn_metadata,
+        ).logits[0]
+        tokens = logits.max(dim=-1).indices.tolist()
+        return list(zip(batch.sampling_reqs, tokens, strict=True))
+
+    def free(self, req_id: str) -> None:
+        state = self.requests.pop(req_id, None)
+        if state is not None:
+            self.free_blocks.extend(state.block_ids)
+
+    def clear(self) -> None:
+        self.requests.clear()
+        self.free_blocks = list(range(self.num_blocks - 1, -1, -1))

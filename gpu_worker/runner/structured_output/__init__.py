@@ -1,0 +1,1 @@
+"""Structured outputs: a grammar matcher per constrained request, whose token masks constrain sampling."""

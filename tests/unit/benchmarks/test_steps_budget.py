@@ -34,10 +34,12 @@ def test_a_step_may_not_spend_what_later_steps_reserved(tmp_path: Path) -> None:
         "step a 90 true; step b 30 true; step c 20 true; step d 90 true\n",
     )
     limits = {name: int(limit) for name, limit, _seconds, _rc in rows}
-    # a: 100 - 10 (tail) - 30 - 20 (reserved) = 40; b and c keep their own; d gets what is left.
+    # a: 100 - 10 (tail) - 30 - 20 (reserved) = 40; b and c keep their own; d gets what is left: 90
+    # less the seconds a, b and c took (whole seconds, more on a loaded machine), and what they
+    # reserved no longer counts against it.
     assert limits["a"] == 40
     assert (limits["b"], limits["c"]) == (30, 20)
-    assert 85 <= limits["d"] <= 90
+    assert 40 < limits["d"] <= 90
     assert [rc for *_, rc in rows] == ["0", "0", "0", "0"]
     assert "start a (limit 40s)" in out
 

@@ -94,7 +94,8 @@ class Housekeeping(ContextPart):
 
     def _fence_worker(self, worker_id: str) -> None:
         """Declare a worker dead: revoke its registration, which every write of the worker checks
-        atomically (gpu_worker/fence.py), then post a WorkerLost marker behind its last results."""
+        atomically (gpu_worker/service/fenced_writes.py), then post a WorkerLost marker behind its
+        last results."""
         self.scheduler.fence_worker(worker_id)
         pipe = self.outbox.pipe
         pipe.hdel(self.keys.workers, worker_id)

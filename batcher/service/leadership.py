@@ -5,7 +5,7 @@ Taking the lease (a Redis key SET with a TTL, only if absent) bumps a global epo
 it from its busy loop, so a wedged or paused loop loses it. Losing it is safe because every step the
 batcher appends to a worker's steps stream goes through a Lua script that first checks the lease
 value: an old leader that wakes from a pause after a standby took over writes nothing (the same idea
-as the worker fence in gpu_worker/fence.py).
+as the worker fence in gpu_worker/service/fenced_writes.py).
 """
 
 from __future__ import annotations

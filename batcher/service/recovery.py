@@ -44,7 +44,7 @@ class TokenHistory:
 
 
 def fence_workers(client: redis.Redis, keys: streams.CellKeys) -> list[str]:
-    """Revoke every worker's registration (see gpu_worker/fence.py) and drop its steps stream.
+    """Revoke every worker's registration (see gpu_worker/service/fenced_writes.py) and drop its steps stream.
 
     A worker holds requests (and KV) from the old leader's steps and may be computing one; once
     fenced, none of that can reach a token stream, and the worker joins again under a new id with an

@@ -2,7 +2,7 @@
 token budget and blocks like any other token; the worker verifies them). Any request may draft: the
 worker samples each draft's position as a plain step would sample it there, with the drafts before
 it taken as output (logit_bias, min_tokens, penalties, a grammar), and reports the logprobs of each
-token of the run (gpu_worker/spec_decode.py), so speculation changes no output."""
+token of the run (gpu_worker/runner/spec_decode/verify.py), so speculation changes no output."""
 
 from __future__ import annotations
 

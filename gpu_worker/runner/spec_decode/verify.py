@@ -1,4 +1,4 @@
-"""Verifying a step's drafts (the batcher proposes them; batcher/spec_decode/).
+"""Verifying a step's drafts (the batcher proposes them; batcher/core/spec_decode/).
 
 N-gram drafts are point masses, for which rejection sampling is: accept draft x with probability
 p(x), else draw from p without x, renormalised. Drawing y from p and accepting x when y == x does

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from gpu_worker.runner.attention.backend import AttentionBackend, AttentionContext, CommonAttentionMetadata
+from gpu_worker.runner.block_table import BlockTable
 from gpu_worker.runner.cached_request_state import CachedRequestState
 from gpu_worker.runner.sample.prompt_logprobs import PromptRows
 
@@ -58,10 +59,15 @@ class InputBatch:
 
 
 def build_input_batch(
-    requests: Sequence[ScheduledRequest], backend: AttentionBackend[Any], device: torch.device
+    requests: Sequence[ScheduledRequest],
+    backend: AttentionBackend[Any],
+    device: torch.device,
+    block_table: BlockTable | None = None,
 ) -> InputBatch:
     """Decodes (query length 1) go first, longest context first (the torch backend attends them in
-    groups of similar length; kernels need only decodes first)."""
+    groups of similar length; kernels need only decodes first). The block ids come through
+    `block_table`, the runner's, which holds its requests' rows between steps (a one-step table
+    without it)."""
     block_size = backend.kv_cache.block_size
     decodes = sorted(
         (r for r in requests if r.num_tokens == 1), key=lambda r: r.state.num_computed_tokens, reverse=True
@@ -77,11 +83,6 @@ def build_input_batch(
             r.token_ids[c:s] for r, c, s in zip(ordered, computed, seq_lens, strict=True)
         )
     )
-    table_ids = list(
-        itertools.chain.from_iterable(
-            r.state.block_ids[:nb] for r, nb in zip(ordered, num_table_blocks, strict=True)
-        )
-    )
     sampling = [r for r, s in zip(ordered, seq_lens, strict=True) if s == r.num_tokens_with_drafts]
 
     num_reqs, num_tokens = len(ordered), len(input_ids)
@@ -89,16 +90,9 @@ def build_input_batch(
     query_start_loc = torch.zeros(num_reqs + 1, dtype=torch.int32)
     torch.cumsum(query_lens_t, 0, out=query_start_loc[1:])
     seq_lens_t = torch.tensor(seq_lens, dtype=torch.int32)
-    num_blocks_t = torch.tensor(num_table_blocks, dtype=torch.int64)
-
-    # Block tables padded with block 0: row of every table entry, then its column within the row.
-    max_blocks = max(num_table_blocks, default=0)
-    block_tables = torch.zeros((num_reqs, max_blocks), dtype=torch.int32)
-    table_ends = torch.cumsum(num_blocks_t, 0)
-    table_rows = _run_of_each(table_ends, len(table_ids))
-    table_starts = table_ends - num_blocks_t
-    table_cols = torch.arange(len(table_ids)) - table_starts[table_rows]
-    block_tables[table_rows, table_cols] = torch.tensor(table_ids, dtype=torch.int32)
+    table = BlockTable(num_reqs, max(num_table_blocks, default=0)) if block_table is None else block_table
+    table_rows = table.sync([r.state for r in ordered])
+    block_tables = table.gather(table_rows, num_table_blocks)
 
     # Each token's sequence, position and slot.
     token_seq = _run_of_each(query_start_loc[1:].long(), num_tokens)

@@ -22,6 +22,7 @@ from common.protocol import (
     WorkerInfo,
 )
 from gpu_worker.runner.attention.selector import make_attention_backend
+from gpu_worker.runner.block_table import BlockTable
 from gpu_worker.runner.cached_request_state import CachedRequestState
 from gpu_worker.runner.cuda_graphs import DecodeGraphs
 from gpu_worker.runner.graph_capture import CudaGraphCapture
@@ -103,6 +104,7 @@ class ModelRunner:
         # The real forward and sampling, or a test/benchmark stand-in chosen once (step_hooks.py).
         self._sample_step = with_step_hooks(settings, self._sample)
         self.requests: dict[str, CachedRequestState] = {}
+        self.block_table = BlockTable(self.max_num_seqs, -(-self.max_model_len // self.block_size))
         # Logprobs of the last step's samples, by req_id, for its token events (only requests that asked).
         self._step_logprobs: dict[str, list[SampleLogprobs]] = {}  # per token of each run
         self.num_isolated_steps = 0  # steps that raised and were rerun request by request
@@ -179,6 +181,7 @@ class ModelRunner:
     def reset(self) -> None:
         """Forget every request (the batcher has moved them elsewhere); the pool is simply reused."""
         self.requests.clear()
+        self.block_table.clear()
         self.sampling_state.clear()
         self.structured_outputs.clear()
         if self.draft_model is not None:
@@ -191,7 +194,7 @@ class ModelRunner:
         try:
             self._apply(scheduler_output, req_errors)
             scheduled = self._scheduled(scheduler_output, req_errors)
-            batch = build_input_batch(scheduled, self.attn_backend, self.device)
+            batch = build_input_batch(scheduled, self.attn_backend, self.device, self.block_table)
             sampled = self._forward_and_sample(batch)
         except Exception as exc:
             logger.exception("step %d failed", scheduler_output.step_id)
@@ -300,6 +303,7 @@ class ModelRunner:
                 self._drop(req_id)
             elif state is not None:
                 del state.block_ids[num_blocks:]
+                self.block_table.truncate(req_id, num_blocks)
 
     def _apply(self, so: SchedulerOutput, req_errors: dict[str, str]) -> None:
         for req_id in so.finished_req_ids:
@@ -331,6 +335,7 @@ class ModelRunner:
 
     def _drop(self, req_id: str) -> None:
         self.requests.pop(req_id, None)
+        self.block_table.remove(req_id)
         self.sampling_state.remove(req_id)
         self.structured_outputs.remove(req_id)
         if self.draft_model is not None:

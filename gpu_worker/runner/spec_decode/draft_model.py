@@ -23,6 +23,7 @@ from transformers import AutoConfig
 
 from common.protocol import SamplingParams
 from gpu_worker.runner.attention.selector import make_attention_backend
+from gpu_worker.runner.block_table import BlockTable
 from gpu_worker.runner.cached_request_state import CachedRequestState
 from gpu_worker.runner.input_batch import ScheduledRequest, build_input_batch
 from gpu_worker.runner.load_model import KVShape, allocate_kv_cache, kv_shape, load_model, model_max_len
@@ -61,6 +62,7 @@ class DraftModelProposer:
         self._group_decodes = settings.resolved_group_decodes
         self._kv_cache_dtype: torch.dtype = getattr(torch, settings.resolved_kv_cache_dtype)
         self.requests: dict[str, CachedRequestState] = {}
+        self.block_table = BlockTable()
         self.free_blocks: list[int] = []
         self.num_blocks = 0
         logger.info("draft model %s loaded (%d tokens)", model_dir, draft_vocab)
@@ -137,7 +139,7 @@ class DraftModelProposer:
 
     def _forward(self, step: list[ScheduledRequest]) -> list[tuple[ScheduledRequest, int]]:
         """One forward over `step`: each request's greedy next token, in the batch's order."""
-        batch = build_input_batch(step, self.attn_backend, self.device)
+        batch = build_input_batch(step, self.attn_backend, self.device, self.block_table)
         logits = self.model(
             input_ids=batch.input_ids,
             position_ids=batch.position_ids,
@@ -150,9 +152,11 @@ class DraftModelProposer:
 
     def free(self, req_id: str) -> None:
         state = self.requests.pop(req_id, None)
+        self.block_table.remove(req_id)
         if state is not None:
             self.free_blocks.extend(state.block_ids)
 
     def clear(self) -> None:
         self.requests.clear()
+        self.block_table.clear()
         self.free_blocks = list(range(self.num_blocks - 1, -1, -1))

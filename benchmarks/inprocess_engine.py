@@ -12,10 +12,9 @@ import logging
 import queue
 
 from batcher.core.scheduler import SchedulerStats
-from benchmarks.static_engine import EngineThread, GenerationRequest, TokenEvent
+from benchmarks.static_engine import EngineThread, EngineToken, GenerationRequest
 from cbserve.offline.engine import LLMEngine
-from common.protocol import SamplingParams
-from common.protocol import TokenEvent as StreamTokenEvent
+from common.protocol import SamplingParams, TokenEvent
 
 log = logging.getLogger("benchmarks.inprocess_engine")
 
@@ -36,7 +35,7 @@ class InProcessEngine(EngineThread):
             except Exception as exc:  # fail what is pending loudly instead of hanging every client
                 log.exception("engine step failed")
                 for req_id in list(self._requests):
-                    self._emit(req_id, TokenEvent(token_id=None, error=f"engine failed: {exc}"))
+                    self._emit(req_id, EngineToken(token_id=None, error=f"engine failed: {exc}"))
                 self._requests.clear()
                 self._stop.set()
 
@@ -45,11 +44,11 @@ class InProcessEngine(EngineThread):
         self._receive(block=not self.engine.has_unfinished_requests())
         step = self.engine.step()
         for event in step.events:
-            if isinstance(event, StreamTokenEvent):  # benchmarks ask for no prompt events
-                self._emit(event.req_id, TokenEvent(event.token_id, event.finish_reason))
+            if isinstance(event, TokenEvent):  # benchmarks ask for no prompt events
+                self._emit(event.req_id, EngineToken(event.token_id, event.finish_reason))
         for req in step.finished:
             if req.finish_reason == "error":
-                self._emit(req.req_id, TokenEvent(token_id=None, error=req.error or "request failed"))
+                self._emit(req.req_id, EngineToken(token_id=None, error=req.error or "request failed"))
             self._requests.pop(req.req_id, None)
 
     def _receive(self, block: bool) -> None:
@@ -73,7 +72,7 @@ class InProcessEngine(EngineThread):
             )
             self.engine.add_request(gen.req_id, gen.prompt_token_ids, params)
 
-    def _emit(self, req_id: str, event: TokenEvent) -> None:
+    def _emit(self, req_id: str, event: EngineToken) -> None:
         gen = self._requests.get(req_id)
         if gen is not None:
             gen.emit(event)

@@ -26,7 +26,9 @@ _IDLE_POLL_S = 0.1  # how often an idle engine thread looks at its stop flag
 
 
 @dataclass(frozen=True, slots=True)
-class TokenEvent:
+class EngineToken:
+    """One token (or the error) a benchmark engine hands a request; not the wire's TokenEvent."""
+
     token_id: int | None  # None only for an error
     finish_reason: str | None = None  # "length" / "stop" on the request's last token
     error: str | None = None
@@ -40,7 +42,7 @@ class GenerationRequest:
     ignore_eos: bool
     temperature: float
     seed: int | None
-    emit: Callable[[TokenEvent], None]  # called on the engine thread; must not block
+    emit: Callable[[EngineToken], None]  # called on the engine thread; must not block
     arrival_time: float = field(default_factory=time.monotonic)
 
 
@@ -147,7 +149,7 @@ class StaticBatchEngine(EngineThread):
             log.exception("batch of %d failed", len(batch))
             for row in rows:
                 if not row.done:
-                    row.request.emit(TokenEvent(None, "error", error=f"{type(exc).__name__}: {exc}"))
+                    row.request.emit(EngineToken(None, "error", error=f"{type(exc).__name__}: {exc}"))
 
     def _generator(self, request: GenerationRequest) -> torch.Generator | None:
         if request.temperature <= 0:
@@ -210,4 +212,4 @@ class StaticBatchEngine(EngineThread):
             elif row.num_emitted >= row.request.max_tokens:
                 finish = "length"
             row.done = finish is not None
-            row.request.emit(TokenEvent(token_id, finish))
+            row.request.emit(EngineToken(token_id, finish))

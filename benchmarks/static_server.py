@@ -31,7 +31,7 @@ from benchmarks.tokenizer import BenchTokenizer, IncrementalDecoder
 
 if TYPE_CHECKING:
     from benchmarks.inprocess_engine import InProcessEngine
-    from benchmarks.static_engine import StaticBatchEngine, TokenEvent
+    from benchmarks.static_engine import EngineToken, StaticBatchEngine
 
 log = logging.getLogger("benchmarks.static_server")
 
@@ -111,14 +111,14 @@ def _sse(data: dict[str, Any] | str) -> bytes:
 
 async def _events(
     state: ServerState, body: CompletionBody, prompt_ids: list[int], max_tokens: int
-) -> AsyncIterator[TokenEvent]:
+) -> AsyncIterator[EngineToken]:
     """Submit the request and yield its token events as the engine thread produces them."""
     from benchmarks.static_engine import GenerationRequest
 
     loop = asyncio.get_running_loop()
-    events: asyncio.Queue[TokenEvent] = asyncio.Queue()
+    events: asyncio.Queue[EngineToken] = asyncio.Queue()
 
-    def emit(event: TokenEvent) -> None:
+    def emit(event: EngineToken) -> None:
         # After shutdown the loop is closed; the batch finishes regardless, its tokens go nowhere.
         with contextlib.suppress(RuntimeError):
             loop.call_soon_threadsafe(events.put_nowait, event)

@@ -85,7 +85,13 @@ def _attend_tile(
     p = tl.exp2(s - m_safe[:, None])
     alpha = tl.exp2(m_i - m_safe)
     l_i = l_i * alpha + tl.sum(p, axis=1)
-    acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=DOT_PRECISION)
+    if DOT_PRECISION == "ieee":
+        pv = tl.dot(p, v, input_precision="ieee")
+    else:
+        # p is float32 and v exact in tf32: one tf32 pass would round p to 10 bits; three keep
+        # float32's precision, still on the tensor cores (decode is bound by reading K/V).
+        pv = tl.dot(p, v, input_precision="tf32x3")
+    acc = acc * alpha[:, None] + pv
     return m_new, l_i, acc
 
 
@@ -137,7 +143,8 @@ def sink_logits(sinks_ptr, heads, valid, HAS_SINKS: tl.constexpr):
 
 def dot_precision(dtype: torch.dtype) -> str:
     """float32 pools get exact float32 products (tf32 would change greedy tokens); 16-bit values are
-    exact in tf32, so their products use the tensor cores at no cost in accuracy."""
+    exact in tf32, so their products use the tensor cores at no cost in accuracy (the probabilities
+    they are weighted by are not: `_attend_tile` gives that product three tf32 passes)."""
     return "ieee" if dtype == torch.float32 else "tf32"
 
 

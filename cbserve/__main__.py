@@ -65,6 +65,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="cells cell0, cell1, ...: a batcher and --workers workers each, on the one Redis; the gateway "
         "places each request in the least loaded (default 1: no cell name changes)",
     )
+    up.add_argument(
+        "--gateways",
+        "--api-server-count",
+        type=_positive_int,
+        default=1,
+        help="gateway processes, all on --port (vLLM's --api-server-count): the front end's Python "
+        "then runs on as many cores (default 1)",
+    )
     up.add_argument("--host", default="127.0.0.1", help="gateway bind address (default 127.0.0.1)")
     up.add_argument("--port", type=int, default=8000, help="gateway port (default 8000)")
     up.add_argument(

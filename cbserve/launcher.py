@@ -47,6 +47,7 @@ class UpOptions:
     model: str
     workers: int = 1  # per cell
     cells: int = 1  # each a batcher and its workers; the gateway places requests in all of them
+    gateways: int = 1  # gateway processes sharing the port (SO_REUSEPORT)
     host: str = "127.0.0.1"
     port: int = 8000
     redis: RedisMode = "auto"
@@ -321,8 +322,8 @@ def restart(stack: Stack, dead: Child, signals: StopSignals, budget: RestartBudg
 
 def run_up(opts: UpOptions) -> int:
     """The whole `cbserve up`; returns the exit code (0 after Ctrl-C / SIGTERM)."""
-    if opts.workers < 1 or opts.cells < 1:
-        print("cbserve: --workers and --cells must be at least 1", file=sys.stderr)
+    if opts.workers < 1 or opts.cells < 1 or opts.gateways < 1:
+        print("cbserve: --workers, --cells and --gateways must be at least 1", file=sys.stderr)
         return 2
     try:
         model_dir = resolve_model(opts.model)
@@ -363,7 +364,15 @@ def run_up(opts: UpOptions) -> int:
                 "so Batch API batches stay in validating"
             )
         args = ServiceArgs(
-            model_dir, device, choice.url, opts.workers, opts.host, opts.port, celery, opts.speculative_config
+            model_dir,
+            device,
+            choice.url,
+            opts.workers,
+            opts.host,
+            opts.port,
+            celery,
+            opts.speculative_config,
+            opts.gateways,
         )
         start_services(stack, args)
         pids = ", ".join(f"{c.name}={c.pid}" for c in stack.children())

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -82,6 +83,7 @@ class ServiceArgs:
     port: int
     celery: bool
     speculative_config: str | None = None  # SPECULATIVE_CONFIG for every service, when given
+    gateways: int = 1  # gateway processes on the one port
 
 
 def start_services(stack: Stack, args: ServiceArgs) -> None:
@@ -112,7 +114,17 @@ def start_services(stack: Stack, args: ServiceArgs) -> None:
     if several:
         front_env["GATEWAY_CELLS"] = ",".join(stack.cells)
     gateway = ["gateway", "--host", args.host, "--port", str(args.port), "--model", str(args.model_dir)]
-    start("gateway", gateway, front_env)
+    if args.gateways == 1:
+        start("gateway", gateway, front_env)
+    else:
+        # One port for all (the kernel deals connections out); /metrics adds up every gateway's
+        # counts from prometheus_client's files in a directory they share, emptied at each start.
+        metrics_dir = stack.run_dir / "gateway-metrics"
+        shutil.rmtree(metrics_dir, ignore_errors=True)
+        metrics_dir.mkdir(parents=True)
+        shared_env = {**front_env, "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir)}
+        for i in range(args.gateways):
+            start(f"gateway{i}", [*gateway, "--reuse-port"], shared_env)
     if args.celery:
         # Batch lines are rendered with the gateway's tokenizer: the worker gets the same model directory.
         start("celery", celery_args(), {**front_env, "MODEL": str(args.model_dir)})

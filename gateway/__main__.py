@@ -1,4 +1,7 @@
-"""`python -m gateway --host H --port P [--model DIR] [--served-model-name NAME]`.
+"""`python -m gateway --host H --port P [--model DIR] [--served-model-name NAME] [--reuse-port]`.
+
+`--reuse-port`: several gateway processes listen on one port (SO_REUSEPORT; the kernel deals the
+connections out), as `cbserve up --gateways N` runs them (vLLM's `--api-server-count`).
 
 `python -m gateway hash-key [--name NAME] [--generate]` prints the config line for an API key.
 """
@@ -6,6 +9,7 @@
 from __future__ import annotations
 
 import argparse
+import socket
 import sys
 from typing import Any
 
@@ -25,6 +29,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--model", help="model directory (overrides GATEWAY_MODEL / MODEL)")
     parser.add_argument("--served-model-name", help="name clients pass as `model` (default: directory name)")
     parser.add_argument("--log-level", default="info")
+    parser.add_argument(
+        "--reuse-port", action="store_true", help="share the port with other gateway processes (SO_REUSEPORT)"
+    )
     return parser.parse_args(argv)
 
 
@@ -42,7 +49,7 @@ def main(argv: list[str] | None = None) -> None:
     settings = GatewaySettings(**overrides)
     configure_logging("gateway", settings.log_format, args.log_level)
     # Open streams get a few seconds to finish on shutdown rather than holding it up indefinitely.
-    uvicorn.run(
+    config = uvicorn.Config(
         create_app(settings),
         host=args.host,
         port=args.port,
@@ -51,6 +58,19 @@ def main(argv: list[str] | None = None) -> None:
         timeout_graceful_shutdown=5,
         **uvicorn_options(settings),  # header, body and keep-alive timeouts, the connection cap
     )
+    server = uvicorn.Server(config)
+    server.run(sockets=[shared_socket(args.host, args.port)] if args.reuse_port else None)
+
+
+def shared_socket(host: str, port: int) -> socket.socket:
+    """A listening socket other processes may bind too (SO_REUSEPORT), as uvicorn would bind it."""
+    family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind(address)
+    sock.set_inheritable(True)
+    return sock
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ async def metrics(state: State) -> Response:
     own = readings[0] if readings else CellReading(state.settings.cell, {}, None)
     batcher.register(BatcherCollector(dict(own.stats) if readings else None, own.snapshot, time.time()))
     batcher.register(CellCollector(state.served.name, readings))
-    body = generate_latest(state.metrics.registry) + generate_latest(batcher)
+    body = state.metrics.exposition() + generate_latest(batcher)
     return Response(body, media_type=CONTENT_TYPE_LATEST)
 
 

@@ -2,14 +2,18 @@
 
 Latencies are measured where the client sees them: from the HTTP arrival to the token events this
 gateway reads. Each app owns a registry (no process-global state), so tests can run several apps.
+Gateways that share a port (`cbserve up --gateways N`) also share PROMETHEUS_MULTIPROC_DIR: each
+writes its values there and a scrape of any of them adds up all (prometheus_client's multiprocess
+mode), since the kernel deals a scraper's connection to any one of them.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest, multiprocess
 
 # vLLM's buckets (vllm/v1/metrics/loggers.py), so dashboards built for it read these the same way.
 TTFT_BUCKETS = (
@@ -66,6 +70,15 @@ class GatewayMetrics:
             buckets=REDIS_RTT_BUCKETS,
             registry=self.registry,
         )
+
+    def exposition(self) -> bytes:
+        """These metrics in Prometheus' text format, summed over every gateway sharing the directory."""
+        shared_dir = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+        if not shared_dir:
+            return bytes(generate_latest(self.registry))
+        summed = CollectorRegistry()
+        multiprocess.MultiProcessCollector(summed, path=shared_dir)
+        return bytes(generate_latest(summed))
 
     def _latency(self, name: str, documentation: str, buckets: tuple[float, ...]) -> Histogram:
         """A histogram of this model's requests, in seconds."""

@@ -361,3 +361,35 @@ def test_up_with_two_cells_serves_from_both(
 
     launcher.proc.send_signal(signal.SIGINT)
     assert launcher.proc.wait(timeout=30) == 0, launcher.output()
+
+
+def test_up_with_two_gateways_serves_from_both_on_one_port(
+    launch: Callable[..., Launcher], tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    launcher = launch("--redis", "embedded", "--model", str(tiny_model_dir), "--gateways", "2", "--no-celery")
+    launcher.wait_output("cbserve is ready")
+    names = sorted(launcher.started_pids())
+    assert names == ["batcher", "gateway0", "gateway1", "redis", "worker0"]
+
+    # A connection each: the kernel deals them out over both listeners (all on one gateway: 2^-23).
+    num_requests = 24
+    for i in range(num_requests):
+        body = {"prompt": [5, 6, 7 + i], "max_tokens": 2, "temperature": 0, "ignore_eos": True}
+        with httpx.Client(timeout=60) as client:
+            response = client.post(f"{launcher.base_url}/v1/completions", json=body)
+        assert response.status_code == 200, response.text
+    served = {
+        name: (tmp_path / "run" / f"{name}.log").read_text().count("request finished") for name in names[1:3]
+    }
+    assert all(served.values()) and sum(served.values()) == num_requests, served
+
+    # Whichever gateway answers a scrape counts every gateway's requests.
+    expected = (
+        f'cbserve:request_success_total{{finished_reason="length",model_name="tiny-llama"}} {num_requests}.0'
+    )
+    for _ in range(4):
+        with httpx.Client(timeout=10) as client:
+            assert expected in client.get(f"{launcher.base_url}/metrics").text
+
+    launcher.proc.send_signal(signal.SIGINT)
+    assert launcher.proc.wait(timeout=30) == 0, launcher.output()

@@ -97,6 +97,7 @@ def measure(
     null_model: bool,
     log_dir: Path,
     device: str = "cpu",
+    num_gateways: int = 1,
 ) -> dict[str, Any]:
     from benchmarks.systems import _start_cbserve
 
@@ -112,9 +113,8 @@ def measure(
     group = ProcessGroup(f"null-b{batch_size}-{'async' if async_scheduling else 'sync'}", log_dir, env)
     port = free_port()
     try:
-        _start_cbserve(
-            group, LaunchSpec(kind="cbserve", options={"workers": 1, "device": device}), model, port
-        )
+        options = {"workers": 1, "device": device, "gateways": num_gateways}
+        _start_cbserve(group, LaunchSpec(kind="cbserve", options=options), model, port)
         base_url = f"http://127.0.0.1:{port}"
         wait_until(lambda: http_ok(f"{base_url}/health"), 120, "/health", group)
         assert group.redis_url is not None
@@ -134,6 +134,7 @@ def measure(
         "null_model": null_model,
         "device": device,
         "batch_size": batch_size,
+        "gateways": num_gateways,
         "async_scheduling": async_scheduling,
         "steps": int(steps),
         "tokens": batch_size * output_len,
@@ -171,7 +172,13 @@ def main(argv: list[str] | None = None) -> None:
         "--cells", type=int, default=1, help="> 1: that many cells on one Redis (control_plane_cells.py)"
     )
     parser.add_argument("--workers-per-cell", type=int, default=1, help="null workers per cell, with --cells")
-    parser.add_argument("--gateways", type=int, default=2, help="gateways (all cells each), with --cells")
+    parser.add_argument(
+        "--gateways",
+        type=int,
+        default=None,
+        help="gateways: on one port for one cell (default 1), each placing in all cells with --cells "
+        "(default 2)",
+    )
     parser.add_argument("--result-file", default=None)
     parser.add_argument("--log-dir", default=None, help="keep the processes' logs here (default: a temp dir)")
     args = parser.parse_args(argv)
@@ -191,7 +198,7 @@ def main(argv: list[str] | None = None) -> None:
                             args.model,
                             args.cells,
                             args.workers_per_cell,
-                            args.gateways,
+                            args.gateways or 2,
                             batch_size,
                             args.output_len,
                             async_scheduling,
@@ -210,6 +217,7 @@ def main(argv: list[str] | None = None) -> None:
                         null,
                         Path(tmp),
                         args.device,
+                        args.gateways or 1,
                     )
                 )
     if args.result_file:

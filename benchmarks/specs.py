@@ -45,7 +45,7 @@ KIND_OPTIONS: dict[str, frozenset[str]] = {
     "inprocess": frozenset(
         {"device", "dtype", "num_threads", "max_num_seqs", "max_num_batched_tokens", "scheduling_policy"}
     ),
-    "cbserve": frozenset({"workers", "cells", "device", "num_threads"}),
+    "cbserve": frozenset({"workers", "cells", "gateways", "device", "num_threads"}),
     "transformers": frozenset(
         {"continuous_batching", "cb_num_blocks", "cb_max_batch_tokens", "cb_block_size", "device", "dtype"}
         | {"attn_implementation"}

@@ -15,6 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -179,7 +180,8 @@ def start_redis(group: ProcessGroup) -> str:
 def _start_cbserve(group: ProcessGroup, launch: LaunchSpec, model: str, port: int) -> None:
     """redis-server on a free port, then per cell a batcher and its workers, then the gateway, as
     `cbserve up` does: `workers` per cell; with `cells` > 1 they are cell0, cell1, ... behind the one
-    gateway (its GATEWAY_CELL_POLICY, if set in `env`, picks how it places requests)."""
+    gateway (its GATEWAY_CELL_POLICY, if set in `env`, picks how it places requests); `gateways`
+    > 1 starts that many on the one port."""
     import redis
 
     from cbserve.stack import cell_names
@@ -201,11 +203,18 @@ def _start_cbserve(group: ProcessGroup, launch: LaunchSpec, model: str, port: in
         worker = [sys.executable, "-m", "gpu_worker", "--model", model, "--device", device]
         for i in range(num_workers):
             group.spawn(f"{prefix}worker{i}", worker, cell_env)
-    gateway = ["gateway", "--host", "127.0.0.1", "--port", str(port), "--model", model]
+    gateway = [sys.executable, "-m", "gateway", "--host", "127.0.0.1", "--port", str(port), "--model", model]
     front_env = {**env, "CBSERVE_CELL": cells[0]}
     if several:
         front_env["GATEWAY_CELLS"] = ",".join(cells)
-    group.spawn("gateway", [sys.executable, "-m", *gateway], front_env)
+    num_gateways = int(launch.options.get("gateways", 1))
+    if num_gateways == 1:
+        group.spawn("gateway", gateway, front_env)
+    else:  # on one port, as `cbserve up --gateways N` (cbserve/stack.py)
+        metrics_dir = Path(tempfile.mkdtemp(prefix="gateway-metrics-"))
+        shared_env = {**front_env, "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir)}
+        for i in range(num_gateways):
+            group.spawn(f"gateway{i}", [*gateway, "--reuse-port"], shared_env)
 
     def workers_joined() -> bool:
         joined = [client.hget(streams.cell_keys(cell).stats, "num_workers") for cell in cells]

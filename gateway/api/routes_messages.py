@@ -1,7 +1,7 @@
 """The Anthropic Messages API: POST /v1/messages and POST /v1/messages/count_tokens.
 
 A message runs as one chat request (openai_frontend/anthropic/input.py) on the same admission,
-queue, rate limit and runner as /v1/chat/completions; its answer is the Message object or its stream
+queue, rate limit and follower as /v1/chat/completions; its answer is the Message object or its stream
 of Anthropic's events. Errors on these paths are in Anthropic's shape (gateway/errors.py), and the
 API key may come as `x-api-key` (gateway/security/auth.py); `anthropic-version` and `anthropic-beta`
 headers are accepted and change nothing.
@@ -23,13 +23,13 @@ from gateway.generation.admission import admitted
 from gateway.generation.flow import request_id_header
 from gateway.prepare_pool import body_size
 from gateway.streaming.sse import SSE_HEADERS, sse_event
-from openai_frontend.anthropic.answer import message_body
 from openai_frontend.anthropic.events import Event
 from openai_frontend.anthropic.input import anthropic_terms, chat_request
+from openai_frontend.anthropic.message import message_body
 from openai_frontend.anthropic.schemas import CountTokensRequest, MessagesRequest
 from openai_frontend.anthropic.stream import message_events
 from openai_frontend.follow.collect import collect
-from openai_frontend.follow.request_runner import FollowPolicy
+from openai_frontend.follow.request_follower import FollowPolicy
 from openai_frontend.generate.request_builder import prompt_ids_of
 from openai_frontend.generate.validation import check_model
 from openai_frontend.model.served_model import ServedModel
@@ -54,16 +54,16 @@ async def create_message(body: MessagesRequest, http_request: Request, state: St
     with anthropic_terms():
         chat = await state.prepare.run(num_bytes, chat_request, body)
         async with admitted(chat, http_request, state, num_bytes) as [request]:
-            await state.runner.submit(request)
+            await state.follower.submit(request)
     # A client that goes away cancels its message, as on the chat endpoint.
     follow = FollowPolicy()
     tokenizer = state.served.tokenizer
     if body.stream:
-        events = message_events(state.runner, request, tokenizer, follow, state.settings.sse_keepalive_s)
+        events = message_events(state.follower, request, tokenizer, follow, state.settings.sse_keepalive_s)
         return StreamingResponse(
             _sse(events), media_type="text/event-stream", headers={**SSE_HEADERS, **_headers(request.req_id)}
         )
-    [done] = await collect(state.runner, [request], http_request, follow)
+    [done] = await collect(state.follower, [request], http_request, follow)
     return JSONResponse(message_body(request, done, tokenizer), headers=_headers(request.req_id))
 
 

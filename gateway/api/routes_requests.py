@@ -21,7 +21,7 @@ from gateway.security.auth import request_owner
 from gateway.streaming.sse import SSE_HEADERS
 from gateway.streaming.sse_stream import stream_sse
 from openai_frontend.follow.collect import collect
-from openai_frontend.follow.request_runner import FollowPolicy
+from openai_frontend.follow.request_follower import FollowPolicy
 from openai_frontend.generate.request import PreparedRequest, req_id_from
 from openai_frontend.generate.request_meta import attach, load_meta
 from openai_frontend.protocol.errors import OpenAIError
@@ -83,7 +83,7 @@ async def resume_stream(request_id: str, http_request: Request, state: State) ->
         # neither aborts it nor keeps it alive.
         follow = FollowPolicy(may_abort=False, track=False)
     return StreamingResponse(
-        stream_sse(state.runner, [request], chunks, follow, resume_after, state.settings.sse_keepalive_s),
+        stream_sse(state.follower, [request], chunks, follow, resume_after, state.settings.sse_keepalive_s),
         media_type="text/event-stream",
         headers={**SSE_HEADERS, **request_id_header(request.req_id)},
     )
@@ -96,7 +96,7 @@ async def fetch_result(request_id: str, http_request: Request, state: State) -> 
     logprobs = LogprobsFormatter(state.served.tokenizer.tokenizer)
     follow = FollowPolicy(may_abort=False, track=False, wait_s=_FETCH_WAIT_S)
     try:
-        done = await collect(state.runner, [request], http_request, follow)
+        done = await collect(state.follower, [request], http_request, follow)
     except OpenAIError as exc:
         if exc.code != "timeout":
             raise

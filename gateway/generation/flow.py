@@ -17,7 +17,7 @@ from gateway.generation.stored import save, storing
 from gateway.streaming.sse import SSE_HEADERS
 from gateway.streaming.sse_stream import stream_sse
 from openai_frontend.follow.collect import collect
-from openai_frontend.follow.request_runner import FollowPolicy
+from openai_frontend.follow.request_follower import FollowPolicy
 from openai_frontend.generate.request import PreparedRequest
 from openai_frontend.protocol.openai_schemas import ChatCompletionRequest, CompletionRequest
 from openai_frontend.render.answer import Endpoint
@@ -52,7 +52,7 @@ async def generate(
     if request.stream:
         chunks = endpoint.chunks(rid, created, state.served.name, request, formatter, requests)
         events = stream_sse(
-            state.runner, requests, chunks, follow, keepalive_s=state.settings.sse_keepalive_s
+            state.follower, requests, chunks, follow, keepalive_s=state.settings.sse_keepalive_s
         )
         if request.store and isinstance(body, ChatCompletionRequest):
             events = storing(events, state, http_request, body, requests)
@@ -61,7 +61,7 @@ async def generate(
             media_type="text/event-stream",
             headers={**SSE_HEADERS, **headers},
         )
-    done = await collect(state.runner, requests, http_request, follow)
+    done = await collect(state.follower, requests, http_request, follow)
     answer = endpoint.body(requests, done, rid, created, state.served.name, formatter)
     if request.store and isinstance(body, ChatCompletionRequest):
         await save(state, http_request, body, answer)

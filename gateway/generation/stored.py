@@ -13,7 +13,7 @@ from gateway.app_state import GatewayState
 from gateway.security.auth import request_owner
 from gateway.streaming.sse import DONE
 from openai_frontend.follow.collect import collect
-from openai_frontend.follow.request_runner import FollowPolicy
+from openai_frontend.follow.request_follower import FollowPolicy
 from openai_frontend.generate.request import PreparedRequest
 from openai_frontend.protocol.errors import OpenAIError
 from openai_frontend.protocol.openai_schemas import ChatCompletionRequest
@@ -69,7 +69,7 @@ async def _replay_and_save(
     formatter = LogprobsFormatter(state.served.tokenizer.tokenizer)
     follow = FollowPolicy(may_abort=False, track=False, wait_s=_REPLAY_WAIT_S)
     try:
-        done = await collect(state.runner, requests, _Replay(), follow)
+        done = await collect(state.follower, requests, _Replay(), follow)
     except OpenAIError as exc:  # it failed or did not finish: there is no completion to keep
         logger.info("stream not stored: %s", exc.message, extra={"request_id": request.req_id})
         return

@@ -19,7 +19,7 @@ from common.redis_conn import entry_key
 from gateway.streaming.sse import DONE, KEEPALIVE, sse_event
 from openai_frontend.follow.collect import timed_out_error, usage
 from openai_frontend.follow.fanout import merged_outputs
-from openai_frontend.follow.request_runner import FollowPolicy, RequestRunner
+from openai_frontend.follow.request_follower import FollowPolicy, RequestFollower
 from openai_frontend.follow.token_stream import RequestFailed, RequestTimedOut
 from openai_frontend.generate.request import PreparedRequest
 from openai_frontend.protocol.errors import OpenAIError, from_request_error
@@ -31,7 +31,7 @@ def _unavailable() -> OpenAIError:
 
 
 async def stream_sse(
-    runner: RequestRunner,
+    follower: RequestFollower,
     requests: Sequence[PreparedRequest],
     formatter: ChunkFormatter,
     follow: FollowPolicy | None = None,
@@ -60,7 +60,7 @@ async def stream_sse(
             for data in formatter.opening():
                 yield sse_event(data)
         sent_at = time.monotonic()
-        async with aclosing(merged_outputs(runner, requests, follow)) as outputs:
+        async with aclosing(merged_outputs(follower, requests, follow)) as outputs:
             async for index, out in outputs:
                 if out is not None:
                     num_output_tokens[index] = out.num_output_tokens

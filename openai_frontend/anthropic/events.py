@@ -14,8 +14,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from openai_frontend.anthropic.answer import message_object, opened_block, stop_reason, usage
 from openai_frontend.anthropic.errors import error_body
+from openai_frontend.anthropic.message import message_object, opened_block, stop_reason, usage
 from openai_frontend.generate.request import PreparedRequest
 from openai_frontend.protocol.errors import OpenAIError
 from openai_frontend.responses.items import CallItem, Change, OutputItems

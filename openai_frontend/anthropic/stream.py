@@ -1,4 +1,4 @@
-"""A message followed to its end as Anthropic's stream events (events.py), from the request runner."""
+"""A message followed to its end as Anthropic's stream events (events.py), from the request follower."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from contextlib import aclosing
 
 import redis.exceptions
 
-from openai_frontend.anthropic.answer import stop_sequence
 from openai_frontend.anthropic.events import Event, MessageEvents, error_event, event
+from openai_frontend.anthropic.message import stop_sequence
 from openai_frontend.follow.collect import Completed, timed_out_error
-from openai_frontend.follow.request_runner import FollowPolicy, RequestRunner
+from openai_frontend.follow.request_follower import FollowPolicy, RequestFollower
 from openai_frontend.follow.token_stream import RequestFailed, RequestTimedOut
 from openai_frontend.generate.request import PreparedRequest
 from openai_frontend.model.tokenizer import ModelTokenizer
@@ -19,7 +19,7 @@ from openai_frontend.protocol.errors import OpenAIError, from_request_error
 
 
 async def message_events(
-    runner: RequestRunner,
+    follower: RequestFollower,
     request: PreparedRequest,
     tokenizer: ModelTokenizer,
     follow: FollowPolicy,
@@ -33,7 +33,7 @@ async def message_events(
     done = Completed()
     sent_at = time.monotonic()
     try:
-        async with aclosing(runner.outputs(request, follow)) as outputs:
+        async with aclosing(follower.outputs(request, follow)) as outputs:
             async for out in outputs:
                 if out is not None:
                     done.add(out)

@@ -31,7 +31,7 @@ TIMESTAMPS = (
 )
 
 
-class BatchSpec(msgspec.Struct, kw_only=True, frozen=True):
+class BatchParams(msgspec.Struct, kw_only=True, frozen=True):
     """A batch's fixed fields, written once at creation."""
 
     id: str
@@ -94,9 +94,9 @@ class BatchObject(BaseModel):
 
 @dataclass(slots=True, frozen=True)
 class BatchState:
-    """A batch as read from Redis: its spec, status, changing fields and result counts."""
+    """A batch as read from Redis: its params, status, changing fields and result counts."""
 
-    spec: BatchSpec
+    params: BatchParams
     status: Status
     fields: dict[str, str]  # in_progress_at, output_file_id, errors (JSON), total, ...
     num_completed: int
@@ -113,20 +113,20 @@ class BatchState:
         )
         times: dict[str, Any] = {name: int(f[name]) for name in TIMESTAMPS if name in f}
         return BatchObject(
-            id=self.spec.id,
-            endpoint=self.spec.endpoint,
+            id=self.params.id,
+            endpoint=self.params.endpoint,
             errors=errors,
-            input_file_id=self.spec.input_file_id,
-            completion_window=self.spec.completion_window,
+            input_file_id=self.params.input_file_id,
+            completion_window=self.params.completion_window,
             status=self.status,
             output_file_id=f.get("output_file_id"),
             error_file_id=f.get("error_file_id"),
-            created_at=self.spec.created_at,
-            expires_at=self.spec.expires_at,
+            created_at=self.params.created_at,
+            expires_at=self.params.expires_at,
             request_counts=RequestCounts(
                 total=int(f.get("total", 0)), completed=self.num_completed, failed=self.num_failed
             ),
-            metadata=self.spec.metadata,
-            model=self.spec.model,
+            metadata=self.params.metadata,
+            model=self.params.model,
             **times,
         )

@@ -13,7 +13,7 @@ from typing import Protocol
 
 from common.protocol import PromptEvent, TokenEvent
 from openai_frontend.follow.fanout import merged_outputs
-from openai_frontend.follow.request_runner import FollowPolicy, Output, RequestRunner
+from openai_frontend.follow.request_follower import FollowPolicy, Output, RequestFollower
 from openai_frontend.follow.token_stream import RequestFailed, RequestTimedOut
 from openai_frontend.generate.request import PreparedRequest
 from openai_frontend.protocol.errors import OpenAIError, from_request_error
@@ -77,7 +77,7 @@ def timed_out_error() -> OpenAIError:
 
 
 async def collect(
-    runner: RequestRunner,
+    follower: RequestFollower,
     requests: Sequence[PreparedRequest],
     client: ClientConnection,
     follow: FollowPolicy | None = None,
@@ -89,7 +89,7 @@ async def collect(
     """
     choices = [Completed() for _ in requests]
     try:
-        async with aclosing(merged_outputs(runner, requests, follow)) as outputs:
+        async with aclosing(merged_outputs(follower, requests, follow)) as outputs:
             async for index, out in outputs:
                 if await client.is_disconnected():
                     # Leaving the loop closes `outputs`, which aborts the requests.

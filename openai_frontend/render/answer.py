@@ -15,7 +15,7 @@ from typing import Any, ClassVar, Protocol
 from pydantic import BaseModel
 
 from openai_frontend.follow.collect import Completed, usage
-from openai_frontend.follow.request_runner import Output
+from openai_frontend.follow.request_follower import Output
 from openai_frontend.generate.request import Kind, PreparedRequest
 from openai_frontend.protocol.openai_schemas import UsageInfo, response_exclude
 from openai_frontend.render.logprobs import LogprobsFormatter

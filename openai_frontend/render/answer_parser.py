@@ -4,7 +4,7 @@ calls in the answer (tools/parsers/). Chat and the Responses API read answers th
 from __future__ import annotations
 
 from openai_frontend.generate.request import PreparedRequest
-from openai_frontend.reasoning.answer import AnswerParser
+from openai_frontend.reasoning.answer_parser import AnswerParser
 from openai_frontend.reasoning.parser import new_reasoning_parser
 from openai_frontend.tools.parsers import new_parser
 

@@ -91,17 +91,17 @@ def _output_item(item: Item, status: ItemStatus) -> OutputObject:
 
 def _output(stored: StoredResponse, text: str) -> list[OutputObject]:
     """Every item is done; only the last one can have been cut by max_output_tokens."""
-    items = output_items(stored.spec.request, text)
+    items = output_items(stored.params.request, text)
     last = _item_status(stored.status)
     return [_output_item(item, last if i == len(items) - 1 else "completed") for i, item in enumerate(items)]
 
 
 def response_object(stored: StoredResponse) -> ResponseObject:
-    spec, status, result = stored.spec, stored.status, stored.result
+    params, status, result = stored.params, stored.status, stored.result
     output, usage, error = [], None, None
     if result is not None and status in ("completed", "incomplete"):
         output = _output(stored, result.text)
-        prompt = spec.request.num_prompt_tokens
+        prompt = params.request.num_prompt_tokens
         usage = ResponseUsage(
             input_tokens=prompt,
             input_tokens_details=InputTokensDetails(cached_tokens=result.num_cached_tokens),
@@ -113,28 +113,28 @@ def response_object(stored: StoredResponse) -> ResponseObject:
         openai_error = from_request_error(result.error)
         error = ResponseError(code=openai_error.code or "server_error", message=openai_error.message)
     return ResponseObject(
-        id=spec.id,
-        created_at=spec.request.created,
+        id=params.id,
+        created_at=params.request.created,
         completed_at=None if result is None or status != "completed" else result.completed_at,
         status=status,
-        background=spec.background,
+        background=params.background,
         error=error,
         incomplete_details=IncompleteDetails() if status == "incomplete" else None,
-        instructions=spec.instructions,
-        max_output_tokens=spec.max_output_tokens,
-        metadata=spec.metadata,
-        model=spec.request.model,
+        instructions=params.instructions,
+        max_output_tokens=params.max_output_tokens,
+        metadata=params.metadata,
+        model=params.request.model,
         output=output,
-        previous_response_id=spec.previous_response_id,
+        previous_response_id=params.previous_response_id,
         store=True,
-        temperature=spec.temperature,
-        top_p=spec.top_p,
-        text={"format": spec.text_format or TEXT},
-        tools=spec.tools or [],
-        tool_choice=tool_choice_echo(spec.tool_choice),
-        parallel_tool_calls=spec.parallel_tool_calls is not False,
+        temperature=params.temperature,
+        top_p=params.top_p,
+        text={"format": params.text_format or TEXT},
+        tools=params.tools or [],
+        tool_choice=tool_choice_echo(params.tool_choice),
+        parallel_tool_calls=params.parallel_tool_calls is not False,
         usage=usage,
-        user=spec.user,
+        user=params.user,
     )
 
 
@@ -157,7 +157,7 @@ class ResponseEvents:
     _items: OutputItems = field(init=False)
 
     def __post_init__(self) -> None:
-        self._items = OutputItems(self.stored.spec.request)
+        self._items = OutputItems(self.stored.params.request)
 
     def _event(self, type_: str, **fields: Any) -> Event:
         number = self._next
@@ -225,7 +225,7 @@ class ResponseEvents:
     def opening(self) -> list[Event]:
         """`stored` as it was created: queued (background) or in progress, no result."""
         created = response_body(self.stored, store=self.store)
-        running = response_body(StoredResponse(self.stored.spec, "in_progress", None), store=self.store)
+        running = response_body(StoredResponse(self.stored.params, "in_progress", None), store=self.store)
         return [
             self._event("response.created", response=created),
             self._event("response.in_progress", response=running),

@@ -78,9 +78,9 @@ def tool_use(body: ChatCompletionRequest, served: ServedModel) -> ToolUse:
     try:
         if choice != "auto":
             forced = functions if choice == "required" else [f for f in functions if f["name"] == named]
-            grammar = StructuredOutput(kind="grammar", spec=forced_grammar(parser, forced, one_call))
+            grammar = StructuredOutput(kind="grammar", definition=forced_grammar(parser, forced, one_call))
         elif strict is not None:  # free text, but each call the model opens follows its schema
-            grammar = StructuredOutput(kind="grammar", spec=strict_grammar(parser, functions, one_call))
+            grammar = StructuredOutput(kind="grammar", definition=strict_grammar(parser, functions, one_call))
         if grammar is not None:
             build_grammar(grammar)
     except GrammarError as exc:
@@ -131,7 +131,7 @@ def _check_parameters(parameters: object, param: str) -> None:
     if parameters.get("type", "object") != "object":
         raise invalid_request(f"{param} must describe an object (type 'object')", param)
     try:
-        build_grammar(StructuredOutput(kind="json", spec=json.dumps(arguments_schema(parameters))))
+        build_grammar(StructuredOutput(kind="json", definition=json.dumps(arguments_schema(parameters))))
     except GrammarError as exc:
         raise invalid_request(f"{param} is not a schema this server can follow: {exc}", param) from None
 

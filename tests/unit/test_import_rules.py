@@ -94,7 +94,7 @@ def test_a_service_imports_no_other_service(service: str) -> None:
 
 def test_the_rules_see_an_import() -> None:
     """The scan finds imports at module and function level, so an empty list above means something."""
-    assert {"common", "openai_frontend"} <= _imported_packages(ROOT / "cbserve_celery" / "batch_runner.py")
+    assert {"common", "openai_frontend"} <= _imported_packages(ROOT / "cbserve_celery" / "batch_run.py")
     assert "openai_frontend" in _imported_packages(ROOT / "cbserve_celery" / "app.py")
 
 
@@ -128,8 +128,8 @@ def test_frontend_folders_import_only_the_folders_below() -> None:
 
 def test_the_folder_rule_sees_an_import() -> None:
     """The scan reads submodule imports, so an empty list above means something."""
-    request_runner = FRONTEND / "follow" / "request_runner.py"
-    assert "openai_frontend.generate.request" in _imported_modules(request_runner)
+    request_follower = FRONTEND / "follow" / "request_follower.py"
+    assert "openai_frontend.generate.request" in _imported_modules(request_follower)
     assert FRONTEND_LAYERS.index("generate") < FRONTEND_LAYERS.index("follow")
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.model_loader import load_served_model
+from gateway.model_setup import load_served_model
 from gateway.settings import GatewaySettings
 from openai_frontend.generate.validation import check_model
 from openai_frontend.model.path_names import directory_names

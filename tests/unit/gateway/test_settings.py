@@ -9,7 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from common.settings import DEFAULT_REDIS_URL
-from gateway.model_loader import load_served_model
+from gateway.model_setup import load_served_model
 from gateway.settings import GatewaySettings
 
 

@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from openai_frontend.anthropic.answer import block, message_object, stop_reason, tool_input
 from openai_frontend.anthropic.errors import error_body, speaks_anthropic
 from openai_frontend.anthropic.events import MessageEvents
 from openai_frontend.anthropic.input import ERROR_PREFIX, anthropic_terms, chat_request
+from openai_frontend.anthropic.message import block, message_object, stop_reason, tool_input
 from openai_frontend.anthropic.schemas import CountTokensRequest, MessagesRequest
 from openai_frontend.protocol.errors import OpenAIError, invalid_request
 from openai_frontend.responses.items import CallItem, output_items

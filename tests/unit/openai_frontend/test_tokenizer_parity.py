@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from transformers import AutoTokenizer
 
-from gateway.model_loader import load_served_model
+from gateway.model_setup import load_served_model
 from gateway.settings import GatewaySettings
 from openai_frontend.generate.prompts import chat_prompt_ids, completion_prompt_ids
 from openai_frontend.model.chat_template import ChatTemplateError, render_chat

@@ -1,4 +1,4 @@
-"""Runs Responses API responses on the request runner and keeps their end in the response store.
+"""Runs Responses API responses on the request follower and keeps their end in the response store.
 
 A response is one chat-shaped request (responses_input.py). Its events come from following the
 request's token stream (`events`); whoever reaches the end records it (`ResponseStore.finish`). A
@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import redis.exceptions
 
 from openai_frontend.follow.collect import Completed, timed_out_error
-from openai_frontend.follow.request_runner import FollowPolicy, RequestRunner
+from openai_frontend.follow.request_follower import FollowPolicy, RequestFollower
 from openai_frontend.follow.token_stream import RequestFailed, RequestTimedOut
 from openai_frontend.protocol.errors import OpenAIError
 from openai_frontend.reasoning.usage import num_reasoning_tokens
@@ -30,7 +30,7 @@ from openai_frontend.responses.objects import (
     status_of_finish,
 )
 from openai_frontend.responses.schemas import TERMINAL, ResponseStatus
-from openai_frontend.responses.store import ResponseResult, ResponseSpec, ResponseStore, StoredResponse
+from openai_frontend.responses.store import ResponseParams, ResponseResult, ResponseStore, StoredResponse
 
 # A read that finds the stream ended replays it; this bounds that replay.
 SETTLE_WAIT_S = 5.0
@@ -40,13 +40,13 @@ BACKGROUND = FollowPolicy(leave_running=True)
 WATCHER = FollowPolicy(leave_running=True, track=False)
 
 
-def initial_status(spec: ResponseSpec) -> ResponseStatus:
-    return "queued" if spec.background else "in_progress"
+def initial_status(params: ResponseParams) -> ResponseStatus:
+    return "queued" if params.background else "in_progress"
 
 
 @dataclass(slots=True)
-class ResponsesRunner:
-    runner: RequestRunner
+class ResponseFollower:
+    request_follower: RequestFollower
     store: ResponseStore
     retention_s: int  # a finished response stays this long (CBSERVE_RETENTION_S)
     _followers: set[asyncio.Task[None]] = field(default_factory=set)
@@ -75,13 +75,13 @@ class ResponsesRunner:
     ) -> StoredResponse:
         """Record how the response ended; the record's first end wins (a cancel, a completion)."""
         if not persist:
-            return StoredResponse(stored.spec, status, result)
+            return StoredResponse(stored.params, status, result)
         return await self.store.finish(stored, status, result, self.retention_s)
 
     async def finished(self, stored: StoredResponse, done: Completed, persist: bool) -> StoredResponse:
-        request = stored.spec.request
+        request = stored.params.request
         num_reasoning = num_reasoning_tokens(
-            request.reasoning_parser, request.reasoning_open, done.token_ids, self.runner.token_text
+            request.reasoning_parser, request.reasoning_open, done.token_ids, self.request_follower.token_text
         )
         result = result_of(done, int(time.time()), num_reasoning)
         return await self.end(stored, status_of_finish(done.finish_reason), result, persist)
@@ -92,13 +92,15 @@ class ResponsesRunner:
         """Every event of the response from its start, following its token stream to the end; None
         after a read that brought nothing to show (about once a second while the request waits), so
         that a stream can send keep-alives."""
-        events = ResponseEvents(StoredResponse(stored.spec, initial_status(stored.spec), None), store=persist)
+        events = ResponseEvents(
+            StoredResponse(stored.params, initial_status(stored.params), None), store=persist
+        )
         for event in events.opening():
             yield event
         done = Completed()
-        request = stored.spec.request
+        request = stored.params.request
         try:
-            async with aclosing(self.runner.outputs(request, follow)) as outputs:
+            async with aclosing(self.request_follower.outputs(request, follow)) as outputs:
                 async for out in outputs:
                     if out is None:
                         yield None
@@ -130,9 +132,9 @@ class ResponsesRunner:
         """The response as it stands: a request that ended is recorded now if nobody did yet."""
         if stored.status in TERMINAL:
             return stored
-        req_id = stored.spec.request.req_id
+        req_id = stored.params.request.req_id
         if not await self.store.has_ended(req_id):
             started = await self.store.has_started(req_id)
-            return StoredResponse(stored.spec, "in_progress" if started else stored.status, None)
+            return StoredResponse(stored.params, "in_progress" if started else stored.status, None)
         await self._drain(stored, dataclasses.replace(WATCHER, wait_s=SETTLE_WAIT_S))
-        return await self.store.get(stored.spec.request.message.owner, stored.spec.id) or stored
+        return await self.store.get(stored.params.request.message.owner, stored.params.id) or stored

@@ -20,13 +20,13 @@ from gateway.generation.flow import request_id_header
 from gateway.security.auth import request_owner
 from gateway.streaming.sse import SSE_HEADERS
 from gateway.streaming.sse_stream import stream_sse
+from openai_frontend.completions.endpoints import ENDPOINTS
+from openai_frontend.completions.logprobs import LogprobsFormatter
 from openai_frontend.follow.collect import collect
 from openai_frontend.follow.request_follower import FollowPolicy
 from openai_frontend.generate.request import PreparedRequest, req_id_from
 from openai_frontend.generate.request_meta import attach, load_meta
 from openai_frontend.protocol.errors import OpenAIError
-from openai_frontend.render.endpoints import ENDPOINTS
-from openai_frontend.render.logprobs import LogprobsFormatter
 
 router = APIRouter()
 

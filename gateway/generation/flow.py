@@ -1,7 +1,7 @@
 """The flow both generation routes share: admit the body, then stream SSE chunks or answer one body.
 
 Each route (routes_generation.py) names only its schema and its answer shapes
-(`openai_frontend.render.chat.CHAT`, `openai_frontend.render.completion.COMPLETION`).
+(`openai_frontend.completions.chat.CHAT`, `openai_frontend.completions.completion.COMPLETION`).
 """
 
 from __future__ import annotations
@@ -16,12 +16,12 @@ from gateway.generation.admission import admit
 from gateway.generation.stored import save, storing
 from gateway.streaming.sse import SSE_HEADERS
 from gateway.streaming.sse_stream import stream_sse
+from openai_frontend.completions.endpoint import Endpoint
+from openai_frontend.completions.logprobs import LogprobsFormatter
 from openai_frontend.follow.collect import collect
 from openai_frontend.follow.request_follower import FollowPolicy
 from openai_frontend.generate.request import PreparedRequest
 from openai_frontend.protocol.openai_schemas import ChatCompletionRequest, CompletionRequest
-from openai_frontend.render.answer import Endpoint
-from openai_frontend.render.logprobs import LogprobsFormatter
 
 
 def request_id_header(req_id: str) -> dict[str, str]:

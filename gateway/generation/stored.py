@@ -12,13 +12,13 @@ from starlette.requests import Request
 from gateway.app_state import GatewayState
 from gateway.security.auth import request_owner
 from gateway.streaming.sse import DONE
+from openai_frontend.completions.chat import CHAT
+from openai_frontend.completions.logprobs import LogprobsFormatter
 from openai_frontend.follow.collect import collect
 from openai_frontend.follow.request_follower import FollowPolicy
 from openai_frontend.generate.request import PreparedRequest
 from openai_frontend.protocol.errors import OpenAIError
 from openai_frontend.protocol.openai_schemas import ChatCompletionRequest
-from openai_frontend.render.chat import CHAT
-from openai_frontend.render.logprobs import LogprobsFormatter
 from openai_frontend.stored.chat_completions import StoredChatCompletions
 
 logger = logging.getLogger(__name__)

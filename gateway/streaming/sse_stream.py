@@ -17,13 +17,12 @@ import redis.exceptions
 
 from common.redis_conn import entry_key
 from gateway.streaming.sse import DONE, KEEPALIVE, sse_event
-from openai_frontend.follow.collect import timed_out_error, usage
+from openai_frontend.completions.endpoint import ChunkFormatter, usage
 from openai_frontend.follow.fanout import merged_outputs
 from openai_frontend.follow.request_follower import FollowPolicy, RequestFollower
 from openai_frontend.follow.token_stream import RequestFailed, RequestTimedOut
 from openai_frontend.generate.request import PreparedRequest
-from openai_frontend.protocol.errors import OpenAIError, from_request_error
-from openai_frontend.render.answer import ChunkFormatter
+from openai_frontend.protocol.errors import OpenAIError, from_request_error, timed_out_error
 
 
 def _unavailable() -> OpenAIError:

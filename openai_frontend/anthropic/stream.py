@@ -10,12 +10,12 @@ import redis.exceptions
 
 from openai_frontend.anthropic.events import Event, MessageEvents, error_event, event
 from openai_frontend.anthropic.message import stop_sequence
-from openai_frontend.follow.collect import Completed, timed_out_error
+from openai_frontend.follow.collect import Completed
 from openai_frontend.follow.request_follower import FollowPolicy, RequestFollower
 from openai_frontend.follow.token_stream import RequestFailed, RequestTimedOut
 from openai_frontend.generate.request import PreparedRequest
 from openai_frontend.model.tokenizer import ModelTokenizer
-from openai_frontend.protocol.errors import OpenAIError, from_request_error
+from openai_frontend.protocol.errors import OpenAIError, from_request_error, timed_out_error
 
 
 async def message_events(

@@ -22,6 +22,8 @@ from common.result_lost import result_lost
 from common.stream_client import submit_once_async
 from openai_frontend.batch.input import InputLine
 from openai_frontend.batch.objects import BatchParams
+from openai_frontend.completions.endpoints import ENDPOINTS
+from openai_frontend.completions.logprobs import LogprobsFormatter
 from openai_frontend.follow.collect import collect
 from openai_frontend.follow.request_follower import FollowPolicy, RequestFollower
 from openai_frontend.generate.request import Kind, PreparedRequest, response_id
@@ -29,8 +31,6 @@ from openai_frontend.generate.request_builder import prepare_choices
 from openai_frontend.model.served_model import ServedModel
 from openai_frontend.protocol.errors import OpenAIError, invalid_request, validation_error
 from openai_frontend.protocol.openai_schemas import ChatCompletionRequest, CompletionRequest
-from openai_frontend.render.endpoints import ENDPOINTS
-from openai_frontend.render.logprobs import LogprobsFormatter
 
 logger = logging.getLogger(__name__)
 

@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 
 import redis.exceptions
 
-from openai_frontend.follow.collect import Completed, timed_out_error
+from openai_frontend.follow.collect import Completed
 from openai_frontend.follow.request_follower import FollowPolicy, RequestFollower
 from openai_frontend.follow.token_stream import RequestFailed, RequestTimedOut
-from openai_frontend.protocol.errors import OpenAIError
+from openai_frontend.protocol.errors import OpenAIError, timed_out_error
 from openai_frontend.reasoning.usage import num_reasoning_tokens
 from openai_frontend.responses.objects import (
     Event,

@@ -1,5 +1,5 @@
-"""The parser of one choice's text, from its request's record: thoughts first (reasoning/), then tool
-calls in the answer (tools/parsers/). Chat and the Responses API read answers through it."""
+"""The parsers a request's record names, for one choice's text: thoughts first (reasoning/), then tool
+calls in the answer (tools/parsers/). Chat, the Responses and the Messages API read answers through it."""
 
 from __future__ import annotations
 

@@ -10,8 +10,6 @@ any other gets 404, as for an unknown id.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
-from contextlib import aclosing
 from typing import Any
 
 from fastapi import APIRouter
@@ -24,7 +22,7 @@ from gateway.generation.admission import admitted
 from gateway.generation.flow import request_id_header
 from gateway.prepare_pool import body_size
 from gateway.security.auth import request_owner
-from gateway.streaming.sse import KEEPALIVE, SSE_HEADERS, sse_event
+from gateway.streaming.sse_stream import sse_response
 from openai_frontend.follow.collect import collect
 from openai_frontend.follow.request_follower import FollowPolicy
 from openai_frontend.generate.request import PreparedRequest
@@ -41,7 +39,7 @@ from openai_frontend.responses.input import (
     turn_of,
 )
 from openai_frontend.responses.items import answer_turn, cut_call, output_items
-from openai_frontend.responses.objects import Event, response_body
+from openai_frontend.responses.objects import response_body
 from openai_frontend.responses.schemas import TERMINAL, ResponseObject, ResponsesRequest
 from openai_frontend.responses.store import ResponseParams, ResponseResult, StoredResponse
 from openai_frontend.responses.text import format_echo
@@ -87,37 +85,6 @@ async def _history(body: ResponsesRequest, http_request: Request, state: Gateway
             "previous_response_id",
         )
     return [message_of(t) for t in [*previous.params.conversation, answer]]
-
-
-async def _sse(
-    events: AsyncGenerator[Event | None, None], starting_after: int | None, keepalive_s: float
-) -> AsyncIterator[bytes]:
-    """The events as SSE; while none is sent for `keepalive_s`, a keep-alive comment is (as chat's)."""
-    sent_at = time.monotonic()
-    async with aclosing(events) as stream:
-        async for event in stream:
-            if event is not None:
-                number, type_, data = event
-                if starting_after is None or number > starting_after:
-                    yield sse_event(data, event=type_)
-                    sent_at = time.monotonic()
-                    continue
-            if keepalive_s and time.monotonic() - sent_at >= keepalive_s:
-                yield KEEPALIVE
-                sent_at = time.monotonic()
-
-
-def _streaming(
-    events: AsyncGenerator[Event | None, None],
-    req_id: str,
-    keepalive_s: float,
-    starting_after: int | None = None,
-) -> StreamingResponse:
-    return StreamingResponse(
-        _sse(events, starting_after, keepalive_s),
-        media_type="text/event-stream",
-        headers={**SSE_HEADERS, **request_id_header(req_id)},
-    )
 
 
 def _response_params(
@@ -167,7 +134,7 @@ async def create_response(
     follow = BACKGROUND if params.background else FollowPolicy()
     if body.stream:
         keepalive_s = state.settings.sse_keepalive_s
-        return _streaming(state.responses.events(stored, follow, persist), request.req_id, keepalive_s)
+        return sse_response(state.responses.events(stored, follow, persist, keepalive_s=keepalive_s), headers)
     if params.background:
         state.responses.follow_in_background(stored)
         return JSONResponse(response_body(stored), headers=headers)
@@ -197,8 +164,11 @@ async def retrieve_response(
                 "this response's event stream has expired; fetch it without stream",
                 code="stream_expired",
             )
-        events = state.responses.events(stored, WATCHER)
-        return _streaming(events, req_id, state.settings.sse_keepalive_s, starting_after)
+        keepalive_s = state.settings.sse_keepalive_s
+        events = state.responses.events(
+            stored, WATCHER, keepalive_s=keepalive_s, starting_after=starting_after
+        )
+        return sse_response(events, request_id_header(req_id))
     stored = await state.responses.settle(stored)
     return JSONResponse(response_body(stored), headers=request_id_header(req_id))
 

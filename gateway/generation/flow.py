@@ -14,12 +14,13 @@ from starlette.responses import JSONResponse, StreamingResponse
 from gateway.app_state import GatewayState
 from gateway.generation.admission import admit
 from gateway.generation.stored import save, storing
-from gateway.streaming.sse import SSE_HEADERS
-from gateway.streaming.sse_stream import stream_sse
+from gateway.streaming.sse_stream import sse_response
 from openai_frontend.completions.endpoint import Endpoint
 from openai_frontend.completions.logprobs import LogprobsFormatter
+from openai_frontend.completions.stream import ChunkStream
 from openai_frontend.follow.collect import collect
 from openai_frontend.follow.request_follower import FollowPolicy
+from openai_frontend.follow.stream_out import stream_out
 from openai_frontend.generate.request import PreparedRequest
 from openai_frontend.protocol.openai_schemas import ChatCompletionRequest, CompletionRequest
 
@@ -51,16 +52,13 @@ async def generate(
     follow = client_follow(requests, state.settings.resume_grace_s)
     if request.stream:
         chunks = endpoint.chunks(rid, created, state.served.name, request, formatter, requests)
-        events = stream_sse(
-            state.follower, requests, chunks, follow, keepalive_s=state.settings.sse_keepalive_s
+        keepalive_s = state.settings.sse_keepalive_s
+        events = stream_out(
+            ChunkStream(chunks, requests), state.follower, requests, follow, keepalive_s=keepalive_s
         )
         if request.store and isinstance(body, ChatCompletionRequest):
             events = storing(events, state, http_request, body, requests)
-        return StreamingResponse(
-            events,
-            media_type="text/event-stream",
-            headers={**SSE_HEADERS, **headers},
-        )
+        return sse_response(events, headers)
     done = await collect(state.follower, requests, http_request, follow)
     answer = endpoint.body(requests, done, rid, created, state.served.name, formatter)
     if request.store and isinstance(body, ChatCompletionRequest):

@@ -10,7 +10,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar
 
 from pydantic import BaseModel
 
@@ -39,16 +39,6 @@ def usage(
         total_tokens=num_prompt_tokens + completion_tokens,
         prompt_tokens_details=PromptTokensDetails(cached_tokens=num_cached),
     )
-
-
-class ChunkFormatter(Protocol):
-    """Builds the JSON of each streamed chunk for one endpoint (completions or chat)."""
-
-    def opening(self) -> list[str]: ...
-
-    def delta(self, index: int, out: Output) -> str | None: ...  # None: nothing to send
-
-    def usage(self, usage: UsageInfo) -> str: ...
 
 
 @dataclass

@@ -1,9 +1,10 @@
-"""Runs Responses API responses on the request follower and keeps their end in the response store.
+"""Follows Responses API responses on the request follower and keeps their end in the response store.
 
-A response is one chat-shaped request (responses_input.py). Its events come from following the
-request's token stream (`events`); whoever reaches the end records it (`ResponseStore.finish`). A
-background response nobody follows is recorded by the first read that finds its stream ended
-(`settle`), which replays the stream through the same code.
+A response is one chat-shaped request (responses/input.py). Its events come from following the
+request's token stream through the one stream-out (follow/stream_out.py) with `ResponseStream` as
+the encoder; whoever reaches the end records it (`ResponseStore.finish`). A background response
+nobody follows is recorded by the first read that finds its stream ended (`settle`), which replays
+the stream through the same code.
 """
 
 from __future__ import annotations
@@ -15,20 +16,13 @@ from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from dataclasses import dataclass, field
 
-import redis.exceptions
-
 from openai_frontend.follow.collect import Completed
-from openai_frontend.follow.request_follower import FollowPolicy, RequestFollower
-from openai_frontend.follow.token_stream import RequestFailed, RequestTimedOut
-from openai_frontend.protocol.errors import OpenAIError, timed_out_error
+from openai_frontend.follow.request_follower import FollowPolicy, Output, RequestFollower
+from openai_frontend.follow.stream_out import Encoder, StreamEvent, stream_out
+from openai_frontend.follow.token_stream import RequestFailed
+from openai_frontend.protocol.errors import OpenAIError
 from openai_frontend.reasoning.usage import num_reasoning_tokens
-from openai_frontend.responses.objects import (
-    Event,
-    ResponseEvents,
-    result_of,
-    status_of_error,
-    status_of_finish,
-)
+from openai_frontend.responses.objects import ResponseEvents, result_of, status_of_error, status_of_finish
 from openai_frontend.responses.schemas import TERMINAL, ResponseStatus
 from openai_frontend.responses.store import ResponseParams, ResponseResult, ResponseStore, StoredResponse
 
@@ -86,47 +80,26 @@ class ResponseFollower:
         result = result_of(done, int(time.time()), num_reasoning)
         return await self.end(stored, status_of_finish(done.finish_reason), result, persist)
 
-    async def events(
-        self, stored: StoredResponse, follow: FollowPolicy, persist: bool = True
-    ) -> AsyncGenerator[Event | None, None]:
-        """Every event of the response from its start, following its token stream to the end; None
-        after a read that brought nothing to show (about once a second while the request waits), so
-        that a stream can send keep-alives."""
-        events = ResponseEvents(
-            StoredResponse(stored.params, initial_status(stored.params), None), store=persist
+    def events(
+        self,
+        stored: StoredResponse,
+        follow: FollowPolicy,
+        persist: bool = True,
+        *,
+        keepalive_s: float = 0.0,
+        starting_after: int | None = None,
+    ) -> AsyncGenerator[StreamEvent, None]:
+        """Every event of the response from its start (after `starting_after`), following its token
+        stream to the end."""
+        encoder = ResponseStream(self, stored, persist)
+        return stream_out(
+            encoder,
+            self.request_follower,
+            [stored.params.request],
+            follow,
+            keepalive_s=keepalive_s,
+            resume_after=None if starting_after is None else (starting_after,),
         )
-        for event in events.opening():
-            yield event
-        done = Completed()
-        request = stored.params.request
-        try:
-            async with aclosing(self.request_follower.outputs(request, follow)) as outputs:
-                async for out in outputs:
-                    if out is None:
-                        yield None
-                        continue
-                    done.add(out)
-                    if out.text:
-                        for event in events.delta(out.text):
-                            yield event
-        except RequestFailed as exc:
-            result = ResponseResult(completed_at=int(time.time()), error=exc.error)
-            yield events.failed(await self.end(stored, status_of_error(exc.error.code), result, persist))
-            return
-        except RequestTimedOut:
-            yield events.error(timed_out_error())
-            return
-        except redis.exceptions.RedisError:
-            yield events.error(OpenAIError(503, "the request queue became unavailable", type="server_error"))
-            return
-        for event in events.end():
-            yield event
-        ended = await self.finished(stored, done, persist)
-        if ended.status in ("completed", "incomplete"):
-            for event in events.closing(ended):
-                yield event
-        else:  # cancelled while its last tokens were read
-            yield events.failed(ended)
 
     async def settle(self, stored: StoredResponse) -> StoredResponse:
         """The response as it stands: a request that ended is recorded now if nobody did yet."""
@@ -138,3 +111,39 @@ class ResponseFollower:
             return StoredResponse(stored.params, "in_progress" if started else stored.status, None)
         await self._drain(stored, dataclasses.replace(WATCHER, wait_s=SETTLE_WAIT_S))
         return await self.store.get(stored.params.request.message.owner, stored.params.id) or stored
+
+
+class ResponseStream(Encoder):
+    """A response's events (objects.py), and its end recorded as the stream reaches it."""
+
+    def __init__(self, responses: ResponseFollower, stored: StoredResponse, persist: bool) -> None:
+        self._responses = responses
+        self._stored = stored
+        self._persist = persist
+        self._events = ResponseEvents(
+            StoredResponse(stored.params, initial_status(stored.params), None), store=persist
+        )
+        self._done = Completed()
+
+    def opening(self) -> list[StreamEvent]:
+        return self._events.opening()
+
+    def delta(self, index: int, out: Output) -> list[StreamEvent]:
+        self._done.add(out)
+        return self._events.delta(out.text) if out.text else []
+
+    async def closing(self) -> list[StreamEvent]:
+        held_back = self._events.finish()
+        ended = await self._responses.finished(self._stored, self._done, self._persist)
+        if ended.status in ("completed", "incomplete"):
+            return [*held_back, *self._events.closing(ended)]
+        return [*held_back, self._events.failed(ended)]  # cancelled while its last tokens were read
+
+    async def failed(self, exc: RequestFailed) -> list[StreamEvent]:
+        result = ResponseResult(completed_at=int(time.time()), error=exc.error)
+        status = status_of_error(exc.error.code)
+        return [self._events.failed(await self._responses.end(self._stored, status, result, self._persist))]
+
+    def error(self, error: OpenAIError) -> list[StreamEvent]:
+        """The stream stops without an end (a timeout, Redis gone): the response may still finish."""
+        return [self._events.error(error)]

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from openai_frontend.follow.collect import Completed
+from openai_frontend.follow.stream_out import StreamEvent
 from openai_frontend.protocol.errors import OpenAIError, from_request_error
 from openai_frontend.responses.items import (
     CallItem,
@@ -144,9 +145,6 @@ def response_body(stored: StoredResponse, *, store: bool = True) -> dict[str, An
     return body
 
 
-Event = tuple[int, str, str]  # sequence number, event type, JSON data
-
-
 @dataclass
 class ResponseEvents:
     """One response's stream of typed events, numbered as they are made."""
@@ -159,12 +157,14 @@ class ResponseEvents:
     def __post_init__(self) -> None:
         self._items = OutputItems(self.stored.params.request)
 
-    def _event(self, type_: str, **fields: Any) -> Event:
+    def _event(self, type_: str, **fields: Any) -> StreamEvent:
+        """The next event; its sequence number is where a resumed stream (`starting_after`) starts."""
         number = self._next
         self._next += 1
-        return number, type_, json.dumps({"type": type_, "sequence_number": number, **fields})
+        data = json.dumps({"type": type_, "sequence_number": number, **fields})
+        return StreamEvent(data, type=type_, position=(number,))
 
-    def _events(self, changes: list[Change], status: ItemStatus = "completed") -> list[Event]:
+    def _events(self, changes: list[Change], status: ItemStatus = "completed") -> list[StreamEvent]:
         """The events of item changes; an item done at the response's end has its final `status`."""
         events = []
         for kind, index, piece in changes:
@@ -186,7 +186,7 @@ class ResponseEvents:
                 events += self._done(item, index, status)
         return events
 
-    def _added(self, item: Item, index: int) -> list[Event]:
+    def _added(self, item: Item, index: int) -> list[StreamEvent]:
         """An item as it opens: a message without content, then its empty part; a call without arguments."""
         added = _output_item(item, "in_progress").model_dump()
         if isinstance(item, ReasoningItem):
@@ -202,7 +202,7 @@ class ResponseEvents:
             self._event("response.content_part.added", **at, part=OutputText(text="").model_dump()),
         ]
 
-    def _done(self, item: Item, index: int, status: ItemStatus) -> list[Event]:
+    def _done(self, item: Item, index: int, status: ItemStatus) -> list[StreamEvent]:
         at: dict[str, Any] = {"item_id": item.id, "output_index": index}
         done = _output_item(item, status).model_dump()
         if isinstance(item, ReasoningItem):
@@ -222,7 +222,7 @@ class ResponseEvents:
             self._event("response.output_item.done", output_index=index, item=done),
         ]
 
-    def opening(self) -> list[Event]:
+    def opening(self) -> list[StreamEvent]:
         """`stored` as it was created: queued (background) or in progress, no result."""
         created = response_body(self.stored, store=self.store)
         running = response_body(StoredResponse(self.stored.params, "in_progress", None), store=self.store)
@@ -232,14 +232,14 @@ class ResponseEvents:
             *self._events(self._items.opening()),
         ]
 
-    def delta(self, text: str) -> list[Event]:
+    def delta(self, text: str) -> list[StreamEvent]:
         return self._events(self._items.feed(text))
 
-    def end(self) -> list[Event]:
+    def finish(self) -> list[StreamEvent]:
         """The text has ended: what was held back (a tool parser's undecided end)."""
         return self._events(self._items.finish())
 
-    def closing(self, ended: StoredResponse) -> list[Event]:
+    def closing(self, ended: StoredResponse) -> list[StreamEvent]:
         assert ended.result is not None
         final = "response.incomplete" if ended.status == "incomplete" else "response.completed"
         return [
@@ -247,9 +247,9 @@ class ResponseEvents:
             self._event(final, response=response_body(ended, store=self.store)),
         ]
 
-    def failed(self, ended: StoredResponse) -> Event:
+    def failed(self, ended: StoredResponse) -> StreamEvent:
         return self._event("response.failed", response=response_body(ended, store=self.store))
 
-    def error(self, error: OpenAIError) -> Event:
+    def error(self, error: OpenAIError) -> StreamEvent:
         """The stream stops without an end (a timeout, Redis gone): the response may still finish."""
         return self._event("error", code=error.code, message=error.message, param=error.param)

@@ -129,8 +129,8 @@ def test_events_rebuild_the_response_output(status: ResponseStatus) -> None:
     for at in range(0, len(text), 3):
         made += events.delta(text[at : at + 3])
     ended = StoredResponse(params, status, ResponseResult(completed_at=1, text=text))
-    made += events.end() + events.closing(ended)
-    data = [json.loads(d) for _, _, d in made]
+    made += events.finish() + events.closing(ended)
+    data = [json.loads(event.data) for event in made]
     assert [d["sequence_number"] for d in data] == list(range(len(data)))
     call = [
         "response.output_item.added",
@@ -145,7 +145,7 @@ def test_events_rebuild_the_response_output(status: ResponseStatus) -> None:
         "response.output_item.done",
     ]
     final = "response.incomplete" if status == "incomplete" else "response.completed"
-    types = [t for _, t, _ in made if not t.endswith(".delta")]
+    types = [event.type for event in made if not str(event.type).endswith(".delta")]
     assert types == ["response.created", "response.in_progress", *call, *message, *call, *message, final]
     items: dict[int, dict[str, Any]] = {}
     grown: dict[int, str] = {}  # each item's text or arguments, as the deltas build them

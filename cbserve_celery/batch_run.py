@@ -125,14 +125,7 @@ class _BatchRun:
             return Outcome.DONE
         params = state.params
         assert self._tokenizer is not None  # _validated failed the batch otherwise
-        served = ServedModel(
-            name=params.model,
-            root=self._model_root,
-            tokenizer=self._tokenizer,
-            max_model_len=params.max_model_len,
-            max_prompt_tokens=params.max_prompt_tokens,
-            max_tokens=params.max_tokens,
-        )
+        served = ServedModel(rules=params.rules, root=self._model_root, tokenizer=self._tokenizer)
         # A line may wait and run until the batch expires: the request timeout counts from creation.
         window_s = float(params.expires_at - params.created_at)
         follower = RequestFollower(self._redis, served, window_s)

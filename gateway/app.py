@@ -54,7 +54,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         redis = connect_async(settings.redis_url, settings.redis_cluster)
-        metrics = GatewayMetrics(served.name)
+        metrics = GatewayMetrics(served.rules.name)
         follower = RequestFollower(
             redis,
             served,

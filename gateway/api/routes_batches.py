@@ -70,7 +70,6 @@ def _check_create(body: BatchCreateRequest) -> None:
 
 def _params(body: BatchCreateRequest, owner: str, state: GatewayState) -> BatchParams:
     now = int(time.time())
-    served = state.served
     return BatchParams(
         id=f"batch_{secrets.token_hex(16)}",
         endpoint=body.endpoint,
@@ -81,10 +80,7 @@ def _params(body: BatchCreateRequest, owner: str, state: GatewayState) -> BatchP
         retain_until=now + state.settings.file_expires_s,
         owner=owner,
         metadata=body.metadata,
-        model=served.name,
-        max_model_len=served.max_model_len,
-        max_prompt_tokens=served.max_prompt_tokens,
-        max_tokens=served.max_tokens,
+        rules=state.served.rules,
     )
 
 

@@ -51,7 +51,7 @@ async def generate(
     headers = request_id_header(request.req_id)
     follow = client_follow(requests, state.settings.resume_grace_s)
     if request.stream:
-        chunks = endpoint.chunks(rid, created, state.served.name, request, formatter, requests)
+        chunks = endpoint.chunks(rid, created, state.served.rules.name, request, formatter, requests)
         keepalive_s = state.settings.sse_keepalive_s
         events = stream_out(
             ChunkStream(chunks, requests), state.follower, requests, follow, keepalive_s=keepalive_s
@@ -60,7 +60,7 @@ async def generate(
             events = storing(events, state, http_request, body, requests)
         return sse_response(events, headers)
     done = await collect(state.follower, requests, http_request, follow)
-    answer = endpoint.body(requests, done, rid, created, state.served.name, formatter)
+    answer = endpoint.body(requests, done, rid, created, state.served.rules.name, formatter)
     if request.store and isinstance(body, ChatCompletionRequest):
         await save(state, http_request, body, answer)
     return JSONResponse(answer, headers=headers)

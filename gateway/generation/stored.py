@@ -76,5 +76,7 @@ async def _replay_and_save(
     except OpenAIError as exc:  # it failed or did not finish: there is no completion to keep
         logger.info("stream not stored: %s", exc.message, extra={"request_id": request.req_id})
         return
-    answer = CHAT.body(requests, done, request.response_id, request.created, state.served.name, formatter)
+    answer = CHAT.body(
+        requests, done, request.response_id, request.created, state.served.rules.name, formatter
+    )
     await save(state, http_request, body, answer)

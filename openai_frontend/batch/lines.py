@@ -57,7 +57,7 @@ _NO_CLIENT = _NoClient()
 @dataclass(slots=True, frozen=True)
 class LineContext:
     params: BatchParams
-    served: ServedModel  # the gateway's rules, from the params, with this worker's tokenizer
+    served: ServedModel  # the batch's rules, with this worker's tokenizer
     redis: aioredis.Redis
     follower: RequestFollower
 
@@ -138,5 +138,7 @@ async def run_line(ctx: LineContext, line: InputLine, req_id: str, submitted: Su
     formatter = LogprobsFormatter(ctx.served.tokenizer.tokenizer)
     params = ctx.params
     build = ENDPOINTS[ctx.kind].body
-    body = build(requests, done, response_id(ctx.kind, req_id), params.created_at, params.model, formatter)
+    body = build(
+        requests, done, response_id(ctx.kind, req_id), params.created_at, params.rules.name, formatter
+    )
     return result_line(line, req_id, 200, body)

@@ -9,6 +9,8 @@ from typing import Any, Literal
 import msgspec
 from pydantic import BaseModel
 
+from openai_frontend.model.served_model import ModelRules
+
 Status = Literal[
     "validating", "failed", "in_progress", "finalizing", "completed", "expired", "cancelling", "cancelled"
 ]
@@ -43,11 +45,22 @@ class BatchParams(msgspec.Struct, kw_only=True, frozen=True):
     retain_until: int  # unix seconds: the batch, its results and output files are deleted then
     owner: str  # the API key's name; never shown
     metadata: dict[str, str] | None = None
-    # The gateway's rules for a line's body, taken when the batch was created (the task applies them).
-    model: str  # the served model name
-    max_model_len: int
-    max_prompt_tokens: int | None = None
-    max_tokens: int | None = None
+    # The served model's rules when the batch was created: the task reads every line by them.
+    rules: ModelRules
+
+
+def decode_params(raw: bytes) -> BatchParams:
+    """A batch's params as stored. One stored before its rules were kept whole holds four of them at
+    the top level: the others read as their defaults, as its lines ran then."""
+    fields = msgspec.json.decode(raw)
+    if "rules" not in fields:
+        caps = {
+            key: fields.pop(key)
+            for key in ("max_model_len", "max_prompt_tokens", "max_tokens")
+            if key in fields
+        }
+        fields["rules"] = {"name": fields.pop("model"), **caps}
+    return msgspec.convert(fields, BatchParams)
 
 
 class BatchError(BaseModel):
@@ -127,6 +140,6 @@ class BatchState:
                 total=int(f.get("total", 0)), completed=self.num_completed, failed=self.num_failed
             ),
             metadata=self.params.metadata,
-            model=self.params.model,
+            model=self.params.rules.name,
             **times,
         )

@@ -27,7 +27,7 @@ from common.streams import (
     file_key,
     owner_batches,
 )
-from openai_frontend.batch.objects import BatchParams, BatchState, Status
+from openai_frontend.batch.objects import BatchParams, BatchState, Status, decode_params
 from openai_frontend.batch.owner_index import page
 
 _OBJECT, _STATUS = "object", "status"
@@ -97,7 +97,7 @@ class BatchStore:
             if _OBJECT.encode() not in raw:
                 states.append(None)
                 continue
-            params = msgspec.json.decode(raw[_OBJECT.encode()], type=BatchParams)
+            params = decode_params(raw[_OBJECT.encode()])
             status: Status = fields.pop(_STATUS)  # type: ignore[assignment]
             states.append(BatchState(params, status, fields, int(num_completed), int(num_failed)))
         return states

@@ -56,7 +56,7 @@ def tool_use(body: ChatCompletionRequest, served: ServedModel) -> ToolUse:
     duplicate = next((n for i, n in enumerate(names) if n in names[:i]), None)
     if duplicate is not None:
         raise invalid_request(f"tool names must be unique; {duplicate!r} is given twice", "tools")
-    parser = chosen_parser(served.tool_parser, served.tokenizer.chat_template)
+    parser = chosen_parser(served.rules.tool_parser, served.tokenizer.chat_template)
     if parser is None:
         raise invalid_request(
             "this model's chat template does not support tool calling (GATEWAY_TOOL_PARSER names a "

@@ -20,6 +20,7 @@ from common.streams import ACTIVE_BATCHES, BATCH_REAPER_TURN, batch_claim
 from openai_frontend.batch.files_store import FileStore
 from openai_frontend.batch.objects import RUN_BATCH_TASK, BatchParams
 from openai_frontend.batch.store import BatchStore
+from openai_frontend.model.served_model import ModelRules
 
 
 @pytest.fixture()
@@ -46,8 +47,7 @@ async def _create(redis_url: str, batch_id: str) -> None:
             expires_at=until,
             retain_until=until,
             owner="alice",
-            model="m",
-            max_model_len=64,
+            rules=ModelRules(name="m", max_model_len=64),
         )
         assert await BatchStore(redis).create(params)
     finally:

@@ -112,7 +112,7 @@ def test_special_tokens_and_eos_ids_match(
     generation_config = json.loads((tiny_model_dir / "generation_config.json").read_text())
     assert tokenizer.eos_token_ids == generation_config["eos_token_id"]
     assert tokenizer.vocab_size == len(hf_tokenizer)
-    assert served.max_model_len == 512
+    assert served.rules.max_model_len == 512
     ids = hf_tokenizer.encode("<|im_start|>Hello world<|im_end|>")
     assert tokenizer.decode(ids) == hf_tokenizer.decode(ids, skip_special_tokens=True)
 

@@ -1,9 +1,9 @@
 """The Responses API: POST /v1/responses, GET / DELETE /v1/responses/{id}, POST .../{id}/cancel.
 
 A response runs as one chat request (openai_frontend/responses/input.py) and is kept in Redis
-(responses_store.py) unless `store` is false. A foreground response lives as long as its client's
-connection; a `background` one runs on by itself, is fetched by id, cancelled, or its event stream
-replayed and resumed with `starting_after`. Only the API key that created a response can read it;
+(openai_frontend/responses/store.py) unless `store` is false. A foreground response lives as long as
+its client's connection; a `background` one runs on by itself, is fetched by id, cancelled, or its
+event stream replayed and resumed with `starting_after`. Only the API key that created a response can read it;
 any other gets 404, as for an unknown id.
 """
 

@@ -1,11 +1,12 @@
 """One batch line through the interactive endpoints' own code, so it answers exactly as they would.
 
-Validation, chat template and tokenization (`prepare_request`), detokenization and stop strings
-(`RequestFollower`, through `collect`), and the response body (`chat_response.py` / `completion_response.py`)
-are the ones `POST /v1/chat/completions` and `POST /v1/completions` use; only the submission differs:
-at batch priority, under an id derived from the batch and the line, and at most once
-(`submit_once`), so a batch task that runs again follows the line's request instead of generating
-it twice. A line the endpoint would refuse gets the endpoint's status and error object.
+Validation, chat template and tokenization (`prepare_choices`), the served model's rules (the batch's
+`ModelRules`, the gateway's own), detokenization and stop strings (`RequestFollower`, through
+`collect`), and the response body (completions/chat.py, completions/completion.py) are the ones
+`POST /v1/chat/completions` and `POST /v1/completions` use; only the submission differs: at batch
+priority, under an id derived from the batch and the line, and at most once (`submit_once`), so a
+batch task that runs again follows the line's request instead of generating it twice. A line the
+endpoint would refuse gets the endpoint's status and error object.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ COMPLETION_WINDOWS = {"24h": 24 * 3600}
 # The Celery task that runs a batch: the gateway queues it by this name (gateway/batch_queue.py)
 # and the Celery worker registers it under it (cbserve_celery/batch_task.py).
 RUN_BATCH_TASK = "cbserve.run_batch"
-# The hash fields that change after creation, each written on its own (see batch_store.py).
+# The hash fields that change after creation, each written on its own (see store.py).
 TIMESTAMPS = (
     "in_progress_at",
     "finalizing_at",

@@ -1,7 +1,7 @@
 """A generation's answer in one piece: every choice followed to its end, for a non-streaming body.
 
-Used by the non-streaming HTTP answer, a fetch by id and each batch line. The streaming answer is
-the gateway's (gateway/streaming/sse_stream.py); both read the same `merged_outputs`.
+Used by the non-streaming HTTP answer, a fetch by id and each batch line. A streamed answer is
+stream_out.py's; both read the same `merged_outputs`.
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ class StreamOptions(_Strict):
 
 
 class StructuredOutputsParams(_Strict):
-    """vLLM's `structured_outputs` extension: exactly one constraint (see structured_outputs.py)."""
+    """vLLM's `structured_outputs` extension: exactly one constraint (see structured/constraint.py)."""
 
     # A JSON schema, as an object or JSON text (`json` would shadow a BaseModel method).
     json_: JSONObject | Text | None = Field(default=None, alias="json")

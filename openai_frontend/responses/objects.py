@@ -1,7 +1,7 @@
 """The Response object and its streamed events, built from a stored response (no I/O).
 
 Events are numbered from 0 (`sequence_number`) in OpenAI's order: `response.created`,
-`response.in_progress`, then for each output item (responses_items.py) `response.output_item.added`,
+`response.in_progress`, then for each output item (items.py) `response.output_item.added`,
 its deltas and `response.output_item.done`: for a message `response.content_part.added`, one
 `response.output_text.delta` per text delta, `response.output_text.done`, `response.content_part.done`;
 for a function call `response.function_call_arguments.delta`s and `.done`; for the thoughts of a model

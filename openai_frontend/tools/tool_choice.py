@@ -6,7 +6,7 @@ As in vLLM: `auto` (the default with tools) parses whatever the model writes; `n
 tools in the prompt (vLLM's default, without --exclude-tools-when-tool-choice-none) but parses
 nothing. Forcing calls is a grammar, and so is `auto` with a strict function (free text, each call
 opened follows its schema), so neither combines with response_format or structured_outputs
-(refused in structured_outputs.py).
+(refused in structured/constraint.py).
 """
 
 from __future__ import annotations

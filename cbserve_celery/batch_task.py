@@ -1,4 +1,4 @@
-"""The `cbserve.run_batch` task: one slice of a batch's run (cbserve_celery/batch_runner.py) per task.
+"""The `cbserve.run_batch` task: one slice of a batch's run (cbserve_celery/batch_run.py) per task.
 
 The gateway queues it by name when a batch is created. A task runs the batch for at most
 `batch_slice_s`, then queues its continuation; one that finds another task holding the batch tries
@@ -17,7 +17,7 @@ from collections.abc import Callable
 from celery import Celery, Task
 
 from cbserve_celery.batch_claim import new_claim_token
-from cbserve_celery.batch_runner import Outcome, RunConfig, run_batch
+from cbserve_celery.batch_run import Outcome, RunConfig, run_batch
 from cbserve_celery.redis_waits import retry_while_redis_fails
 from cbserve_celery.settings import CelerySettings
 from common.redis_conn import connect_async

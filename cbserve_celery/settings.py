@@ -36,7 +36,7 @@ class CelerySettings(BaseSettings):
     result_expires_s: int = Field(default=24 * 3600, gt=0)
     log_format: LogFormat = log_format_field()
 
-    # --- batches (cbserve.run_batch, see cbserve_celery/batch_runner.py) ---------------------------
+    # --- batches (cbserve.run_batch, see cbserve_celery/batch_run.py) ---------------------------
     # Lines of one batch generating at once; the others wait in the task, not in the batcher's queue.
     batch_max_lines_in_flight: int = Field(default=64, gt=0)
     # A task runs a batch for at most this long, then hands it to a fresh task (progress is kept, and

@@ -18,11 +18,11 @@ _CPP_PREFIX = re.compile(r"^\s*\[[\d:]+\]\s+\S+:\d+:\s*(Check failed: \(.*?\) is
 
 
 class GrammarError(ValueError):
-    """The spec cannot be turned into a grammar; the message says why, in the grammar engine's words."""
+    """The definition cannot be turned into a grammar; the message says why, in the grammar engine's words."""
 
 
 def build_grammar(output: StructuredOutput) -> Any:
-    """The xgrammar `Grammar` the output must follow. Raises GrammarError for an invalid spec."""
+    """The xgrammar `Grammar` the output must follow. Raises GrammarError for an invalid definition."""
     import xgrammar as xgr
 
     try:
@@ -30,14 +30,14 @@ def build_grammar(output: StructuredOutput) -> Any:
             # Compact JSON (", " and ": " between items, no other whitespace): with free whitespace a
             # model can spend its whole budget on blanks. Strict mode forbids properties the schema
             # does not name, so every output validates against the schema.
-            return xgr.Grammar.from_json_schema(output.spec, any_whitespace=False, strict_mode=True)
+            return xgr.Grammar.from_json_schema(output.definition, any_whitespace=False, strict_mode=True)
         if output.kind == "json_object":
             return xgr.Grammar.from_json_schema('{"type": "object"}', any_whitespace=False, strict_mode=False)
         if output.kind == "regex":
-            return xgr.Grammar.from_regex(output.spec)
+            return xgr.Grammar.from_regex(output.definition)
         if output.kind == "choice":
-            return xgr.Grammar.from_ebnf(_choice_ebnf(json.loads(output.spec)))
-        return xgr.Grammar.from_ebnf(output.spec)
+            return xgr.Grammar.from_ebnf(_choice_ebnf(json.loads(output.definition)))
+        return xgr.Grammar.from_ebnf(output.definition)
     except RuntimeError as exc:
         raise GrammarError(_CPP_PREFIX.sub("", str(exc)).strip()) from None
 

@@ -23,12 +23,13 @@ StructuredOutputKind = Literal["json", "json_object", "regex", "choice", "gramma
 class StructuredOutput(msgspec.Struct, frozen=True, kw_only=True):
     """A grammar the output must follow, enforced by the worker as a token mask before sampling.
 
-    `spec` by kind: json, a JSON schema (as JSON text); json_object, ignored (any JSON object); regex,
-    a regular expression; choice, a JSON list of the strings allowed; grammar, EBNF (GBNF) text.
+    `definition` by kind: json, a JSON schema (as JSON text); json_object, ignored (any JSON object);
+    regex, a regular expression; choice, a JSON list of the strings allowed; grammar, EBNF (GBNF) text.
     """
 
     kind: StructuredOutputKind
-    spec: str = ""
+    # Sent as `spec`, its first name, so that requests queued across an upgrade still decode.
+    definition: str = msgspec.field(default="", name="spec")
 
 
 class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):

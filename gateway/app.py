@@ -28,7 +28,7 @@ from gateway.cell_router import CellRouter
 from gateway.limits.cell_guard import CellGuard
 from gateway.limits.queue_bound import QueueBound
 from gateway.limits.rate_limit import RateLimiter, RateLimits
-from gateway.model_loader import load_served_model
+from gateway.model_setup import load_served_model
 from gateway.observability.metrics import GatewayMetrics
 from gateway.prepare_pool import PreparePool
 from gateway.security.api_keys import ApiKeys
@@ -37,8 +37,8 @@ from gateway.security.body_limit import BodySizeLimitMiddleware
 from gateway.settings import GatewaySettings
 from openai_frontend.batch.files_store import FileStore
 from openai_frontend.batch.store import BatchStore
-from openai_frontend.follow.request_runner import RequestRunner
-from openai_frontend.responses.runner import ResponsesRunner
+from openai_frontend.follow.request_follower import RequestFollower
+from openai_frontend.responses.follower import ResponseFollower
 from openai_frontend.responses.store import ResponseStore
 
 _MULTIPART_OVERHEAD = 64 * 1024  # boundaries, part headers and the `purpose` field of an upload
@@ -54,8 +54,8 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         redis = connect_async(settings.redis_url, settings.redis_cluster)
-        metrics = GatewayMetrics(served.name)
-        runner = RequestRunner(
+        metrics = GatewayMetrics(served.rules.name)
+        follower = RequestFollower(
             redis,
             served,
             settings.request_timeout_s,
@@ -64,13 +64,13 @@ def create_app(settings: GatewaySettings) -> FastAPI:
             settings.resume_grace_s,
         )
         batch_queue = BatchQueue(settings.redis_url)
-        responses = ResponsesRunner(runner, ResponseStore(redis), settings.retention_s)
+        responses = ResponseFollower(follower, ResponseStore(redis), settings.retention_s)
         prepare = PreparePool(settings.prepare_threads, settings.prepare_inline_bytes)
         app.state.gateway = GatewayState(
             settings=settings,
             served=served,
             redis=redis,
-            runner=runner,
+            follower=follower,
             metrics=metrics,
             rate_limiter=RateLimiter(
                 redis, limits, RateLimits(settings.rate_limit_user_rpm, settings.rate_limit_user_tpm)
@@ -94,7 +94,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
             yield
         finally:
             await responses.close()
-            await runner.drain()
+            await follower.drain()
             batch_queue.close()
             prepare.close()
             await redis.aclose()

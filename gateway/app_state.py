@@ -20,9 +20,9 @@ from gateway.prepare_pool import PreparePool
 from gateway.settings import GatewaySettings
 from openai_frontend.batch.files_store import FileStore
 from openai_frontend.batch.store import BatchStore
-from openai_frontend.follow.request_runner import RequestRunner
+from openai_frontend.follow.request_follower import RequestFollower
 from openai_frontend.model.served_model import ServedModel
-from openai_frontend.responses.runner import ResponsesRunner
+from openai_frontend.responses.follower import ResponseFollower
 
 
 @dataclass(slots=True, frozen=True)
@@ -30,13 +30,13 @@ class GatewayState:
     settings: GatewaySettings
     served: ServedModel
     redis: aioredis.Redis  # the app's one client (it pools connections)
-    runner: RequestRunner
+    follower: RequestFollower
     metrics: GatewayMetrics  # the gateway's own request metrics (batcher ones are read on scrape)
     rate_limiter: RateLimiter
     files: FileStore  # the Files API's files
     batches: BatchStore  # the Batch API's batches
     batch_queue: BatchQueue  # hands new batches to the Celery workers
-    responses: ResponsesRunner  # the Responses API's responses and their store
+    responses: ResponseFollower  # the Responses API's responses and their store
     router: CellRouter  # which cell a new request goes to
     cell_guard: CellGuard  # whether that cell takes a new request now (a batcher, Redis headroom)
     queue_bound: QueueBound  # and whether its queue has room (GATEWAY_MAX_QUEUED_REQUESTS)

@@ -27,8 +27,8 @@ from cbserve.offline.prompts import (
 from cbserve.offline.request_state import RequestState
 from cbserve.offline.sampling_params import SamplingParams, for_engine, output_options
 from common import protocol
+from openai_frontend.completions.logprobs import LogprobsFormatter
 from openai_frontend.model.tokenizer import ModelTokenizer
-from openai_frontend.render.logprobs import LogprobsFormatter
 
 Params = protocol.SamplingParams | Sequence[protocol.SamplingParams] | None
 

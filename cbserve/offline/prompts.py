@@ -19,7 +19,7 @@ from typing import Any, cast
 
 from openai_frontend.generate.prompts import completion_prompt_ids
 from openai_frontend.generate.request_builder import prompt_ids_of
-from openai_frontend.model.served_model import ServedModel
+from openai_frontend.model.served_model import ModelRules, ServedModel
 from openai_frontend.model.tokenizer import ModelTokenizer
 from openai_frontend.protocol.errors import OpenAIError
 from openai_frontend.protocol.openai_schemas import ChatCompletionRequest
@@ -36,13 +36,8 @@ class Prompt:
 
 
 def served_model(model_dir: Path, tokenizer_dir: Path, max_model_len: int) -> ServedModel:
-    return ServedModel(
-        name=str(model_dir),
-        root=str(model_dir),
-        tokenizer=ModelTokenizer(tokenizer_dir),
-        max_model_len=max_model_len,
-        special_tokens_in_content=True,
-    )
+    rules = ModelRules(name=str(model_dir), max_model_len=max_model_len, special_tokens_in_content=True)
+    return ServedModel(rules=rules, root=str(model_dir), tokenizer=ModelTokenizer(tokenizer_dir))
 
 
 def generate_prompts(prompts: PromptType | Sequence[PromptType], served: ServedModel) -> list[Prompt]:

@@ -9,7 +9,7 @@ from cbserve.offline.outputs import CompletionOutput, Logprob, PromptLogprobs, R
 from cbserve.offline.prompts import Prompt
 from cbserve.offline.sampling_params import SamplingParams
 from common.protocol import PromptEvent, TokenEvent
-from openai_frontend.render.logprobs import LogprobsFormatter
+from openai_frontend.completions.logprobs import LogprobsFormatter
 from openai_frontend.text.output_processor import OutputProcessor
 
 

@@ -23,7 +23,7 @@ from gateway.app_state import GatewayState, State
 from gateway.batch_queue import BatchQueueUnavailable
 from gateway.security.auth import request_owner
 from gateway.security.quotas import check_batch_quota
-from openai_frontend.batch.objects import COMPLETION_WINDOWS, ENDPOINTS, BatchObject, BatchSpec, BatchState
+from openai_frontend.batch.objects import COMPLETION_WINDOWS, ENDPOINTS, BatchObject, BatchParams, BatchState
 from openai_frontend.protocol.errors import OpenAIError, invalid_request
 from openai_frontend.protocol.list_page import list_page
 from openai_frontend.protocol.strings import Id, Word
@@ -68,10 +68,9 @@ def _check_create(body: BatchCreateRequest) -> None:
         )
 
 
-def _spec(body: BatchCreateRequest, owner: str, state: GatewayState) -> BatchSpec:
+def _params(body: BatchCreateRequest, owner: str, state: GatewayState) -> BatchParams:
     now = int(time.time())
-    served = state.served
-    return BatchSpec(
+    return BatchParams(
         id=f"batch_{secrets.token_hex(16)}",
         endpoint=body.endpoint,
         input_file_id=body.input_file_id,
@@ -81,10 +80,7 @@ def _spec(body: BatchCreateRequest, owner: str, state: GatewayState) -> BatchSpe
         retain_until=now + state.settings.file_expires_s,
         owner=owner,
         metadata=body.metadata,
-        model=served.name,
-        max_model_len=served.max_model_len,
-        max_prompt_tokens=served.max_prompt_tokens,
-        max_tokens=served.max_tokens,
+        rules=state.served.rules,
     )
 
 
@@ -108,18 +104,18 @@ async def create_batch(body: BatchCreateRequest, http_request: Request, state: S
             "input_file_id",
         )
     await check_batch_quota(state.batches, owner, state.settings.max_batches_per_key)
-    spec = _spec(body, owner, state)
-    if not await state.batches.create(spec):
+    params = _params(body, owner, state)
+    if not await state.batches.create(params):
         raise file_not_found(body.input_file_id, "input_file_id")  # deleted meanwhile
     try:
-        await state.batch_queue.enqueue(spec.id)
+        await state.batch_queue.enqueue(params.id)
     except BatchQueueUnavailable as exc:
         errors = [{"code": "batch_queue_unavailable", "message": str(exc)}]
         await state.batches.transition(
-            spec.id, ["validating"], "failed", failed_at=int(time.time()), errors=json.dumps(errors)
+            params.id, ["validating"], "failed", failed_at=int(time.time()), errors=json.dumps(errors)
         )
         raise OpenAIError(503, str(exc), type="server_error", code="batch_queue_unavailable") from exc
-    return (await _owned(spec.id, http_request, state)).to_object().model_dump()
+    return (await _owned(params.id, http_request, state)).to_object().model_dump()
 
 
 @router.get("/v1/batches/{batch_id}", response_model=BatchObject)

@@ -10,14 +10,10 @@ from starlette.responses import JSONResponse, StreamingResponse
 from gateway.api.prepared_body import PreparedBodyRoute
 from gateway.app_state import State
 from gateway.generation.flow import generate
-from openai_frontend.protocol.openai_schemas import (
-    ChatCompletionRequest,
-    ChatCompletionResponse,
-    CompletionRequest,
-    CompletionResponse,
-)
-from openai_frontend.render.chat import CHAT
-from openai_frontend.render.completion import COMPLETION
+from openai_frontend.completions.chat import CHAT
+from openai_frontend.completions.completion import COMPLETION
+from openai_frontend.completions.schemas import ChatCompletionResponse, CompletionResponse
+from openai_frontend.protocol.openai_schemas import ChatCompletionRequest, CompletionRequest
 
 router = APIRouter(route_class=PreparedBodyRoute)
 

@@ -31,7 +31,7 @@ async def metrics(state: State) -> Response:
     # The `cbserve:` batcher metrics show CBSERVE_CELL (the first reading), as before cells.
     own = readings[0] if readings else CellReading(state.settings.cell, {}, None)
     batcher.register(BatcherCollector(dict(own.stats) if readings else None, own.snapshot, time.time()))
-    batcher.register(CellCollector(state.served.name, readings))
+    batcher.register(CellCollector(state.served.rules.name, readings))
     body = state.metrics.exposition() + generate_latest(batcher)
     return Response(body, media_type=CONTENT_TYPE_LATEST)
 

@@ -17,7 +17,10 @@ router = APIRouter()
 def _card(served: ServedModel) -> ModelCard:
     # `root` names the model, never the directory it was loaded from (that is the operator's business).
     return ModelCard(
-        id=served.name, created=served.created, root=served.name, max_model_len=served.max_model_len
+        id=served.rules.name,
+        created=served.created,
+        root=served.rules.name,
+        max_model_len=served.rules.max_model_len,
     )
 
 

@@ -14,19 +14,21 @@ from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 
+from common.redis_conn import entry_key
 from common.streams import token_stream
 from gateway.app_state import GatewayState, State
 from gateway.generation.flow import request_id_header
 from gateway.security.auth import request_owner
-from gateway.streaming.sse import SSE_HEADERS
-from gateway.streaming.sse_stream import stream_sse
+from gateway.streaming.sse_stream import sse_response
+from openai_frontend.completions.endpoints import ENDPOINTS
+from openai_frontend.completions.logprobs import LogprobsFormatter
+from openai_frontend.completions.stream import ChunkStream
 from openai_frontend.follow.collect import collect
-from openai_frontend.follow.request_runner import FollowPolicy
+from openai_frontend.follow.request_follower import FollowPolicy
+from openai_frontend.follow.stream_out import stream_out
 from openai_frontend.generate.request import PreparedRequest, req_id_from
 from openai_frontend.generate.request_meta import attach, load_meta
 from openai_frontend.protocol.errors import OpenAIError
-from openai_frontend.render.endpoints import ENDPOINTS
-from openai_frontend.render.logprobs import LogprobsFormatter
 
 router = APIRouter()
 
@@ -82,11 +84,15 @@ async def resume_stream(request_id: str, http_request: Request, state: State) ->
         # Its life stays its first client's connection: another follower watches, and leaving
         # neither aborts it nor keeps it alive.
         follow = FollowPolicy(may_abort=False, track=False)
-    return StreamingResponse(
-        stream_sse(state.runner, [request], chunks, follow, resume_after, state.settings.sse_keepalive_s),
-        media_type="text/event-stream",
-        headers={**SSE_HEADERS, **request_id_header(request.req_id)},
+    events = stream_out(
+        ChunkStream(chunks, [request]),
+        state.follower,
+        [request],
+        follow,
+        keepalive_s=state.settings.sse_keepalive_s,
+        resume_after=None if resume_after is None else entry_key(resume_after),
     )
+    return sse_response(events, request_id_header(request.req_id))
 
 
 @router.get("/v1/requests/{request_id}")
@@ -96,7 +102,7 @@ async def fetch_result(request_id: str, http_request: Request, state: State) -> 
     logprobs = LogprobsFormatter(state.served.tokenizer.tokenizer)
     follow = FollowPolicy(may_abort=False, track=False, wait_s=_FETCH_WAIT_S)
     try:
-        done = await collect(state.runner, [request], http_request, follow)
+        done = await collect(state.follower, [request], http_request, follow)
     except OpenAIError as exc:
         if exc.code != "timeout":
             raise

@@ -1,17 +1,15 @@
 """The Responses API: POST /v1/responses, GET / DELETE /v1/responses/{id}, POST .../{id}/cancel.
 
 A response runs as one chat request (openai_frontend/responses/input.py) and is kept in Redis
-(responses_store.py) unless `store` is false. A foreground response lives as long as its client's
-connection; a `background` one runs on by itself, is fetched by id, cancelled, or its event stream
-replayed and resumed with `starting_after`. Only the API key that created a response can read it;
+(openai_frontend/responses/store.py) unless `store` is false. A foreground response lives as long as
+its client's connection; a `background` one runs on by itself, is fetched by id, cancelled, or its
+event stream replayed and resumed with `starting_after`. Only the API key that created a response can read it;
 any other gets 404, as for an unknown id.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
-from contextlib import aclosing
 from typing import Any
 
 from fastapi import APIRouter
@@ -24,13 +22,14 @@ from gateway.generation.admission import admitted
 from gateway.generation.flow import request_id_header
 from gateway.prepare_pool import body_size
 from gateway.security.auth import request_owner
-from gateway.streaming.sse import KEEPALIVE, SSE_HEADERS, sse_event
+from gateway.streaming.sse_stream import sse_response
 from openai_frontend.follow.collect import collect
-from openai_frontend.follow.request_runner import FollowPolicy
+from openai_frontend.follow.request_follower import FollowPolicy
 from openai_frontend.generate.request import PreparedRequest
 from openai_frontend.generate.request_meta import kept
 from openai_frontend.protocol.errors import OpenAIError, invalid_request
 from openai_frontend.protocol.openai_schemas import ChatMessage
+from openai_frontend.responses.follower import BACKGROUND, WATCHER, initial_status
 from openai_frontend.responses.input import (
     chat_request,
     check_unsupported,
@@ -40,10 +39,9 @@ from openai_frontend.responses.input import (
     turn_of,
 )
 from openai_frontend.responses.items import answer_turn, cut_call, output_items
-from openai_frontend.responses.objects import Event, response_body
-from openai_frontend.responses.runner import BACKGROUND, WATCHER, initial_status
+from openai_frontend.responses.objects import response_body
 from openai_frontend.responses.schemas import TERMINAL, ResponseObject, ResponsesRequest
-from openai_frontend.responses.store import ResponseResult, ResponseSpec, StoredResponse
+from openai_frontend.responses.store import ResponseParams, ResponseResult, StoredResponse
 from openai_frontend.responses.text import format_echo
 
 router = APIRouter(route_class=PreparedBodyRoute)
@@ -79,51 +77,20 @@ async def _history(body: ResponsesRequest, http_request: Request, state: Gateway
             "response can be continued",
             "previous_response_id",
         )
-    answer = answer_turn(output_items(previous.spec.request, previous.result.text))
+    answer = answer_turn(output_items(previous.params.request, previous.result.text))
     if cut_call(answer):
         raise invalid_request(
             f"previous response {body.previous_response_id!r} was cut by max_output_tokens inside a "
             "function call, whose arguments are incomplete; it cannot be continued",
             "previous_response_id",
         )
-    return [message_of(t) for t in [*previous.spec.conversation, answer]]
+    return [message_of(t) for t in [*previous.params.conversation, answer]]
 
 
-async def _sse(
-    events: AsyncGenerator[Event | None, None], starting_after: int | None, keepalive_s: float
-) -> AsyncIterator[bytes]:
-    """The events as SSE; while none is sent for `keepalive_s`, a keep-alive comment is (as chat's)."""
-    sent_at = time.monotonic()
-    async with aclosing(events) as stream:
-        async for event in stream:
-            if event is not None:
-                number, type_, data = event
-                if starting_after is None or number > starting_after:
-                    yield sse_event(data, event=type_)
-                    sent_at = time.monotonic()
-                    continue
-            if keepalive_s and time.monotonic() - sent_at >= keepalive_s:
-                yield KEEPALIVE
-                sent_at = time.monotonic()
-
-
-def _streaming(
-    events: AsyncGenerator[Event | None, None],
-    req_id: str,
-    keepalive_s: float,
-    starting_after: int | None = None,
-) -> StreamingResponse:
-    return StreamingResponse(
-        _sse(events, starting_after, keepalive_s),
-        media_type="text/event-stream",
-        headers={**SSE_HEADERS, **request_id_header(req_id)},
-    )
-
-
-def _response_spec(
+def _response_params(
     body: ResponsesRequest, request: PreparedRequest, conversation: list[ChatMessage]
-) -> ResponseSpec:
-    return ResponseSpec(
+) -> ResponseParams:
+    return ResponseParams(
         request=kept(request),
         background=bool(body.background),
         instructions=body.instructions,
@@ -154,24 +121,24 @@ async def create_response(
         chat = await state.prepare.run(num_bytes, chat_request, body, conversation)
         # Counted by the queue bound until written: the stored record comes first.
         async with admitted(chat, http_request, state, num_bytes) as [request]:
-            spec = _response_spec(body, request, conversation)
+            params = _response_params(body, request, conversation)
             persist = body.store is not False
-            stored = StoredResponse(spec, initial_status(spec), None)
+            stored = StoredResponse(params, initial_status(params), None)
             if persist:
                 # The request's lifetime, then the retention window (cut to that window when it ends).
                 ttl_s = int(state.settings.request_timeout_s) + state.settings.retention_s
-                await state.responses.store.create(spec, stored.status, ttl_s)
-            await state.runner.submit(request)
+                await state.responses.store.create(params, stored.status, ttl_s)
+            await state.follower.submit(request)
     headers = request_id_header(request.req_id)
     # A background response outlives its client; a foreground one is cancelled when its client leaves.
-    follow = BACKGROUND if spec.background else FollowPolicy()
+    follow = BACKGROUND if params.background else FollowPolicy()
     if body.stream:
         keepalive_s = state.settings.sse_keepalive_s
-        return _streaming(state.responses.events(stored, follow, persist), request.req_id, keepalive_s)
-    if spec.background:
+        return sse_response(state.responses.events(stored, follow, persist, keepalive_s=keepalive_s), headers)
+    if params.background:
         state.responses.follow_in_background(stored)
         return JSONResponse(response_body(stored), headers=headers)
-    done = await collect(state.runner, [request], http_request, follow)
+    done = await collect(state.follower, [request], http_request, follow)
     ended = await state.responses.finished(stored, done[0], persist)
     return JSONResponse(response_body(ended, store=persist), headers=headers)
 
@@ -189,7 +156,7 @@ async def retrieve_response(
     if any(http_request.query_params.getlist(name) for name in ("include", "include[]")):
         raise invalid_request("include is not supported by this server", "include", "unsupported_parameter")
     stored = await _owned(response_id, http_request, state)
-    req_id = stored.spec.request.req_id
+    req_id = stored.params.request.req_id
     if stream:
         if stored.status in TERMINAL and not await state.responses.store.has_started(req_id):
             raise OpenAIError(
@@ -197,8 +164,11 @@ async def retrieve_response(
                 "this response's event stream has expired; fetch it without stream",
                 code="stream_expired",
             )
-        events = state.responses.events(stored, WATCHER)
-        return _streaming(events, req_id, state.settings.sse_keepalive_s, starting_after)
+        keepalive_s = state.settings.sse_keepalive_s
+        events = state.responses.events(
+            stored, WATCHER, keepalive_s=keepalive_s, starting_after=starting_after
+        )
+        return sse_response(events, request_id_header(req_id))
     stored = await state.responses.settle(stored)
     return JSONResponse(response_body(stored), headers=request_id_header(req_id))
 
@@ -207,14 +177,14 @@ async def retrieve_response(
 async def cancel_response(response_id: str, http_request: Request, state: State) -> JSONResponse:
     """Stops a background response; one that already ended is answered as it is (idempotent)."""
     stored = await _owned(response_id, http_request, state)
-    if not stored.spec.background:
+    if not stored.params.background:
         raise invalid_request("only background responses can be cancelled", "response_id")
     stored = await state.responses.settle(stored)
     if stored.status not in TERMINAL:
         result = ResponseResult(completed_at=int(time.time()))
         stored = await state.responses.end(stored, "cancelled", result, persist=True)
-        state.runner.abort_later(stored.spec.request.req_id, "abort")
-    return JSONResponse(response_body(stored), headers=request_id_header(stored.spec.request.req_id))
+        state.follower.abort_later(stored.params.request.req_id, "abort")
+    return JSONResponse(response_body(stored), headers=request_id_header(stored.params.request.req_id))
 
 
 @router.delete("/v1/responses/{response_id}")
@@ -223,5 +193,5 @@ async def delete_response(response_id: str, http_request: Request, state: State)
     stored = await _owned(response_id, http_request, state)
     await state.responses.store.delete(stored)
     if stored.status not in TERMINAL:
-        state.runner.abort_later(stored.spec.request.req_id, "abort")
-    return {"id": stored.spec.id, "object": "response", "deleted": True}
+        state.follower.abort_later(stored.params.request.req_id, "abort")
+    return {"id": stored.params.id, "object": "response", "deleted": True}

@@ -32,10 +32,10 @@ async def admit(
     async with admitted(body, http_request, state, body_size(http_request)) as requests:
         if len(requests) == 1:
             # Kept so that the client can resume the stream or fetch the result by id, through any gateway.
-            await state.runner.submit(requests[0], keep_meta=True)
+            await state.follower.submit(requests[0], keep_meta=True)
             return requests
         for choice_request in requests:
-            await state.runner.submit(choice_request)
+            await state.follower.submit(choice_request)
         return requests
 
 

@@ -1,7 +1,7 @@
 """The flow both generation routes share: admit the body, then stream SSE chunks or answer one body.
 
 Each route (routes_generation.py) names only its schema and its answer shapes
-(`openai_frontend.render.chat.CHAT`, `openai_frontend.render.completion.COMPLETION`).
+(`openai_frontend.completions.chat.CHAT`, `openai_frontend.completions.completion.COMPLETION`).
 """
 
 from __future__ import annotations
@@ -14,14 +14,15 @@ from starlette.responses import JSONResponse, StreamingResponse
 from gateway.app_state import GatewayState
 from gateway.generation.admission import admit
 from gateway.generation.stored import save, storing
-from gateway.streaming.sse import SSE_HEADERS
-from gateway.streaming.sse_stream import stream_sse
+from gateway.streaming.sse_stream import sse_response
+from openai_frontend.completions.endpoint import Endpoint
+from openai_frontend.completions.logprobs import LogprobsFormatter
+from openai_frontend.completions.stream import ChunkStream
 from openai_frontend.follow.collect import collect
-from openai_frontend.follow.request_runner import FollowPolicy
+from openai_frontend.follow.request_follower import FollowPolicy
+from openai_frontend.follow.stream_out import stream_out
 from openai_frontend.generate.request import PreparedRequest
 from openai_frontend.protocol.openai_schemas import ChatCompletionRequest, CompletionRequest
-from openai_frontend.render.answer import Endpoint
-from openai_frontend.render.logprobs import LogprobsFormatter
 
 
 def request_id_header(req_id: str) -> dict[str, str]:
@@ -50,19 +51,16 @@ async def generate(
     headers = request_id_header(request.req_id)
     follow = client_follow(requests, state.settings.resume_grace_s)
     if request.stream:
-        chunks = endpoint.chunks(rid, created, state.served.name, request, formatter, requests)
-        events = stream_sse(
-            state.runner, requests, chunks, follow, keepalive_s=state.settings.sse_keepalive_s
+        chunks = endpoint.chunks(rid, created, state.served.rules.name, request, formatter, requests)
+        keepalive_s = state.settings.sse_keepalive_s
+        events = stream_out(
+            ChunkStream(chunks, requests), state.follower, requests, follow, keepalive_s=keepalive_s
         )
         if request.store and isinstance(body, ChatCompletionRequest):
             events = storing(events, state, http_request, body, requests)
-        return StreamingResponse(
-            events,
-            media_type="text/event-stream",
-            headers={**SSE_HEADERS, **headers},
-        )
-    done = await collect(state.runner, requests, http_request, follow)
-    answer = endpoint.body(requests, done, rid, created, state.served.name, formatter)
+        return sse_response(events, headers)
+    done = await collect(state.follower, requests, http_request, follow)
+    answer = endpoint.body(requests, done, rid, created, state.served.rules.name, formatter)
     if request.store and isinstance(body, ChatCompletionRequest):
         await save(state, http_request, body, answer)
     return JSONResponse(answer, headers=headers)

@@ -5,20 +5,22 @@ stream just before the stream's `[DONE]`, so it is stored by the time its client
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
+from contextlib import aclosing
 
 from starlette.requests import Request
 
 from gateway.app_state import GatewayState
 from gateway.security.auth import request_owner
-from gateway.streaming.sse import DONE
+from openai_frontend.completions.chat import CHAT
+from openai_frontend.completions.logprobs import LogprobsFormatter
+from openai_frontend.completions.stream import DONE
 from openai_frontend.follow.collect import collect
-from openai_frontend.follow.request_runner import FollowPolicy
+from openai_frontend.follow.request_follower import FollowPolicy
+from openai_frontend.follow.stream_out import StreamEvent
 from openai_frontend.generate.request import PreparedRequest
 from openai_frontend.protocol.errors import OpenAIError
 from openai_frontend.protocol.openai_schemas import ChatCompletionRequest
-from openai_frontend.render.chat import CHAT
-from openai_frontend.render.logprobs import LogprobsFormatter
 from openai_frontend.stored.chat_completions import StoredChatCompletions
 
 logger = logging.getLogger(__name__)
@@ -46,17 +48,18 @@ async def save(
 
 
 async def storing(
-    events: AsyncIterator[bytes],
+    events: AsyncGenerator[StreamEvent, None],
     state: GatewayState,
     http_request: Request,
     body: ChatCompletionRequest,
     requests: Sequence[PreparedRequest],
-) -> AsyncIterator[bytes]:
-    """The SSE events, the completion stored (when it finished) right before the last one."""
-    async for event in events:
-        if event == DONE:
-            await _replay_and_save(state, http_request, body, requests)
-        yield event
+) -> AsyncGenerator[StreamEvent, None]:
+    """The stream's events, the completion stored (when it finished) right before the last one."""
+    async with aclosing(events) as stream:
+        async for event in stream:
+            if event is DONE:
+                await _replay_and_save(state, http_request, body, requests)
+            yield event
 
 
 async def _replay_and_save(
@@ -69,9 +72,11 @@ async def _replay_and_save(
     formatter = LogprobsFormatter(state.served.tokenizer.tokenizer)
     follow = FollowPolicy(may_abort=False, track=False, wait_s=_REPLAY_WAIT_S)
     try:
-        done = await collect(state.runner, requests, _Replay(), follow)
+        done = await collect(state.follower, requests, _Replay(), follow)
     except OpenAIError as exc:  # it failed or did not finish: there is no completion to keep
         logger.info("stream not stored: %s", exc.message, extra={"request_id": request.req_id})
         return
-    answer = CHAT.body(requests, done, request.response_id, request.created, state.served.name, formatter)
+    answer = CHAT.body(
+        requests, done, request.response_id, request.created, state.served.rules.name, formatter
+    )
     await save(state, http_request, body, answer)

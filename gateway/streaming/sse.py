@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-DONE = b"data: [DONE]\n\n"
-# A comment line alone, sent while a stream has nothing else to say. No blank line after it: a blank
-# line dispatches an event, and decoders that keep the last event id (the OpenAI and Anthropic SDKs)
-# then hand their client an event with empty data, which it fails to parse as JSON.
-KEEPALIVE = b": keep-alive\n"
+from openai_frontend.follow.stream_out import StreamEvent
+
 # Every SSE answer: never cached, and not buffered by a proxy (nginx reads X-Accel-Buffering).
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
@@ -24,3 +21,12 @@ def sse_event(data: str, event_id: str | None = None, event: str | None = None) 
     if event is not None:
         head += f"event: {event}\n"
     return f"{head}data: {data.translate(_LINE_BREAKS)}\n\n".encode()
+
+
+def framed(event: StreamEvent) -> bytes:
+    """A stream-out's event as SSE. A comment goes alone, with no blank line after it: a blank line
+    dispatches an event, and decoders that keep the last event id (the OpenAI and Anthropic SDKs) then
+    hand their client an event with empty data, which it fails to parse as JSON."""
+    if event.comment is not None:
+        return f": {event.comment}\n".encode()
+    return sse_event(event.data, event.id, event.type)

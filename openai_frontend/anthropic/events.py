@@ -14,17 +14,16 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from openai_frontend.anthropic.answer import message_object, opened_block, stop_reason, usage
 from openai_frontend.anthropic.errors import error_body
+from openai_frontend.anthropic.message import message_object, opened_block, stop_reason, usage
+from openai_frontend.follow.stream_out import StreamEvent
 from openai_frontend.generate.request import PreparedRequest
 from openai_frontend.protocol.errors import OpenAIError
 from openai_frontend.responses.items import CallItem, Change, OutputItems
 
-Event = tuple[str, str]  # event type, JSON data
 
-
-def event(type_: str, **fields: Any) -> Event:
-    return type_, json.dumps({"type": type_, **fields})
+def event(type_: str, **fields: Any) -> StreamEvent:
+    return StreamEvent(json.dumps({"type": type_, **fields}), type=type_)
 
 
 @dataclass
@@ -36,8 +35,8 @@ class MessageEvents:
     def __post_init__(self) -> None:
         self._items = OutputItems(self.request)
 
-    def _events(self, changes: list[Change]) -> list[Event]:
-        events: list[Event] = []
+    def _events(self, changes: list[Change]) -> list[StreamEvent]:
+        events: list[StreamEvent] = []
         for kind, index, piece in changes:
             item = self._items.items[index]
             if kind == "added":
@@ -56,20 +55,22 @@ class MessageEvents:
                 events.append(event("content_block_stop", index=index))
         return events
 
-    def _ping(self) -> list[Event]:
+    def _ping(self) -> list[StreamEvent]:
         if self._pinged:
             return []
         self._pinged = True
         return [event("ping")]
 
-    def opening(self) -> list[Event]:
+    def opening(self) -> list[StreamEvent]:
         start = event("message_start", message=message_object(self.request, []))
         return [start, *self._events(self._items.opening())]
 
-    def delta(self, text: str) -> list[Event]:
+    def delta(self, text: str) -> list[StreamEvent]:
         return self._events(self._items.feed(text))
 
-    def closing(self, finish_reason: str | None, matched: str | None, num_output_tokens: int) -> list[Event]:
+    def closing(
+        self, finish_reason: str | None, matched: str | None, num_output_tokens: int
+    ) -> list[StreamEvent]:
         """The text has ended: what the parser held back, the last block's stop, the message's end."""
         events = self._events(self._items.finish()) + self._events(self._items.close())
         made_calls = any(isinstance(item, CallItem) for item in self._items.items)
@@ -86,6 +87,6 @@ class MessageEvents:
         ]
 
 
-def error_event(error: OpenAIError) -> Event:
+def error_event(error: OpenAIError) -> StreamEvent:
     """The stream stops without an end (the request failed, timed out, or Redis went away)."""
-    return "error", json.dumps(error_body(error))
+    return StreamEvent(json.dumps(error_body(error)), type="error")

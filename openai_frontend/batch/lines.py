@@ -1,11 +1,12 @@
 """One batch line through the interactive endpoints' own code, so it answers exactly as they would.
 
-Validation, chat template and tokenization (`prepare_request`), detokenization and stop strings
-(`RequestRunner`, through `collect`), and the response body (`chat_response.py` / `completion_response.py`)
-are the ones `POST /v1/chat/completions` and `POST /v1/completions` use; only the submission differs:
-at batch priority, under an id derived from the batch and the line, and at most once
-(`submit_once`), so a batch task that runs again follows the line's request instead of generating
-it twice. A line the endpoint would refuse gets the endpoint's status and error object.
+Validation, chat template and tokenization (`prepare_choices`), the served model's rules (the batch's
+`ModelRules`, the gateway's own), detokenization and stop strings (`RequestFollower`, through
+`collect`), and the response body (completions/chat.py, completions/completion.py) are the ones
+`POST /v1/chat/completions` and `POST /v1/completions` use; only the submission differs: at batch
+priority, under an id derived from the batch and the line, and at most once (`submit_once`), so a
+batch task that runs again follows the line's request instead of generating it twice. A line the
+endpoint would refuse gets the endpoint's status and error object.
 """
 
 from __future__ import annotations
@@ -21,16 +22,16 @@ from pydantic import ValidationError
 from common.result_lost import result_lost
 from common.stream_client import submit_once_async
 from openai_frontend.batch.input import InputLine
-from openai_frontend.batch.objects import BatchSpec
+from openai_frontend.batch.objects import BatchParams
+from openai_frontend.completions.endpoints import ENDPOINTS
+from openai_frontend.completions.logprobs import LogprobsFormatter
 from openai_frontend.follow.collect import collect
-from openai_frontend.follow.request_runner import FollowPolicy, RequestRunner
+from openai_frontend.follow.request_follower import FollowPolicy, RequestFollower
 from openai_frontend.generate.request import Kind, PreparedRequest, response_id
 from openai_frontend.generate.request_builder import prepare_choices
 from openai_frontend.model.served_model import ServedModel
 from openai_frontend.protocol.errors import OpenAIError, invalid_request, validation_error
 from openai_frontend.protocol.openai_schemas import ChatCompletionRequest, CompletionRequest
-from openai_frontend.render.endpoints import ENDPOINTS
-from openai_frontend.render.logprobs import LogprobsFormatter
 
 logger = logging.getLogger(__name__)
 
@@ -56,14 +57,14 @@ _NO_CLIENT = _NoClient()
 
 @dataclass(slots=True, frozen=True)
 class LineContext:
-    spec: BatchSpec
-    served: ServedModel  # the gateway's rules, from the spec, with this worker's tokenizer
+    params: BatchParams
+    served: ServedModel  # the batch's rules, with this worker's tokenizer
     redis: aioredis.Redis
-    runner: RequestRunner
+    follower: RequestFollower
 
     @property
     def kind(self) -> Kind:
-        return "chat" if self.spec.endpoint == "/v1/chat/completions" else "completion"
+        return "chat" if self.params.endpoint == "/v1/chat/completions" else "completion"
 
 
 @dataclass(slots=True)
@@ -108,13 +109,13 @@ def _prepare(ctx: LineContext, line: InputLine, req_id: str) -> list[PreparedReq
     if body.store:
         # A line's answer is kept in the batch's output file; it is not a stored chat completion.
         raise invalid_request("store is not supported in a batch: the output file holds each answer", "store")
-    spec = ctx.spec
+    params = ctx.params
     return prepare_choices(
         body,
         ctx.served,
-        float(spec.created_at),  # timeouts count from here: a line may run until the batch expires
-        owner=spec.owner,
-        queue_deadline=float(spec.expires_at),
+        float(params.created_at),  # timeouts count from here: a line may run until the batch expires
+        owner=params.owner,
+        queue_deadline=float(params.expires_at),
         req_id=req_id,
         priority=BATCH_PRIORITY,
     )
@@ -132,11 +133,13 @@ async def run_line(ctx: LineContext, line: InputLine, req_id: str, submitted: Su
         if not first_time and await result_lost(ctx.redis, request.req_id):
             raise ResultLost(req_id)
     try:
-        done = await collect(ctx.runner, requests, _NO_CLIENT, _FOLLOW)
+        done = await collect(ctx.follower, requests, _NO_CLIENT, _FOLLOW)
     except OpenAIError as exc:
         return result_line(line, req_id, exc.status, exc.body())
     formatter = LogprobsFormatter(ctx.served.tokenizer.tokenizer)
-    spec = ctx.spec
+    params = ctx.params
     build = ENDPOINTS[ctx.kind].body
-    body = build(requests, done, response_id(ctx.kind, req_id), spec.created_at, spec.model, formatter)
+    body = build(
+        requests, done, response_id(ctx.kind, req_id), params.created_at, params.rules.name, formatter
+    )
     return result_line(line, req_id, 200, body)

@@ -9,6 +9,8 @@ from typing import Any, Literal
 import msgspec
 from pydantic import BaseModel
 
+from openai_frontend.model.served_model import ModelRules
+
 Status = Literal[
     "validating", "failed", "in_progress", "finalizing", "completed", "expired", "cancelling", "cancelled"
 ]
@@ -19,7 +21,7 @@ COMPLETION_WINDOWS = {"24h": 24 * 3600}
 # The Celery task that runs a batch: the gateway queues it by this name (gateway/batch_queue.py)
 # and the Celery worker registers it under it (cbserve_celery/batch_task.py).
 RUN_BATCH_TASK = "cbserve.run_batch"
-# The hash fields that change after creation, each written on its own (see batch_store.py).
+# The hash fields that change after creation, each written on its own (see store.py).
 TIMESTAMPS = (
     "in_progress_at",
     "finalizing_at",
@@ -31,7 +33,7 @@ TIMESTAMPS = (
 )
 
 
-class BatchSpec(msgspec.Struct, kw_only=True, frozen=True):
+class BatchParams(msgspec.Struct, kw_only=True, frozen=True):
     """A batch's fixed fields, written once at creation."""
 
     id: str
@@ -43,11 +45,22 @@ class BatchSpec(msgspec.Struct, kw_only=True, frozen=True):
     retain_until: int  # unix seconds: the batch, its results and output files are deleted then
     owner: str  # the API key's name; never shown
     metadata: dict[str, str] | None = None
-    # The gateway's rules for a line's body, taken when the batch was created (the task applies them).
-    model: str  # the served model name
-    max_model_len: int
-    max_prompt_tokens: int | None = None
-    max_tokens: int | None = None
+    # The served model's rules when the batch was created: the task reads every line by them.
+    rules: ModelRules
+
+
+def decode_params(raw: bytes) -> BatchParams:
+    """A batch's params as stored. One stored before its rules were kept whole holds four of them at
+    the top level: the others read as their defaults, as its lines ran then."""
+    fields = msgspec.json.decode(raw)
+    if "rules" not in fields:
+        caps = {
+            key: fields.pop(key)
+            for key in ("max_model_len", "max_prompt_tokens", "max_tokens")
+            if key in fields
+        }
+        fields["rules"] = {"name": fields.pop("model"), **caps}
+    return msgspec.convert(fields, BatchParams)
 
 
 class BatchError(BaseModel):
@@ -94,9 +107,9 @@ class BatchObject(BaseModel):
 
 @dataclass(slots=True, frozen=True)
 class BatchState:
-    """A batch as read from Redis: its spec, status, changing fields and result counts."""
+    """A batch as read from Redis: its params, status, changing fields and result counts."""
 
-    spec: BatchSpec
+    params: BatchParams
     status: Status
     fields: dict[str, str]  # in_progress_at, output_file_id, errors (JSON), total, ...
     num_completed: int
@@ -113,20 +126,20 @@ class BatchState:
         )
         times: dict[str, Any] = {name: int(f[name]) for name in TIMESTAMPS if name in f}
         return BatchObject(
-            id=self.spec.id,
-            endpoint=self.spec.endpoint,
+            id=self.params.id,
+            endpoint=self.params.endpoint,
             errors=errors,
-            input_file_id=self.spec.input_file_id,
-            completion_window=self.spec.completion_window,
+            input_file_id=self.params.input_file_id,
+            completion_window=self.params.completion_window,
             status=self.status,
             output_file_id=f.get("output_file_id"),
             error_file_id=f.get("error_file_id"),
-            created_at=self.spec.created_at,
-            expires_at=self.spec.expires_at,
+            created_at=self.params.created_at,
+            expires_at=self.params.expires_at,
             request_counts=RequestCounts(
                 total=int(f.get("total", 0)), completed=self.num_completed, failed=self.num_failed
             ),
-            metadata=self.spec.metadata,
-            model=self.spec.model,
+            metadata=self.params.metadata,
+            model=self.params.rules.name,
             **times,
         )

@@ -1,10 +1,10 @@
 """Batches in Redis: the record a client polls, the input copy, and the results line by line.
 
-A batch is one hash: `object` (its BatchSpec, written once), `status`, and each changing field
+A batch is one hash: `object` (its BatchParams, written once), `status`, and each changing field
 (timestamps, file ids, `errors`, `total`) on its own, so the gateway (cancel) and the batch task never
 overwrite each other's writes; a status change is a compare-and-set in one script. Results go to two
 hashes keyed by line index (output lines, error lines): `request_counts` are their sizes, and a task
-that runs the batch again skips the lines already there. Every key expires at the spec's
+that runs the batch again skips the lines already there. Every key expires at the params'
 `retain_until`.
 """
 
@@ -27,7 +27,7 @@ from common.streams import (
     file_key,
     owner_batches,
 )
-from openai_frontend.batch.objects import BatchSpec, BatchState, Status
+from openai_frontend.batch.objects import BatchParams, BatchState, Status, decode_params
 from openai_frontend.batch.owner_index import page
 
 _OBJECT, _STATUS = "object", "status"
@@ -59,19 +59,19 @@ class BatchStore:
     def __init__(self, redis: aioredis.Redis) -> None:
         self._redis = redis
 
-    async def create(self, spec: BatchSpec) -> bool:
+    async def create(self, params: BatchParams) -> bool:
         """Record a new batch (status `validating`) with a copy of its input; False if the file is gone."""
         copied = await self._redis.eval(
-            _COPY_INPUT, 2, file_key(spec.input_file_id), batch_input(spec.id), spec.retain_until
+            _COPY_INPUT, 2, file_key(params.input_file_id), batch_input(params.id), params.retain_until
         )
         if not copied:
             return False
-        key = batch_key(spec.id)
+        key = batch_key(params.id)
         async with self._redis.pipeline(transaction=True) as pipe:
-            pipe.hset(key, mapping={_OBJECT: msgspec.json.encode(spec), _STATUS: "validating"})
-            pipe.expireat(key, spec.retain_until)
-            pipe.zadd(owner_batches(spec.owner), {spec.id: time.time()})
-            pipe.zadd(ACTIVE_BATCHES, {spec.id: time.time()})  # for the reaper (cbserve_celery)
+            pipe.hset(key, mapping={_OBJECT: msgspec.json.encode(params), _STATUS: "validating"})
+            pipe.expireat(key, params.retain_until)
+            pipe.zadd(owner_batches(params.owner), {params.id: time.time()})
+            pipe.zadd(ACTIVE_BATCHES, {params.id: time.time()})  # for the reaper (cbserve_celery)
             await pipe.execute()
         return True
 
@@ -79,7 +79,7 @@ class BatchStore:
         """The batch, or None when unknown, expired, or (with `owner`) another key's."""
         states = await self._load([batch_id])
         state = states[0]
-        if state is None or (owner is not None and state.spec.owner != owner):
+        if state is None or (owner is not None and state.params.owner != owner):
             return None
         return state
 
@@ -97,9 +97,9 @@ class BatchStore:
             if _OBJECT.encode() not in raw:
                 states.append(None)
                 continue
-            spec = msgspec.json.decode(raw[_OBJECT.encode()], type=BatchSpec)
+            params = decode_params(raw[_OBJECT.encode()])
             status: Status = fields.pop(_STATUS)  # type: ignore[assignment]
-            states.append(BatchState(spec, status, fields, int(num_completed), int(num_failed)))
+            states.append(BatchState(params, status, fields, int(num_completed), int(num_failed)))
         return states
 
     async def listing(self, owner: str, *, after: str | None, limit: int) -> tuple[list[BatchState], bool]:
@@ -118,12 +118,12 @@ class BatchStore:
         raw = await self._redis.get(batch_input(batch_id))
         return None if raw is None else as_bytes(raw)
 
-    async def record(self, spec: BatchSpec, index: int, ok: bool, line: bytes) -> None:
+    async def record(self, params: BatchParams, index: int, ok: bool, line: bytes) -> None:
         """Keep a line's result, unless one is kept already (a result is written once)."""
-        key = batch_outputs(spec.id) if ok else batch_errors(spec.id)
+        key = batch_outputs(params.id) if ok else batch_errors(params.id)
         async with self._redis.pipeline(transaction=True) as pipe:
             pipe.hsetnx(key, str(index), line)
-            pipe.expireat(key, spec.retain_until)
+            pipe.expireat(key, params.retain_until)
             await pipe.execute()
 
     async def done(self, batch_id: str) -> set[int]:
@@ -156,10 +156,10 @@ class BatchStore:
         raw = await self._redis.hgetall(batch_attempts(batch_id))
         return {int(k): int(v) for k, v in raw.items()}
 
-    async def next_attempt(self, spec: BatchSpec, index: int) -> int:
+    async def next_attempt(self, params: BatchParams, index: int) -> int:
         """A line whose result was lost (see common/result_lost.py) runs again under a new id."""
         async with self._redis.pipeline(transaction=True) as pipe:
-            pipe.hincrby(batch_attempts(spec.id), str(index), 1)
-            pipe.expireat(batch_attempts(spec.id), spec.retain_until)
+            pipe.hincrby(batch_attempts(params.id), str(index), 1)
+            pipe.expireat(batch_attempts(params.id), params.retain_until)
             attempt, _ = await pipe.execute()
         return int(attempt)

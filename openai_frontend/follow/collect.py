@@ -1,7 +1,7 @@
 """A generation's answer in one piece: every choice followed to its end, for a non-streaming body.
 
-Used by the non-streaming HTTP answer, a fetch by id and each batch line. The streaming answer is
-the gateway's (gateway/streaming/sse_stream.py); both read the same `merged_outputs`.
+Used by the non-streaming HTTP answer, a fetch by id and each batch line. A streamed answer is
+stream_out.py's; both read the same `merged_outputs`.
 """
 
 from __future__ import annotations
@@ -13,11 +13,10 @@ from typing import Protocol
 
 from common.protocol import PromptEvent, TokenEvent
 from openai_frontend.follow.fanout import merged_outputs
-from openai_frontend.follow.request_runner import FollowPolicy, Output, RequestRunner
+from openai_frontend.follow.request_follower import FollowPolicy, Output, RequestFollower
 from openai_frontend.follow.token_stream import RequestFailed, RequestTimedOut
 from openai_frontend.generate.request import PreparedRequest
-from openai_frontend.protocol.errors import OpenAIError, from_request_error
-from openai_frontend.protocol.openai_schemas import PromptTokensDetails, UsageInfo
+from openai_frontend.protocol.errors import OpenAIError, from_request_error, timed_out_error
 
 # 499 (nginx's "client closed request"): nobody reads it, but logs show what happened.
 _CLIENT_GONE = 499
@@ -52,32 +51,8 @@ class Completed:
         self.num_cached_tokens = out.num_cached_tokens
 
 
-def usage(
-    requests: Sequence[PreparedRequest], num_output_tokens: Sequence[int], num_cached_tokens: Sequence[int]
-) -> UsageInfo:
-    """Each prompt is counted once, however many choices share it (as OpenAI counts n > 1), and so
-    are its cached tokens: as the choice that computed the most of it found them. `requests` are
-    the choices, n per prompt in order."""
-    n = requests[0].n
-    num_prompt_tokens = num_cached = 0
-    for first in range(0, len(requests), n):
-        num_prompt_tokens += requests[first].num_prompt_tokens
-        num_cached += min(num_cached_tokens[first : first + n], default=0)
-    completion_tokens = sum(num_output_tokens)
-    return UsageInfo(
-        prompt_tokens=num_prompt_tokens,
-        completion_tokens=completion_tokens,
-        total_tokens=num_prompt_tokens + completion_tokens,
-        prompt_tokens_details=PromptTokensDetails(cached_tokens=num_cached),
-    )
-
-
-def timed_out_error() -> OpenAIError:
-    return OpenAIError(504, "the request did not finish in time", type="server_error", code="timeout")
-
-
 async def collect(
-    runner: RequestRunner,
+    follower: RequestFollower,
     requests: Sequence[PreparedRequest],
     client: ClientConnection,
     follow: FollowPolicy | None = None,
@@ -89,7 +64,7 @@ async def collect(
     """
     choices = [Completed() for _ in requests]
     try:
-        async with aclosing(merged_outputs(runner, requests, follow)) as outputs:
+        async with aclosing(merged_outputs(follower, requests, follow)) as outputs:
             async for index, out in outputs:
                 if await client.is_disconnected():
                     # Leaving the loop closes `outputs`, which aborts the requests.

@@ -1,4 +1,4 @@
-"""What the request runner reports about the requests it follows, to whoever counts them.
+"""What the request follower reports about the requests it follows, to whoever counts them.
 
 The gateway counts its clients' requests (gateway/observability/metrics.py implements these); a
 batch task counts nothing and passes no metrics.

@@ -100,7 +100,7 @@ def chat_prompt_ids(
         raise invalid_request("messages must not be empty", "messages")
     chat = [_message_dict(i, m) for i, m in enumerate(messages)]
     try:
-        if served.special_tokens_in_content:  # the operator trusts clients with control tokens
+        if served.rules.special_tokens_in_content:  # the operator trusts clients with control tokens
             text = render_chat(
                 tokenizer.chat_template,
                 chat,

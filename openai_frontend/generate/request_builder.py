@@ -86,7 +86,7 @@ def prepare_choices(
     tools = tool_use(body, served) if isinstance(body, ChatCompletionRequest) else ToolUse()
     choices: list[PreparedRequest] = []
     for prompt_token_ids, echo_text in _prompts(body, n, served, tools):
-        prompt_token_ids = truncated(prompt_token_ids, body, served.max_model_len)
+        prompt_token_ids = truncated(prompt_token_ids, body, served.rules.max_model_len)
         prompt_param = "messages" if isinstance(body, ChatCompletionRequest) else "prompt"
         check_prompt_length(len(prompt_token_ids), served, prompt_param)
         max_tokens = resolve_max_tokens(body, len(prompt_token_ids), served)
@@ -110,7 +110,7 @@ def prepare_choices(
         request = PreparedRequest(
             message=message,
             kind="chat" if isinstance(body, ChatCompletionRequest) else "completion",
-            model=served.name,
+            model=served.rules.name,
             num_prompt_tokens=len(prompt_token_ids),
             stop=stop,
             stream=bool(body.stream),

@@ -34,7 +34,10 @@ def tokenize(body: TokenizeCompletionRequest | TokenizeChatRequest, served: Serv
     tokenizer = served.tokenizer.tokenizer
     token_strs = [str(tokenizer.id_to_token(t)) for t in token_ids] if body.return_token_strs else None
     return TokenizeResponse(
-        count=len(token_ids), max_model_len=served.max_model_len, tokens=token_ids, token_strs=token_strs
+        count=len(token_ids),
+        max_model_len=served.rules.max_model_len,
+        tokens=token_ids,
+        token_strs=token_strs,
     )
 
 
@@ -51,7 +54,7 @@ def tokenizer_info(served: ServedModel) -> dict[str, Any]:
     tokenizer = served.tokenizer
     return {
         "tokenizer_class": "PreTrainedTokenizerFast",
-        "model_max_length": served.max_model_len,
+        "model_max_length": served.rules.max_model_len,
         "vocab_size": tokenizer.vocab_size,
         "chat_template": tokenizer.chat_template,
         **{

@@ -31,11 +31,15 @@ MAX_USER_CHARS = 256  # the OpenAI `user` id is stored with the request
 
 def check_model(requested: str | None, served: ServedModel) -> None:
     """The served name, or the model directory's path where the server accepts it (never listed)."""
-    if requested is None or requested == served.name or as_path_name(requested) in served.path_names:
+    if (
+        requested is None
+        or requested == served.rules.name
+        or as_path_name(requested) in served.rules.path_names
+    ):
         return
     raise OpenAIError(
         404,
-        f"The model `{requested}` does not exist; this server serves `{served.name}`.",
+        f"The model `{requested}` does not exist; this server serves `{served.rules.name}`.",
         param="model",
         code="model_not_found",
     )
@@ -134,7 +138,7 @@ def check_user(user: str | None, param: str = "user") -> str:
 
 def check_prompt_length(num_prompt_tokens: int, served: ServedModel, param: str) -> None:
     """The operator's cap on prompts (the context length is checked in resolve_max_tokens)."""
-    cap = served.max_prompt_tokens
+    cap = served.rules.max_prompt_tokens
     if cap is not None and num_prompt_tokens > cap:
         raise invalid_request(
             f"The prompt has {num_prompt_tokens} tokens; this server accepts at most {cap}. "
@@ -159,14 +163,15 @@ def resolve_max_tokens(
     least = 0 if isinstance(body, CompletionRequest) else 1
     if max_tokens is not None and max_tokens < least:
         raise invalid_request(f"{param} must be at least {least}, got {max_tokens}", param)
-    cap = served.max_tokens
+    cap = served.rules.max_tokens
     if cap is not None and max_tokens is not None and max_tokens > cap:
         raise invalid_request(f"{param} must be at most {cap} on this server, got {max_tokens}", param)
-    room = served.max_model_len - num_prompt_tokens
+    max_model_len = served.rules.max_model_len
+    room = max_model_len - num_prompt_tokens
     prompt_param = "messages" if isinstance(body, ChatCompletionRequest) else "prompt"
     if room < 1:
         raise invalid_request(
-            f"This model's maximum context length is {served.max_model_len} tokens, and the prompt has "
+            f"This model's maximum context length is {max_model_len} tokens, and the prompt has "
             f"{num_prompt_tokens} tokens, which leaves no room for output. Please shorten the prompt.",
             prompt_param,
             "context_length_exceeded",
@@ -175,7 +180,7 @@ def resolve_max_tokens(
         return room if cap is None else min(room, cap)
     if max_tokens > room:
         raise invalid_request(
-            f"This model's maximum context length is {served.max_model_len} tokens. However, you requested "
+            f"This model's maximum context length is {max_model_len} tokens. However, you requested "
             f"{num_prompt_tokens + max_tokens} tokens ({num_prompt_tokens} in the prompt, {max_tokens} in "
             f"the completion). Please reduce the length of the prompt or {param}.",
             param,

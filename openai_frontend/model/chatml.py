@@ -3,7 +3,7 @@ models): its special tokens and chat template, spelled once. Served models bring
 
 The template is Qwen2.5's tool-calling ChatML: tools are listed in the system turn inside `<tools>`,
 an assistant's calls are `<tool_call>` JSON blocks (the Hermes format, read back by
-`tool_parsers/hermes.py`) and tool results are `<tool_response>` blocks in a user turn. Without
+`tools/parsers/hermes.py`) and tool results are `<tool_response>` blocks in a user turn. Without
 tools it renders exactly the plain ChatML these models were trained on.
 """
 

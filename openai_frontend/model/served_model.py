@@ -1,18 +1,22 @@
-"""What the front end knows about the one model it serves: name, tokenizer, context length, caps."""
+"""What the front end knows about the one model it serves: its rules, its tokenizer, its directory.
+
+The rules are one record, built once from the operator's settings (gateway/model_setup.py) and read
+by every request; a batch keeps it whole (BatchParams), so that the Celery task that runs the batch's
+lines reads them by exactly the gateway's rules, with its own copy of the tokenizer.
+"""
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
 
+import msgspec
+
 from openai_frontend.model.tokenizer import ModelTokenizer
 
 
-@dataclass(slots=True, frozen=True)
-class ServedModel:
+class ModelRules(msgspec.Struct, frozen=True, kw_only=True):
     name: str  # what clients pass as `model`
-    root: str  # model directory
-    tokenizer: ModelTokenizer
     max_model_len: int  # longest prompt + output
     max_prompt_tokens: int | None = None  # operator's cap on prompts (GATEWAY_MAX_PROMPT_TOKENS)
     max_tokens: int | None = None  # operator's cap on max_tokens, also its default (GATEWAY_MAX_TOKENS)
@@ -25,4 +29,11 @@ class ServedModel:
     # Other names a request may give: the model directory's path (openai_frontend/model/path_names.py),
     # unless the operator named the model (GATEWAY_SERVED_MODEL_NAME).
     path_names: frozenset[str] = frozenset()
+
+
+@dataclass(slots=True, frozen=True)
+class ServedModel:
+    rules: ModelRules
+    root: str  # model directory
+    tokenizer: ModelTokenizer
     created: int = field(default_factory=lambda: int(time.time()))

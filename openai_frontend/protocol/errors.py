@@ -74,6 +74,16 @@ def too_long(param: str, limit: int, length: int, key: bool = False) -> OpenAIEr
     )
 
 
+def timed_out_error() -> OpenAIError:
+    """The request did not end within its time (GATEWAY_REQUEST_TIMEOUT_S, or its follower's wait)."""
+    return OpenAIError(504, "the request did not finish in time", type="server_error", code="timeout")
+
+
+def queue_unavailable() -> OpenAIError:
+    """Redis went away while a request was followed."""
+    return OpenAIError(503, "the request queue became unavailable", type="server_error")
+
+
 def from_request_error(error: RequestError) -> OpenAIError:
     status = _STATUS_BY_CODE.get(error.code, 500)
     kind = "invalid_request_error" if status < 500 else "server_error"

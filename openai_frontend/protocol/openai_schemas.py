@@ -1,4 +1,7 @@
-"""Request and response bodies of the OpenAI API subset the gateway serves.
+"""Request bodies of the OpenAI API subset the gateway serves, and its model list.
+
+Every API surface builds these requests (a Responses or Messages request runs as a chat request);
+the answers of the two completions endpoints are completions/schemas.py's.
 
 Request models are strict, as OpenAI is: an unknown field, a wrong type (no coercion: `"10"` is not
 an int) or a string that is not valid Unicode is a 400 naming the field (see errors.py). Fields OpenAI
@@ -9,7 +12,7 @@ names or identifies things with are capped (strings.py), each past its cap a 400
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -27,7 +30,7 @@ class StreamOptions(_Strict):
 
 
 class StructuredOutputsParams(_Strict):
-    """vLLM's `structured_outputs` extension: exactly one constraint (see structured_outputs.py)."""
+    """vLLM's `structured_outputs` extension: exactly one constraint (see structured/constraint.py)."""
 
     # A JSON schema, as an object or JSON text (`json` would shadow a BaseModel method).
     json_: JSONObject | Text | None = Field(default=None, alias="json")
@@ -157,146 +160,6 @@ class ChatCompletionRequest(_SamplingRequest):
     # Handed to the chat template; refused when the template does not read them.
     reasoning_effort: Word | None = None
     verbosity: Word | None = None
-
-
-def response_exclude(*, return_token_ids: bool, include_usage: bool = True) -> dict[str, Any] | None:
-    """What a response or chunk leaves out: `token_ids` unless asked for, `usage` on chunks unless
-    the client asked for usage (OpenAI then sends `usage: null` on every chunk)."""
-    exclude: dict[str, Any] = {} if include_usage else {"usage": True}
-    if not return_token_ids:
-        exclude["choices"] = {"__all__": {"token_ids"}}
-    return exclude or None
-
-
-class PromptTokensDetails(BaseModel):
-    cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
-
-
-class CompletionTokensDetails(BaseModel):
-    reasoning_tokens: int = 0  # the thoughts' tokens (openai_frontend/reasoning/)
-
-
-class UsageInfo(BaseModel):
-    prompt_tokens: int
-    completion_tokens: int
-    total_tokens: int
-    prompt_tokens_details: PromptTokensDetails = PromptTokensDetails()
-    # Only for a model that thinks (a reasoning parser), as vLLM gives it.
-    completion_tokens_details: CompletionTokensDetails | None = Field(
-        default=None, exclude_if=lambda details: details is None
-    )
-
-
-class CompletionLogprobs(BaseModel):
-    """The legacy completions shape: parallel lists, one entry per generated token."""
-
-    tokens: list[str] = []
-    token_logprobs: list[float | None] = []
-    top_logprobs: list[dict[str, float] | None] = []
-    text_offset: list[int] = []  # character offset of each token in the choice's text
-
-
-class PromptLogprob(BaseModel):
-    """vLLM's Logprob: one token of one prompt position."""
-
-    logprob: float
-    rank: int | None  # 1 for the most likely token; null when not among the top ones
-    decoded_token: str
-
-
-# vLLM's prompt_logprobs: per prompt token, null for the first, else token id -> its PromptLogprob.
-PromptLogprobs = list[dict[str, PromptLogprob] | None]
-
-
-class CompletionChoice(BaseModel):
-    index: int = 0
-    text: str
-    logprobs: CompletionLogprobs | None = None
-    finish_reason: str | None = None
-    token_ids: list[int] | None = None  # only with return_token_ids
-    # Only with prompt_logprobs (left out otherwise, as vLLM leaves it null).
-    prompt_logprobs: PromptLogprobs | None = Field(default=None, exclude_if=lambda v: v is None)
-
-
-class CompletionResponse(BaseModel):
-    """Non-streaming answer, and (with `usage` left out or null) each streamed chunk."""
-
-    id: str
-    object: Literal["text_completion"] = "text_completion"
-    created: int
-    model: str
-    choices: list[CompletionChoice]
-    usage: UsageInfo | None = None
-
-
-class FunctionCall(BaseModel):
-    name: str
-    arguments: str  # JSON text, as the model wrote it
-
-
-class ToolCall(BaseModel):
-    id: str
-    type: Literal["function"] = "function"
-    function: FunctionCall
-
-
-class AssistantMessage(BaseModel):
-    role: Literal["assistant"] = "assistant"
-    content: str | None  # null when the model only called tools
-    # The model's thoughts (a reasoning parser split them off), as vLLM names them; left out without.
-    reasoning_content: str | None = Field(default=None, exclude_if=lambda text: text is None)
-    # Left out when there are none, as OpenAI leaves it out.
-    tool_calls: list[ToolCall] | None = Field(default=None, exclude_if=lambda calls: not calls)
-
-
-class TopLogprob(BaseModel):
-    token: str
-    logprob: float
-    bytes: list[int] | None  # UTF-8 bytes of `token`
-
-
-class TokenLogprob(TopLogprob):
-    top_logprobs: list[TopLogprob]  # most likely first
-
-
-class ChatLogprobs(BaseModel):
-    content: list[TokenLogprob] | None
-
-
-class ChatChoice(BaseModel):
-    index: int = 0
-    message: AssistantMessage
-    logprobs: ChatLogprobs | None = None
-    finish_reason: str | None = None
-    token_ids: list[int] | None = None  # only with return_token_ids
-
-
-class ChatCompletionResponse(BaseModel):
-    id: str
-    object: Literal["chat.completion"] = "chat.completion"
-    created: int
-    model: str
-    choices: list[ChatChoice]
-    usage: UsageInfo
-    # Only with prompt_logprobs: vLLM puts the (one) prompt's on the response, not on a choice.
-    prompt_logprobs: PromptLogprobs | None = Field(default=None, exclude_if=lambda v: v is None)
-
-
-class ChatChunkChoice(BaseModel):
-    index: int = 0
-    delta: dict[str, Any]  # only the fields that changed: role first, then content and tool_calls
-    logprobs: ChatLogprobs | None = None
-    finish_reason: str | None = None
-    token_ids: list[int] | None = None  # only with return_token_ids
-
-
-class ChatCompletionChunk(BaseModel):
-    id: str
-    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
-    created: int
-    model: str
-    choices: list[ChatChunkChoice]
-    usage: UsageInfo | None = None
 
 
 class ModelCard(BaseModel):

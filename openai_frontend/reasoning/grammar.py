@@ -88,4 +88,4 @@ def _structural(fmt: dict[str, Any]) -> StructuredOutput:
         grammar = xgr.Grammar.from_structural_tag(json.dumps({"type": "structural_tag", "format": fmt}))
     except (RuntimeError, ValueError) as exc:
         raise GrammarError(str(exc)) from None
-    return StructuredOutput(kind="grammar", spec=str(grammar))
+    return StructuredOutput(kind="grammar", definition=str(grammar))

@@ -18,7 +18,7 @@ class Thinking(TypedDict):
 
 
 def thinking(served: ServedModel, is_chat: bool, prompt_token_ids: list[int]) -> Thinking:
-    parser = chosen(served.reasoning_parser, served.tokenizer.chat_template) if is_chat else None
+    parser = chosen(served.rules.reasoning_parser, served.tokenizer.chat_template) if is_chat else None
     if parser is None:
         return Thinking(reasoning_parser=None, reasoning_open=False)
     state = prompt_state(served.tokenizer.decode(prompt_token_ids[-_TAIL_TOKENS:]))

@@ -1,1 +1,1 @@
-"""The Responses API: its input items, answer objects, stored responses and their runner."""
+"""The Responses API: its input items, answer objects, stored responses and their follower."""

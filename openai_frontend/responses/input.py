@@ -5,7 +5,7 @@ The input (a string, or items) plus the previous response's conversation becomes
 assistant's `tool_calls` (joined with the assistant message before them: one turn), and
 `function_call_output` items as `tool` messages. The sampling fields carry over by name,
 `max_output_tokens` becomes `max_completion_tokens`, `text.format` becomes `response_format` and
-function tools become chat's (responses_tools.py). From there it is exactly a chat request: same
+function tools become chat's (responses/tools.py). From there it is exactly a chat request: same
 template, tokenization, checks, grammar and answer text (tests compare the two endpoints' greedy text).
 """
 

@@ -18,8 +18,8 @@ import json
 from dataclasses import dataclass
 from typing import Literal
 
+from openai_frontend.generate.parsers import answer_parser
 from openai_frontend.generate.request import PreparedRequest
-from openai_frontend.render.answer_parser import answer_parser
 from openai_frontend.responses.store import StoredCall, Turn
 from openai_frontend.tools.parsers import ParsedDelta, ToolCallDelta
 

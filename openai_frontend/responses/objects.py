@@ -1,7 +1,7 @@
 """The Response object and its streamed events, built from a stored response (no I/O).
 
 Events are numbered from 0 (`sequence_number`) in OpenAI's order: `response.created`,
-`response.in_progress`, then for each output item (responses_items.py) `response.output_item.added`,
+`response.in_progress`, then for each output item (items.py) `response.output_item.added`,
 its deltas and `response.output_item.done`: for a message `response.content_part.added`, one
 `response.output_text.delta` per text delta, `response.output_text.done`, `response.content_part.done`;
 for a function call `response.function_call_arguments.delta`s and `.done`; for the thoughts of a model
@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from openai_frontend.follow.collect import Completed
+from openai_frontend.follow.stream_out import StreamEvent
 from openai_frontend.protocol.errors import OpenAIError, from_request_error
 from openai_frontend.responses.items import (
     CallItem,
@@ -91,17 +92,17 @@ def _output_item(item: Item, status: ItemStatus) -> OutputObject:
 
 def _output(stored: StoredResponse, text: str) -> list[OutputObject]:
     """Every item is done; only the last one can have been cut by max_output_tokens."""
-    items = output_items(stored.spec.request, text)
+    items = output_items(stored.params.request, text)
     last = _item_status(stored.status)
     return [_output_item(item, last if i == len(items) - 1 else "completed") for i, item in enumerate(items)]
 
 
 def response_object(stored: StoredResponse) -> ResponseObject:
-    spec, status, result = stored.spec, stored.status, stored.result
+    params, status, result = stored.params, stored.status, stored.result
     output, usage, error = [], None, None
     if result is not None and status in ("completed", "incomplete"):
         output = _output(stored, result.text)
-        prompt = spec.request.num_prompt_tokens
+        prompt = params.request.num_prompt_tokens
         usage = ResponseUsage(
             input_tokens=prompt,
             input_tokens_details=InputTokensDetails(cached_tokens=result.num_cached_tokens),
@@ -113,28 +114,28 @@ def response_object(stored: StoredResponse) -> ResponseObject:
         openai_error = from_request_error(result.error)
         error = ResponseError(code=openai_error.code or "server_error", message=openai_error.message)
     return ResponseObject(
-        id=spec.id,
-        created_at=spec.request.created,
+        id=params.id,
+        created_at=params.request.created,
         completed_at=None if result is None or status != "completed" else result.completed_at,
         status=status,
-        background=spec.background,
+        background=params.background,
         error=error,
         incomplete_details=IncompleteDetails() if status == "incomplete" else None,
-        instructions=spec.instructions,
-        max_output_tokens=spec.max_output_tokens,
-        metadata=spec.metadata,
-        model=spec.request.model,
+        instructions=params.instructions,
+        max_output_tokens=params.max_output_tokens,
+        metadata=params.metadata,
+        model=params.request.model,
         output=output,
-        previous_response_id=spec.previous_response_id,
+        previous_response_id=params.previous_response_id,
         store=True,
-        temperature=spec.temperature,
-        top_p=spec.top_p,
-        text={"format": spec.text_format or TEXT},
-        tools=spec.tools or [],
-        tool_choice=tool_choice_echo(spec.tool_choice),
-        parallel_tool_calls=spec.parallel_tool_calls is not False,
+        temperature=params.temperature,
+        top_p=params.top_p,
+        text={"format": params.text_format or TEXT},
+        tools=params.tools or [],
+        tool_choice=tool_choice_echo(params.tool_choice),
+        parallel_tool_calls=params.parallel_tool_calls is not False,
         usage=usage,
-        user=spec.user,
+        user=params.user,
     )
 
 
@@ -142,9 +143,6 @@ def response_body(stored: StoredResponse, *, store: bool = True) -> dict[str, An
     body = response_object(stored).model_dump()
     body["store"] = store
     return body
-
-
-Event = tuple[int, str, str]  # sequence number, event type, JSON data
 
 
 @dataclass
@@ -157,14 +155,16 @@ class ResponseEvents:
     _items: OutputItems = field(init=False)
 
     def __post_init__(self) -> None:
-        self._items = OutputItems(self.stored.spec.request)
+        self._items = OutputItems(self.stored.params.request)
 
-    def _event(self, type_: str, **fields: Any) -> Event:
+    def _event(self, type_: str, **fields: Any) -> StreamEvent:
+        """The next event; its sequence number is where a resumed stream (`starting_after`) starts."""
         number = self._next
         self._next += 1
-        return number, type_, json.dumps({"type": type_, "sequence_number": number, **fields})
+        data = json.dumps({"type": type_, "sequence_number": number, **fields})
+        return StreamEvent(data, type=type_, position=(number,))
 
-    def _events(self, changes: list[Change], status: ItemStatus = "completed") -> list[Event]:
+    def _events(self, changes: list[Change], status: ItemStatus = "completed") -> list[StreamEvent]:
         """The events of item changes; an item done at the response's end has its final `status`."""
         events = []
         for kind, index, piece in changes:
@@ -186,7 +186,7 @@ class ResponseEvents:
                 events += self._done(item, index, status)
         return events
 
-    def _added(self, item: Item, index: int) -> list[Event]:
+    def _added(self, item: Item, index: int) -> list[StreamEvent]:
         """An item as it opens: a message without content, then its empty part; a call without arguments."""
         added = _output_item(item, "in_progress").model_dump()
         if isinstance(item, ReasoningItem):
@@ -202,7 +202,7 @@ class ResponseEvents:
             self._event("response.content_part.added", **at, part=OutputText(text="").model_dump()),
         ]
 
-    def _done(self, item: Item, index: int, status: ItemStatus) -> list[Event]:
+    def _done(self, item: Item, index: int, status: ItemStatus) -> list[StreamEvent]:
         at: dict[str, Any] = {"item_id": item.id, "output_index": index}
         done = _output_item(item, status).model_dump()
         if isinstance(item, ReasoningItem):
@@ -222,24 +222,24 @@ class ResponseEvents:
             self._event("response.output_item.done", output_index=index, item=done),
         ]
 
-    def opening(self) -> list[Event]:
+    def opening(self) -> list[StreamEvent]:
         """`stored` as it was created: queued (background) or in progress, no result."""
         created = response_body(self.stored, store=self.store)
-        running = response_body(StoredResponse(self.stored.spec, "in_progress", None), store=self.store)
+        running = response_body(StoredResponse(self.stored.params, "in_progress", None), store=self.store)
         return [
             self._event("response.created", response=created),
             self._event("response.in_progress", response=running),
             *self._events(self._items.opening()),
         ]
 
-    def delta(self, text: str) -> list[Event]:
+    def delta(self, text: str) -> list[StreamEvent]:
         return self._events(self._items.feed(text))
 
-    def end(self) -> list[Event]:
+    def finish(self) -> list[StreamEvent]:
         """The text has ended: what was held back (a tool parser's undecided end)."""
         return self._events(self._items.finish())
 
-    def closing(self, ended: StoredResponse) -> list[Event]:
+    def closing(self, ended: StoredResponse) -> list[StreamEvent]:
         assert ended.result is not None
         final = "response.incomplete" if ended.status == "incomplete" else "response.completed"
         return [
@@ -247,9 +247,9 @@ class ResponseEvents:
             self._event(final, response=response_body(ended, store=self.store)),
         ]
 
-    def failed(self, ended: StoredResponse) -> Event:
+    def failed(self, ended: StoredResponse) -> StreamEvent:
         return self._event("response.failed", response=response_body(ended, store=self.store))
 
-    def error(self, error: OpenAIError) -> Event:
+    def error(self, error: OpenAIError) -> StreamEvent:
         """The stream stops without an end (a timeout, Redis gone): the response may still finish."""
         return self._event("error", code=error.code, message=error.message, param=error.param)

@@ -43,7 +43,7 @@ class _Strict(BaseModel):
 
 
 class TextFormat(_Strict):
-    """`text.format`: "text", "json_object", or "json_schema" with the fields below (responses_text.py)."""
+    """`text.format`: "text", "json_object", or "json_schema" with the fields below (text.py)."""
 
     type: Word
     name: Name | None = None  # json_schema: required, 1 to 64 letters, digits, '_' or '-'
@@ -83,8 +83,8 @@ class ResponsesRequest(_Strict):
     logit_bias: dict[Text, float] | None = None
     min_tokens: int | None = None
     ignore_eos: bool | None = False
-    text: TextConfig | None = None  # the output's format (see responses_text.py)
-    # Function tools (responses_tools.py): run as chat's tools.
+    text: TextConfig | None = None  # the output's format (see text.py)
+    # Function tools (tools.py): run as chat's tools.
     tools: list[JSONObject] | None = None
     tool_choice: Word | JSONObject | None = None  # none, auto, required or {"type": "function", "name"}
     parallel_tool_calls: bool | None = None  # false: at most one call

@@ -1,10 +1,10 @@
 """Stored responses in Redis: what was asked, the conversation so far, the status and the result.
 
 One hash per response (`llm:response:{req_id}`, named after the request that generates it): `spec`
-(fixed at creation), `status`, and `result` once the response ended. It is one of the request's keys
-(`common.streams.request_keys`), so when the request ends the batcher gives it the retention window
-(CBSERVE_RETENTION_S) like the token stream; finishing the record renews that window, so a
-conversation can go on as long as each turn follows the last within it. Another API key's response
+(its ResponseParams, fixed at creation), `status`, and `result` once the response ended. It is one of
+the request's keys (`common.streams.request_keys`), so when the request ends the batcher gives it the
+retention window (CBSERVE_RETENTION_S) like the token stream; finishing the record renews that window,
+so a conversation can go on as long as each turn follows the last within it. Another API key's response
 answers exactly as an unknown id, as files and batches do.
 
 The result is written by whoever first sees the request end (the client that follows it, or a later
@@ -26,7 +26,9 @@ from common.streams import response_key, token_stream
 from openai_frontend.generate.request import PreparedRequest
 from openai_frontend.responses.schemas import TERMINAL, ResponseStatus
 
-_SPEC, _STATUS, _RESULT = "spec", "status", "result"
+# The params' hash field keeps its first name, so that responses stored before ResponseParams was
+# named so still read.
+_PARAMS, _STATUS, _RESULT = "spec", "status", "result"
 _ID_PREFIX = "resp_"
 _LAST_ENTRIES = 4  # entries of a token stream looked at for its end (see has_ended)
 
@@ -56,7 +58,7 @@ class Turn(msgspec.Struct, frozen=True):
     tool_call_id: str | None = None  # a tool turn: the call it answers (a `function_call_output`)
 
 
-class ResponseSpec(msgspec.Struct, kw_only=True, frozen=True):
+class ResponseParams(msgspec.Struct, kw_only=True, frozen=True):
     """What the response was asked to be; never changes."""
 
     request: PreparedRequest  # how to replay its token stream (prompt tail, stop strings), and the owner
@@ -92,7 +94,7 @@ class ResponseResult(msgspec.Struct, kw_only=True, frozen=True):
 
 @dataclass(slots=True, frozen=True)
 class StoredResponse:
-    spec: ResponseSpec
+    params: ResponseParams
     status: ResponseStatus
     result: ResponseResult | None
 
@@ -112,10 +114,10 @@ class ResponseStore:
     def __init__(self, redis: aioredis.Redis) -> None:
         self._redis = redis
 
-    async def create(self, spec: ResponseSpec, status: ResponseStatus, ttl_s: int) -> None:
-        key = response_key(spec.request.req_id)
+    async def create(self, params: ResponseParams, status: ResponseStatus, ttl_s: int) -> None:
+        key = response_key(params.request.req_id)
         async with self._redis.pipeline(transaction=True) as pipe:
-            pipe.hset(key, mapping={_SPEC: msgspec.msgpack.encode(spec), _STATUS: status})
+            pipe.hset(key, mapping={_PARAMS: msgspec.msgpack.encode(params), _STATUS: status})
             pipe.expire(key, ttl_s)
             await pipe.execute()
 
@@ -124,33 +126,33 @@ class ResponseStore:
         req_id = req_id_of(any_id)
         if req_id is None:
             return None
-        raw_spec, raw_status, raw_result = await self._redis.hmget(
-            response_key(req_id), [_SPEC, _STATUS, _RESULT]
+        raw_params, raw_status, raw_result = await self._redis.hmget(
+            response_key(req_id), [_PARAMS, _STATUS, _RESULT]
         )
-        if raw_spec is None or raw_status is None:
+        if raw_params is None or raw_status is None:
             return None
-        spec = msgspec.msgpack.decode(as_bytes(raw_spec), type=ResponseSpec)
-        if spec.request.message.owner != owner:
+        params = msgspec.msgpack.decode(as_bytes(raw_params), type=ResponseParams)
+        if params.request.message.owner != owner:
             return None
         result = (
             None if raw_result is None else msgspec.msgpack.decode(as_bytes(raw_result), type=ResponseResult)
         )
         status: ResponseStatus = as_str(raw_status)  # type: ignore[assignment]  # written by this module only
-        return StoredResponse(spec, status, result)
+        return StoredResponse(params, status, result)
 
     async def finish(
         self, stored: StoredResponse, status: ResponseStatus, result: ResponseResult, ttl_s: int
     ) -> StoredResponse:
         """Record the end (unless one is recorded already); the response as it now stands."""
-        key = response_key(stored.spec.request.req_id)
+        key = response_key(stored.params.request.req_id)
         written = await self._redis.eval(_FINISH, 1, key, status, msgspec.msgpack.encode(result), ttl_s)
         if written:
-            return StoredResponse(stored.spec, status, result)
-        again = await self.get(stored.spec.request.message.owner, stored.spec.id)
-        return again or StoredResponse(stored.spec, status, result)
+            return StoredResponse(stored.params, status, result)
+        again = await self.get(stored.params.request.message.owner, stored.params.id)
+        return again or StoredResponse(stored.params, status, result)
 
     async def delete(self, stored: StoredResponse) -> None:
-        await self._redis.delete(response_key(stored.spec.request.req_id))
+        await self._redis.delete(response_key(stored.params.request.req_id))
 
     async def has_started(self, req_id: str) -> bool:
         return bool(await self._redis.exists(token_stream(req_id)))

@@ -2,8 +2,8 @@
 
 `{"type": "json_schema", "name", "schema", "description", "strict"}` is chat's
 `{"type": "json_schema", "json_schema": {...}}` flattened; `json_object` and `text` are the same on
-both. The chat request checks and enforces it (structured_outputs.py: one grammar, a 400 before
-anything is queued); `responses_input.responses_names` renames chat's parameters in its errors.
+both. The chat request checks and enforces it (structured/constraint.py: one grammar, a 400 before
+anything is queued); `input.responses_names` renames chat's parameters in its errors.
 """
 
 from __future__ import annotations

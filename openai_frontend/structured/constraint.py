@@ -21,7 +21,7 @@ from openai_frontend.protocol.openai_schemas import (
     StructuredOutputsParams,
 )
 
-MAX_SPEC_CHARS = 64 * 1024  # a schema, regex or grammar; the worker compiles it against the vocabulary
+MAX_DEFINITION_CHARS = 64 * 1024  # a schema, regex or grammar; the worker compiles it against the vocabulary
 _SCHEMA_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # as OpenAI requires of json_schema.name
 # vLLM options that would change the answer if ignored. Its disable_* options are accepted: outputs
 # here never fall back to another engine, never hold free whitespace and never add properties.
@@ -63,8 +63,8 @@ def structured_output(
     if not found:
         return None
     output, param = found[0]
-    if len(output.spec) > MAX_SPEC_CHARS:
-        raise invalid_request(f"{param} must be at most {MAX_SPEC_CHARS} characters", param)
+    if len(output.definition) > MAX_DEFINITION_CHARS:
+        raise invalid_request(f"{param} must be at most {MAX_DEFINITION_CHARS} characters", param)
     try:
         build_grammar(output)
     except GrammarError as exc:
@@ -95,7 +95,7 @@ def _from_response_format(fmt: ResponseFormat) -> tuple[StructuredOutput, str] |
     param = "response_format.json_schema.schema"
     if fmt.json_schema.schema_ is None:
         raise invalid_request(f"{param} is required", param)
-    return StructuredOutput(kind="json", spec=json.dumps(fmt.json_schema.schema_)), param
+    return StructuredOutput(kind="json", definition=json.dumps(fmt.json_schema.schema_)), param
 
 
 def _from_params(params: StructuredOutputsParams) -> tuple[StructuredOutput, str]:
@@ -125,15 +125,15 @@ def _from_params(params: StructuredOutputsParams) -> tuple[StructuredOutput, str
     if name == "json_object":
         return StructuredOutput(kind="json_object"), param
     if name == "json":
-        return StructuredOutput(kind="json", spec=_schema_text(params.json_, param)), param
+        return StructuredOutput(kind="json", definition=_schema_text(params.json_, param)), param
     if name == "choice":
         if not params.choice:
             raise invalid_request(f"{param} must list at least one string", param)
-        return StructuredOutput(kind="choice", spec=json.dumps(params.choice)), param
+        return StructuredOutput(kind="choice", definition=json.dumps(params.choice)), param
     text = params.regex if name == "regex" else params.grammar
     if not text:
         raise invalid_request(f"{param} must not be empty", param)
-    return StructuredOutput(kind="regex" if name == "regex" else "grammar", spec=text), param
+    return StructuredOutput(kind="regex" if name == "regex" else "grammar", definition=text), param
 
 
 def _schema_text(schema: object, param: str) -> str:

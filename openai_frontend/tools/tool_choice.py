@@ -6,7 +6,7 @@ As in vLLM: `auto` (the default with tools) parses whatever the model writes; `n
 tools in the prompt (vLLM's default, without --exclude-tools-when-tool-choice-none) but parses
 nothing. Forcing calls is a grammar, and so is `auto` with a strict function (free text, each call
 opened follows its schema), so neither combines with response_format or structured_outputs
-(refused in structured_outputs.py).
+(refused in structured/constraint.py).
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def tool_use(body: ChatCompletionRequest, served: ServedModel) -> ToolUse:
     duplicate = next((n for i, n in enumerate(names) if n in names[:i]), None)
     if duplicate is not None:
         raise invalid_request(f"tool names must be unique; {duplicate!r} is given twice", "tools")
-    parser = chosen_parser(served.tool_parser, served.tokenizer.chat_template)
+    parser = chosen_parser(served.rules.tool_parser, served.tokenizer.chat_template)
     if parser is None:
         raise invalid_request(
             "this model's chat template does not support tool calling (GATEWAY_TOOL_PARSER names a "
@@ -78,9 +78,9 @@ def tool_use(body: ChatCompletionRequest, served: ServedModel) -> ToolUse:
     try:
         if choice != "auto":
             forced = functions if choice == "required" else [f for f in functions if f["name"] == named]
-            grammar = StructuredOutput(kind="grammar", spec=forced_grammar(parser, forced, one_call))
+            grammar = StructuredOutput(kind="grammar", definition=forced_grammar(parser, forced, one_call))
         elif strict is not None:  # free text, but each call the model opens follows its schema
-            grammar = StructuredOutput(kind="grammar", spec=strict_grammar(parser, functions, one_call))
+            grammar = StructuredOutput(kind="grammar", definition=strict_grammar(parser, functions, one_call))
         if grammar is not None:
             build_grammar(grammar)
     except GrammarError as exc:
@@ -131,7 +131,7 @@ def _check_parameters(parameters: object, param: str) -> None:
     if parameters.get("type", "object") != "object":
         raise invalid_request(f"{param} must describe an object (type 'object')", param)
     try:
-        build_grammar(StructuredOutput(kind="json", spec=json.dumps(arguments_schema(parameters))))
+        build_grammar(StructuredOutput(kind="json", definition=json.dumps(arguments_schema(parameters))))
     except GrammarError as exc:
         raise invalid_request(f"{param} is not a schema this server can follow: {exc}", param) from None
 

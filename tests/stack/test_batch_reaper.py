@@ -18,8 +18,9 @@ from cbserve_celery.broker_scan import batches_in_broker
 from common.redis_conn import connect_async
 from common.streams import ACTIVE_BATCHES, BATCH_REAPER_TURN, batch_claim
 from openai_frontend.batch.files_store import FileStore
-from openai_frontend.batch.objects import RUN_BATCH_TASK, BatchSpec
+from openai_frontend.batch.objects import RUN_BATCH_TASK, BatchParams
 from openai_frontend.batch.store import BatchStore
+from openai_frontend.model.served_model import ModelRules
 
 
 @pytest.fixture()
@@ -37,7 +38,7 @@ async def _create(redis_url: str, batch_id: str) -> None:
     try:
         until = int(time.time()) + 3600
         meta = await FileStore(redis).put("alice", "in.jsonl", "batch", b"{}\n", expires_at=until)
-        spec = BatchSpec(
+        params = BatchParams(
             id=batch_id,
             endpoint="/v1/completions",
             input_file_id=meta.id,
@@ -46,10 +47,9 @@ async def _create(redis_url: str, batch_id: str) -> None:
             expires_at=until,
             retain_until=until,
             owner="alice",
-            model="m",
-            max_model_len=64,
+            rules=ModelRules(name="m", max_model_len=64),
         )
-        assert await BatchStore(redis).create(spec)
+        assert await BatchStore(redis).create(params)
     finally:
         await redis.aclose()
 

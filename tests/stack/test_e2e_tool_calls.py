@@ -23,7 +23,7 @@ from langchain_openai import ChatOpenAI
 from pydantic import BaseModel, Field
 from transformers import AutoTokenizer
 
-from gateway.model_loader import load_served_model
+from gateway.model_setup import load_served_model
 from gateway.settings import GatewaySettings
 from openai_frontend.generate.prompts import chat_prompt_ids
 from openai_frontend.protocol.openai_schemas import ChatMessage

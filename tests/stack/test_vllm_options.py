@@ -139,10 +139,10 @@ def test_truncate_prompt_tokens_keeps_the_last_tokens(
 def test_priority_metadata_and_safety_identifier_are_kept_with_the_request(
     gateway: RunningGateway, pool: ThreadPoolExecutor, tok: Tokenizer, caplog: pytest.LogCaptureFixture
 ) -> None:
-    # On the runner's own logger: the gateway's logging set-up replaces the root's handlers.
-    runner_log = logging.getLogger("openai_frontend.follow.request_runner")
-    runner_log.addHandler(caplog.handler)
-    caplog.set_level(logging.INFO, logger=runner_log.name)
+    # On the follower's own logger: the gateway's logging set-up replaces the root's handlers.
+    follower_log = logging.getLogger("openai_frontend.follow.request_follower")
+    follower_log.addHandler(caplog.handler)
+    caplog.set_level(logging.INFO, logger=follower_log.name)
     body = {
         "messages": [{"role": "user", "content": "Hi"}],
         "max_tokens": 1,
@@ -156,7 +156,7 @@ def test_priority_metadata_and_safety_identifier_are_kept_with_the_request(
     assert (request.priority, request.user) == (1, "user-42")  # the Batch API's level
     gateway.harness.emit_tokens(request.req_id, _ids(tok, " ok")[:1])
     assert future.result(timeout=30).status_code == 200
-    runner_log.removeHandler(caplog.handler)
+    follower_log.removeHandler(caplog.handler)
     queued = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("request queued"))
     assert "user 'user-42'" in queued and '{"team": "eval"}' in queued  # logged with the request
     ahead = gateway.client.post("/v1/chat/completions", json=body | {"priority": -1})

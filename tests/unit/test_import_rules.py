@@ -53,8 +53,8 @@ FRONTEND_LAYERS = (
     "tools",  # function tools and their call parsers
     "reasoning",  # a thinking model's thoughts told apart, and grammars that start after them
     "generate",  # a body to a queued request and its record
-    "follow",  # submitting and following a request's tokens
-    "render",  # OpenAI answer objects
+    "follow",  # submitting and following a request's tokens, and the one stream-out
+    "completions",  # /v1/chat/completions and /v1/completions: their chunks, bodies and logprobs
     "responses",  # the Responses API
     "anthropic",  # the Anthropic Messages API, as chat requests
     "batch",  # the Files and Batch APIs
@@ -158,7 +158,7 @@ def test_a_service_imports_no_other_service(service: str) -> None:
 
 def test_the_rules_see_an_import() -> None:
     """The scan finds imports at module and function level, so an empty list above means something."""
-    assert {"common", "openai_frontend"} <= _imported_packages(ROOT / "cbserve_celery" / "batch_runner.py")
+    assert {"common", "openai_frontend"} <= _imported_packages(ROOT / "cbserve_celery" / "batch_run.py")
     assert "openai_frontend" in _imported_packages(ROOT / "cbserve_celery" / "app.py")
 
 
@@ -192,8 +192,8 @@ def test_frontend_folders_import_only_the_folders_below() -> None:
 
 def test_the_folder_rule_sees_an_import() -> None:
     """The scan reads submodule imports, so an empty list above means something."""
-    request_runner = FRONTEND / "follow" / "request_runner.py"
-    assert "openai_frontend.generate.request" in _imported_modules(request_runner)
+    request_follower = FRONTEND / "follow" / "request_follower.py"
+    assert "openai_frontend.generate.request" in _imported_modules(request_follower)
     assert FRONTEND_LAYERS.index("generate") < FRONTEND_LAYERS.index("follow")
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.model_loader import load_served_model
+from gateway.model_setup import load_served_model
 from gateway.settings import GatewaySettings
 from openai_frontend.generate.validation import check_model
 from openai_frontend.model.path_names import directory_names
@@ -40,7 +40,7 @@ def refused(requested: str, served: ServedModel) -> bool:
 
 def test_the_directory_path_names_the_model(model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     served = served_from(model_dir, monkeypatch)
-    assert served.name == "tiny"
+    assert served.rules.name == "tiny"
     for name in ("tiny", "models/tiny", "./models/tiny/", str(model_dir), f"{model_dir}/"):
         assert not refused(name, served), name
     for name in ("models", "tiny/", "models/tin", "models/tiny/x", str(model_dir.parent), ".", "", "gpt-4"):

@@ -9,7 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from common.settings import DEFAULT_REDIS_URL
-from gateway.model_loader import load_served_model
+from gateway.model_setup import load_served_model
 from gateway.settings import GatewaySettings
 
 
@@ -26,7 +26,7 @@ def test_defaults_from_model_dir(tiny_model_dir: Path, monkeypatch: pytest.Monke
     assert settings.model_name == tiny_model_dir.name
     assert settings.heartbeat_timeout_s == 5.0
     assert settings.redis_url == DEFAULT_REDIS_URL
-    assert load_served_model(settings).max_model_len == 512
+    assert load_served_model(settings).rules.max_model_len == 512
 
 
 def test_env_names(tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -38,7 +38,7 @@ def test_env_names(tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Non
     settings = GatewaySettings()
     assert (settings.model_name, settings.max_model_len, settings.heartbeat_timeout_s) == ("tiny", 256, 2.5)
     assert settings.redis_url == "redis://example:1/2"
-    assert load_served_model(settings).max_model_len == 256
+    assert load_served_model(settings).rules.max_model_len == 256
     # Constructor arguments (the CLI flags) win over the environment.
     assert GatewaySettings(served_model_name="other").model_name == "other"
 

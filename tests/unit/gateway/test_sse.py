@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 
-from gateway.streaming.sse import sse_event
+from gateway.streaming.sse import framed, sse_event
+from openai_frontend.follow.stream_out import KEEPALIVE, StreamEvent
 
 
 def test_a_data_line_stays_one_line_for_clients_that_split_like_splitlines() -> None:
@@ -15,3 +16,9 @@ def test_a_data_line_stays_one_line_for_clients_that_split_like_splitlines() -> 
     head, data_line, blank = event.splitlines()
     assert (head, blank) == ("id: 1-0", "") and data_line.startswith("data: ")
     assert json.loads(data_line.removeprefix("data: ")) == {"choices": [{"text": text}]}
+
+
+def test_a_keepalive_is_a_comment_line_that_dispatches_nothing() -> None:
+    # A blank line would dispatch an event with empty data, which the SDKs fail to parse as JSON.
+    assert framed(KEEPALIVE) == b": keep-alive\n"
+    assert framed(StreamEvent('{"type": "ping"}', type="ping")) == b'event: ping\ndata: {"type": "ping"}\n\n'

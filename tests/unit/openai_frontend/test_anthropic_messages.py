@@ -11,11 +11,12 @@ from typing import Any
 
 import pytest
 
-from openai_frontend.anthropic.answer import block, message_object, stop_reason, tool_input
 from openai_frontend.anthropic.errors import error_body, speaks_anthropic
 from openai_frontend.anthropic.events import MessageEvents
 from openai_frontend.anthropic.input import ERROR_PREFIX, anthropic_terms, chat_request
+from openai_frontend.anthropic.message import block, message_object, stop_reason, tool_input
 from openai_frontend.anthropic.schemas import CountTokensRequest, MessagesRequest
+from openai_frontend.follow.stream_out import StreamEvent
 from openai_frontend.protocol.errors import OpenAIError, invalid_request
 from openai_frontend.responses.items import CallItem, output_items
 from tests.unit.openai_frontend.test_responses_items import _meta
@@ -272,9 +273,9 @@ def test_only_the_messages_paths_speak_anthropic() -> None:
     assert not speaks_anthropic("/v1/messagesx") and not speaks_anthropic("/v1/chat/completions")
 
 
-def _replay(events: list[tuple[str, str]]) -> dict[str, Any]:
+def _replay(events: list[StreamEvent]) -> dict[str, Any]:
     """The Message as a client builds it from the events, checking their order as it goes."""
-    names = [name for name, _ in events]
+    names = [event.type for event in events]
     assert (
         names.count("ping") == 1
         and names[0] == "message_start"
@@ -285,8 +286,8 @@ def _replay(events: list[tuple[str, str]]) -> dict[str, Any]:
     message: dict[str, Any] = {}
     arguments: dict[int, str] = {}
     open_block: int | None = None
-    for name, data in events:
-        fields = json.loads(data)
+    for event in events:
+        name, fields = event.type, json.loads(event.data)
         assert fields["type"] == name
         if name == "message_start":
             message = fields["message"]

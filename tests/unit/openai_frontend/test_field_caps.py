@@ -17,7 +17,7 @@ from pydantic import BaseModel, ValidationError
 
 from openai_frontend.anthropic.schemas import MessagesRequest
 from openai_frontend.batch.input import parse_input
-from openai_frontend.model.served_model import ServedModel
+from openai_frontend.model.served_model import ModelRules, ServedModel
 from openai_frontend.model.tokenizer import ModelTokenizer
 from openai_frontend.protocol.errors import OpenAIError, validation_error
 from openai_frontend.protocol.openai_schemas import ChatCompletionRequest, ChatMessage, CompletionRequest
@@ -287,9 +287,8 @@ def test_a_tool_call_id_sent_back_is_capped(length: int) -> None:
 
 @pytest.fixture(scope="module")
 def served(tiny_model_dir: Path) -> ServedModel:
-    return ServedModel(
-        name="tiny", root=str(tiny_model_dir), tokenizer=ModelTokenizer(tiny_model_dir), max_model_len=512
-    )
+    rules = ModelRules(name="tiny", max_model_len=512)
+    return ServedModel(rules=rules, root=str(tiny_model_dir), tokenizer=ModelTokenizer(tiny_model_dir))
 
 
 def _tools(description: str, choice: Any = None) -> ChatCompletionRequest:

@@ -15,7 +15,7 @@ from xgrammar.testing import _is_grammar_accept_string
 
 from common.protocol import StructuredOutput
 from openai_frontend.reasoning import REASONING_PARSERS, chosen, reasoning_for_template
-from openai_frontend.reasoning.answer import AnswerParser
+from openai_frontend.reasoning.answer_parser import AnswerParser
 from openai_frontend.reasoning.grammar import harmony_after_thoughts
 from openai_frontend.reasoning.harmony import HarmonyParser
 from openai_frontend.reasoning.usage import ReasoningCounter
@@ -128,8 +128,8 @@ FUNCTIONS: list[dict[str, Any]] = [
 
 
 def test_a_forced_call_may_think_first() -> None:
-    forced = StructuredOutput(kind="grammar", spec=forced_grammar("harmony", FUNCTIONS, one_call=True))
-    grammar = harmony_after_thoughts(forced, forced_calls=True).spec
+    forced = StructuredOutput(kind="grammar", definition=forced_grammar("harmony", FUNCTIONS, one_call=True))
+    grammar = harmony_after_thoughts(forced, forced_calls=True).definition
     call = "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>"
     assert _is_grammar_accept_string(grammar, call + '{"city": "Paris"}')
     thought = "<|channel|>analysis<|message|>Paris, {surely}.<|end|><|start|>assistant"
@@ -155,8 +155,8 @@ def test_strict_auto_checks_each_call_opened() -> None:
 
 def test_a_schema_applies_to_the_final_message() -> None:
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
-    output = StructuredOutput(kind="json", spec=json.dumps(schema))
-    grammar = harmony_after_thoughts(output, forced_calls=False).spec
+    output = StructuredOutput(kind="json", definition=json.dumps(schema))
+    grammar = harmony_after_thoughts(output, forced_calls=False).definition
     thought = "<|channel|>analysis<|message|>{a: x}<|end|><|start|>assistant"
     assert _is_grammar_accept_string(grammar, thought + '<|channel|>final<|message|>{"a": 1}')
     assert _is_grammar_accept_string(grammar, '<|channel|>final<|message|>{"a": 1}')

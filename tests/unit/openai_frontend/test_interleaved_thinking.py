@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from openai_frontend.reasoning.answer import AnswerParser
+from openai_frontend.reasoning.answer_parser import AnswerParser
 from openai_frontend.reasoning.think import ThinkParser
 from openai_frontend.tools.parsers import new_parser
 

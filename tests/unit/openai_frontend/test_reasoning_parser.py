@@ -13,7 +13,7 @@ from xgrammar.testing import _is_grammar_accept_string
 
 from common.protocol import StructuredOutput
 from openai_frontend.reasoning import prompt_state, reasoning_for_template
-from openai_frontend.reasoning.answer import AnswerParser
+from openai_frontend.reasoning.answer_parser import AnswerParser
 from openai_frontend.reasoning.grammar import grammar_after_thoughts
 from openai_frontend.reasoning.think import ThinkParser
 from openai_frontend.reasoning.usage import ReasoningCounter
@@ -79,8 +79,8 @@ def test_where_the_prompt_leaves_the_thoughts() -> None:
 @pytest.mark.parametrize("opened", [False, True])
 def test_the_grammar_lets_thoughts_run_before_the_schema(opened: bool) -> None:
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
-    output = StructuredOutput(kind="json", spec=json.dumps(schema))
-    grammar = grammar_after_thoughts(output, opened).spec
+    output = StructuredOutput(kind="json", definition=json.dumps(schema))
+    grammar = grammar_after_thoughts(output, opened).definition
     start = "" if opened else "<think>"
     assert _is_grammar_accept_string(grammar, start + 'free {"a": "x"} text\n</think>\n\n{"a": 1}')
     assert not _is_grammar_accept_string(grammar, start + 'thoughts</think>{"a": "x"}')

@@ -16,7 +16,7 @@ from openai_frontend.generate.request import PreparedRequest
 from openai_frontend.responses.items import CallItem, MessageItem, OutputItems, answer_turn, output_items
 from openai_frontend.responses.objects import ResponseEvents, response_object
 from openai_frontend.responses.schemas import ResponseStatus
-from openai_frontend.responses.store import ResponseResult, ResponseSpec, StoredCall, StoredResponse, Turn
+from openai_frontend.responses.store import ResponseParams, ResponseResult, StoredCall, StoredResponse, Turn
 
 CALL = '<tool_call>\n{"name": "%s", "arguments": %s}\n</tool_call>'
 TEXTS = [
@@ -89,24 +89,24 @@ def test_without_tools_the_text_is_one_message() -> None:
     assert [i.name for i in output_items(_meta(max_tool_calls=1), call + "\n" + call)] == ["a"]  # type: ignore[union-attr]
 
 
-# The fields (all defaulted) that a ResponseSpec stored before function tools may lack.
+# The fields (all defaulted) that a ResponseParams stored before function tools may lack.
 ADDED_WITH_TOOLS = ("text_format", "tools", "tool_choice", "parallel_tool_calls")
 
 
 def test_records_stored_before_tools_still_read() -> None:
-    fields = msgspec.to_builtins(_spec(_meta(None)))
+    fields = msgspec.to_builtins(_params(_meta(None)))
     old = {name: value for name, value in fields.items() if name not in ADDED_WITH_TOOLS}
     old["conversation"] = [{"role": "user", "content": "hi"}]  # a Turn without tool_calls, tool_call_id
-    spec = msgspec.msgpack.decode(msgspec.msgpack.encode(old), type=ResponseSpec)
-    assert spec.conversation == [Turn("user", "hi")]
-    assert (spec.tools, spec.tool_choice, spec.parallel_tool_calls) == (None, None, None)
+    params = msgspec.msgpack.decode(msgspec.msgpack.encode(old), type=ResponseParams)
+    assert params.conversation == [Turn("user", "hi")]
+    assert (params.tools, params.tool_choice, params.parallel_tool_calls) == (None, None, None)
     call = StoredCall("call_1", "f", "{}")
     again = msgspec.msgpack.decode(msgspec.msgpack.encode(Turn("assistant", "", [call])), type=Turn)
     assert again.tool_calls == [call] and again.tool_call_id is None
 
 
-def _spec(meta: PreparedRequest) -> ResponseSpec:
-    return ResponseSpec(
+def _params(meta: PreparedRequest) -> ResponseParams:
+    return ResponseParams(
         request=meta,
         background=False,
         instructions=None,
@@ -123,14 +123,14 @@ def _spec(meta: PreparedRequest) -> ResponseSpec:
 @pytest.mark.parametrize("status", ["completed", "incomplete"])
 def test_events_rebuild_the_response_output(status: ResponseStatus) -> None:
     """Text, a call, text again, a call: the events say each item in turn, and rebuild the output."""
-    text, spec = TEXTS[1], _spec(_meta())
-    events = ResponseEvents(StoredResponse(spec, "in_progress", None))
+    text, params = TEXTS[1], _params(_meta())
+    events = ResponseEvents(StoredResponse(params, "in_progress", None))
     made = events.opening()
     for at in range(0, len(text), 3):
         made += events.delta(text[at : at + 3])
-    ended = StoredResponse(spec, status, ResponseResult(completed_at=1, text=text))
-    made += events.end() + events.closing(ended)
-    data = [json.loads(d) for _, _, d in made]
+    ended = StoredResponse(params, status, ResponseResult(completed_at=1, text=text))
+    made += events.finish() + events.closing(ended)
+    data = [json.loads(event.data) for event in made]
     assert [d["sequence_number"] for d in data] == list(range(len(data)))
     call = [
         "response.output_item.added",
@@ -145,7 +145,7 @@ def test_events_rebuild_the_response_output(status: ResponseStatus) -> None:
         "response.output_item.done",
     ]
     final = "response.incomplete" if status == "incomplete" else "response.completed"
-    types = [t for _, t, _ in made if not t.endswith(".delta")]
+    types = [event.type for event in made if not str(event.type).endswith(".delta")]
     assert types == ["response.created", "response.in_progress", *call, *message, *call, *message, final]
     items: dict[int, dict[str, Any]] = {}
     grown: dict[int, str] = {}  # each item's text or arguments, as the deltas build them

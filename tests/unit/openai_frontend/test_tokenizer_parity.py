@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from transformers import AutoTokenizer
 
-from gateway.model_loader import load_served_model
+from gateway.model_setup import load_served_model
 from gateway.settings import GatewaySettings
 from openai_frontend.generate.prompts import chat_prompt_ids, completion_prompt_ids
 from openai_frontend.model.chat_template import ChatTemplateError, render_chat
@@ -112,7 +112,7 @@ def test_special_tokens_and_eos_ids_match(
     generation_config = json.loads((tiny_model_dir / "generation_config.json").read_text())
     assert tokenizer.eos_token_ids == generation_config["eos_token_id"]
     assert tokenizer.vocab_size == len(hf_tokenizer)
-    assert served.max_model_len == 512
+    assert served.rules.max_model_len == 512
     ids = hf_tokenizer.encode("<|im_start|>Hello world<|im_end|>")
     assert tokenizer.decode(ids) == hf_tokenizer.decode(ids, skip_special_tokens=True)
 

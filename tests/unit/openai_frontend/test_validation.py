@@ -14,7 +14,7 @@ import pytest
 from openai.types import ErrorObject
 
 from openai_frontend.generate import validation
-from openai_frontend.model.served_model import ServedModel
+from openai_frontend.model.served_model import ModelRules, ServedModel
 from openai_frontend.protocol.errors import OpenAIError
 from openai_frontend.protocol.openai_schemas import ChatCompletionRequest, CompletionRequest
 
@@ -168,9 +168,8 @@ def test_an_end_user_id_is_bounded_under_its_own_name() -> None:
 
 def test_the_operators_prompt_cap(tiny_served: ServedModel) -> None:
     validation.check_prompt_length(10_000, tiny_served, "prompt")  # no cap
-    capped = ServedModel(
-        name="t", root="", tokenizer=tiny_served.tokenizer, max_model_len=512, max_prompt_tokens=8
-    )
+    rules = ModelRules(name="t", max_model_len=512, max_prompt_tokens=8)
+    capped = ServedModel(rules=rules, root="", tokenizer=tiny_served.tokenizer)
     validation.check_prompt_length(8, capped, "prompt")
     error = refused(validation.check_prompt_length, 9, capped, "messages")
     assert error["param"] == "messages" and error["code"] == "prompt_too_long"
@@ -180,7 +179,8 @@ def test_the_operators_prompt_cap(tiny_served: ServedModel) -> None:
 def test_max_tokens_defaults_to_the_room_left_or_the_operators_cap(tiny_served: ServedModel) -> None:
     assert validation.resolve_max_tokens(chat(), 500, tiny_served) == 12
     assert validation.resolve_max_tokens(chat(max_tokens=12), 500, tiny_served) == 12
-    capped = ServedModel(name="t", root="", tokenizer=tiny_served.tokenizer, max_model_len=512, max_tokens=64)
+    rules = ModelRules(name="t", max_model_len=512, max_tokens=64)
+    capped = ServedModel(rules=rules, root="", tokenizer=tiny_served.tokenizer)
     assert validation.resolve_max_tokens(chat(), 10, capped) == 64
     assert validation.resolve_max_tokens(chat(), 500, capped) == 12
     error = refused(validation.resolve_max_tokens, chat(max_tokens=65), 10, capped)

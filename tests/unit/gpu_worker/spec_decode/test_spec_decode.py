@@ -199,7 +199,7 @@ def test_drafts_under_bias_min_tokens_and_a_grammar_change_no_output(
     # Each draft row is processed as plain decoding processes that position: the bias, min_tokens at
     # its output index (a stop id that greedy decoding would pick early is held back), and the
     # grammar after the drafts before it (the prompts' ids are drafted and the regex refuses most).
-    letters = StructuredOutput(kind="regex", spec="[a-z ]{20,60}")
+    letters = StructuredOutput(kind="regex", definition="[a-z ]{20,60}")
     params = [
         greedy(MAX_TOKENS[0], logit_bias={expected[0][3]: 2.5, expected[0][9]: -3.0}),
         greedy(MAX_TOKENS[1], stop_token_ids=[expected[1][2]], min_tokens=12),

@@ -50,7 +50,7 @@ def masked(
 ) -> torch.Tensor:
     """The masked logits of a JSON request that wrote `written`, its model's logits all 0 but the stop
     tokens' `stop_logit`."""
-    output = StructuredOutput(kind="json", spec=json.dumps(schema))
+    output = StructuredOutput(kind="json", definition=json.dumps(schema))
     assert outputs.add("j", output, tokenizer.encode(written).ids, ignore_eos) is None
     logits = torch.zeros(1, outputs.vocab_size)
     logits[0, [EOS, IM_END]] = stop_logit

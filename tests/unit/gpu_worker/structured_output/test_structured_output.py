@@ -25,7 +25,7 @@ from tests.unit.gpu_worker.test_model_runner import (
 )
 
 EOS, IM_END = 0, 2  # the tiny model's stop tokens (generation_config)
-CHOICE = StructuredOutput(kind="choice", spec=json.dumps(["yes", "no"]))
+CHOICE = StructuredOutput(kind="choice", definition=json.dumps(["yes", "no"]))
 SCHEMA = {
     "type": "object",
     "properties": {
@@ -37,7 +37,7 @@ SCHEMA = {
     },
     "required": ["name", "kind", "tags", "size"],
 }
-JSON = StructuredOutput(kind="json", spec=json.dumps(SCHEMA))
+JSON = StructuredOutput(kind="json", definition=json.dumps(SCHEMA))
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -140,7 +140,7 @@ def test_drafts_are_masked_by_the_grammar_after_the_drafts_before_them(
 
 def test_json_never_holds_a_raw_control_character(outputs: StructuredOutputs, tokenizer: Tokenizer) -> None:
     # xgrammar 0.2 lets control characters into a string with maxLength; JSON forbids them raw.
-    text = StructuredOutput(kind="json", spec='{"type": "string", "maxLength": 5}')
+    text = StructuredOutput(kind="json", definition='{"type": "string", "maxLength": 5}')
     assert outputs.add("j", text, tokenizer.encode('"').ids) is None
     possible = allowed(outputs, ["j"], 0)
     assert possible and all(
@@ -155,7 +155,7 @@ def test_output_that_breaks_the_grammar_or_a_bad_grammar_is_an_error(
 ) -> None:
     error = outputs.add("c", CHOICE, tokenizer.encode("maybe").ids)
     assert error is not None and "does not follow" in error
-    error = outputs.add("g", StructuredOutput(kind="grammar", spec="root ::= undefined_rule"), [])
+    error = outputs.add("g", StructuredOutput(kind="grammar", definition="root ::= undefined_rule"), [])
     assert error is not None and "undefined_rule" in error
     assert len(outputs) == 0 and outputs.masks(["c", "g"], []) == (None, None)
 
@@ -165,7 +165,7 @@ def test_grammars_are_compiled_once_and_evicted_least_recently_used(outputs: Str
         assert outputs.add(f"c{i}", CHOICE, []) is None  # n choices of one request share one
     assert outputs.cache.num_compiled == 1
     outputs.cache._capacity = 2
-    regexes = [StructuredOutput(kind="regex", spec=f"a{{{i}}}") for i in (1, 2)]
+    regexes = [StructuredOutput(kind="regex", definition=f"a{{{i}}}") for i in (1, 2)]
     for i, regex in enumerate(regexes):
         outputs.add(f"r{i}", regex, [])
     outputs.add("c4", CHOICE, [])  # evicted by the second regex
@@ -210,7 +210,7 @@ def test_sampled_json_always_validates(
 def test_the_grammar_composes_with_the_other_logits_processors(
     runner: ModelRunner, tokenizer: Tokenizer
 ) -> None:
-    regex = StructuredOutput(kind="regex", spec="[0-9]{2,4}")
+    regex = StructuredOutput(kind="regex", definition="[0-9]{2,4}")
     (zero,) = tokenizer.encode("0").ids
     (letter,) = tokenizer.encode("e").ids
     params = [

@@ -1,4 +1,5 @@
-"""The served model the gateway's settings name, loaded (and its chat template checked) at startup."""
+"""The served model the gateway's settings name, set up at startup: its tokenizer loaded, its chat
+template checked, and its rules made from the settings, once."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from pathlib import Path
 from gateway.settings import GatewaySettings
 from openai_frontend.model.chat_template import check_template
 from openai_frontend.model.path_names import directory_names
-from openai_frontend.model.served_model import ServedModel
+from openai_frontend.model.served_model import ModelRules, ServedModel
 from openai_frontend.model.tokenizer import ModelTokenizer, read_max_model_len
 
 
@@ -20,10 +21,8 @@ def load_served_model(settings: GatewaySettings) -> ServedModel:
         raise ValueError(
             f"{settings.model}/config.json declares no context length; set GATEWAY_MAX_MODEL_LEN"
         )
-    return ServedModel(
+    rules = ModelRules(
         name=settings.model_name,
-        root=str(settings.model),
-        tokenizer=tokenizer,
         max_model_len=max_model_len,
         max_prompt_tokens=settings.max_prompt_tokens,
         max_tokens=settings.max_tokens,
@@ -33,3 +32,4 @@ def load_served_model(settings: GatewaySettings) -> ServedModel:
         # As vLLM: a model the operator did not name answers to its path too (its default name there).
         path_names=frozenset() if settings.served_model_name else directory_names(settings.model, Path.cwd()),
     )
+    return ServedModel(rules=rules, root=str(settings.model), tokenizer=tokenizer)

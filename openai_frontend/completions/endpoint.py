@@ -1,8 +1,8 @@
 """What the two generation endpoints share in the shape of their answers.
 
 Every chunk and body carries the response id, creation time, model and choices, drops the fields the
-request did not ask for, and counts usage the same way; `chat_response.py` and
-`completion_response.py` say only how their chunks and choices look.
+request did not ask for, and counts usage the same way; `chat.py` and `completion.py` say only how
+their chunks and choices look.
 """
 
 from __future__ import annotations
@@ -10,25 +10,35 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar
 
 from pydantic import BaseModel
 
-from openai_frontend.follow.collect import Completed, usage
-from openai_frontend.follow.request_runner import Output
+from openai_frontend.completions.logprobs import LogprobsFormatter
+from openai_frontend.completions.schemas import PromptTokensDetails, UsageInfo, response_exclude
+from openai_frontend.follow.collect import Completed
+from openai_frontend.follow.request_follower import Output
 from openai_frontend.generate.request import Kind, PreparedRequest
-from openai_frontend.protocol.openai_schemas import UsageInfo, response_exclude
-from openai_frontend.render.logprobs import LogprobsFormatter
 
 
-class ChunkFormatter(Protocol):
-    """Builds the JSON of each streamed chunk for one endpoint (completions or chat)."""
-
-    def opening(self) -> list[str]: ...
-
-    def delta(self, index: int, out: Output) -> str | None: ...  # None: nothing to send
-
-    def usage(self, usage: UsageInfo) -> str: ...
+def usage(
+    requests: Sequence[PreparedRequest], num_output_tokens: Sequence[int], num_cached_tokens: Sequence[int]
+) -> UsageInfo:
+    """Each prompt is counted once, however many choices share it (as OpenAI counts n > 1), and so
+    are its cached tokens: as the choice that computed the most of it found them. `requests` are
+    the choices, n per prompt in order."""
+    n = requests[0].n
+    num_prompt_tokens = num_cached = 0
+    for first in range(0, len(requests), n):
+        num_prompt_tokens += requests[first].num_prompt_tokens
+        num_cached += min(num_cached_tokens[first : first + n], default=0)
+    completion_tokens = sum(num_output_tokens)
+    return UsageInfo(
+        prompt_tokens=num_prompt_tokens,
+        completion_tokens=completion_tokens,
+        total_tokens=num_prompt_tokens + completion_tokens,
+        prompt_tokens_details=PromptTokensDetails(cached_tokens=num_cached),
+    )
 
 
 @dataclass

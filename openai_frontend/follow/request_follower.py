@@ -42,7 +42,7 @@ class FollowPolicy:
 
     may_abort: bool = True  # leaving early aborts the request; a fetch by id only looks
     grace_s: float = 0.0  # client gone: wait this long for a resume before aborting (0: at once)
-    track: bool = True  # count the request in the runner's metrics (its first follower only)
+    track: bool = True  # count the request in the follower's metrics (its first follower only)
     wait_s: float | None = None  # give up after this long (RequestTimedOut) instead of the request timeout
     # Stopping early never aborts (stop strings still do): a batch task handing its lines over to its
     # next run leaves them generating, and aborts them itself when the batch is cancelled.
@@ -61,7 +61,7 @@ class Output:
     prompt: PromptEvent | None = None  # the prompt's logprobs, on an Output of its own before any text
 
 
-class RequestRunner:
+class RequestFollower:
     def __init__(
         self,
         redis: aioredis.Redis,

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+from openai_frontend.completions.endpoint import Chunks, Endpoint
+from openai_frontend.completions.logprobs import LogprobsFormatter, joined
+from openai_frontend.completions.schemas import CompletionChoice, CompletionLogprobs, CompletionResponse
 from openai_frontend.follow.collect import Completed
-from openai_frontend.follow.request_runner import Output
+from openai_frontend.follow.request_follower import Output
 from openai_frontend.generate.request import PreparedRequest
-from openai_frontend.protocol.openai_schemas import CompletionChoice, CompletionLogprobs, CompletionResponse
-from openai_frontend.render.answer import Chunks, Endpoint
-from openai_frontend.render.logprobs import LogprobsFormatter, joined
 
 
 class CompletionChunks(Chunks):

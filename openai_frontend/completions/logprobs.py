@@ -12,7 +12,7 @@ from __future__ import annotations
 from tokenizers import Tokenizer
 
 from common.protocol import PromptEvent, TokenEvent
-from openai_frontend.protocol.openai_schemas import (
+from openai_frontend.completions.schemas import (
     ChatLogprobs,
     CompletionLogprobs,
     PromptLogprob,

@@ -9,12 +9,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from common.protocol import PromptEvent, TokenEvent
-from openai_frontend.follow.collect import Completed, usage
-from openai_frontend.follow.request_runner import Output
+from openai_frontend.completions.endpoint import Endpoint, usage
+from openai_frontend.completions.logprobs import LogprobsFormatter
+from openai_frontend.follow.collect import Completed
+from openai_frontend.follow.request_follower import Output
 from openai_frontend.generate.request import PreparedRequest
 from openai_frontend.model.served_model import ServedModel
-from openai_frontend.render.answer import Endpoint
-from openai_frontend.render.logprobs import LogprobsFormatter
 
 
 def logprob(index: int) -> float:
@@ -94,7 +94,7 @@ def body(
     formatter = LogprobsFormatter(served.tokenizer.tokenizer)
     done = [completed(outs) for outs in choices]
     # Through JSON, as the client reads it.
-    built = endpoint.body(requests, done, first.response_id, first.created, served.name, formatter)
+    built = endpoint.body(requests, done, first.response_id, first.created, served.rules.name, formatter)
     return dict(json.loads(json.dumps(built)))
 
 
@@ -108,7 +108,7 @@ def stream(
     the request asked for it (gateway/streaming/sse_stream.py's order)."""
     first = requests[0]
     formatter = LogprobsFormatter(served.tokenizer.tokenizer)
-    chunks = endpoint.chunks(first.response_id, first.created, served.name, first, formatter, requests)
+    chunks = endpoint.chunks(first.response_id, first.created, served.rules.name, first, formatter, requests)
     sent = list(chunks.opening())
     for index, outs in enumerate(choices):
         sent += [chunk for out in outs if (chunk := chunks.delta(index, out)) is not None]

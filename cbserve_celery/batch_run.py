@@ -37,9 +37,9 @@ from openai_frontend.batch.lines import (
     run_line,
     unrun_line,
 )
-from openai_frontend.batch.objects import ACTIVE, BatchSpec, BatchState, Status
+from openai_frontend.batch.objects import ACTIVE, BatchParams, BatchState, Status
 from openai_frontend.batch.store import BatchStore
-from openai_frontend.follow.request_runner import RequestRunner
+from openai_frontend.follow.request_follower import RequestFollower
 from openai_frontend.model.served_model import ServedModel
 from openai_frontend.model.tokenizer import ModelTokenizer
 from openai_frontend.protocol.errors import OpenAIError
@@ -123,91 +123,86 @@ class _BatchRun:
         lines = await self._validated(state)
         if lines is None:
             return Outcome.DONE
-        spec = state.spec
+        params = state.params
         assert self._tokenizer is not None  # _validated failed the batch otherwise
-        served = ServedModel(
-            name=spec.model,
-            root=self._model_root,
-            tokenizer=self._tokenizer,
-            max_model_len=spec.max_model_len,
-            max_prompt_tokens=spec.max_prompt_tokens,
-            max_tokens=spec.max_tokens,
-        )
+        served = ServedModel(rules=params.rules, root=self._model_root, tokenizer=self._tokenizer)
         # A line may wait and run until the batch expires: the request timeout counts from creation.
-        window_s = float(spec.expires_at - spec.created_at)
-        runner = RequestRunner(self._redis, served, window_s)
+        window_s = float(params.expires_at - params.created_at)
+        follower = RequestFollower(self._redis, served, window_s)
         try:
-            return await self._run_lines(LineContext(spec, served, self._redis, runner), lines)
+            return await self._run_lines(LineContext(params, served, self._redis, follower), lines)
         finally:
-            await runner.drain()
+            await follower.drain()
 
     async def _validated(self, state: BatchState) -> list[InputLine] | None:
         """The batch's lines; moves `validating` on to `in_progress`, or to `failed` for a bad file."""
-        spec, now = state.spec, int(time.time())
+        params, now = state.params, int(time.time())
         if self._tokenizer is None:
             await self._fail(
-                spec,
+                params,
                 "this Celery worker has no tokenizer: start it with CBSERVE_CELERY_MODEL (or MODEL) set "
                 "to the model directory the gateway serves",
             )
             return None
-        content = await self._store.input(spec.id)
+        content = await self._store.input(params.id)
         if content is None:
-            await self._fail(spec, "the batch's copy of its input file has expired")
+            await self._fail(params, "the batch's copy of its input file has expired")
             return None
-        lines, errors = parse_input(content, spec.endpoint)
+        lines, errors = parse_input(content, params.endpoint)
         if state.status != "validating":
             return lines
         if errors:
             await self._store.transition(
-                spec.id, ["validating"], "failed", failed_at=now, errors=json.dumps(errors)
+                params.id, ["validating"], "failed", failed_at=now, errors=json.dumps(errors)
             )
-            logger.info("batch %s failed validation: %s", spec.id, errors[0]["message"])
+            logger.info("batch %s failed validation: %s", params.id, errors[0]["message"])
             return None
         if not await self._store.transition(
-            spec.id, ["validating"], "in_progress", in_progress_at=now, total=len(lines)
+            params.id, ["validating"], "in_progress", in_progress_at=now, total=len(lines)
         ):
             return None  # cancelled meanwhile
-        logger.info("batch %s: %d requests, in progress", spec.id, len(lines))
+        logger.info("batch %s: %d requests, in progress", params.id, len(lines))
         return lines
 
-    async def _fail(self, spec: BatchSpec, message: str) -> None:
+    async def _fail(self, params: BatchParams, message: str) -> None:
         errors = json.dumps([{"code": "server_error", "message": message}])
-        await self._store.transition(spec.id, ACTIVE, "failed", failed_at=int(time.time()), errors=errors)
-        logger.error("batch %s failed: %s", spec.id, message)
+        await self._store.transition(params.id, ACTIVE, "failed", failed_at=int(time.time()), errors=errors)
+        logger.error("batch %s failed: %s", params.id, message)
 
     async def _run_lines(self, ctx: LineContext, lines: list[InputLine]) -> Outcome:
-        spec, store, config = ctx.spec, self._store, self._config
-        done = await store.done(spec.id)
-        attempts = await store.attempts(spec.id)
+        params, store, config = ctx.params, self._store, self._config
+        done = await store.done(params.id)
+        attempts = await store.attempts(params.id)
         todo = deque(line for line in lines if line.index not in done)
         in_flight: InFlight = {}
         slice_end = time.monotonic() + config.slice_s
         try:
             while True:
-                status = await store.status(spec.id)
+                status = await store.status(params.id)
                 if status == "cancelling":
-                    await self._cancel(spec, in_flight)
-                    await self._finalize(spec, "cancelled")
+                    await self._cancel(params, in_flight)
+                    await self._finalize(params, "cancelled")
                     return Outcome.DONE
                 if status not in ("in_progress", "finalizing"):
                     await self._stop(in_flight, abort=True)  # ended elsewhere
                     return Outcome.DONE
-                if time.time() >= spec.expires_at:
-                    await self._expire(spec, [line for line, _ in in_flight.values()] + list(todo), in_flight)
+                if time.time() >= params.expires_at:
+                    await self._expire(
+                        params, [line for line, _ in in_flight.values()] + list(todo), in_flight
+                    )
                     return Outcome.DONE
                 if not todo and not in_flight:
-                    await self._finalize(spec, "completed")
+                    await self._finalize(params, "completed")
                     return Outcome.DONE
                 if time.monotonic() >= slice_end:
                     return Outcome.CONTINUE  # the lines in flight keep generating for the next run
                 if not await self._claim.renew():
-                    logger.warning("batch %s: claim lost; another task runs it now", spec.id)
+                    logger.warning("batch %s: claim lost; another task runs it now", params.id)
                     return Outcome.DONE
                 while todo and len(in_flight) < config.max_lines_in_flight:
                     line, submitted = todo.popleft(), Submitted()
                     req_id = placed_req_id(
-                        config.cell, line_req_id(spec.id, line.index, attempts.get(line.index, 0))
+                        config.cell, line_req_id(params.id, line.index, attempts.get(line.index, 0))
                     )
                     in_flight[asyncio.create_task(run_line(ctx, line, req_id, submitted))] = (line, submitted)
                 finished, _ = await asyncio.wait(
@@ -215,32 +210,32 @@ class _BatchRun:
                 )
                 for task in finished:
                     line, _ = in_flight.pop(task)
-                    result = await self._result(spec, line, task, attempts)
+                    result = await self._result(params, line, task, attempts)
                     if result is None:
                         todo.appendleft(line)  # its result was lost: it runs again under a new id
                     else:
-                        await store.record(spec, line.index, result.ok, result.line)
+                        await store.record(params, line.index, result.ok, result.line)
         finally:
             await self._stop(in_flight, abort=False)
 
     async def _result(
-        self, spec: BatchSpec, line: InputLine, task: asyncio.Task[LineResult], attempts: dict[int, int]
+        self, params: BatchParams, line: InputLine, task: asyncio.Task[LineResult], attempts: dict[int, int]
     ) -> LineResult | None:
         try:
             return task.result()
         except ResultLost:
-            attempts[line.index] = await self._store.next_attempt(spec, line.index)
-            logger.warning("batch %s line %d: result lost, submitting it again", spec.id, line.index)
+            attempts[line.index] = await self._store.next_attempt(params, line.index)
+            logger.warning("batch %s line %d: result lost, submitting it again", params.id, line.index)
             return None
         except redis.exceptions.RedisError:
             raise  # the run ends; the task runs the batch again once Redis answers
         except Exception:  # a bug fails its line, not the batch
-            logger.exception("batch %s line %d failed", spec.id, line.index)
-            req_id = line_req_id(spec.id, line.index, attempts.get(line.index, 0))
+            logger.exception("batch %s line %d failed", params.id, line.index)
+            req_id = line_req_id(params.id, line.index, attempts.get(line.index, 0))
             error = OpenAIError(500, "internal error while running this request", type="server_error")
             return result_line(line, req_id, 500, error.body())
 
-    async def _cancel(self, spec: BatchSpec, in_flight: InFlight) -> None:
+    async def _cancel(self, params: BatchParams, in_flight: InFlight) -> None:
         """Abort the lines in flight, then keep those that finished before their abort landed.
 
         A line can reach its last token while the cancel is on its way (the batcher ignores an
@@ -257,7 +252,7 @@ class _BatchRun:
                 continue
             result = task.result()
             if result.ok:
-                await self._store.record(spec, line.index, True, result.line)
+                await self._store.record(params, line.index, True, result.line)
             del in_flight[task]
         await self._stop(in_flight, abort=False)
 
@@ -274,37 +269,37 @@ class _BatchRun:
 
     async def _expire(
         self,
-        spec: BatchSpec,
+        params: BatchParams,
         unfinished: list[InputLine],
         in_flight: InFlight,
     ) -> None:
         await self._stop(in_flight, abort=True)
         message = "This request could not be executed before the completion window expired."
         for line in unfinished:
-            req_id = line_req_id(spec.id, line.index)
+            req_id = line_req_id(params.id, line.index)
             result = unrun_line(line, req_id, "batch_expired", message)
-            await self._store.record(spec, line.index, result.ok, result.line)
-        await self._finalize(spec, "expired")
+            await self._store.record(params, line.index, result.ok, result.line)
+        await self._finalize(params, "expired")
 
-    async def _finalize(self, spec: BatchSpec, final: Status) -> None:
+    async def _finalize(self, params: BatchParams, final: Status) -> None:
         """Write the output and error files (each only if it has lines), then the final status."""
         now = int(time.time())
         if final == "completed":
-            await self._store.transition(spec.id, ["in_progress"], "finalizing", finalizing_at=now)
+            await self._store.transition(params.id, ["in_progress"], "finalizing", finalizing_at=now)
         files = FileStore(self._redis)
         fields: dict[str, str | int] = {}
         for ok, kind in ((True, "output"), (False, "error")):
-            lines = await self._store.results(spec.id, ok)
+            lines = await self._store.results(params.id, ok)
             if lines:
                 meta = await files.put(
-                    spec.owner,
-                    f"{spec.id}_{kind}.jsonl",
+                    params.owner,
+                    f"{params.id}_{kind}.jsonl",
                     "batch_output",
                     b"".join(line + b"\n" for line in lines),
-                    expires_at=spec.retain_until,
-                    file_id=output_file_id(spec.id, kind),
+                    expires_at=params.retain_until,
+                    file_id=output_file_id(params.id, kind),
                 )
                 fields[f"{kind}_file_id"] = meta.id
         fields[f"{final}_at"] = now
-        await self._store.transition(spec.id, _FINAL_FROM[final], final, **fields)
-        logger.info("batch %s %s", spec.id, final)
+        await self._store.transition(params.id, _FINAL_FROM[final], final, **fields)
+        logger.info("batch %s %s", params.id, final)

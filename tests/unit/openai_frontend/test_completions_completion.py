@@ -1,4 +1,4 @@
-"""The completions renderer (render/completion.py) against the OpenAI SDK's `Completion`: bodies and
+"""The completions renderer (completions/completion.py) against the OpenAI SDK's `Completion`: bodies and
 final chunks validate as `text_completion`s, with the legacy logprobs layout (tokens, token_logprobs,
 top_logprobs, text_offset), echoed prompts, usage counting each prompt once, and vLLM's
 `prompt_logprobs`. The SDK's type has no null logprob and no null finish_reason, which an echoed
@@ -11,13 +11,13 @@ from typing import Any
 from openai.types import Completion
 
 from common.protocol import PromptEvent
+from openai_frontend.completions.completion import COMPLETION
+from openai_frontend.completions.endpoints import ENDPOINTS
 from openai_frontend.generate.request import PreparedRequest
 from openai_frontend.generate.request_builder import prepare_choices
 from openai_frontend.model.served_model import ServedModel
 from openai_frontend.protocol.openai_schemas import CompletionRequest
-from openai_frontend.render.completion import COMPLETION
-from openai_frontend.render.endpoints import ENDPOINTS
-from tests.unit.openai_frontend.render_inputs import body, logprob, outputs, prompt_output, stream
+from tests.unit.openai_frontend.completions_inputs import body, logprob, outputs, prompt_output, stream
 
 PROMPT = "Once upon a time"
 

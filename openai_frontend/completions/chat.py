@@ -1,16 +1,15 @@
 """The answers of /v1/chat/completions: the role first, content (and tool call) deltas, optional
 usage; or one body. With tools or a model that thinks, each choice's text goes through its answer
-parser (reasoning/answer.py): thoughts become `reasoning_content`, calls `tool_calls`."""
+parser (reasoning/answer_parser.py): thoughts become `reasoning_content`, calls `tool_calls`."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
 
-from openai_frontend.follow.collect import Completed
-from openai_frontend.follow.request_runner import Output
-from openai_frontend.generate.request import PreparedRequest
-from openai_frontend.protocol.openai_schemas import (
+from openai_frontend.completions.endpoint import Chunks, Endpoint
+from openai_frontend.completions.logprobs import LogprobsFormatter
+from openai_frontend.completions.schemas import (
     AssistantMessage,
     ChatChoice,
     ChatChunkChoice,
@@ -21,11 +20,12 @@ from openai_frontend.protocol.openai_schemas import (
     ToolCall,
     UsageInfo,
 )
-from openai_frontend.reasoning.answer import AnswerParser
+from openai_frontend.follow.collect import Completed
+from openai_frontend.follow.request_follower import Output
+from openai_frontend.generate.parsers import answer_parser
+from openai_frontend.generate.request import PreparedRequest
+from openai_frontend.reasoning.answer_parser import AnswerParser
 from openai_frontend.reasoning.usage import ReasoningCounter, num_reasoning_tokens
-from openai_frontend.render.answer import Chunks, Endpoint
-from openai_frontend.render.answer_parser import answer_parser
-from openai_frontend.render.logprobs import LogprobsFormatter
 from openai_frontend.tools.parsers import ToolCallDelta
 
 

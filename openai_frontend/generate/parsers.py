@@ -1,10 +1,10 @@
-"""The parser of one choice's text, from its request's record: thoughts first (reasoning/), then tool
-calls in the answer (tools/parsers/). Chat and the Responses API read answers through it."""
+"""The parsers a request's record names, for one choice's text: thoughts first (reasoning/), then tool
+calls in the answer (tools/parsers/). Chat, the Responses and the Messages API read answers through it."""
 
 from __future__ import annotations
 
 from openai_frontend.generate.request import PreparedRequest
-from openai_frontend.reasoning.answer import AnswerParser
+from openai_frontend.reasoning.answer_parser import AnswerParser
 from openai_frontend.reasoning.parser import new_reasoning_parser
 from openai_frontend.tools.parsers import new_parser
 

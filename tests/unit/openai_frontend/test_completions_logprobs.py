@@ -1,4 +1,4 @@
-"""Token events with logprobs as the OpenAI shapes (render/logprobs.py): each token shown as its own
+"""Token events with logprobs as the OpenAI shapes (completions/logprobs.py): each token shown as its own
 text (special tokens included) with its UTF-8 bytes, a piece of a multi-byte character as U+FFFD (as
 vLLM shows it), offsets that run on across deltas, and vLLM's ranks for prompt tokens."""
 
@@ -9,10 +9,10 @@ from openai.types.chat.chat_completion import ChoiceLogprobs
 from openai.types.completion_choice import Logprobs
 
 from common.protocol import PromptEvent, TokenEvent
+from openai_frontend.completions.logprobs import LogprobsFormatter, joined
+from openai_frontend.completions.schemas import CompletionLogprobs
 from openai_frontend.model.served_model import ServedModel
-from openai_frontend.protocol.openai_schemas import CompletionLogprobs
-from openai_frontend.render.logprobs import LogprobsFormatter, joined
-from tests.unit.openai_frontend.render_inputs import events, logprob
+from tests.unit.openai_frontend.completions_inputs import events, logprob
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""The chat renderer (render/chat.py) against the OpenAI SDK's own types: every body must validate as
+"""The chat renderer (completions/chat.py) against the OpenAI SDK's own types: every body must validate as
 `ChatCompletion` and every chunk as `ChatCompletionChunk`, with OpenAI's layout of choices, usage,
 logprobs and tool calls, and `finish_reason` "tool_calls" for a turn that ended after calling tools."""
 
@@ -11,12 +11,12 @@ import msgspec
 import pytest
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
+from openai_frontend.completions.chat import CHAT
 from openai_frontend.generate.request import PreparedRequest
 from openai_frontend.generate.request_builder import prepare_choices
 from openai_frontend.model.served_model import ServedModel
 from openai_frontend.protocol.openai_schemas import ChatCompletionRequest
-from openai_frontend.render.chat import CHAT
-from tests.unit.openai_frontend.render_inputs import body, logprob, outputs, stream
+from tests.unit.openai_frontend.completions_inputs import body, logprob, outputs, stream
 
 USER = [{"role": "user", "content": "What is the weather in Paris?"}]
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'

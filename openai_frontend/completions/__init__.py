@@ -1,0 +1,1 @@
+"""/v1/chat/completions and /v1/completions: their answer shapes, chunks, bodies, logprobs and usage."""

@@ -95,4 +95,4 @@ run: install-serve
 
 # Retrain the shipped demo model (deterministic; its card, models/demo/README.md, gives the time).
 train-demo-model: install
-	$(PY) scripts/train_demo_model.py --out models/demo
+	$(PY) -m scripts.train_demo_model --out models/demo

@@ -1,6 +1,6 @@
 """The byte-level BPE tokenizer with ChatML special tokens that every locally built model ships.
 
-The benchmark models (benchmarks/make_model.py), the test suite's model (tests/harness/tiny_model.py) and the
+The benchmark models (benchmarks/make_model.py), the test suite's model (harness/tiny_model.py) and the
 demo model (scripts/train_demo_model.py) train it on their own text and wrap it the same way, so the
 gateway reads each of them like a hub model's tokenizer files.
 """

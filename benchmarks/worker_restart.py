@@ -32,8 +32,8 @@ import httpx
 
 from benchmarks.sse import SSEParser
 from common import streams
-from tests.harness.redis_server import redis_server
-from tests.harness.services import Stack, wait_for
+from harness.redis_server import redis_server
+from harness.services import Stack, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 # The worker's log lines that mark its start-up (gpu_worker/runner/: load_model.py, forward/,

@@ -1,8 +1,8 @@
 """1,000 concurrent SSE streams against one gateway process; memory bounded; nothing left behind.
 
-    python scripts/many_streams.py                                  # 1,000 streams x 2 waves
-    python scripts/many_streams.py --streams 200 --waves 1 --max-tokens 16
-    python scripts/many_streams.py --base-url http://127.0.0.1:8000 --redis-url redis://127.0.0.1:6379/0 \
+    python -m scripts.many_streams                                  # 1,000 streams x 2 waves
+    python -m scripts.many_streams --streams 200 --waves 1 --max-tokens 16
+    python -m scripts.many_streams --base-url http://127.0.0.1:8000 --redis-url redis://127.0.0.1:6379/0 \
         --gateway-pid 1234 --retention 900                          # a running stack instead
 
 Unless given a running stack, starts a private redis-server, the batcher, one worker and ONE
@@ -34,13 +34,12 @@ from typing import Any
 import httpx
 import redis
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from harness.leftovers import Snapshot, rss_kib, wait_cleared
+from harness.load_clients import Outcome, completion_body, stream
+from harness.memory_sampler import MemorySampler
+from harness.private_stack import private_stack
 
-from tests.harness.leftovers import Snapshot, rss_kib, wait_cleared  # noqa: E402
-from tests.harness.load_clients import Outcome, completion_body, stream  # noqa: E402
-from tests.harness.memory_sampler import MemorySampler  # noqa: E402
-from tests.harness.private_stack import private_stack  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 MIB = 1024 * 1024
 

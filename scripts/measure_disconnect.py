@@ -1,13 +1,13 @@
 """How many steps a request still takes after its client hangs up, with no resume window.
 
-    python scripts/measure_disconnect.py                        # 50 disconnects, 16 background streams
-    python scripts/measure_disconnect.py --async-scheduling --disconnects 100
+    python -m scripts.measure_disconnect                        # 50 disconnects, 16 background streams
+    python -m scripts.measure_disconnect --async-scheduling --disconnects 100
 
 Starts a private redis-server, the batcher, one worker and the gateway (`GATEWAY_RESUME_GRACE_S=0`,
 vLLM's immediate abort) on the tests' tiny model. `--background` greedy streams keep the batch busy
 throughout. Then, one at a time, a streaming client reads a random number of tokens and closes its
 connection; the batcher's inbox, where the gateway's abort lands among the workers' step results
-(tests/harness/disconnect_probe.py), says how many steps still computed the request after the hang-up and
+(harness/disconnect_probe.py), says how many steps still computed the request after the hang-up and
 after the abort reached the batcher, and how many ms those took. Prints a JSON summary (p50, p90,
 max); exits 1 if a request took a step scheduled after its abort was read (more steps after the abort
 than can be in flight: 1, or 2 with async scheduling).
@@ -27,13 +27,12 @@ from typing import Any
 import httpx
 import redis
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from harness.disconnect_probe import Departure, aborted, inbox_tail_id, settle, trace
+from harness.load_clients import completion_body, stream
+from harness.private_stack import private_stack
+from harness.services import wait_for
 
-from tests.harness.disconnect_probe import Departure, aborted, inbox_tail_id, settle, trace  # noqa: E402
-from tests.harness.load_clients import completion_body, stream  # noqa: E402
-from tests.harness.private_stack import private_stack  # noqa: E402
-from tests.harness.services import wait_for  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 MAX_TOKENS = 400
 

@@ -1,13 +1,13 @@
 """Measure a Redis Cluster master failover under load: how long until the promoted replica takes
 writes, until every client stream goes on, the replication lag, and what was lost or recomputed.
 
-    python scripts/measure_failover.py                  # a plain SIGKILL of the cell's master
-    python scripts/measure_failover.py --lose-writes    # the replica cut off first: writes lost
+    python -m scripts.measure_failover                  # a plain SIGKILL of the cell's master
+    python -m scripts.measure_failover --lose-writes    # the replica cut off first: writes lost
 
-Starts a local 3-master, 3-replica cluster (tests/harness/redis_cluster.py, cluster-node-timeout 2 s) and
+Starts a local 3-master, 3-replica cluster (harness/redis_cluster.py, cluster-node-timeout 2 s) and
 one cell on it (a batcher, a worker, a gateway: the processes the tests use) on the demo model,
 streams greedy completions, SIGKILLs the master serving the cell's slot once every stream has a few
-tokens (tests/harness/cluster_failover.py), and prints per run: kill -> replica promoted, kill -> a write to
+tokens (harness/cluster_failover.py), and prints per run: kill -> replica promoted, kill -> a write to
 the slot succeeds, kill -> every client has a new token, the longest client wait, the replication
 lag sampled under load, token events lost, requests the batcher rebuilt, and client streams that
 differ from `generate` (must be 0). Run from the repository root.
@@ -16,17 +16,15 @@ differ from `generate` (must be 0). Run from the repository root.
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from harness.cluster_failover import run_failover, start_cell
+from harness.fault_clients import random_cases
+from harness.redis_cluster import redis_cluster
+from harness.services import cluster_stack
 
-from tests.harness.cluster_failover import run_failover, start_cell  # noqa: E402
-from tests.harness.fault_clients import random_cases  # noqa: E402
-from tests.harness.redis_cluster import redis_cluster  # noqa: E402
-from tests.harness.services import cluster_stack  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 CELL = "a"
 

@@ -1,7 +1,7 @@
 """How long one large request stalls a gateway's other requests, and what memory it keeps.
 
-    python scripts/measure_loop_stall.py                        # the demo model, 3 MB requests
-    python scripts/measure_loop_stall.py --mib 3.5 --burst 40
+    python -m scripts.measure_loop_stall                        # the demo model, 3 MB requests
+    python -m scripts.measure_loop_stall --mib 3.5 --burst 40
 
 Starts a private redis-server and ONE gateway process (no batcher or worker: every large request
 below is answered, or refused, before anything is queued) on `--model` (the shipped demo model, a
@@ -30,12 +30,11 @@ from typing import Any
 
 import httpx
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from harness.leftovers import rss_kib
+from harness.redis_server import redis_server
+from harness.services import Stack, wait_for
 
-from tests.harness.leftovers import rss_kib  # noqa: E402
-from tests.harness.redis_server import redis_server  # noqa: E402
-from tests.harness.services import Stack, wait_for  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def _text(num_bytes: int) -> str:

@@ -1,8 +1,8 @@
 """Measure how long clients wait when a worker (or the batcher) dies mid-generation.
 
-    python scripts/measure_recovery.py                      # defaults: 5 s heartbeat timeout
-    python scripts/measure_recovery.py --heartbeat-timeout 1.5 --heartbeat-interval 0.2 --check-interval 0.1
-    python scripts/measure_recovery.py --target batcher     # active + standby batcher, 5 s lease
+    python -m scripts.measure_recovery                      # defaults: 5 s heartbeat timeout
+    python -m scripts.measure_recovery --heartbeat-timeout 1.5 --heartbeat-interval 0.2 --check-interval 0.1
+    python -m scripts.measure_recovery --target batcher     # active + standby batcher, 5 s lease
 
 Starts a private redis-server, the batcher, two workers and the gateway (the processes the tests use)
 on the demo model, streams greedy completions, SIGKILLs (or SIGSTOPs) one worker once every stream
@@ -18,17 +18,15 @@ import asyncio
 import os
 import random
 import signal
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from harness.fault_clients import longest_wait, run_with_fault
+from harness.redis_server import redis_server
+from harness.services import Stack, wait_for
 
-from tests.harness.fault_clients import longest_wait, run_with_fault  # noqa: E402
-from tests.harness.redis_server import redis_server  # noqa: E402
-from tests.harness.services import Stack, wait_for  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def measure_once(args: argparse.Namespace, prompts: list[list[int]]) -> str:

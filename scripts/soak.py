@@ -1,10 +1,10 @@
 """Soak: minutes of steady load with random disconnects, then nothing may be left behind.
 
-    python scripts/soak.py                                   # 5 minutes at 10 requests/s
-    python scripts/soak.py --duration 180 --rate 8 --retention 10 --grace 2
+    python -m scripts.soak                                   # 5 minutes at 10 requests/s
+    python -m scripts.soak --duration 180 --rate 8 --retention 10 --grace 2
 
 Starts a private redis-server, the batcher, one worker and one gateway on the tests' tiny model with
-`CBSERVE_RETENTION_S=--retention` and `GATEWAY_RESUME_GRACE_S=--grace`, and runs tests/harness/soak_load.py:
+`CBSERVE_RETENTION_S=--retention` and `GATEWAY_RESUME_GRACE_S=--grace`, and runs harness/soak_load.py:
 a steady rate of streaming and non-streaming requests, some clients hanging up and resuming by id
 (`Last-Event-ID`), some abandoning their requests. Every answer read to its end must be whole
 (exactly `max_tokens` token ids, no error). Then it waits out the grace and retention windows and
@@ -26,13 +26,12 @@ from typing import Any
 
 import redis
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from harness.leftovers import Snapshot, batcher_stats, wait_cleared
+from harness.memory_sampler import MemorySampler
+from harness.private_stack import private_stack
+from harness.soak_load import soak
 
-from tests.harness.leftovers import Snapshot, batcher_stats, wait_cleared  # noqa: E402
-from tests.harness.memory_sampler import MemorySampler  # noqa: E402
-from tests.harness.private_stack import private_stack  # noqa: E402
-from tests.harness.soak_load import soak  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 _COUNTERS = ("num_finished", "num_aborted", "num_failed", "num_preemptions")
 

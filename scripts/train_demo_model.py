@@ -18,7 +18,7 @@ time, and a model that has memorised its text writes English rather than token s
 Command (from the repository root, dev virtual environment active), and what it took on a 2-core CPU
 (AMD EPYC without AVX2, torch 2.13 CPU, Python 3.11):
 
-    python scripts/train_demo_model.py --out models/demo
+    python -m scripts.train_demo_model --out models/demo
 
     11.2 minutes wall time with two threads on a quiet machine before tool use was added (256-token
     windows); the current data and 512-token windows took 39.4 minutes with `--threads 1` on a machine
@@ -43,8 +43,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root, for benchmarks
 
 from benchmarks.chatml_tokenizer import (
     EOS,
@@ -532,7 +530,7 @@ def model_card(
     chat_answer: str,
     tool_answer: str,
 ) -> str:
-    command = " ".join(["python scripts/train_demo_model.py", *argv])
+    command = " ".join(["python -m scripts.train_demo_model", *argv])
     sample_lines = "\n".join(f"- `{prompt}` → {text.strip()!r}" for prompt, text in samples)
     return f"""# demo: a tiny Llama trained on the Python documentation
 

@@ -1,5 +1,5 @@
 """Fixtures shared by every test: a private redis-server, the tiny model directory, and an `openai`
-SDK client of a module's `stack` (tests/harness/services.py `module_stack`).
+SDK client of a module's `stack` (harness/services.py `module_stack`).
 
 Each test is marked by its folder: `unit` (tests/unit/<package>/: starts no service; `make test-fast`
 runs these), `stack` (tests/stack/: a live stack, Redis or other processes), `cluster` (tests/cluster/:
@@ -15,14 +15,14 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from tests.harness.redis_server import redis_server
-from tests.harness.tiny_model import build_tiny_model
+from harness.redis_server import redis_server
+from harness.tiny_model import build_tiny_model
 
 if TYPE_CHECKING:
     import openai
 
-    from tests.harness.redis_cluster import RedisCluster
-    from tests.harness.services import Stack
+    from harness.redis_cluster import RedisCluster
+    from harness.services import Stack
 
 # Workers run their decoder eagerly here (as by default on the CPU, but also with quantized weights):
 # compiling costs seconds to minutes per process. tests/stack/test_compiled_forward.py compiles.
@@ -70,8 +70,8 @@ def tool_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisCluster]:
-    """A Redis Cluster of the test module's own: 3 masters, 3 replicas (tests/harness/redis_cluster.py)."""
-    from tests.harness.redis_cluster import redis_cluster
+    """A Redis Cluster of the test module's own: 3 masters, 3 replicas (harness/redis_cluster.py)."""
+    from harness.redis_cluster import redis_cluster
 
     with redis_cluster(tmp_path_factory.mktemp("redis-cluster")) as c:
         yield c
@@ -86,7 +86,7 @@ def redis_url(tmp_path: Path) -> Iterator[str]:
 @pytest.fixture()
 def make_stack(redis_url: str, tiny_model_dir: Path, tmp_path: Path) -> Iterator[Callable[[], Stack]]:
     """Builds a Stack of real service processes on the test's Redis; stops every process afterwards."""
-    from tests.harness.services import Stack
+    from harness.services import Stack
 
     stacks: list[Stack] = []
 

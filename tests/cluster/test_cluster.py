@@ -16,10 +16,10 @@ import redis
 
 from benchmarks.gpu_parity import reference_greedy
 from common import streams
-from tests.harness.load_clients import completion_body
-from tests.harness.redis_cluster import RedisCluster, assert_no_crossslot
-from tests.harness.services import Stack, cluster_stack
-from tests.harness.sse_client import get_sse, post_sse, read_then_hang_up
+from harness.load_clients import completion_body
+from harness.redis_cluster import RedisCluster, assert_no_crossslot
+from harness.services import Stack, cluster_stack
+from harness.sse_client import get_sse, post_sse, read_then_hang_up
 
 PROMPTS = [[72, 101, 108, 108, 111], [5, 9, 13, 21, 34, 55, 89, 7], [40, 41, 42]]
 MAX_TOKENS = [12, 20, 30]

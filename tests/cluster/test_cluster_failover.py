@@ -25,10 +25,10 @@ import pytest
 import redis
 
 from common import streams
-from tests.harness import fault_clients as fault
-from tests.harness.cluster_failover import Failover, run_failover, start_cell
-from tests.harness.redis_cluster import RedisCluster, assert_no_crossslot, redis_cluster
-from tests.harness.services import Stack, cluster_stack
+from harness import fault_clients as fault
+from harness.cluster_failover import Failover, run_failover, start_cell
+from harness.redis_cluster import RedisCluster, assert_no_crossslot, redis_cluster
+from harness.services import Stack, cluster_stack
 
 CELL = "a"
 NUM_STREAMS = 6

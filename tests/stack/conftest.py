@@ -12,8 +12,8 @@ import pytest
 import uvicorn
 
 from gateway.settings import GatewaySettings
-from tests.harness.gateway_server import RunningGateway, start_server
-from tests.harness.stream_harness import StreamHarness
+from harness.gateway_server import RunningGateway, start_server
+from harness.stream_harness import StreamHarness
 
 
 @pytest.fixture()

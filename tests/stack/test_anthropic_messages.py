@@ -26,9 +26,9 @@ import pytest
 from common.protocol import FIELD, decode_request
 from common.streams import REQUESTS_STREAM
 from gateway.security.api_keys import hash_key
+from harness.gateway_server import RunningGateway
+from harness.services import Stack, module_stack
 from openai_frontend.anthropic.input import ERROR_PREFIX
-from tests.harness.gateway_server import RunningGateway
-from tests.harness.services import Stack, module_stack
 from tests.stack.test_e2e_tool_calls import SCHEMAS
 
 MODEL = "tiny-llama"

@@ -8,9 +8,9 @@ from pathlib import Path
 import httpx
 from tokenizers import Tokenizer
 
-from tests.harness.gateway_server import RunningGateway
-from tests.harness.services import wait_for
-from tests.harness.sse_client import post_sse
+from harness.gateway_server import RunningGateway
+from harness.services import wait_for
+from harness.sse_client import post_sse
 
 
 def _ids(tiny_model_dir: Path, text: str) -> list[int]:

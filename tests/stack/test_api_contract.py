@@ -16,9 +16,9 @@ from typing import Any
 import msgspec
 import pytest
 
+from harness.gateway_server import RunningGateway
+from harness.responder import Responder, responding
 from openai_frontend.protocol.openai_schemas import ChatCompletionRequest, CompletionRequest
-from tests.harness.gateway_server import RunningGateway
-from tests.harness.responder import Responder, responding
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"

@@ -329,7 +329,7 @@ def test_cbserve_launch_with_two_cells_serves_from_both(tiny_model_dir: Path, tm
     from benchmarks.specs import LaunchSpec
     from benchmarks.systems import ProcessGroup, _start_cbserve, free_port
     from common.streams import cell_keys
-    from tests.harness.services import wait_for
+    from harness.services import wait_for
 
     group = ProcessGroup("cells", tmp_path / "logs", {})
     port = free_port()

@@ -13,8 +13,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.harness.redis_server import free_port
-from tests.harness.stream_harness import StreamHarness
+from harness.redis_server import free_port
+from harness.stream_harness import StreamHarness
 
 ROOT = Path(__file__).resolve().parents[2]
 

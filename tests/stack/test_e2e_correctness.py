@@ -19,8 +19,8 @@ import httpx
 import pytest
 
 from benchmarks.gpu_parity import reference_greedy
-from tests.harness.load_clients import completion_body
-from tests.harness.services import Stack
+from harness.load_clients import completion_body
+from harness.services import Stack
 
 WAVE = 4
 PROMPT_LENS = [3, 90, 8, 13, 21, 34, 55, 5, 7, 17, 30, 44, 60, 70, 2, 120]

@@ -13,8 +13,8 @@ import pytest
 from transformers import AutoConfig
 
 from benchmarks.gpu_parity import reference_greedy
-from tests.harness.family_models import save_family
-from tests.harness.services import running_stack
+from harness.family_models import save_family
+from harness.services import running_stack
 from tests.stack.test_e2e_correctness import Reference, assert_matches_generate
 from tests.stack.test_e2e_prefix_cache import make_cases
 

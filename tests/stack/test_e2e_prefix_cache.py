@@ -16,8 +16,8 @@ import httpx
 import pytest
 
 from benchmarks.gpu_parity import reference_greedy as greedy_generate
-from tests.harness.fault_clients import run_with_fault
-from tests.harness.services import Stack, wait_for
+from harness.fault_clients import run_with_fault
+from harness.services import Stack, wait_for
 from tests.stack.test_e2e_correctness import Reference, assert_matches_generate
 
 BLOCK_SIZE = 16

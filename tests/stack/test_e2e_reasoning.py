@@ -1,5 +1,5 @@
 """A model that thinks, through the whole stack: a tiny random model whose chat template
-(tests/harness/templates/think.jinja, Qwen3's way) has it think in `<think>` … `</think>`, both whole
+(harness/templates/think.jinja, Qwen3's way) has it think in `<think>` … `</think>`, both whole
 tokens. The gateway picks the `think` reasoning parser from the template.
 
 The weights are random, so the tests steer them: a logit bias makes the model open its thoughts and,
@@ -18,10 +18,10 @@ import openai
 import pytest
 from transformers import AutoTokenizer
 
-from tests.harness.parsed_deltas import forced_call, sdk_stream
-from tests.harness.services import module_stack
-from tests.harness.tiny_model import TEMPLATES, build_tiny_model
-from tests.harness.trip_schema import TRIP_SCHEMA, schema_responses
+from harness.parsed_deltas import forced_call, sdk_stream
+from harness.services import module_stack
+from harness.tiny_model import TEMPLATES, build_tiny_model
+from harness.trip_schema import TRIP_SCHEMA, schema_responses
 
 MODEL = "thinker"
 USER = [{"role": "user", "content": "Where to?"}]

@@ -25,10 +25,10 @@ from transformers import AutoTokenizer
 
 from gateway.model_setup import load_served_model
 from gateway.settings import GatewaySettings
+from harness.parsed_deltas import sdk_stream
+from harness.services import Stack, module_stack
 from openai_frontend.generate.prompts import chat_prompt_ids
 from openai_frontend.protocol.openai_schemas import ChatMessage
-from tests.harness.parsed_deltas import sdk_stream
-from tests.harness.services import Stack, module_stack
 
 MODEL = "tiny-llama"
 USER = [{"role": "user", "content": "Plan a trip."}]

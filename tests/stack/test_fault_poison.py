@@ -32,7 +32,7 @@ from common.protocol import (
     decode_request,
     encode,
 )
-from tests.harness.services import Stack, wait_for
+from harness.services import Stack, wait_for
 
 MAX_TOKENS = 24
 PROMPTS = [[11, 12, 13], [40, 41, 42, 43, 44, 45, 46], [300, 200, 100], [7, 8, 9, 10, 250]]

@@ -29,9 +29,9 @@ import pytest
 import redis
 
 from common import streams
-from tests.harness import fault_clients as fault
-from tests.harness.redis_process import RedisProcess
-from tests.harness.services import Stack, wait_for
+from harness import fault_clients as fault
+from harness.redis_process import RedisProcess
+from harness.services import Stack, wait_for
 
 NUM_STREAMS = 6
 MAX_TOKENS = 96

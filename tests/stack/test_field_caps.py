@@ -14,6 +14,8 @@ from typing import Any
 import httpx
 import pytest
 
+from harness.gateway_server import RunningGateway
+from harness.responder import responding
 from openai_frontend.protocol.strings import (
     MAX_DESCRIPTION_CHARS,
     MAX_FILENAME_CHARS,
@@ -21,8 +23,6 @@ from openai_frontend.protocol.strings import (
     MAX_NAME_CHARS,
     MAX_WORD_CHARS,
 )
-from tests.harness.gateway_server import RunningGateway
-from tests.harness.responder import responding
 
 MODEL = "m" * MAX_ID_CHARS
 USER = [{"role": "user", "content": "hi"}]

@@ -18,9 +18,9 @@ import pytest
 import redis
 
 from common.streams import cell_keys, cell_of
-from tests.harness.readme_examples import example, run_example
-from tests.harness.redis_server import free_port
-from tests.harness.services import ROOT, wait_for
+from harness.readme_examples import example, run_example
+from harness.redis_server import free_port
+from harness.services import ROOT, wait_for
 
 STARTUP_TIMEOUT_S = 90.0
 

@@ -9,6 +9,8 @@ from typing import Any
 
 import pytest
 
+from harness.gateway_server import RunningGateway
+from harness.responder import responding
 from openai_frontend.generate.validation import (
     MAX_LOGIT_BIAS_ENTRIES,
     MAX_STOP_STRING_CHARS,
@@ -16,8 +18,6 @@ from openai_frontend.generate.validation import (
     MAX_STOP_TOKEN_IDS,
     MAX_USER_CHARS,
 )
-from tests.harness.gateway_server import RunningGateway
-from tests.harness.responder import responding
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"

@@ -17,8 +17,8 @@ from typing import Any
 import httpx
 
 from common.batcher_liveness import BATCHER_SILENT_S
+from harness.services import Stack, wait_for
 from openai_frontend.follow.stream_watch import NO_BATCHER_FAIL_S, WATCH_INTERVAL_S
-from tests.harness.services import Stack, wait_for
 
 BODY = {"prompt": [5, 6, 7], "max_tokens": 8, "temperature": 0}
 # A request is failed once the batcher has been silent BATCHER_SILENT_S and then gone NO_BATCHER_FAIL_S.

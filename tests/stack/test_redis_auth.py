@@ -12,8 +12,8 @@ import pytest
 import redis
 
 from common.redis_conn import connect, connect_async
-from tests.harness.redis_server import free_port
-from tests.harness.services import Stack, wait_for
+from harness.redis_server import free_port
+from harness.services import Stack, wait_for
 
 PASSWORD = "s3cret-pw"
 

@@ -22,8 +22,8 @@ import redis
 
 from common import streams
 from common.protocol import FIELD, RequestError, decode_event
-from tests.harness.services import Stack, running_stack, wait_for
-from tests.harness.sse_client import SSEEvent, get_sse, post_sse, read_then_hang_up, sse_events
+from harness.services import Stack, running_stack, wait_for
+from harness.sse_client import SSEEvent, get_sse, post_sse, read_then_hang_up, sse_events
 
 GRACE_S = 3.0
 MAX_TOKENS = 300

@@ -18,10 +18,10 @@ from tokenizers import Tokenizer
 from common.protocol import GenerateRequest
 from common.streams import FOLLOW_DEADLINES, request_meta
 from gateway.security.api_keys import hash_key
+from harness.gateway_server import RunningGateway
+from harness.services import wait_for
+from harness.sse_client import SSEEvent, get_sse, post_raw, post_sse, read_then_hang_up
 from openai_frontend.follow.deadlines import MIN_DEADLINE_S
-from tests.harness.gateway_server import RunningGateway
-from tests.harness.services import wait_for
-from tests.harness.sse_client import SSEEvent, get_sse, post_raw, post_sse, read_then_hang_up
 
 STREAM_BODY = {"prompt": "hi", "max_tokens": 50, "stream": True}
 RESUMABLE_BODY = {**STREAM_BODY, "resumable": True}  # outlives its connection for the resume window

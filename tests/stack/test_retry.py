@@ -13,8 +13,8 @@ import redis.exceptions
 
 from common.redis_conn import connect, connect_async
 from common.retry import Backoff, retry_async, wait_for_redis
-from tests.harness.redis_process import RedisProcess
-from tests.harness.redis_server import free_port
+from harness.redis_process import RedisProcess
+from harness.redis_server import free_port
 
 
 def test_backoff_doubles_to_its_cap_and_resets() -> None:

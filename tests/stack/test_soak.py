@@ -14,9 +14,9 @@ from collections.abc import Callable
 
 import redis
 
-from tests.harness.leftovers import batcher_stats, keys_bytes, leftovers, wait_cleared
-from tests.harness.services import Stack
-from tests.harness.soak_load import soak
+from harness.leftovers import batcher_stats, keys_bytes, leftovers, wait_cleared
+from harness.services import Stack
+from harness.soak_load import soak
 
 GRACE_S = 1.0
 RETENTION_S = 3

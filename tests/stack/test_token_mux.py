@@ -15,10 +15,10 @@ import redis.asyncio as aioredis
 
 from common.redis_conn import connect_async
 from common.streams import token_stream
+from harness.redis_process import RedisProcess
+from harness.redis_server import free_port
 from openai_frontend.follow.token_mux import Entry, Subscription, TokenStreamMux
 from openai_frontend.follow.token_stream import RequestTimedOut, follow_token_stream
-from tests.harness.redis_process import RedisProcess
-from tests.harness.redis_server import free_port
 
 NUM_REQUESTS = 40
 NUM_STEPS = 5

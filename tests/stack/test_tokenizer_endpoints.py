@@ -8,8 +8,8 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
+from harness.gateway_server import RunningGateway
 from openai_frontend.model.chatml import EOS, IM_START
-from tests.harness.gateway_server import RunningGateway
 
 MESSAGES = [{"role": "user", "content": "What is the assert statement?"}]
 

@@ -17,10 +17,10 @@ from tokenizers import Tokenizer, processors
 
 from common.protocol import PromptEvent, encode
 from gateway.settings import GatewaySettings
+from harness.gateway_server import RunningGateway, start_server
+from harness.sse_client import post_sse
+from harness.stream_harness import StreamHarness
 from openai_frontend.model.chatml import EOS, IM_END, IM_START
-from tests.harness.gateway_server import RunningGateway, start_server
-from tests.harness.sse_client import post_sse
-from tests.harness.stream_harness import StreamHarness
 
 # A template that reads what clients may hand it: chat_template_kwargs' enable_thinking, reasoning_effort.
 THINKING_TEMPLATE = (

@@ -14,9 +14,9 @@ from pathlib import Path
 import httpx
 
 from benchmarks.gpu_parity import reference_greedy
-from tests.harness import fault_clients as fault
-from tests.harness.load_clients import completion_body
-from tests.harness.services import Stack
+from harness import fault_clients as fault
+from harness.load_clients import completion_body
+from harness.services import Stack
 
 PROMPTS = [list(range(5, 29)), list(range(40, 3, -3))]
 MAX_TOKENS = 48

@@ -20,6 +20,7 @@ _FOLDERS = (
     "docs",
     "gateway",
     "gpu_worker",
+    "harness",
     "openai_frontend",
     "scripts",
     "tests",

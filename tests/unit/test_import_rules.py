@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SERVICES = ("gateway", "batcher", "gpu_worker", "cbserve_celery", "cbserve")
 # Each library and the top-level packages it may import, besides itself and third-party ones.
 LIBRARIES: dict[str, tuple[str, ...]] = {"common": (), "openai_frontend": ("common",)}
-PROJECT = (*SERVICES, *LIBRARIES, "benchmarks", "scripts", "tests", "models")
+PROJECT = (*SERVICES, *LIBRARIES, "benchmarks", "harness", "scripts", "tests", "models")
 # A service's pure core, which an in-process engine drives without the service's process.
 SERVICE_CORES: dict[str, tuple[str, ...]] = {
     "batcher": ("batcher.core",),

@@ -1,5 +1,5 @@
-"""DecodeGraphs' capture and replay on the fake CUDA device (tests/harness/fake_cuda.py), where a
-capture fails as on a GPU, at what CUDA forbids (tests/harness/capture_rules.py).
+"""DecodeGraphs' capture and replay on the fake CUDA device (harness/fake_cuda.py), where a
+capture fails as on a GPU, at what CUDA forbids (harness/capture_rules.py).
 
 A size whose capture fails runs eagerly from the same buffers, with one warning for all such sizes,
 and the worker starts; an error in the warm-up (the step run as every step will run it) still stops it.
@@ -19,8 +19,8 @@ from gpu_worker.runner.attention.backend import AttentionContext
 from gpu_worker.runner.attention.transformers_interface import register_paged_attention
 from gpu_worker.runner.cuda_graphs import DecodeGraphs
 from gpu_worker.runner.forward.decoder import Decoder, DecoderOutput
-from tests.harness.fake_cuda import CheckedCapture, decode_batch, decode_graphs, fake_cuda, to_fake_cuda
-from tests.harness.family_models import SMALL
+from harness.fake_cuda import CheckedCapture, decode_batch, decode_graphs, fake_cuda, to_fake_cuda
+from harness.family_models import SMALL
 
 
 class HostIndexDecoder(Decoder):

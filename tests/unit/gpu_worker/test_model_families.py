@@ -23,8 +23,8 @@ from gpu_worker.runner.attention.torch_attn import TorchAttentionMetadata
 from gpu_worker.runner.forward.decoder import FAMILIES as DECODER_FAMILIES
 from gpu_worker.runner.forward.decoder import Decoder
 from gpu_worker.runner.model_runner import ModelRunner
-from tests.harness.family_models import FAMILIES, WINDOW, save_family
-from tests.harness.worker_steps import new_request, scheduler_output
+from harness.family_models import FAMILIES, WINDOW, save_family
+from harness.worker_steps import new_request, scheduler_output
 from tests.unit.gpu_worker.test_decoder import greedy_requests_equal_generate
 from tests.unit.gpu_worker.test_model_runner import (
     BLOCK_SIZE,

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer
 
+from harness.tiny_model import byte_token_id
 from openai_frontend.text.detokenizer import NUM_CONTEXT_TOKENS, IncrementalDetokenizer
 from openai_frontend.text.output_processor import OutputProcessor
-from tests.harness.tiny_model import byte_token_id
 
 
 @pytest.fixture(scope="module")

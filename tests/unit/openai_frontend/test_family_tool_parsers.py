@@ -7,8 +7,8 @@ import random
 
 import pytest
 
+from harness.parsed_deltas import joined
 from openai_frontend.tools.parsers import new_parser, parser_for_template
-from tests.harness.parsed_deltas import joined
 
 WEATHER = '{"city": "Paris", "unit": "c"}'
 # (parser, output) -> (its content, its calls as (name, arguments))

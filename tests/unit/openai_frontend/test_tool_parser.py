@@ -7,9 +7,9 @@ import random
 
 import pytest
 
+from harness.parsed_deltas import joined
 from openai_frontend.tools.parsers import new_parser, parser_for_template
 from openai_frontend.tools.parsers.hermes import HermesToolParser
-from tests.harness.parsed_deltas import joined
 
 CALL = '<tool_call>\n{"name": "get", "arguments": {"a": {"b": "x}"}, "c": [1, 2]}}\n</tool_call>'
 # name -> (output, its content, its calls as (name, arguments))

@@ -20,7 +20,7 @@ from gpu_worker.runner.sample.sampler import Sampler
 from gpu_worker.runner.sample.sampling_state import SamplingState
 from gpu_worker.runner.spec_decode.verify import accept_drafts
 from gpu_worker.settings import WorkerSettings
-from tests.harness.tiny_model import build_tiny_model
+from harness.tiny_model import build_tiny_model
 
 NGRAM = SpeculativeConfig(method="ngram", num_speculative_tokens=4, prompt_lookup_min=1, prompt_lookup_max=3)
 PATTERN = [17, 301, 52, 99, 260, 8, 411]

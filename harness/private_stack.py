@@ -7,9 +7,9 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from tests.harness.redis_server import redis_server
-from tests.harness.services import Stack
-from tests.harness.tiny_model import build_tiny_model
+from harness.redis_server import redis_server
+from harness.services import Stack
+from harness.tiny_model import build_tiny_model
 
 
 @contextlib.contextmanager

@@ -36,7 +36,7 @@ from gpu_worker.runner.forward.decoder import FAMILIES, Decoder
 from gpu_worker.runner.graph_capture import GraphCapture
 from gpu_worker.runner.input_batch import InputBatch, ScheduledRequest, build_input_batch
 from gpu_worker.runner.load_model import Model, allocate_kv_cache, kv_shape
-from tests.harness.capture_rules import capture_rules, patched
+from harness.capture_rules import capture_rules, patched
 
 GUARD_SOURCE = Path(__file__).with_name("fake_cuda_guard.cpp")
 CAPABILITY = (9, 0)

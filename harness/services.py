@@ -23,7 +23,7 @@ from common.redis_conn import connect
 if TYPE_CHECKING:
     import openai
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def wait_for(condition: Callable[[], bool], timeout: float, what: str, interval: float = 0.02) -> None:
@@ -66,7 +66,7 @@ class Stack:
         return self._spawn(name, ["gpu_worker", "--model", str(self.model_dir), "--device", "cpu"], env)
 
     def start_gateway(self, name: str = "gateway", **env: str) -> None:
-        from tests.harness.redis_server import free_port
+        from harness.redis_server import free_port
 
         port = free_port()
         self._spawn(
@@ -169,7 +169,7 @@ def running_stack(
 ) -> Iterator[Stack]:
     """Its own redis-server, a batcher (with `batcher_env`), one worker (with `worker_env`) and a
     gateway (with `gateway_env`), and a Celery worker if `celery_env` is given, all ready."""
-    from tests.harness.redis_server import redis_server
+    from harness.redis_server import redis_server
 
     with redis_server(log_dir) as url:
         stack = Stack(redis_url=url, model_dir=model_dir, log_dir=log_dir)

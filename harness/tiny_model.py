@@ -54,7 +54,7 @@ def build_tiny_model(
     chat_template: str | None = None,
     added_tokens: Sequence[str] = (),
 ) -> Path:
-    """`chat_template` replaces the ChatML one (a family's format, tests/harness/templates/);
+    """`chat_template` replaces the ChatML one (a family's format, harness/templates/);
     `added_tokens` become whole tokens that are not special (as Qwen3's `<think>`), so they stay in
     the text and a test can bias them."""
     import torch

@@ -9,7 +9,7 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from tests.harness.services import ROOT
+from harness.services import ROOT
 
 RUNNERS = {"python": [sys.executable, "-c"], "bash": ["bash", "-euo", "pipefail", "-c"]}
 MARKER = re.compile(r"<!-- example: ([\w-]+) -->\n```(\w+)\n")

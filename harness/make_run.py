@@ -11,9 +11,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.harness.readme_venv import user_env
-from tests.harness.redis_server import free_port
-from tests.harness.services import ROOT, wait_for
+from harness.readme_venv import user_env
+from harness.redis_server import free_port
+from harness.services import ROOT, wait_for
 
 READY_TIMEOUT_S = 300.0  # Redis, the batcher, the worker loading the demo model, the gateway, Celery
 STOP_TIMEOUT_S = 60.0

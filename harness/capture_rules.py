@@ -1,5 +1,5 @@
 """What CUDA forbids inside a graph capture, checked on the CPU: `capture_rules()` runs a region whose
-tensors are fake `cuda` tensors (tests/harness/fake_cuda.py) and raises `CaptureViolation` at the
+tensors are fake `cuda` tensors (harness/fake_cuda.py) and raises `CaptureViolation` at the
 first thing a capture on a GPU would refuse, or would capture wrong:
 
 - a tensor made on the host (`torch.arange(n)`, `torch.tensor([...])`): the host work happens once,
@@ -34,7 +34,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from triton.runtime.jit import KernelInterface
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 HARNESS = Path(__file__).resolve().parent
 
 aten = torch.ops.aten

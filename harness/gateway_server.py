@@ -15,8 +15,8 @@ from fastapi import FastAPI
 from gateway.app import create_app
 from gateway.security.connection_guard import uvicorn_options
 from gateway.settings import GatewaySettings
-from tests.harness.redis_server import free_port
-from tests.harness.stream_harness import StreamHarness
+from harness.redis_server import free_port
+from harness.stream_harness import StreamHarness
 
 
 @dataclass

@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 import redis
 
 from common import streams
-from tests.harness import fault_clients as fault
-from tests.harness.redis_cluster import RedisCluster
-from tests.harness.services import Stack, wait_for
+from harness import fault_clients as fault
+from harness.redis_cluster import RedisCluster
+from harness.services import Stack, wait_for
 
 PROMOTION_TIMEOUT_S = 30.0  # cluster-node-timeout 2 s: FAIL after ~2-4 s, the election within ~1 s
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import redis
 
-from tests.harness.redis_server import free_port
+from harness.redis_server import free_port
 
 
 @dataclass

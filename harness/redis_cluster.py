@@ -13,8 +13,8 @@ from pathlib import Path
 import redis
 
 from common.redis_conn import as_str
-from tests.harness.redis_server import free_port
-from tests.harness.services import wait_for
+from harness.redis_server import free_port
+from harness.services import wait_for
 
 NUM_NODES = 6  # 3 masters, each with one replica
 

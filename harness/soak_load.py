@@ -22,7 +22,7 @@ from typing import Any
 
 import httpx
 
-from tests.harness.load_clients import Outcome, complete, complete_and_leave, completion_body, resume, stream
+from harness.load_clients import Outcome, complete, complete_and_leave, completion_body, resume, stream
 
 KINDS = ("stream", "complete", "stream_resume", "stream_abandon", "complete_abandon")
 DEFAULT_MIX = (0.4, 0.25, 0.15, 0.1, 0.1)

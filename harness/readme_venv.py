@@ -16,7 +16,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from tests.harness.services import ROOT
+from harness.services import ROOT
 
 VENVS = ROOT / "build" / "readme-venv"
 BUILD_TIMEOUT_S = 900.0  # torch, transformers, FastAPI, Celery, xgrammar and the SDKs, from pip's cache

@@ -47,7 +47,7 @@ def chromium() -> Iterator[Browser]:
 def artifact_dir() -> Path:
     """Where tests keep files worth looking at after a run (`CBSERVE_TEST_ARTIFACTS`, git-ignored default)."""
     path = Path(
-        os.environ.get("CBSERVE_TEST_ARTIFACTS", Path(__file__).resolve().parents[2] / "test-artifacts")
+        os.environ.get("CBSERVE_TEST_ARTIFACTS", Path(__file__).resolve().parents[1] / "test-artifacts")
     )
     path.mkdir(parents=True, exist_ok=True)
     return path

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import redis
 
-from tests.harness.leftovers import redis_memory, rss_kib
+from harness.leftovers import redis_memory, rss_kib
 
 
 @dataclass

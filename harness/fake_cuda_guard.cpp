@@ -1,5 +1,5 @@
 // A device guard for CUDA that does nothing, registered only in a torch built without CUDA
-// (tests/harness/fake_cuda.py): fake `cuda` tensors need one for Python indexing (`x[:n]`), which
+// (harness/fake_cuda.py): fake `cuda` tensors need one for Python indexing (`x[:n]`), which
 // sets the tensor's device first, though they hold no memory and no kernel ever runs on them.
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 

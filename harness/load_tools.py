@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from importlib.metadata import version
 from pathlib import Path
 
-from tests.harness.services import ROOT
+from harness.services import ROOT
 
 TOOLS = ("guidellm==0.8.1", "aiperf==0.13.0")
 VENVS = ROOT / "build" / "load-tools"

@@ -66,12 +66,13 @@ async def collect(
     try:
         async with aclosing(merged_outputs(follower, requests, follow)) as outputs:
             async for index, out in outputs:
-                if await client.is_disconnected():
+                if out is not None:
+                    choices[index].add(out)
+                # Asked after reads with nothing to show, about once a second (token_mux.py's tick),
+                # not per token: each ask costs the gateway's CPU a cancel scope and a receive.
+                elif await client.is_disconnected():
                     # Leaving the loop closes `outputs`, which aborts the requests.
                     raise OpenAIError(_CLIENT_GONE, "client disconnected", code="client_disconnected")
-                if out is None:
-                    continue
-                choices[index].add(out)
     except RequestFailed as exc:
         raise from_request_error(exc.error) from exc
     except RequestTimedOut as exc:

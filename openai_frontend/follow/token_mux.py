@@ -61,6 +61,8 @@ __all__ = ["CellStreamMux", "Entry", "Subscription", "TokenStreamMux"]
 # Entries fetched per stream per XREAD; a burst larger than this is read over several calls.
 _READ_COUNT = 256
 _WAKE_TTL_S = 3600  # refreshed on every wake; outlives any pause of a live gateway
+# How often every follower is handed at least an empty batch (`CellStreamMux._tick`).
+TICK_S = MAX_BLOCK_MS / 1000
 
 
 Entry = tuple[str, dict[bytes, bytes]]  # (token stream entry id, fields)
@@ -121,6 +123,7 @@ class CellStreamMux:
         self._closed = asyncio.Event()  # set by `close`: wakes a backoff wait
         self.redis_down = False  # the last read failed: Redis is unreachable (followers wait)
         self._watch = StreamWatch(redis, cell)
+        self._next_tick = 0.0  # when followers next get an empty batch (`_tick`)
 
     async def subscribe(self, req_id: str, last_id: str = "0-0", submitted: bool = False) -> Subscription:
         sub = Subscription(req_id, last_id)
@@ -130,6 +133,7 @@ class CellStreamMux:
         self._has_subs.set()
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self._run(), name="token-stream-mux")
+            self._task.add_done_callback(self._reader_done)
         else:
             await self._wake()
         return sub
@@ -189,8 +193,7 @@ class CellStreamMux:
                 if not backoff.failing:
                     logger.warning("token stream read failed, retrying with backoff: %s", exc)
                 self.redis_down = True
-                with contextlib.suppress(TimeoutError):  # `close` ends the wait early
-                    await asyncio.wait_for(self._closed.wait(), backoff.next_delay())
+                await self._wait_ticking(backoff.next_delay())
                 continue
             if backoff.failing:
                 logger.info("token stream reads resumed after %d failed reads", backoff.num_failures)
@@ -199,8 +202,43 @@ class CellStreamMux:
             if self._closing:
                 return
             self._dispatch(reply, read_from)
-            if self._watch.due(time.monotonic()):
+            now = time.monotonic()
+            self._tick(now)
+            if self._watch.due(now):
                 await self._fail_stuck()
+
+    def _tick(self, now: float) -> None:
+        """Hand every follower with nothing queued an empty batch, once a TICK_S: followers wait for
+        entries with no timer of their own (one per token per request cost the gateway's CPU), and
+        still look at their deadline and their client about once a second."""
+        if now < self._next_tick:
+            return
+        self._next_tick = now + TICK_S
+        for subs in self._subs.values():
+            for sub in subs:
+                if sub.queue.empty():
+                    sub.queue.put_nowait([])
+
+    async def _wait_ticking(self, delay_s: float) -> None:
+        """Wait `delay_s` (less if `close` is called), ticking the followers meanwhile."""
+        end = time.monotonic() + delay_s
+        while not self._closing and (left := end - time.monotonic()) > 0:
+            with contextlib.suppress(TimeoutError):  # `close` ends the wait early
+                await asyncio.wait_for(self._closed.wait(), min(left, TICK_S))
+            self._tick(time.monotonic())
+
+    def _reader_done(self, task: asyncio.Task[None]) -> None:
+        """A reader that died of a bug must not leave its followers waiting with no timer: each
+        fails, after the entries it was given."""
+        if task.cancelled() or task.exception() is None:
+            return
+        logger.error("token stream reader failed", exc_info=task.exception())
+        for subs in self._subs.values():
+            for sub in subs:
+                sub.failure = RequestError(
+                    req_id=sub.req_id, message="the gateway's token stream reader failed"
+                )
+                sub.queue.put_nowait([])
 
     async def _fail_stuck(self) -> None:
         """End the followed requests that can no longer end by themselves (stream_watch.py)."""

@@ -7,9 +7,8 @@ import time
 from collections.abc import AsyncGenerator
 
 from common.protocol import PromptEvent, TokenEvent
-from common.redis_conn import MAX_BLOCK_MS
 from common.token_rules import EventFilter, RequestFailed, RequestTimedOut, accept_entry
-from openai_frontend.follow.token_mux import TokenStreamMux
+from openai_frontend.follow.token_mux import TICK_S, TokenStreamMux
 
 __all__ = ["EventFilter", "RequestFailed", "RequestTimedOut", "follow_token_stream"]
 
@@ -38,14 +37,16 @@ async def follow_token_stream(
             try:
                 item = sub.queue.get_nowait()
             except asyncio.QueueEmpty:
-                try:
-                    # asyncio.timeout, not wait_for: on Python 3.11 wait_for wraps the get in a new
-                    # task, once per token per request, a measurable share of the gateway's CPU.
-                    async with asyncio.timeout(min(MAX_BLOCK_MS / 1000, remaining_s)):
-                        item = await sub.queue.get()
-                except TimeoutError:
-                    yield []
-                    continue
+                if remaining_s > TICK_S:
+                    # The reader hands every follower a batch, empty if need be, at least once a
+                    # TICK_S (token_mux.py): no timer per token, which cost the gateway's CPU.
+                    item = await sub.queue.get()
+                else:
+                    try:
+                        async with asyncio.timeout(remaining_s):
+                            item = await sub.queue.get()
+                    except TimeoutError:
+                        continue  # past the deadline: raised above
             batch: list[tuple[str, TokenEvent | PromptEvent]] = []
             for entry_id, fields in item:
                 event = accept_entry(event_filter, req_id, entry_id, fields)

@@ -144,7 +144,7 @@ class RequestFollower:
     async def outputs(
         self, request: PreparedRequest, follow: FollowPolicy | None = None
     ) -> AsyncGenerator[Output | None, None]:
-        """Text deltas until the request finishes; None after a read that brought nothing to show.
+        """Text deltas until the request finishes; None after a read that brought no token.
 
         The Nones let callers check regularly that their client is still there. Raises RequestFailed
         when the request fails and RequestTimedOut past the request timeout. Leaving early aborts the
@@ -225,7 +225,10 @@ class RequestFollower:
                         yield out
                     if done:
                         return
-                    if not ready:
+                    # Only a read with no token (the reader's tick, about once a second): tokens
+                    # that show no text yet (a special one, part of a character) are no reason to
+                    # ask after the client, which costs the gateway's CPU per token.
+                    if not ready and not num_read:
                         yield None
         except RequestFailed as exc:
             done = True  # the request is over on the server side already

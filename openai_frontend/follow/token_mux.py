@@ -123,7 +123,7 @@ class CellStreamMux:
         self._closed = asyncio.Event()  # set by `close`: wakes a backoff wait
         self.redis_down = False  # the last read failed: Redis is unreachable (followers wait)
         self._watch = StreamWatch(redis, cell)
-        self._next_tick = 0.0  # when followers next get an empty batch (`_tick`)
+        self._next_tick = time.monotonic() + TICK_S  # when followers next get an empty batch (`_tick`)
 
     async def subscribe(self, req_id: str, last_id: str = "0-0", submitted: bool = False) -> Subscription:
         sub = Subscription(req_id, last_id)

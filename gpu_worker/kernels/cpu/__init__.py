@@ -7,9 +7,12 @@ worker waits on the compiler).
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import hashlib
 import logging
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -70,6 +73,28 @@ def _vector_flags(flags: str) -> list[str]:
     return []
 
 
+def extension_name() -> str:
+    return f"cbserve_cpu_kernels_{_host_tag(_cpu_flags())}_{_sources_tag()}"
+
+
+def build_directory() -> Path:
+    from torch.utils import cpp_extension
+
+    return Path(cpp_extension._get_build_directory(extension_name(), verbose=False))
+
+
+@contextlib.contextmanager
+def _exclusive_build(directory: Path) -> Iterator[None]:
+    """One builder at a time, under a lock the kernel releases when its holder dies. torch's own
+    (a `lock` file, FileBaton) stays behind a builder killed mid-build, and every later start waited
+    on it for ever; found while this lock is held, such a file can only be one of those."""
+    directory.mkdir(parents=True, exist_ok=True)
+    with (directory / "cbserve.flock").open("w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        (directory / "lock").unlink(missing_ok=True)
+        yield
+
+
 @functools.cache
 def load() -> bool:
     """Build (or load the cached build of) the kernels and register their ops under
@@ -77,19 +102,19 @@ def load() -> bool:
     False, with a warning, where no C++ compiler can build them."""
     from torch.utils import cpp_extension
 
-    flags = _cpu_flags()
-    name = f"cbserve_cpu_kernels_{_host_tag(flags)}_{_sources_tag()}"
-    if not (Path(cpp_extension._get_build_directory(name, verbose=False)) / f"{name}.so").exists():
+    name, directory = extension_name(), build_directory()
+    if not (directory / f"{name}.so").exists():
         log.info("building the CPU kernels, once per host and checkout: about 30 s")
     try:
-        cpp_extension.load(
-            name=name,
-            sources=[str(path) for path in SOURCES],
-            extra_cflags=["-O3", "-march=native", "-fopenmp", *_vector_flags(flags)],
-            extra_ldflags=["-fopenmp"],
-            is_python_module=False,
-            verbose=False,
-        )
+        with _exclusive_build(directory):
+            cpp_extension.load(
+                name=name,
+                sources=[str(path) for path in SOURCES],
+                extra_cflags=["-O3", "-march=native", "-fopenmp", *_vector_flags(_cpu_flags())],
+                extra_ldflags=["-fopenmp"],
+                is_python_module=False,
+                verbose=False,
+            )
     except Exception as exc:  # a missing compiler or headers: the torch paths still work
         log.warning(
             "CPU kernels unavailable: decodes gather their K/V, fp32 weights go through F.linear: %s", exc

@@ -12,7 +12,7 @@ from batcher.service.leader import serve
 from batcher.settings import BatcherSettings
 from common import streams
 from common.logging_setup import configure_logging
-from common.redis_conn import connect
+from common.redis_io.redis_conn import connect
 
 # `--healthcheck` passes while the batcher refreshed its stats this recently (seconds).
 HEALTHY_WITHIN_S = 10.0

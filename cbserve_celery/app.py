@@ -24,7 +24,7 @@ from cbserve_celery.generation import parse_sampling_params, req_id_for_task, ru
 from cbserve_celery.periodic import Periodic
 from cbserve_celery.settings import CelerySettings
 from cbserve_celery.visibility import DeliveryHeartbeat
-from common.redis_conn import connect
+from common.redis_io.redis_conn import connect
 from common.streams import placed_req_id
 from openai_frontend.model.tokenizer import (
     ModelTokenizer,  # the `tokenizers` library alone, no transformers / torch

@@ -12,7 +12,7 @@ import secrets
 
 import redis.asyncio as aioredis
 
-from common.lease_scripts import RELEASE, RENEW
+from common.redis_io.lease_scripts import RELEASE, RENEW
 
 
 def new_claim_token() -> str:

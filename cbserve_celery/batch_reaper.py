@@ -22,7 +22,7 @@ from celery import Celery
 
 from cbserve_celery.broker_scan import batches_in_broker
 from cbserve_celery.periodic import Periodic
-from common.redis_conn import as_str, connect_async
+from common.redis_io.redis_conn import as_str, connect_async
 from common.streams import ACTIVE_BATCHES, BATCH_REAPER_TURN, ORPHANED_BATCHES, batch_claim
 from openai_frontend.batch.objects import ACTIVE, RUN_BATCH_TASK
 from openai_frontend.batch.store import BatchStore

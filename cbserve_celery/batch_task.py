@@ -20,7 +20,7 @@ from cbserve_celery.batch_claim import new_claim_token
 from cbserve_celery.batch_run import Outcome, RunConfig, run_batch
 from cbserve_celery.redis_waits import retry_while_redis_fails
 from cbserve_celery.settings import CelerySettings
-from common.redis_conn import connect_async
+from common.redis_io.redis_conn import connect_async
 from openai_frontend.batch.objects import RUN_BATCH_TASK
 from openai_frontend.model.tokenizer import ModelTokenizer
 

@@ -3,7 +3,7 @@
 Celery's own `self.retry()` publishes the retry through the broker: with Redis away that publish fails,
 Celery turns the failure into `Reject(requeue=False)`, and the task's message is gone. So a task
 rides the outage out where it runs, with the services' backoff (0.1 s doubling to 2 s,
-common/retry.py), and gives up only after `within_s` of failures.
+common/redis_io/retry.py), and gives up only after `within_s` of failures.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import TypeVar
 import kombu.exceptions
 import redis.exceptions
 
-from common.retry import Backoff
+from common.redis_io.retry import Backoff
 
 logger = logging.getLogger(__name__)
 

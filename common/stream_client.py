@@ -16,7 +16,7 @@ import redis
 import redis.asyncio as aioredis
 
 from common.protocol import FIELD, AbortRequest, GenerateRequest, PromptEvent, TokenEvent, encode
-from common.redis_conn import MAX_BLOCK_MS, min_id
+from common.redis_io.redis_conn import MAX_BLOCK_MS, min_id
 from common.streams import DEFAULT_CELL, cell_keys, cell_of, placed_req_id, submitted_key, token_stream
 from common.token_rules import EventFilter, RequestTimedOut, accept_entry
 
@@ -28,7 +28,7 @@ _READ_COUNT = 256  # entries fetched per XREAD
 
 # XADD only if the request id was never submitted: the marker and the entry are written together.
 # The marker keeps the entry id, so a retried client can ask the batcher's group about the request
-# (common/result_lost.py). KEYS: requests stream, marker. ARGV: field, message, marker TTL.
+# (common/redis_io/result_lost.py). KEYS: requests stream, marker. ARGV: field, message, marker TTL.
 _SUBMIT_ONCE = """
 if redis.call('SET', KEYS[2], '1', 'NX', 'EX', ARGV[3]) then
   local id = redis.call('XADD', KEYS[1], '*', ARGV[1], ARGV[2])

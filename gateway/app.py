@@ -7,7 +7,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from common.redis_conn import connect_async
+from common.redis_io.redis_conn import connect_async
 from gateway.api import (
     routes_batches,
     routes_dashboard,

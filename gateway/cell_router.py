@@ -43,7 +43,7 @@ from typing import Any, Literal
 import redis.asyncio as aioredis
 
 from common.protocol import decode_worker
-from common.redis_conn import as_str
+from common.redis_io.redis_conn import as_str
 from common.streams import CELLS_REGISTRY, cell_keys
 from gateway.prefix_index import BLOCK_TOKENS, PrefixIndex, prompt_hashes
 

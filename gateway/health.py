@@ -3,7 +3,7 @@
 Redis answers and takes writes (a small SET: a full Redis under `noeviction`, a read-only replica or a
 failed RDB save refuse it) and has the headroom admission keeps (GATEWAY_REDIS_MEMORY_HEADROOM of its
 `maxmemory` free), a batcher of one of the gateway's cells has published its stats recently
-or holds its lease (common/batcher_liveness.py), and a worker heartbeats. Each failure is a 503
+or holds its lease (common/redis_io/batcher_liveness.py), and a worker heartbeats. Each failure is a 503
 naming which, never an internal address. A cell with no batcher stats, no lease and no registered
 worker (a new Redis, one restarted without AOF, a test driving the protocol by hand) is not judged on
 its batcher.
@@ -18,8 +18,8 @@ from typing import Any
 
 import redis.exceptions
 
-from common.batcher_liveness import BATCHER_SILENT_S, batcher_state
-from common.redis_refusal import refuses_writes
+from common.redis_io.batcher_liveness import BATCHER_SILENT_S, batcher_state
+from common.redis_io.redis_refusal import refuses_writes
 from common.streams import cell_keys
 from gateway.app_state import GatewayState
 from gateway.limits.redis_memory import memory_use

@@ -27,7 +27,7 @@ from common.protocol import (
     decode_event,
     decode_inbox,
 )
-from common.redis_conn import entry_key
+from common.redis_io.redis_conn import entry_key
 from common.stream_client import follow, new_req_id, submit
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import redis
 
-from common.redis_conn import as_str
+from common.redis_io.redis_conn import as_str
 from harness.redis_server import free_port
 from harness.services import wait_for
 

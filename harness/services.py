@@ -18,7 +18,7 @@ import pytest
 import redis
 
 from common import streams
-from common.redis_conn import connect
+from common.redis_io.redis_conn import connect
 
 if TYPE_CHECKING:
     import openai

@@ -12,7 +12,7 @@ from batcher.service.follow_deadlines import FollowDeadlineReaper
 from batcher.service.retention import StreamTrimmer
 from common import streams
 from common.protocol import FIELD, WorkerInfo, WorkerLost, decode_worker, encode
-from common.redis_conn import as_str
+from common.redis_io.redis_conn import as_str
 
 log = logging.getLogger("batcher")
 

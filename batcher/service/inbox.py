@@ -25,8 +25,8 @@ from common.protocol import (
     decode_inbox,
     decode_request,
 )
-from common.redis_conn import MAX_BLOCK_MS, as_str
-from common.retry import REDIS_DOWN
+from common.redis_io.redis_conn import MAX_BLOCK_MS, as_str
+from common.redis_io.retry import REDIS_DOWN
 
 log = logging.getLogger("batcher")
 

@@ -24,8 +24,8 @@ import redis
 from batcher.service.leadership import Leadership, LeadershipLost, current_leader
 from batcher.service.loop import Batcher
 from batcher.settings import BatcherSettings
-from common.redis_refusal import refuses_writes
-from common.retry import REDIS_DOWN, Backoff, wait_for_redis
+from common.redis_io.redis_refusal import refuses_writes
+from common.redis_io.retry import REDIS_DOWN, Backoff, wait_for_redis
 from common.streams import cell_keys
 
 log = logging.getLogger("batcher")

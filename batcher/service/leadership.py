@@ -17,9 +17,9 @@ from typing import Any
 
 import redis
 
-from common.lease_scripts import RELEASE as _RELEASE
-from common.lease_scripts import RENEW as _RENEW
 from common.protocol import FIELD
+from common.redis_io.lease_scripts import RELEASE as _RELEASE
+from common.redis_io.lease_scripts import RENEW as _RENEW
 from common.streams import DEFAULT_CELL, cell_keys
 
 log = logging.getLogger("batcher.leadership")

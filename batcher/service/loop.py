@@ -29,8 +29,8 @@ from batcher.settings import BatcherSettings
 from common import streams
 from common.metrics_schema import ACCEPTED_PER_POS
 from common.protocol import FIELD, SchedulerOutput, encode
-from common.redis_refusal import RedisRefusesWrites, refuses_writes
-from common.retry import Backoff
+from common.redis_io.redis_refusal import RedisRefusesWrites, refuses_writes
+from common.redis_io.retry import Backoff
 from common.trace_schema import encode_trace
 
 log = logging.getLogger("batcher")

@@ -10,7 +10,7 @@ import redis
 from batcher.core.request import Request
 from common import streams
 from common.protocol import FIELD, RequestError, encode
-from common.redis_conn import min_id
+from common.redis_io.redis_conn import min_id
 
 log = logging.getLogger("batcher")
 

@@ -1,5 +1,5 @@
 """The commands queued on a pipeline, read before `execute` clears them, and queued again: the writes
-a Redis that refuses writes (common/redis_refusal.py) did not take are sent again later, in order."""
+a Redis that refuses writes (common/redis_io/redis_refusal.py) did not take are sent again later, in order."""
 
 from __future__ import annotations
 

@@ -22,7 +22,7 @@ from typing import Any
 import redis
 
 from common import streams
-from common.redis_conn import as_str, entry_key
+from common.redis_io.redis_conn import as_str, entry_key
 
 # How often the active batcher trims.
 TRIM_INTERVAL_S = 1.0

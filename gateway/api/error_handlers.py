@@ -10,7 +10,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from common.redis_refusal import refuses_writes
+from common.redis_io.redis_refusal import refuses_writes
 from gateway.errors import error_response
 from openai_frontend.anthropic.errors import speaks_anthropic
 from openai_frontend.protocol.errors import OpenAIError, validation_error

@@ -14,7 +14,7 @@ from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 
-from common.redis_conn import entry_key
+from common.redis_io.redis_conn import entry_key
 from common.streams import token_stream
 from gateway.app_state import GatewayState, State
 from gateway.generation.flow import request_id_header

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import redis.asyncio as aioredis
 
-from common.batcher_liveness import BATCHER_SILENT_S, batcher_state
+from common.redis_io.batcher_liveness import BATCHER_SILENT_S, batcher_state
 from gateway.limits.redis_memory import MemoryUse, memory_use
 from openai_frontend.protocol.errors import OpenAIError
 

@@ -25,9 +25,9 @@ from common.protocol import (
     decode_step,
     encode,
 )
-from common.redis_conn import MAX_BLOCK_MS, connect, min_id
-from common.redis_refusal import refuses_writes
-from common.retry import REDIS_DOWN, Backoff
+from common.redis_io.redis_conn import MAX_BLOCK_MS, connect, min_id
+from common.redis_io.redis_refusal import refuses_writes
+from common.redis_io.retry import REDIS_DOWN, Backoff
 from common.streams import cell_keys, token_stream
 from gpu_worker.runner.model_runner import ModelRunner
 from gpu_worker.service.fenced_writes import FencedWrites, TokenWrite
@@ -39,7 +39,7 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-# What `_retry` waits out: an outage, and a Redis that refuses writes (common/redis_refusal.py).
+# What `_retry` waits out: an outage, and a Redis that refuses writes (common/redis_io/redis_refusal.py).
 _RETRIED: tuple[type[Exception], ...] = (*REDIS_DOWN, redis.ResponseError)
 
 

@@ -15,7 +15,7 @@ import msgspec
 import redis.asyncio as aioredis
 from pydantic import BaseModel
 
-from common.redis_conn import as_bytes
+from common.redis_io.redis_conn import as_bytes
 from common.streams import file_key, owner_files
 from openai_frontend.batch.owner_index import page
 

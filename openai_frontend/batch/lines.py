@@ -19,7 +19,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from pydantic import ValidationError
 
-from common.result_lost import result_lost
+from common.redis_io.result_lost import result_lost
 from common.stream_client import submit_once_async
 from openai_frontend.batch.input import InputLine
 from openai_frontend.batch.objects import BatchParams

@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
 
-from common.redis_conn import as_str
+from common.redis_io.redis_conn import as_str
 
 T = TypeVar("T")
 

@@ -16,7 +16,7 @@ from collections.abc import Iterable
 import msgspec
 import redis.asyncio as aioredis
 
-from common.redis_conn import as_bytes, as_str
+from common.redis_io.redis_conn import as_bytes, as_str
 from common.streams import (
     ACTIVE_BATCHES,
     batch_attempts,
@@ -157,7 +157,7 @@ class BatchStore:
         return {int(k): int(v) for k, v in raw.items()}
 
     async def next_attempt(self, params: BatchParams, index: int) -> int:
-        """A line whose result was lost (see common/result_lost.py) runs again under a new id."""
+        """A line whose result was lost (see common/redis_io/result_lost.py) runs again under a new id."""
         async with self._redis.pipeline(transaction=True) as pipe:
             pipe.hincrby(batch_attempts(params.id), str(index), 1)
             pipe.expireat(batch_attempts(params.id), params.retain_until)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-from common.redis_conn import entry_key
+from common.redis_io.redis_conn import entry_key
 from openai_frontend.completions.endpoint import Chunks, usage
 from openai_frontend.follow.request_follower import Output
 from openai_frontend.follow.stream_out import Encoder, StreamEvent

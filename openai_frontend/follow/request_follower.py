@@ -16,8 +16,8 @@ import redis.exceptions
 
 from common.logging_setup import bind_request_id
 from common.protocol import GenerateRequest, PromptEvent, TokenEvent
-from common.redis_conn import RETENTION_S
-from common.retry import retry_async
+from common.redis_io.redis_conn import RETENTION_S
+from common.redis_io.retry import retry_async
 from common.stream_client import abort_async, submit_once_on
 from openai_frontend.follow.deadlines import FollowDeadlines
 from openai_frontend.follow.metrics import RequestMetrics, TrackedRequest

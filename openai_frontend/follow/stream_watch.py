@@ -9,7 +9,7 @@ request timeout (an hour) with nothing but keep-alives:
   as the token stream does, so a request followed to its end never looks lost. A request counts as
   seen once its keys were, or from the start when its follower submitted it (the gateway's); one
   never seen (a stream followed by hand, with no marker and no event yet) is not judged.
-- **No batcher serves its cell** (common/batcher_liveness.py says `gone`) for `NO_BATCHER_FAIL_S`:
+- **No batcher serves its cell** (common/redis_io/batcher_liveness.py says `gone`) for `NO_BATCHER_FAIL_S`:
   nothing schedules it, nor enforces its queue deadline. It is aborted, so that a batcher started
   later does not run a request whose client was told it failed.
 
@@ -30,8 +30,8 @@ from typing import Any
 import redis.asyncio as aioredis
 import redis.exceptions
 
-from common.batcher_liveness import BATCHER_SILENT_S, batcher_state
 from common.protocol import RequestError
+from common.redis_io.batcher_liveness import BATCHER_SILENT_S, batcher_state
 from common.stream_client import abort_async
 from common.streams import submitted_key, token_stream
 

@@ -19,7 +19,7 @@ On Redis Cluster one XREAD may only name keys of one slot: a request's token str
 slot (common/streams.py), so the mux runs one such read per cell it follows (`CellStreamMux`), each
 with a wake stream in that cell's slot.
 
-A failed read (Redis restarting, unreachable) is retried with backoff (common/retry.py) and fails no
+A failed read (Redis restarting, unreachable) is retried with backoff (common/redis_io/retry.py) and fails no
 follower: each keeps its place (the last entry id it was given) and resumes from there once Redis is
 back, so an SSE stream survives a Redis restart. A follower gives up only at its own deadline
 (openai_frontend/follow/token_stream.py). Entry ids grow with the clock, so even a stream that lost its
@@ -49,8 +49,8 @@ import redis.asyncio as aioredis
 import redis.exceptions
 
 from common.protocol import RequestError
-from common.redis_conn import MAX_BLOCK_MS, entry_key
-from common.retry import Backoff
+from common.redis_io.redis_conn import MAX_BLOCK_MS, entry_key
+from common.redis_io.retry import Backoff
 from common.streams import DEFAULT_CELL, cell_keys, cell_of, token_stream
 from openai_frontend.follow.stream_watch import StreamWatch
 

@@ -21,7 +21,7 @@ import msgspec
 import redis.asyncio as aioredis
 
 from common.protocol import FIELD, RequestError, decode_event
-from common.redis_conn import as_bytes, as_str
+from common.redis_io.redis_conn import as_bytes, as_str
 from common.streams import response_key, token_stream
 from openai_frontend.generate.request import PreparedRequest
 from openai_frontend.responses.schemas import TERMINAL, ResponseStatus

@@ -15,7 +15,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from common.redis_conn import as_str
+from common.redis_io.redis_conn import as_str
 from common.streams import owner_stored_chats, stored_chat_key
 from openai_frontend.batch.owner_index import page
 from openai_frontend.protocol.errors import OpenAIError

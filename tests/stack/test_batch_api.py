@@ -23,7 +23,7 @@ import redis.asyncio as aioredis
 from openai.types import Batch, FileObject
 
 from common.protocol import FIELD, GenerateRequest, SamplingParams, TokenEvent, decode_event, decode_request
-from common.result_lost import result_lost
+from common.redis_io.result_lost import result_lost
 from common.stream_client import follow, submit_once
 from common.streams import REQUESTS_STREAM, token_stream
 from gateway.security.api_keys import hash_key

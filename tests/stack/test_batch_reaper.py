@@ -15,7 +15,7 @@ from kombu import Connection
 
 from cbserve_celery.batch_reaper import BatchReaper
 from cbserve_celery.broker_scan import batches_in_broker
-from common.redis_conn import connect_async
+from common.redis_io.redis_conn import connect_async
 from common.streams import ACTIVE_BATCHES, BATCH_REAPER_TURN, batch_claim
 from openai_frontend.batch.files_store import FileStore
 from openai_frontend.batch.objects import RUN_BATCH_TASK, BatchParams

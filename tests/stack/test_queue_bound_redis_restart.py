@@ -20,7 +20,7 @@ import httpx
 import redis
 
 from common import streams
-from common.redis_conn import as_str, entry_key
+from common.redis_io.redis_conn import as_str, entry_key
 from harness import fault_clients as fault
 from harness.redis_process import RedisProcess
 from harness.services import Stack, wait_for

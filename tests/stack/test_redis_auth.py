@@ -11,7 +11,7 @@ import httpx
 import pytest
 import redis
 
-from common.redis_conn import connect, connect_async
+from common.redis_io.redis_conn import connect, connect_async
 from harness.redis_server import free_port
 from harness.services import Stack, wait_for
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import redis.exceptions
 
-from common.redis_conn import connect, connect_async
-from common.retry import Backoff, retry_async, wait_for_redis
+from common.redis_io.redis_conn import connect, connect_async
+from common.redis_io.retry import Backoff, retry_async, wait_for_redis
 from harness.redis_process import RedisProcess
 from harness.redis_server import free_port
 

@@ -13,7 +13,7 @@ import pytest
 import redis
 import redis.asyncio as aioredis
 
-from common.redis_conn import connect_async
+from common.redis_io.redis_conn import connect_async
 from common.streams import token_stream
 from harness.redis_process import RedisProcess
 from harness.redis_server import free_port

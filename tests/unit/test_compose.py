@@ -17,7 +17,7 @@ from pydantic_settings import BaseSettings
 
 from batcher.settings import BatcherSettings
 from cbserve_celery.settings import CelerySettings
-from common.redis_conn import cluster_nodes
+from common.redis_io.redis_conn import cluster_nodes
 from gateway.settings import GatewaySettings
 from gpu_worker.settings import WorkerSettings
 

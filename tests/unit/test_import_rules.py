@@ -396,10 +396,11 @@ def test_the_redis_rule_catches_a_planted_import(tmp_path: Path, monkeypatch: py
     _plant(
         tmp_path,
         {
+            "common/redis_io/__init__.py": "",
             "common/__init__.py": "",
             "common/protocol.py": "import msgspec\n",
-            "common/redis_conn.py": "import redis\n",
-            "common/streams.py": "from common import redis_conn\n",
+            "common/redis_io/redis_conn.py": "import redis\n",
+            "common/streams.py": "from common.redis_io import redis_conn\n",
             "batcher/__init__.py": "",
             "batcher/core/__init__.py": "",
             "batcher/core/pure.py": "import math\nfrom common.protocol import X\nfrom . import clean\n",
@@ -415,7 +416,7 @@ def test_the_redis_rule_catches_a_planted_import(tmp_path: Path, monkeypatch: py
         "batcher.core.direct imports redis.asyncio",
         "batcher.core.service imports batcher.service.loop, outside batcher.core",
         "batcher.core.service imports batcher.service.loop.Batcher, outside batcher.core",
-        "batcher.core.through imports Redis through common.streams -> common.redis_conn -> redis",
+        "batcher.core.through imports Redis through common.streams -> common.redis_io.redis_conn -> redis",
     ]
 
 

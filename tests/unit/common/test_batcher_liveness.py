@@ -1,8 +1,8 @@
-"""When a cell's batcher counts as live, gone or unknown (common/batcher_liveness.py)."""
+"""When a cell's batcher counts as live, gone or unknown (common/redis_io/batcher_liveness.py)."""
 
 from __future__ import annotations
 
-from common.batcher_liveness import BATCHER_SILENT_S, judge
+from common.redis_io.batcher_liveness import BATCHER_SILENT_S, judge
 
 NOW = 1_000_000.0
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import redis.exceptions as rexc
 
-from common.redis_refusal import refuses_writes
+from common.redis_io.redis_refusal import refuses_writes
 
 OOM = "command not allowed when used memory > 'maxmemory'."
 
@@ -30,7 +30,7 @@ def test_refused_writes(exc: Exception) -> None:
         rexc.ResponseError("WRONGTYPE Operation against a key holding the wrong kind of value"),
         rexc.ResponseError("ERR unknown command"),
         rexc.NoScriptError("No matching script."),
-        rexc.ConnectionError("Connection refused"),  # an outage: common/retry.py
+        rexc.ConnectionError("Connection refused"),  # an outage: common/redis_io/retry.py
         ValueError("OOM"),
     ],
 )

@@ -1,5 +1,5 @@
 """Key layout for Redis Cluster (common/streams.py): what one script or transaction touches is in one
-slot, a request's cell comes from its id, and the cluster node list parses (common/redis_conn.py)."""
+slot, a request's cell comes from its id, and the cluster node list parses (common/redis_io/redis_conn.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from redis.crc import key_slot
 
 from common import streams
-from common.redis_conn import cluster_nodes
+from common.redis_io.redis_conn import cluster_nodes
 
 
 def _slot(key: str) -> int:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import redis.asyncio as aioredis
 import redis.exceptions
 
-from common.redis_conn import as_str, entry_key
+from common.redis_io.redis_conn import as_str, entry_key
 from common.streams import BATCHER_GROUP, cell_keys, cell_of, submitted_key, token_stream
 
 

@@ -25,7 +25,7 @@ SOCKET_TIMEOUT_S = 10.0
 # redis-py's own retries are off: by default it silently repeats any command (an XADD included)
 # for a few seconds after a connection error, which hides a Redis restart from the batcher (it must
 # rebuild its state after one) and can write a request twice. Services retry in their own code, with
-# common/retry.py, where they know what is safe to repeat.
+# common/redis_io/retry.py, where they know what is safe to repeat.
 #
 # Dead pooled connections are replaced instead, so a restart costs no error once Redis is back:
 # - on checkout, a socket the old server closed (EOF) is reconnected. redis-py skips that check

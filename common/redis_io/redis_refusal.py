@@ -1,7 +1,7 @@
 """A Redis that answers but refuses writes: full (`OOM` under `maxmemory` with `noeviction`), a
 read-only replica (`READONLY`), a failed RDB save with `stop-writes-on-bgsave-error` (`MISCONF`).
 
-Not an outage (common/retry.py): the data is still there and reads still work, so a service keeps its
+Not an outage (common/redis_io/retry.py): the data is still there and reads still work, so a service keeps its
 state and retries the refused writes until Redis takes them again, instead of exiting or rebuilding.
 `LOADING` (a restarted Redis reading its AOF) is a `BusyLoadingError`, a ConnectionError: an outage.
 Deletes, acks and trims are not refused when Redis is full (only commands that may grow memory are),

@@ -2,7 +2,7 @@
 
 Every service treats a Redis that is down, restarting or still loading its AOF as a pause: it retries
 with a delay that doubles from 0.1 s to 2 s (no busy loop while Redis is down, and at most 2 s of
-extra pause once it is back). redis-py's own retries are off (common/redis_conn.py), so an outage
+extra pause once it is back). redis-py's own retries are off (common/redis_io/redis_conn.py), so an outage
 reaches this code, which knows which calls are safe to repeat.
 """
 

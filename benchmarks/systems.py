@@ -15,7 +15,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -184,7 +183,7 @@ def _start_cbserve(group: ProcessGroup, launch: LaunchSpec, model: str, port: in
     > 1 starts that many on the one port."""
     import redis
 
-    from cbserve.stack import cell_names
+    from cbserve.stack import cell_names, gateway_processes
     from common import streams
 
     redis_url = start_redis(group)
@@ -208,13 +207,9 @@ def _start_cbserve(group: ProcessGroup, launch: LaunchSpec, model: str, port: in
     if several:
         front_env["GATEWAY_CELLS"] = ",".join(cells)
     num_gateways = int(launch.options.get("gateways", 1))
-    if num_gateways == 1:
-        group.spawn("gateway", gateway, front_env)
-    else:  # on one port, as `cbserve up --gateways N` (cbserve/stack.py)
-        metrics_dir = Path(tempfile.mkdtemp(prefix="gateway-metrics-"))
-        shared_env = {**front_env, "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir)}
-        for i in range(num_gateways):
-            group.spawn(f"gateway{i}", [*gateway, "--reuse-port"], shared_env)
+    metrics_dir = group.log_dir / f"{group.name}-gateway-metrics"
+    for name, argv, gateway_env in gateway_processes(gateway, num_gateways, front_env, metrics_dir):
+        group.spawn(name, argv, gateway_env)
 
     def workers_joined() -> bool:
         joined = [client.hget(streams.cell_keys(cell).stats, "num_workers") for cell in cells]

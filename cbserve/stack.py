@@ -114,20 +114,27 @@ def start_services(stack: Stack, args: ServiceArgs) -> None:
     if several:
         front_env["GATEWAY_CELLS"] = ",".join(stack.cells)
     gateway = ["gateway", "--host", args.host, "--port", str(args.port), "--model", str(args.model_dir)]
-    if args.gateways == 1:
-        start("gateway", gateway, front_env)
-    else:
-        # One port for all (the kernel deals connections out); /metrics adds up every gateway's
-        # counts from prometheus_client's files in a directory they share, emptied at each start.
-        metrics_dir = stack.run_dir / "gateway-metrics"
-        shutil.rmtree(metrics_dir, ignore_errors=True)
-        metrics_dir.mkdir(parents=True)
-        shared_env = {**front_env, "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir)}
-        for i in range(args.gateways):
-            start(f"gateway{i}", [*gateway, "--reuse-port"], shared_env)
+    for name, argv, gateway_env in gateway_processes(
+        gateway, args.gateways, front_env, stack.run_dir / "gateway-metrics"
+    ):
+        start(name, argv, gateway_env)
     if args.celery:
         # Batch lines are rendered with the gateway's tokenizer: the worker gets the same model directory.
         start("celery", celery_args(), {**front_env, "MODEL": str(args.model_dir)})
+
+
+def gateway_processes(
+    argv: list[str], count: int, env: dict[str, str], metrics_dir: Path
+) -> list[tuple[str, list[str], dict[str, str]]]:
+    """(name, argv, env) of each gateway process: `gateway`, or `count` of them on one port
+    (`--reuse-port`: the kernel deals connections out) whose /metrics add up every gateway's counts
+    from prometheus_client's files in `metrics_dir`, emptied here."""
+    if count == 1:
+        return [("gateway", argv, env)]
+    shutil.rmtree(metrics_dir, ignore_errors=True)
+    metrics_dir.mkdir(parents=True)
+    shared_env = {**env, "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir)}
+    return [(f"gateway{i}", [*argv, "--reuse-port"], shared_env) for i in range(count)]
 
 
 def joined_workers(redis_url: str, cell: str, started_at: float) -> int:

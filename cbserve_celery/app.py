@@ -59,7 +59,7 @@ def output_text(tokenizer: Any, prompt_token_ids: list[int], token_ids: list[int
     """The text the gateway would answer for these tokens (same detokenizer, EOS / stop token hidden)."""
     from openai_frontend.text.output_processor import OutputProcessor
 
-    processor = OutputProcessor(tokenizer.tokenizer, prompt_token_ids, [])
+    processor = OutputProcessor(tokenizer, prompt_token_ids, [])
     last = len(token_ids) - 1
     return "".join(
         processor.process(token_id, finish_reason if i == last else None).text

@@ -133,7 +133,7 @@ class LLM:
                     f"prompt {i} has {len(prompt.token_ids)} tokens: max_model_len {limit} leaves no room "
                     "for output (shorten it, or raise max_model_len)"
                 )
-        tokenizer = self._served.tokenizer.tokenizer
+        tokenizer = self._served.tokenizer
         states = [
             RequestState(str(next(self._request_counter)), prompt, p, tokenizer, self._formatter)
             for prompt, p in zip(prompts, params, strict=True)

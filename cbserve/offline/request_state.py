@@ -3,13 +3,12 @@ detokenizing, EOS hidden, stop strings cut), logprobs in vLLM's shape, and the R
 
 from __future__ import annotations
 
-from tokenizers import Tokenizer
-
 from cbserve.offline.outputs import CompletionOutput, Logprob, PromptLogprobs, RequestOutput, SampleLogprobs
 from cbserve.offline.prompts import Prompt
 from cbserve.offline.sampling_params import SamplingParams
 from common.protocol import PromptEvent, TokenEvent
 from openai_frontend.completions.logprobs import LogprobsFormatter
+from openai_frontend.model.tokenizer import ModelTokenizer
 from openai_frontend.text.output_processor import OutputProcessor
 
 
@@ -19,13 +18,13 @@ class RequestState:
         request_id: str,
         prompt: Prompt,
         params: SamplingParams,
-        tokenizer: Tokenizer,
+        tokenizer: ModelTokenizer,
         formatter: LogprobsFormatter,
     ) -> None:
         self.request_id = request_id
         self.prompt = prompt
         self.params = params
-        self._tokenizer = tokenizer
+        self._tokenizer = tokenizer.tokenizer
         self._formatter = formatter  # a token's own text, for its logprobs
         self._processor = OutputProcessor(
             tokenizer,

@@ -156,7 +156,7 @@ class RequestFollower:
         follow = follow or FollowPolicy()
         bind_request_id(request.req_id)  # this task's log lines are about this request from now on
         processor = OutputProcessor(
-            self._served.tokenizer.tokenizer,
+            self._served.tokenizer,
             request.message.prompt_token_ids,
             request.stop,
             skip_special_tokens=request.skip_special_tokens,

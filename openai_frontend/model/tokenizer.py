@@ -91,11 +91,10 @@ class ModelTokenizer:
         self.vocab_size = max(self.tokenizer.get_vocab(with_added_tokens=True).values()) + 1
         # Strings that encode() turns into control tokens; client text holding one is encoded by a copy
         # that reads them as plain text.
-        specials = sorted(
-            (t.content for t in self.tokenizer.get_added_tokens_decoder().values() if t.special),
-            key=len,
-            reverse=True,
-        )
+        added = self.tokenizer.get_added_tokens_decoder()
+        # What decode(..., skip_special_tokens=True) leaves out (the detokenizer never holds them).
+        self.special_token_ids = frozenset(i for i, t in added.items() if t.special)
+        specials = sorted((t.content for t in added.values() if t.special), key=len, reverse=True)
         self._special_text = re.compile("|".join(map(re.escape, specials))) if specials else None
         self._plain = Tokenizer.from_str(self.tokenizer.to_str())
         self._plain.encode_special_tokens = True

@@ -14,32 +14,20 @@ from __future__ import annotations
 from tokenizers import Tokenizer
 from tokenizers.decoders import DecodeStream
 
+from openai_frontend.model.tokenizer import ModelTokenizer
+
 # Prompt tokens kept as left context so the first output token decodes with the right leading space.
 NUM_CONTEXT_TOKENS = 5
 _REPLACEMENT_CHAR = "\ufffd"
 
 
-# Each served tokenizer's special token ids, kept with the tokenizer (a gateway serves a few, for good).
-_SPECIAL_TOKEN_IDS: dict[int, tuple[Tokenizer, frozenset[int]]] = {}
-
-
-def special_token_ids(tokenizer: Tokenizer) -> frozenset[int]:
-    """The ids `decode(..., skip_special_tokens=True)` leaves out."""
-    known = _SPECIAL_TOKEN_IDS.get(id(tokenizer))
-    if known is None or known[0] is not tokenizer:
-        added = tokenizer.get_added_tokens_decoder()
-        known = (tokenizer, frozenset(i for i, token in added.items() if token.special))
-        _SPECIAL_TOKEN_IDS[id(tokenizer)] = known
-    return known[1]
-
-
 class IncrementalDetokenizer:
     def __init__(
-        self, tokenizer: Tokenizer, prompt_token_ids: list[int], skip_special_tokens: bool = True
+        self, tokenizer: ModelTokenizer, prompt_token_ids: list[int], skip_special_tokens: bool = True
     ) -> None:
-        self._tokenizer = tokenizer
+        self._tokenizer: Tokenizer = tokenizer.tokenizer
         self._skip_special_tokens = skip_special_tokens  # false: special tokens show (vLLM's option)
-        self._skipped = special_token_ids(tokenizer) if skip_special_tokens else frozenset()
+        self._skipped = tokenizer.special_token_ids if skip_special_tokens else frozenset()
         self._token_ids = list(prompt_token_ids[-NUM_CONTEXT_TOKENS:])
         # Text up to read_offset has been emitted; prefix_offset:read_offset is the context window.
         self._prefix_offset = 0

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tokenizers import Tokenizer
-
+from openai_frontend.model.tokenizer import ModelTokenizer
 from openai_frontend.text.detokenizer import IncrementalDetokenizer
 from openai_frontend.text.stop_strings import StopStringMatcher
 
@@ -20,7 +19,7 @@ class OutputDelta:
 class OutputProcessor:
     def __init__(
         self,
-        tokenizer: Tokenizer,
+        tokenizer: ModelTokenizer,
         prompt_token_ids: list[int],
         stop: list[str],
         *,

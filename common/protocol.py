@@ -61,6 +61,19 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tr
         return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or self.repetition_penalty != 1.0
 
 
+class LoRARequest(msgspec.Struct, frozen=True, kw_only=True):
+    """vLLM's LoRARequest: the PEFT adapter a request runs with, read by the worker from `lora_path`
+    (`adapter_config.json` + `adapter_model.safetensors`); the base model's weights stay as they are."""
+
+    lora_name: str  # the name clients pass as `model`
+    lora_path: str  # the adapter's directory, as every worker of its cells sees it
+
+    @property
+    def cache_key(self) -> bytes:
+        """What keys its prefix-cache blocks: an adapter's KV is not the base model's, nor another's."""
+        return b"lora\0" + self.lora_name.encode() + b"\0" + self.lora_path.encode()
+
+
 class GenerateRequest(msgspec.Struct, tag="request", kw_only=True):
     """One entry on the requests stream: what any client (gateway, Celery, raw) submits."""
 
@@ -73,6 +86,7 @@ class GenerateRequest(msgspec.Struct, tag="request", kw_only=True):
     user: str = ""  # the client's end-user id (OpenAI `user`), recorded for abuse tracing
     # Unix seconds; still waiting for its first step after this, the batcher fails it (`queue_timeout`).
     queue_deadline: float | None = None
+    lora_request: LoRARequest | None = None  # None: the base model
 
 
 class AbortRequest(msgspec.Struct, tag="abort", kw_only=True):
@@ -94,6 +108,8 @@ class WorkerInfo(msgspec.Struct, tag="hello", kw_only=True):
     # Its step limits (sized for its device); the defaults are what a worker without them was given.
     max_num_seqs: int = 64  # requests in one step
     max_num_batched_tokens: int = 512  # tokens computed in one step (prefill chunks + decodes)
+    max_loras: int = 0  # distinct LoRA adapters one step may use; 0: it serves no adapters
+    max_lora_rank: int = 0  # the highest adapter rank it takes
 
 
 class WorkerLost(msgspec.Struct, tag="worker_lost", kw_only=True):
@@ -117,6 +133,7 @@ class NewRequestData(msgspec.Struct, kw_only=True):
     block_ids: list[int]  # KV blocks allocated so far, in order
     num_computed_tokens: int  # tokens whose KV is already in those blocks (0 without prefix caching)
     attempt: int  # bumped on every (re)schedule; fences stale writers of the token stream
+    lora_request: LoRARequest | None = None  # None: the base model
 
 
 class CachedRequestData(msgspec.Struct, kw_only=True):

@@ -6,6 +6,7 @@ once, running ones only as a diff. Each Struct carries a tag so one stream can h
 
 from __future__ import annotations
 
+import struct
 from typing import Final, Literal
 
 import msgspec
@@ -74,6 +75,22 @@ class LoRARequest(msgspec.Struct, frozen=True, kw_only=True):
         return b"lora\0" + self.lora_name.encode() + b"\0" + self.lora_path.encode()
 
 
+PoolingTask = Literal["embed", "classify", "score"]
+
+
+class PoolingParams(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """vLLM's PoolingParams: the request runs its prompt through a pooling model (a worker whose
+    `runner` is "pooling") and gets one vector back in a `PoolingEvent`, instead of sampling tokens."""
+
+    task: PoolingTask = "embed"  # embed: the pooled hidden state; classify: class scores; score: a pair's
+    dimensions: int | None = None  # Matryoshka models only: keep the first values, then normalize
+    normalize: bool | None = None  # embed: L2-normalize the vector; None: as the model's files say
+    # classify / score: apply the model's activation (sigmoid, softmax, ...) to the logits; None: yes.
+    activation: bool | None = None
+    # Keep only the last k prompt tokens (-1: the model's length); a longer prompt is refused otherwise.
+    truncate_prompt_tokens: int | None = None
+
+
 class GenerateRequest(msgspec.Struct, tag="request", kw_only=True):
     """One entry on the requests stream: what any client (gateway, Celery, raw) submits."""
 
@@ -87,6 +104,9 @@ class GenerateRequest(msgspec.Struct, tag="request", kw_only=True):
     # Unix seconds; still waiting for its first step after this, the batcher fails it (`queue_timeout`).
     queue_deadline: float | None = None
     lora_request: LoRARequest | None = None  # None: the base model
+    pooling_params: PoolingParams | None = None  # None: generation; else a pooling request (no tokens)
+    # Pooling requests of a cross-encoder (vLLM's TokensPrompt field): each prompt token's segment.
+    token_type_ids: list[int] | None = None
 
 
 class AbortRequest(msgspec.Struct, tag="abort", kw_only=True):
@@ -110,6 +130,16 @@ class WorkerInfo(msgspec.Struct, tag="hello", kw_only=True):
     max_num_batched_tokens: int = 512  # tokens computed in one step (prefill chunks + decodes)
     max_loras: int = 0  # distinct LoRA adapters one step may use; 0: it serves no adapters
     max_lora_rank: int = 0  # the highest adapter rank it takes
+    # vLLM's --runner: "generate" samples tokens; "pooling" answers pooling requests only.
+    runner: Literal["generate", "pooling"] = "generate"
+    pooling_tasks: list[PoolingTask] = []  # the tasks a pooling worker serves
+    # False (bidirectional encoders): a prompt is computed whole in one step, never in chunks.
+    chunked_prefill: bool = True
+    # False (mean or CLS pooling): every prompt token's hidden state is needed, so no cached prefix is reused.
+    prefix_caching: bool = True
+    embed_dim: int = 0  # length of an "embed" vector (before Matryoshka truncation)
+    is_matryoshka: bool = False  # embed vectors may be cut to `dimensions` (vLLM's name)
+    matryoshka_dimensions: list[int] = []  # the sizes it was trained for; empty: any up to embed_dim
 
 
 class WorkerLost(msgspec.Struct, tag="worker_lost", kw_only=True):
@@ -134,6 +164,8 @@ class NewRequestData(msgspec.Struct, kw_only=True):
     num_computed_tokens: int  # tokens whose KV is already in those blocks (0 without prefix caching)
     attempt: int  # bumped on every (re)schedule; fences stale writers of the token stream
     lora_request: LoRARequest | None = None  # None: the base model
+    pooling_params: PoolingParams | None = None  # set: pool its prompt, sample nothing
+    token_type_ids: list[int] | None = None  # segments of a cross-encoder's pair
 
 
 class CachedRequestData(msgspec.Struct, kw_only=True):
@@ -213,6 +245,20 @@ class PromptEvent(msgspec.Struct, tag="prompt", kw_only=True, omit_defaults=True
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache (when it ends here)
 
 
+class PoolingEvent(msgspec.Struct, tag="pooling", kw_only=True, omit_defaults=True):
+    """A pooling request's result: the one and last entry of its token stream (per attempt)."""
+
+    req_id: str
+    attempt: int
+    # Little-endian float32 values: the embedding (embed), the class scores (classify) or one score (score).
+    data: bytes
+    num_prompt_tokens: int  # tokens the model read (usage)
+    num_cached_tokens: int = 0  # of which served from the prefix cache
+
+    def values(self) -> list[float]:
+        return list(struct.unpack(f"<{len(self.data) // 4}f", self.data))
+
+
 class RequestError(msgspec.Struct, tag="error", kw_only=True):
     """Terminal event on a token stream: the request failed and produced no more tokens."""
 
@@ -222,7 +268,7 @@ class RequestError(msgspec.Struct, tag="error", kw_only=True):
 
 
 InboxMessage = ModelRunnerOutput | AbortRequest | WorkerInfo | WorkerLost
-StreamEvent = TokenEvent | PromptEvent | RequestError
+StreamEvent = TokenEvent | PromptEvent | PoolingEvent | RequestError
 
 _encoder = msgspec.msgpack.Encoder()
 _request_decoder = msgspec.msgpack.Decoder(GenerateRequest)

@@ -15,7 +15,15 @@ from typing import Any
 import redis
 import redis.asyncio as aioredis
 
-from common.protocol import FIELD, AbortRequest, GenerateRequest, PromptEvent, TokenEvent, encode
+from common.protocol import (
+    FIELD,
+    AbortRequest,
+    GenerateRequest,
+    PoolingEvent,
+    PromptEvent,
+    TokenEvent,
+    encode,
+)
 from common.redis_io.redis_conn import MAX_BLOCK_MS, min_id
 from common.streams import DEFAULT_CELL, cell_keys, cell_of, placed_req_id, submitted_key, token_stream
 from common.token_rules import EventFilter, RequestTimedOut, accept_entry
@@ -102,14 +110,11 @@ def _entries(reply: Any) -> list[tuple[str, dict[bytes, bytes]]]:
     return out
 
 
-def follow_entries(
-    r: redis.Redis, req_id: str, *, last_id: str = "0-0", timeout_s: float | None = None
-) -> Iterator[tuple[str, TokenEvent]]:
-    """(entry id, token) for each token the reader rules keep, after `last_id`, until the last one.
-
-    An entry id can be passed back as `last_id` to resume after it. Raises RequestFailed when the
-    request fails and RequestTimedOut when it has not finished after `timeout_s`.
-    """
+def _accepted(
+    r: redis.Redis, req_id: str, last_id: str, timeout_s: float | None
+) -> Iterator[tuple[str, TokenEvent | PromptEvent | PoolingEvent]]:
+    """(entry id, event) for each event of the stream after `last_id` that the reader rules keep,
+    for as long as the caller reads; RequestTimedOut after `timeout_s`."""
     key = token_stream(req_id)
     event_filter = EventFilter(next_index=0 if last_id == "0-0" else None)
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
@@ -119,13 +124,37 @@ def follow_entries(
         for entry_id, fields in _entries(r.xread({key: last_id}, count=_READ_COUNT, block=block_ms)):
             last_id = entry_id
             event = accept_entry(event_filter, req_id, entry_id, fields)
-            if isinstance(event, PromptEvent) and event.finish_reason is not None:
-                return  # the request generates nothing (max_tokens 0)
-            if not isinstance(event, TokenEvent):
-                continue  # dropped, or prompt logprobs: these readers follow tokens only
-            yield entry_id, event
-            if event.finish_reason is not None:
-                return
+            if event is not None:
+                yield entry_id, event
+
+
+def follow_entries(
+    r: redis.Redis, req_id: str, *, last_id: str = "0-0", timeout_s: float | None = None
+) -> Iterator[tuple[str, TokenEvent]]:
+    """(entry id, token) for each token the reader rules keep, after `last_id`, until the last one.
+
+    An entry id can be passed back as `last_id` to resume after it. Raises RequestFailed when the
+    request fails and RequestTimedOut when it has not finished after `timeout_s`.
+    """
+    for entry_id, event in _accepted(r, req_id, last_id, timeout_s):
+        if isinstance(event, PoolingEvent) or (isinstance(event, PromptEvent) and event.finish_reason):
+            return  # the request generates nothing (max_tokens 0, or a pooling request)
+        if not isinstance(event, TokenEvent):
+            continue  # prompt logprobs: these readers follow tokens only
+        yield entry_id, event
+        if event.finish_reason is not None:
+            return
+
+
+def wait_pooled(
+    r: redis.Redis, req_id: str, *, last_id: str = "0-0", timeout_s: float | None = None
+) -> PoolingEvent:
+    """A pooling request's result: the `PoolingEvent` that ends its stream. Raises RequestFailed when
+    the request fails and RequestTimedOut when it has not finished after `timeout_s`."""
+    for _, event in _accepted(r, req_id, last_id, timeout_s):
+        if isinstance(event, PoolingEvent):
+            return event
+    raise AssertionError("unreachable: the stream is read until an event ends it")
 
 
 def _block_ms(req_id: str, deadline: float | None) -> int:
@@ -158,7 +187,9 @@ async def follow_async(
         for entry_id, fields in _entries(await r.xread({key: last_id}, count=_READ_COUNT, block=block_ms)):
             last_id = entry_id
             event = accept_entry(event_filter, req_id, entry_id, fields)
-            if isinstance(event, PromptEvent) and event.finish_reason is not None:
+            if isinstance(event, PoolingEvent) or (
+                isinstance(event, PromptEvent) and event.finish_reason is not None
+            ):
                 return
             if not isinstance(event, TokenEvent):
                 continue

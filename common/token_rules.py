@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import msgspec
 
-from common.protocol import FIELD, PromptEvent, RequestError, TokenEvent, decode_event
+from common.protocol import FIELD, PoolingEvent, PromptEvent, RequestError, TokenEvent, decode_event
 
 
 class RequestFailed(Exception):
@@ -42,10 +42,10 @@ class EventFilter:
     next_index: int | None = 0
     attempt: int = -1  # newest attempt seen
 
-    def accept(self, event: TokenEvent | PromptEvent) -> bool:
+    def accept(self, event: TokenEvent | PromptEvent | PoolingEvent) -> bool:
         if event.attempt < self.attempt:
             return False
-        if isinstance(event, PromptEvent):
+        if isinstance(event, PromptEvent | PoolingEvent):
             if self.next_index:  # it comes before any token: too late once one was kept
                 return False
         elif self.next_index is not None and event.index != self.next_index:
@@ -56,7 +56,9 @@ class EventFilter:
         return True
 
 
-def decode_entry(req_id: str, fields: dict[bytes, bytes]) -> TokenEvent | PromptEvent | RequestError:
+def decode_entry(
+    req_id: str, fields: dict[bytes, bytes]
+) -> TokenEvent | PromptEvent | PoolingEvent | RequestError:
     """One token stream entry; an unreadable one reads as the error it is."""
     try:
         return decode_event(fields[FIELD])
@@ -66,7 +68,7 @@ def decode_entry(req_id: str, fields: dict[bytes, bytes]) -> TokenEvent | Prompt
 
 def accept_entry(
     event_filter: EventFilter, req_id: str, entry_id: str, fields: dict[bytes, bytes]
-) -> TokenEvent | PromptEvent | None:
+) -> TokenEvent | PromptEvent | PoolingEvent | None:
     """The entry's token if the reader rules keep it, None if they drop it.
 
     Raises RequestFailed on a RequestError, and on a finish the server chose ("abort", "error"), which a
@@ -77,6 +79,8 @@ def accept_entry(
         raise RequestFailed(event, entry_id)
     if not event_filter.accept(event):
         return None
+    if isinstance(event, PoolingEvent):
+        return event  # a pooling request's one result: it always ends the stream
     if event.finish_reason in ("abort", "error"):
         message = f"request ended by the server ({event.finish_reason})"
         raise RequestFailed(RequestError(req_id=req_id, message=message), entry_id)

@@ -20,6 +20,7 @@ from common import streams
 from common.protocol import (
     FIELD,
     AbortRequest,
+    PoolingEvent,
     PromptEvent,
     RequestError,
     TokenEvent,
@@ -137,8 +138,8 @@ def _decoded(rows: list[tuple[bytes, dict[bytes, bytes]]], decode: Callable[[byt
 def _history(rows: list[tuple[bytes, dict[bytes, bytes]]]) -> TokenHistory:
     h = TokenHistory()
     for event in _decoded(rows, decode_event):
-        if isinstance(event, RequestError):
-            h.finished = True
+        if isinstance(event, RequestError | PoolingEvent):
+            h.finished = True  # failed, or a pooling request's one result is out
         elif isinstance(event, PromptEvent):
             h.finished = h.finished or event.finish_reason is not None  # max_tokens 0: no token
         elif isinstance(event, TokenEvent) and event.index == len(h.output_token_ids):

@@ -15,7 +15,7 @@ import redis.asyncio as aioredis
 import redis.exceptions
 
 from common.logging_setup import bind_request_id
-from common.protocol import GenerateRequest, PromptEvent, TokenEvent
+from common.protocol import GenerateRequest, PoolingEvent, PromptEvent, TokenEvent
 from common.redis_io.redis_conn import RETENTION_S
 from common.redis_io.retry import retry_async
 from common.stream_client import abort_async, submit_once_on
@@ -192,6 +192,8 @@ class RequestFollower:
                                 done = True  # it generates nothing (max_tokens 0)
                                 break
                             continue
+                        if isinstance(event, PoolingEvent):
+                            continue  # a pooling request's result: never on a generation's stream
                         num_read += 1
                         token_ids.append(event.token_id)
                         events.append(event)

@@ -6,7 +6,7 @@ import asyncio
 import time
 from collections.abc import AsyncGenerator
 
-from common.protocol import PromptEvent, TokenEvent
+from common.protocol import PoolingEvent, PromptEvent, TokenEvent
 from common.token_rules import EventFilter, RequestFailed, RequestTimedOut, accept_entry
 from openai_frontend.follow.token_mux import TICK_S, TokenStreamMux
 
@@ -15,9 +15,9 @@ __all__ = ["EventFilter", "RequestFailed", "RequestTimedOut", "follow_token_stre
 
 async def follow_token_stream(
     mux: TokenStreamMux, req_id: str, *, deadline: float, last_id: str = "0-0", submitted: bool = False
-) -> AsyncGenerator[list[tuple[str, TokenEvent | PromptEvent]], None]:
+) -> AsyncGenerator[list[tuple[str, TokenEvent | PromptEvent | PoolingEvent]], None]:
     """Yield the new token (and prompt) events of each read (possibly none, about once a second) until
-    the last one.
+    the last one; a pooling request's is its one `PoolingEvent`.
 
     Empty batches give the caller a regular chance to notice that its client went away. Raises
     RequestFailed on a RequestError event, or once the reader found the request cannot end (its
@@ -47,13 +47,13 @@ async def follow_token_stream(
                             item = await sub.queue.get()
                     except TimeoutError:
                         continue  # past the deadline: raised above
-            batch: list[tuple[str, TokenEvent | PromptEvent]] = []
+            batch: list[tuple[str, TokenEvent | PromptEvent | PoolingEvent]] = []
             for entry_id, fields in item:
                 event = accept_entry(event_filter, req_id, entry_id, fields)
                 if event is None:
                     continue
                 batch.append((entry_id, event))
-                if event.finish_reason is not None:
+                if isinstance(event, PoolingEvent) or event.finish_reason is not None:
                     yield batch
                     return
             yield batch

@@ -20,7 +20,7 @@ from typing import Any
 import msgspec
 import redis.asyncio as aioredis
 
-from common.protocol import FIELD, RequestError, decode_event
+from common.protocol import FIELD, PoolingEvent, RequestError, decode_event
 from common.redis_io.redis_conn import as_bytes, as_str
 from common.streams import response_key, token_stream
 from openai_frontend.generate.request import PreparedRequest
@@ -164,6 +164,6 @@ class ResponseStore:
         last: Any = await self._redis.xrevrange(token_stream(req_id), count=_LAST_ENTRIES)
         for _, fields in last:
             event = decode_event(as_bytes(fields[FIELD]))
-            if isinstance(event, RequestError) or event.finish_reason is not None:
+            if isinstance(event, RequestError | PoolingEvent) or event.finish_reason is not None:
                 return True
         return False

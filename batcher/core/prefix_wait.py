@@ -35,7 +35,7 @@ def waits_for_prefix(state: SchedulerState, ws: WorkerState, req: Request) -> bo
     weight = state.config.cache_overlap_weight
     for w in state.workers.values():
         # Load-only placement (weight 0) never sends a request after another worker's cache.
-        if w is not ws and (not weight or not eligible(w)):
+        if w is not ws and (not weight or not eligible(w) or not w.can_host(req)):
             continue
         coming = blocks_coming(w, req)
         if not coming:

@@ -6,7 +6,21 @@ import enum
 from dataclasses import dataclass, field
 
 from common.finish import max_samples, num_samples_left
-from common.protocol import FinishReason, GenerateRequest, NewRequestData, SamplingParams
+from common.protocol import FinishReason, GenerateRequest, NewRequestData, PoolingParams, SamplingParams
+
+# What the scheduler plans a pooling request with: its prompt, then one step that only ends it.
+POOLING_SAMPLING = SamplingParams(max_tokens=0)
+
+
+def truncated_prompt(msg: GenerateRequest) -> tuple[list[int], list[int] | None]:
+    """The prompt (and token types) a request runs: a pooling request's `truncate_prompt_tokens` k > 0
+    keeps its last k tokens, as vLLM does with token ids (-1, the model's length, is the client's)."""
+    prompt, token_types = list(msg.prompt_token_ids), msg.token_type_ids
+    k = None if msg.pooling_params is None else msg.pooling_params.truncate_prompt_tokens
+    if k is not None and 0 < k < len(prompt):
+        prompt = prompt[-k:]
+        token_types = None if token_types is None else token_types[-k:]
+    return prompt, token_types
 
 
 class RequestStatus(enum.Enum):
@@ -53,18 +67,24 @@ class Request:
     num_failed_deliveries: int = 0  # times a worker reported it failed alone (not counting dead workers)
     dead_letter: bool = False  # given up after too many failed deliveries: copied to the dead-letter stream
     error_code: str = "server_error"  # the RequestError's code: what the client is told the cause is
+    pooling_params: PoolingParams | None = None  # a pooling request: its prompt is computed, nothing sampled
+    token_type_ids: list[int] | None = None  # a cross-encoder pair's segments, one per prompt token
 
     @classmethod
     def from_message(cls, msg: GenerateRequest, entry_id: str) -> Request:
+        prompt, token_types = truncated_prompt(msg)
         return cls(
             req_id=msg.req_id,
-            prompt_token_ids=list(msg.prompt_token_ids),
-            sampling_params=msg.sampling_params,
+            prompt_token_ids=prompt,
+            # A pooling request generates nothing: it ends where its prompt does, as max_tokens 0 does.
+            sampling_params=msg.sampling_params if msg.pooling_params is None else POOLING_SAMPLING,
             arrival_time=msg.arrival_time,
             entry_id=entry_id,
             priority=msg.priority,
             owner=msg.owner,
             queue_deadline=msg.queue_deadline,
+            pooling_params=msg.pooling_params,
+            token_type_ids=token_types,
         )
 
     def to_message(self) -> GenerateRequest:
@@ -76,6 +96,8 @@ class Request:
             arrival_time=self.arrival_time,
             priority=self.priority,
             owner=self.owner,
+            pooling_params=self.pooling_params,
+            token_type_ids=self.token_type_ids,
         )
 
     @property
@@ -109,4 +131,6 @@ class Request:
             block_ids=list(self.block_ids),
             num_computed_tokens=self.num_computed_tokens,
             attempt=self.attempt,
+            pooling_params=self.pooling_params,
+            token_type_ids=self.token_type_ids,
         )

@@ -6,6 +6,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from batcher.core.kv.kv_cache_manager import KVCacheManager
+from batcher.core.pooling import refusal
 from batcher.core.request import Request
 from batcher.core.spec_decode.auto_off import AutoOff
 from batcher.core.step_clock import StepClock
@@ -44,14 +45,21 @@ class WorkerState:
         Its cache starts empty: a worker that joins (or rejoins) holds no KV yet."""
         return cls(
             info=info,
-            kv_cache_manager=KVCacheManager(info.num_blocks, info.block_size, enable_prefix_caching),
+            # A worker that pools every prompt token (mean, CLS) must compute them all: no cached prefix.
+            kv_cache_manager=KVCacheManager(
+                info.num_blocks, info.block_size, enable_prefix_caching and info.prefix_caching
+            ),
             max_num_seqs=_capped(info.max_num_seqs, max_num_seqs),
             max_num_batched_tokens=_capped(info.max_num_batched_tokens, max_num_batched_tokens),
         )
 
     def can_host(self, req: Request) -> bool:
-        """Whether this worker's whole pool could ever hold the request alone."""
-        if len(req.prompt_token_ids) >= self.info.max_model_len:
+        """Whether this worker could ever run the request: its kind (pooling.py), and its whole pool
+        holding the request alone."""
+        if refusal(self.info, self.max_num_batched_tokens, req) is not None:
+            return False
+        # A pooling request samples nothing, so its prompt may take the whole context.
+        if req.pooling_params is None and len(req.prompt_token_ids) >= self.info.max_model_len:
             return False
         longest = min(req.max_num_tokens, self.info.max_model_len)
         return self.kv_cache_manager.blocks_for(longest) <= self.kv_cache_manager.num_blocks

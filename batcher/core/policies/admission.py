@@ -5,6 +5,7 @@ from __future__ import annotations
 from batcher.core.kv.kv_cache_manager import Admission
 from batcher.core.policies.interface import StepDraft
 from batcher.core.policies.running import schedule_chunk
+from batcher.core.pooling import refusal
 from batcher.core.request import Request, RequestStatus
 from batcher.core.scheduler_state import SchedulerState
 from batcher.core.worker_state import WorkerState
@@ -12,10 +13,11 @@ from batcher.core.worker_state import WorkerState
 TOO_LARGE = "the request needs more KV-cache blocks than any worker has"
 
 
-def fail_too_large(state: SchedulerState, req: Request, step: StepDraft) -> None:
-    """`req` fits no worker's pool: it leaves the queue failed."""
+def fail_too_large(state: SchedulerState, ws: WorkerState, req: Request, step: StepDraft) -> None:
+    """`req` fits no worker's pool, or is of a kind no worker runs (pooling.py): it leaves the queue
+    failed, with the reason `ws` gives."""
     state.waiting.remove(req)
-    state.fail(req, TOO_LARGE)
+    state.fail(req, refusal(ws.info, ws.max_num_batched_tokens, req) or TOO_LARGE)
     step.failed.append(req)
 
 

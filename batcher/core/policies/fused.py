@@ -12,6 +12,7 @@ from batcher.core.placement import fair_share, hostable_elsewhere, takes_next
 from batcher.core.policies.admission import admit, fail_too_large
 from batcher.core.policies.interface import SchedulingPolicy, StepDraft
 from batcher.core.policies.running import schedule_running
+from batcher.core.pooling import fit_prompt, other_kind
 from batcher.core.prefix_wait import waits_for_prefix
 from batcher.core.scheduler_state import SchedulerState
 from batcher.core.waiting_order import order_waiting
@@ -44,10 +45,16 @@ def schedule_waiting(
         req = state.waiting[passed]
         if req.num_inflight_steps:
             break  # preempted while a step ran: its last token is still on the way
+        fit_prompt(req, ws.info.max_model_len)
         if not ws.can_host(req):
+            if other_kind(ws.info, req) and hostable_elsewhere(workers, req):
+                passed += 1  # a pooling request in a cell that also generates, or the reverse
+                if passed >= ws.max_num_seqs:
+                    break
+                continue
             if hostable_elsewhere(workers, req):
                 break  # a larger worker will take it; keep arrival order
-            fail_too_large(state, req, step)
+            fail_too_large(state, ws, req, step)
             continue
         if waits_for_prefix(state, ws, req):
             passed += 1
@@ -59,6 +66,8 @@ def schedule_waiting(
         plan = kv.plan_admission(req, budget)
         if plan.num_free_blocks_needed > kv.num_free_blocks:
             break
+        if not ws.info.chunked_prefill and plan.num_cached_tokens + plan.num_new_tokens < req.num_tokens:
+            break  # an encoder computes a prompt whole: it waits for a step with room for all of it
         admit(state, ws, req, plan, step)
         budget -= plan.num_new_tokens
         admitted += 1

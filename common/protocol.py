@@ -269,6 +269,13 @@ class RequestError(msgspec.Struct, tag="error", kw_only=True):
 
 InboxMessage = ModelRunnerOutput | AbortRequest | WorkerInfo | WorkerLost
 StreamEvent = TokenEvent | PromptEvent | PoolingEvent | RequestError
+WorkerEvent = TokenEvent | PromptEvent | PoolingEvent  # what a worker writes to token streams
+
+
+def ends_stream(event: WorkerEvent) -> bool:
+    """The event is its request's last: a finish, or a pooling request's one result."""
+    return isinstance(event, PoolingEvent) or event.finish_reason is not None
+
 
 _encoder = msgspec.msgpack.Encoder()
 _request_decoder = msgspec.msgpack.Decoder(GenerateRequest)

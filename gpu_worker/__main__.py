@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from transformers.utils import logging as transformers_logging
 
 from common.logging_setup import configure_logging
-from gpu_worker.runner.model_runner import ModelRunner
+from gpu_worker.runner.step_runner import make_runner
 from gpu_worker.service.worker import Worker
 from gpu_worker.settings import WorkerSettings, explain_errors
 
@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     if settings.num_threads is not None:
         torch.set_num_threads(settings.num_threads)
     try:
-        runner = ModelRunner(settings)
+        runner = make_runner(settings)
     except ValueError as exc:  # sizing and device problems carry a message that says what to change
         print(f"cannot start worker: {exc}", file=sys.stderr)
         return 2

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Literal
 
 from pydantic import AliasChoices, Field, ValidationError, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
 
 from common.logging_setup import LogFormat
 from common.settings import (
@@ -20,6 +20,7 @@ from common.settings import (
     retention_field,
 )
 from common.speculative_config import SpeculativeConfig, speculative_config_field
+from gpu_worker.pooling_settings import PoolingSettings
 
 Device = Literal["cpu", "cuda"]
 DType = Literal["auto", "float32", "bfloat16", "float16"]
@@ -34,7 +35,7 @@ def default_worker_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
 
 
-class WorkerSettings(BaseSettings):
+class WorkerSettings(PoolingSettings):  # its pooling fields: pooling_settings.py
     model_config = SettingsConfigDict(env_prefix="WORKER_", extra="ignore")
 
     # Model directory or hub id; `MODEL` is shared with the gateway so one variable configures both.

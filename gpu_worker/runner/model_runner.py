@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 
 import torch
 
 from common.protocol import (
     FinishReason,
     ModelRunnerOutput,
-    PromptEvent,
     SchedulerOutput,
-    TokenEvent,
+    WorkerEvent,
     WorkerInfo,
 )
 from gpu_worker.runner.attention.selector import make_attention_backend
@@ -70,7 +70,7 @@ class ModelRunner:
         self.model_name = settings.model
         self.device = torch.device(settings.device)
         memory_at_start = MemorySnapshot.take(self.device)
-        self.model: Model = load_model(settings) if model is None else model
+        self.model: Model = self._load_model(settings) if model is None else model
         config = self.model.config
         self.block_size = settings.block_size
         self.max_num_seqs = settings.resolved_max_num_seqs
@@ -121,6 +121,10 @@ class ModelRunner:
                 capture=CudaGraphCapture() if self.device.type == "cuda" else None,
             )
             self.decode_graphs.capture()
+
+    def _load_model(self, settings: WorkerSettings) -> Model:
+        """The model the runner drives (the pooling runner loads its own: pooling/causal_runner.py)."""
+        return load_model(settings)
 
     def _use_kv_cache(self, num_blocks: int) -> None:
         """Allocate a pool of `num_blocks` and the attention backend that reads it."""
@@ -281,7 +285,7 @@ class ModelRunner:
         self._step_logprobs = logprobs
         return merged
 
-    def token_events(self, output: ModelRunnerOutput) -> list[TokenEvent | PromptEvent]:
+    def token_events(self, output: ModelRunnerOutput) -> Sequence[WorkerEvent]:
         """The token-stream events of a step result; valid until the next step frees finished requests."""
         return token_events(output, self.requests, self._step_logprobs)
 

@@ -44,7 +44,7 @@ return 1
 @dataclass(slots=True)
 class TokenWrite:
     stream: str  # the request's token stream
-    event: bytes  # encoded TokenEvent
+    event: bytes  # encoded TokenEvent, PromptEvent or PoolingEvent
     last: bool  # the request finished: the stream starts its resume-window TTL
 
 

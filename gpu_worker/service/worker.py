@@ -24,12 +24,13 @@ from common.protocol import (
     WorkerInfo,
     decode_step,
     encode,
+    ends_stream,
 )
 from common.redis_io.redis_conn import MAX_BLOCK_MS, connect, min_id
 from common.redis_io.redis_refusal import refuses_writes
 from common.redis_io.retry import REDIS_DOWN, Backoff
 from common.streams import cell_keys, token_stream
-from gpu_worker.runner.model_runner import ModelRunner
+from gpu_worker.runner.step_runner import StepRunner
 from gpu_worker.service.fenced_writes import FencedWrites, TokenWrite
 from gpu_worker.service.heartbeat import Heartbeat
 from gpu_worker.service.publish_thread import PublishJob, PublishThread
@@ -44,7 +45,7 @@ _RETRIED: tuple[type[Exception], ...] = (*REDIS_DOWN, redis.ResponseError)
 
 
 class Worker:
-    def __init__(self, settings: WorkerSettings, runner: ModelRunner) -> None:
+    def __init__(self, settings: WorkerSettings, runner: StepRunner) -> None:
         self.settings = settings
         self.runner = runner
         self.redis = connect(settings.redis_url, settings.redis_cluster)
@@ -138,7 +139,7 @@ class Worker:
         """The writes of a step result, taken now: token events read request state the next step frees."""
         tokens = []
         for e in self.runner.token_events(output):
-            tokens.append(TokenWrite(token_stream(e.req_id), encode(e), e.finish_reason is not None))
+            tokens.append(TokenWrite(token_stream(e.req_id), encode(e), ends_stream(e)))
         return PublishJob(self.worker_id, output.step_id, tokens, encode(output), self._last_id)
 
     def publish_job(self, job: PublishJob) -> bool:

@@ -9,36 +9,38 @@ to overlap with the first: async scheduling is refused.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from batcher.core.request import Request
 from batcher.core.scheduler import Scheduler, SchedulerConfig, SchedulerStats
-from common.protocol import PromptEvent, SamplingParams, TokenEvent
-from gpu_worker.runner.model_runner import ModelRunner
+from common.protocol import GenerateRequest, PoolingParams, SamplingParams, WorkerEvent
+from gpu_worker.runner.step_runner import StepRunner, make_runner
 from gpu_worker.settings import WorkerSettings
 
 
 @dataclass(slots=True)
 class EngineStep:
-    events: list[TokenEvent | PromptEvent] = field(default_factory=list)  # what the worker would stream
+    events: Sequence[WorkerEvent] = field(default_factory=list)  # what the worker would stream
     # Requests that ended in this step: by their finish_reason, "error" (with .error) when they failed.
     finished: list[Request] = field(default_factory=list)
     ran: bool = False  # a forward ran (False: nothing could be scheduled)
 
 
 class LLMEngine:
-    def __init__(self, runner: ModelRunner, config: SchedulerConfig) -> None:
+    def __init__(self, runner: StepRunner, config: SchedulerConfig) -> None:
         if config.async_scheduling:
             raise ValueError("async scheduling overlaps two steps; one thread runs one step at a time")
         self.runner = runner
         self.scheduler = Scheduler(config)
         self.worker_id = runner.worker_id  # results carry it: the scheduler matches them by it
-        self.scheduler.add_worker(runner.worker_info())
+        self.info = runner.worker_info()  # what it serves: generation, or pooling tasks
+        self.scheduler.add_worker(self.info)
 
     @classmethod
     def load(cls, settings: WorkerSettings, config: SchedulerConfig) -> LLMEngine:
         """The model loaded as the worker loads it (`python -m gpu_worker`), under `config`'s scheduling."""
-        return cls(ModelRunner(settings), config)
+        return cls(make_runner(settings), config)
 
     @property
     def stats(self) -> SchedulerStats:
@@ -52,6 +54,25 @@ class LLMEngine:
         now = time.time()
         req = Request(req_id, list(prompt_token_ids), params, arrival_time=now, entry_id="")
         self.scheduler.add_request(req, now)
+
+    def add_pooling_request(
+        self,
+        req_id: str,
+        prompt_token_ids: list[int],
+        params: PoolingParams,
+        token_type_ids: list[int] | None = None,
+    ) -> None:
+        """A request for a pooling model (runner pooling), read as the batcher reads one from Redis."""
+        now = time.time()
+        message = GenerateRequest(
+            req_id=req_id,
+            prompt_token_ids=list(prompt_token_ids),
+            sampling_params=SamplingParams(),
+            arrival_time=now,
+            pooling_params=params,
+            token_type_ids=token_type_ids,
+        )
+        self.scheduler.add_request(Request.from_message(message, entry_id=""), now)
 
     def abort_request(self, req_id: str, reason: str = "abort") -> None:
         """Stop a request still running ("stop": a stop string ended it, as the gateway says it)."""

@@ -16,6 +16,7 @@ from typing import Any, Literal
 from cbserve.offline.engine import LLMEngine
 from cbserve.offline.engine_args import model_directory, refuse_unsupported, scheduler_config, worker_settings
 from cbserve.offline.outputs import RequestOutput
+from cbserve.offline.pooling_api import EventSink, PoolingAPI, pooling_options
 from cbserve.offline.prompts import (
     Conversation,
     Prompt,
@@ -29,11 +30,13 @@ from cbserve.offline.sampling_params import SamplingParams, for_engine, output_o
 from common import protocol
 from openai_frontend.completions.logprobs import LogprobsFormatter
 from openai_frontend.model.tokenizer import ModelTokenizer
+from openai_frontend.pooling.inputs import EmbeddingTokenizer, transformer_dir
+from openai_frontend.pooling.pairs import PairTokenizer
 
 Params = protocol.SamplingParams | Sequence[protocol.SamplingParams] | None
 
 
-class LLM:
+class LLM(PoolingAPI):
     def __init__(
         self,
         model: str,
@@ -53,13 +56,20 @@ class LLM:
         quantization: str | None = None,
         enforce_eager: bool = False,
         enable_prefix_caching: bool = True,
+        runner: Literal["auto", "generate", "pooling"] = "auto",
+        convert: Literal["auto", "embed", "classify"] = "auto",
+        hf_overrides: Mapping[str, Any] | None = None,
+        pooler_config: Mapping[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
         """`model` (and `tokenizer`, default the model's): a model directory or a hub id. The rest
         are the worker's settings of the same names (docs/settings.md); None leaves the worker's
         default, WORKER_* variables included. `device` auto: cuda when torch sees one.
-        `enforce_eager`: no torch.compile, no CUDA graphs. vLLM's arguments without a counterpart
-        here are accepted at the value that asks for what runs anyway, refused at any other."""
+        `enforce_eager`: no torch.compile, no CUDA graphs. `runner="pooling"` (vLLM's names, as
+        `convert`, `pooler_config`'s pooling_type and normalize, and `hf_overrides`'
+        classifier_from_token and is_matryoshka) serves `embed`, `classify` and `score` instead of
+        `generate` (pooling_api.py). vLLM's arguments without a counterpart here are accepted at the
+        value that asks for what runs anyway, refused at any other."""
         refuse_unsupported(kwargs)
         model_dir = model_directory(model)
         options = {
@@ -74,11 +84,14 @@ class LLM:
             "gpu_memory_utilization": gpu_memory_utilization,
             "kv_cache_dtype": kv_cache_dtype,
             "quantization": quantization,
+            **pooling_options(runner, convert, hf_overrides, pooler_config),
         }
         settings = worker_settings(model_dir, device, options, enforce_eager)
         self.llm_engine = LLMEngine.load(settings, scheduler_config(enable_prefix_caching))
-        tokenizer_dir = model_dir if tokenizer is None else model_directory(tokenizer)
+        tokenizer_dir = transformer_dir(model_dir) if tokenizer is None else model_directory(tokenizer)
         self._served = served_model(model_dir, tokenizer_dir, self.llm_engine.max_model_len)
+        self._embedding_tokenizer = EmbeddingTokenizer.load(model_dir, self._served.tokenizer)
+        self._pair_tokenizer = PairTokenizer.load(tokenizer_dir, self._served.tokenizer)
         self._formatter = LogprobsFormatter(self._served.tokenizer.tokenizer)
         self._request_counter = itertools.count()
 
@@ -125,6 +138,12 @@ class LLM:
         return self._run(prompts, sampling_params, use_tqdm)
 
     def _run(self, prompts: list[Prompt], sampling_params: Params, use_tqdm: bool) -> list[RequestOutput]:
+        info = self.llm_engine.info
+        if info.runner == "pooling":
+            raise ValueError(
+                f"model {info.model!r} is a pooling model ({', '.join(info.pooling_tasks)}): use "
+                "LLM.embed, LLM.classify or LLM.score, not generate or chat"
+            )
         params = _per_prompt(sampling_params, len(prompts))
         limit = self.llm_engine.max_model_len
         for i, prompt in enumerate(prompts):
@@ -143,7 +162,7 @@ class LLM:
         self._run_engine({state.request_id: state for state in states}, use_tqdm)
         return [state.output() for state in states]
 
-    def _run_engine(self, states: dict[str, RequestState], use_tqdm: bool) -> None:
+    def _run_engine(self, states: Mapping[str, EventSink], use_tqdm: bool) -> None:
         """Step until every request finished. A request that fails raises (as vLLM's engine does),
         after the others are aborted, so the engine is ready for the next call."""
         engine = self.llm_engine

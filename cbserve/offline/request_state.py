@@ -6,7 +6,7 @@ from __future__ import annotations
 from cbserve.offline.outputs import CompletionOutput, Logprob, PromptLogprobs, RequestOutput, SampleLogprobs
 from cbserve.offline.prompts import Prompt
 from cbserve.offline.sampling_params import SamplingParams
-from common.protocol import PromptEvent, TokenEvent
+from common.protocol import PoolingEvent, PromptEvent, WorkerEvent
 from openai_frontend.completions.logprobs import LogprobsFormatter
 from openai_frontend.model.tokenizer import ModelTokenizer
 from openai_frontend.text.output_processor import OutputProcessor
@@ -47,10 +47,10 @@ class RequestState:
     def finished(self) -> bool:
         return self.finish_reason is not None
 
-    def on_event(self, event: TokenEvent | PromptEvent) -> bool:
+    def on_event(self, event: WorkerEvent) -> bool:
         """Apply one of the request's events; True when it finished the request. Events after the
         end (drafts accepted past a stop string) and repeated ones are left out."""
-        if self.finished:
+        if self.finished or isinstance(event, PoolingEvent):
             return False
         if isinstance(event, PromptEvent):
             return self._on_prompt(event)

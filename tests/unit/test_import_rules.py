@@ -54,6 +54,7 @@ FRONTEND_LAYERS = (
     "reasoning",  # a thinking model's thoughts told apart, and grammars that start after them
     "generate",  # a body to a queued request and its record
     "follow",  # submitting and following a request's tokens, and the one stream-out
+    "pooling",  # embeddings, scores and classes: their inputs as token ids, their results
     "completions",  # /v1/chat/completions and /v1/completions: their chunks, bodies and logprobs
     "responses",  # the Responses API
     "anthropic",  # the Anthropic Messages API, as chat requests

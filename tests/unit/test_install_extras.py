@@ -34,6 +34,7 @@ TEST_ONLY = {
     "scikit-learn",
     "datasets",
     "langchain-openai",
+    "sentence-transformers",
     "jsonschema",
     "matplotlib",
 }  # not triton: dev pins the GPU host's version for the kernel tests, but xgrammar needs it on Linux too

@@ -3,57 +3,20 @@
 serves (tasks, Matryoshka sizes, a prompt computed whole by an encoder). No I/O.
 
 A request no worker of its cell can ever run fails at once with the reason (`refusal`); one that
-another worker of the cell runs is passed over by this one (`other_kind`).
+another worker of the cell runs is passed over by this one (`other_kind`). The rules themselves are
+common/pooling_rules.py's, which the gateway asks too.
 """
 
 from __future__ import annotations
 
 from batcher.core.request import Request
-from common.protocol import PoolingParams, WorkerInfo
+from common.pooling_rules import refusal as pooling_refusal
+from common.protocol import WorkerInfo
 
 
 def refusal(info: WorkerInfo, max_num_batched_tokens: int, req: Request) -> str | None:
     """Why a worker of `info` can never run `req` (None: it can, KV blocks aside)."""
-    params = req.pooling_params
-    if params is None:
-        if info.runner == "pooling":
-            tasks = ", ".join(info.pooling_tasks)
-            return f"model {info.model!r} is a pooling model (runner pooling, {tasks}): it generates no text"
-        return None
-    if info.runner != "pooling":
-        return f"model {info.model!r} generates text: a {params.task} request needs a pooling model"
-    if params.task not in info.pooling_tasks:
-        tasks = ", ".join(info.pooling_tasks)
-        return f"model {info.model!r} serves {tasks}, not {params.task}"
-    num_tokens = len(req.prompt_token_ids)
-    if num_tokens > info.max_model_len:
-        return (
-            f"the prompt has {num_tokens} tokens, over max_model_len {info.max_model_len}: "
-            "shorten it or set truncate_prompt_tokens"
-        )
-    if not info.chunked_prefill and num_tokens > max_num_batched_tokens:
-        return (
-            f"the prompt has {num_tokens} tokens, over the step budget ({max_num_batched_tokens}) of an "
-            "encoder model, which computes a prompt whole: shorten it, set truncate_prompt_tokens, or "
-            "raise WORKER_MAX_NUM_BATCHED_TOKENS"
-        )
-    return dimensions_refusal(info, params)
-
-
-def dimensions_refusal(info: WorkerInfo, params: PoolingParams) -> str | None:
-    """Why `params.dimensions` cannot be served (vLLM's rule: Matryoshka models only)."""
-    if params.dimensions is None:
-        return None
-    if params.task != "embed":
-        return f"dimensions applies to embed requests, not {params.task}"
-    if not info.is_matryoshka:
-        return f"model {info.model!r} does not support matryoshka representation: dimensions is not allowed"
-    allowed = info.matryoshka_dimensions
-    if allowed and params.dimensions not in allowed:
-        return f"model {info.model!r} supports dimensions {allowed}, not {params.dimensions}"
-    if not 1 <= params.dimensions <= info.embed_dim:
-        return f"dimensions must be between 1 and the model's {info.embed_dim}, not {params.dimensions}"
-    return None
+    return pooling_refusal(info, max_num_batched_tokens, req.pooling_params, len(req.prompt_token_ids))
 
 
 def fit_prompt(req: Request, max_model_len: int) -> None:

@@ -20,7 +20,7 @@ def refusal(
             return f"model {info.model!r} is a pooling model (runner pooling, {tasks}): it generates no text"
         return None
     if info.runner != "pooling":
-        return f"model {info.model!r} generates text: a {params.task} request needs a pooling model"
+        return f"model {info.model!r} generates text: {params.task} requests need a pooling model"
     if params.task not in info.pooling_tasks:
         tasks = ", ".join(info.pooling_tasks)
         return f"model {info.model!r} serves {tasks}, not {params.task}"

@@ -16,6 +16,7 @@ from gateway.api import (
     routes_messages,
     routes_metrics,
     routes_models,
+    routes_pooling,
     routes_requests,
     routes_responses,
     routes_stored_chat,
@@ -102,6 +103,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     app = FastAPI(title="cbserve gateway", lifespan=lifespan)
     install_error_handlers(app)
     app.include_router(routes_generation.router)
+    app.include_router(routes_pooling.router)
     app.include_router(routes_responses.router)
     app.include_router(routes_requests.router)
     app.include_router(routes_models.router)

@@ -8,7 +8,6 @@ as its tokenizer encodes a pair; an embedding model embeds both texts and gives 
 from __future__ import annotations
 
 import itertools
-import math
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
@@ -29,7 +28,7 @@ from cbserve.offline.prompts import PromptType, generate_prompts
 from common.protocol import PoolingEvent, PoolingParams, PoolingTask, WorkerEvent
 from openai_frontend.model.served_model import ServedModel
 from openai_frontend.pooling.inputs import EmbeddingTokenizer
-from openai_frontend.pooling.pairs import PairTokenizer, score_pairs
+from openai_frontend.pooling.pairs import PairTokenizer, cosine, score_pairs
 
 # vLLM's hf_overrides keys that configure a pooling model here; a Qwen3-Reranker's own two need
 # nothing more than classifier_from_token.
@@ -158,7 +157,7 @@ class PoolingAPI:
         states = self._pool(self._embedding_inputs(texts), params, use_tqdm)
         outputs = []
         for first, second in zip(states[::2], states[1::2], strict=True):
-            out = first.output(ScoringOutput(_cosine(_values(first), _values(second))))
+            out = first.output(ScoringOutput(cosine(_values(first), _values(second))))
             out.prompt_token_ids = first.token_ids + second.token_ids
             outputs.append(out)
         return outputs
@@ -202,8 +201,3 @@ class PoolingAPI:
 def _values(state: PoolingState) -> list[float]:
     assert state.event is not None
     return state.event.values()
-
-
-def _cosine(a: list[float], b: list[float]) -> float:
-    dot = sum(x * y for x, y in zip(a, b, strict=True))
-    return dot / (math.sqrt(sum(x * x for x in a)) * math.sqrt(sum(y * y for y in b)) or 1.0)

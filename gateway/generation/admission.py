@@ -17,6 +17,7 @@ from common.stream_client import new_req_id
 from common.streams import cell_keys, cell_of, placed_req_id
 from gateway.app_state import GatewayState
 from gateway.limits.cell_guard import request_bytes
+from gateway.limits.cell_runners import cell_runners
 from gateway.prepare_pool import body_size
 from gateway.security.auth import request_owner
 from openai_frontend.generate.request import PreparedRequest, with_message
@@ -84,6 +85,8 @@ async def _checked_requests(
     cell = await state.router.place(state.redis, requests[0].message.prompt_token_ids, cache_key)
     requests = [with_message(r, req_id=placed_req_id(cell, r.req_id)) for r in requests]
     request = requests[0]
+    # A pooling model's cell generates nothing: a 400 that says so, not a request that fails there.
+    await cell_runners(http_request.app).check(state.redis, cell, None, request.num_prompt_tokens)
     # Each prompt once, and every choice's output.
     num_prompt_tokens = sum(r.num_prompt_tokens for r in requests[:: request.n])
     num_output_tokens = sum(r.message.sampling_params.max_tokens for r in requests)

@@ -85,6 +85,11 @@ class RequestFollower:
         # When it ends, the batcher cuts the TTL to the resume window (retention_s).
         self._meta_ttl_s = int(request_timeout_s) + retention_s
 
+    @property
+    def mux(self) -> TokenStreamMux:
+        """The shared read of the token streams followed here (pooling results are read through it too)."""
+        return self._mux
+
     def token_text(self, token_id: int) -> str:
         """One token's own text, special tokens too (the thoughts' tokens are counted by it)."""
         return self._served.tokenizer.decode([token_id], skip_special_tokens=False)

@@ -9,6 +9,7 @@ tokenizer returns them: its `model_input_names` (tokenizer_config.json, else its
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,6 +51,12 @@ class PairTokenizer:
         """The pair's token ids (special tokens included: the tokenizer's template) and type ids."""
         encoding = self.tokenizer.tokenizer.encode(text_1, text_2, add_special_tokens=True)
         return list(encoding.ids), list(encoding.type_ids) if self.token_types else None
+
+
+def cosine(a: list[float], b: list[float]) -> float:
+    """How an embedding model scores a pair (vLLM's): the cosine of the two texts' embeddings."""
+    dot = sum(x * y for x, y in zip(a, b, strict=True))
+    return dot / (math.sqrt(sum(x * x for x in a)) * math.sqrt(sum(y * y for y in b)) or 1.0)
 
 
 def score_pairs(data_1: str | Sequence[str], data_2: str | Sequence[str]) -> list[tuple[str, str]]:

@@ -9,12 +9,16 @@ and a BERT cross-encoder. Vectors match `SentenceTransformer.encode` and scores 
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import numpy as np
+import openai
 import pytest
 
 from common.protocol import GenerateRequest, PoolingParams, SamplingParams
@@ -40,8 +44,16 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
+@dataclass
+class Pipeline:
+    main: Stack  # the Redis, the default cell's batcher and its services
+    urls: dict[str, str]  # each pooling model's gateway: bert, ce
+
+
 @pytest.fixture(scope="module")
-def stacks(tmp_path_factory: pytest.TempPathFactory, models: Path, tiny_model_dir: Path) -> Iterator[Stack]:
+def stacks(
+    tmp_path_factory: pytest.TempPathFactory, models: Path, tiny_model_dir: Path
+) -> Iterator[Pipeline]:
     """Its own Redis with the default cell's batcher and tiny Llama worker, and the pooling workers
     beside it (each a `Stack` of its own model on the same Redis), for the whole module."""
     log_dir = tmp_path_factory.mktemp("pooling-stack")
@@ -57,19 +69,31 @@ def stacks(tmp_path_factory: pytest.TempPathFactory, models: Path, tiny_model_di
                 main.start_batcher(f"batcher-{cell}", CBSERVE_CELL=cell)
                 stack.start_worker(f"worker-{cell}", CBSERVE_CELL=cell, WORKER_MAX_NUM_BATCHED_TOKENS="256")
             for cell, n in ((DEFAULT_CELL, 2), ("bert", 1), ("ce", 1)):
-                wait_for(
-                    lambda c=cell, k=n: _joined(main, others, c) >= k, 240, f"{n} workers in cell {cell}"
-                )  # type: ignore[misc]
-            yield main
+                joined = functools.partial(_joined, main, others, cell, n)
+                wait_for(joined, 240, f"{n} workers in cell {cell}")
+            # A gateway per pooling model: the BERT embedder's and the cross-encoder's.
+            bert.start_gateway("gateway-bert", CBSERVE_CELL="bert")
+            cross.start_gateway("gateway-ce", CBSERVE_CELL="ce")
+            for stack in (bert, cross):
+                wait_for(functools.partial(_healthy, stack), 120, f"{stack.model_dir.name}'s gateway")
+            yield Pipeline(main, {"bert": bert.base_url, "ce": cross.base_url})
         finally:
             for stack in (main, *others):
                 stack.stop()
 
 
-def _joined(main: Stack, others: list[Stack], cell: str) -> int:
+def _healthy(stack: Stack) -> bool:
+    stack.check_alive()
+    try:
+        return httpx.get(f"{stack.base_url}/health", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _joined(main: Stack, others: list[Stack], cell: str, num_workers: int) -> bool:
     for stack in (main, *others):
         stack.check_alive()
-    return main.num_workers_joined(cell)
+    return main.num_workers_joined(cell) >= num_workers
 
 
 def _pooling_request(
@@ -92,7 +116,7 @@ def _st_encode(model_dir: Path) -> np.ndarray:
     return np.stack([model.encode([text])[0] for text in TEXTS])  # one at a time: no padding
 
 
-def test_embeddings_and_scores_through_redis_beside_generation(stacks: Stack, models: Path) -> None:
+def test_embeddings_and_scores_through_redis_beside_generation(stacks: Pipeline, models: Path) -> None:
     from sentence_transformers import CrossEncoder
 
     embed = PoolingParams()
@@ -115,7 +139,7 @@ def test_embeddings_and_scores_through_redis_beside_generation(stacks: Stack, mo
         )
         for i in range(4)
     ]
-    with stacks.redis() as r, ThreadPoolExecutor(8) as pool:
+    with stacks.main.redis() as r, ThreadPoolExecutor(8) as pool:
         for request in generations:
             submit(r, request)
         for request in [*requests["qwen"], *requests["bert"], *scored]:
@@ -138,11 +162,11 @@ def test_embeddings_and_scores_through_redis_beside_generation(stacks: Stack, mo
     )
     assert np.allclose(scores, ref_scores, atol=1e-5)
     # The decoder's long prompts went in chunks (the batcher publishes its counts about once a second).
-    wait_for(lambda: stacks.stats().get("num_partial_prefills", 0) > 0, 30, "chunked prefills counted")
+    wait_for(lambda: stacks.main.stats().get("num_partial_prefills", 0) > 0, 30, "chunked prefills counted")
 
 
-def test_a_request_of_the_wrong_kind_fails_with_the_reason(stacks: Stack) -> None:
-    with stacks.redis() as r:
+def test_a_request_of_the_wrong_kind_fails_with_the_reason(stacks: Pipeline) -> None:
+    with stacks.main.redis() as r:
         generate = GenerateRequest(
             req_id=new_req_id("bert"),
             prompt_token_ids=[2, 50, 3],
@@ -156,3 +180,45 @@ def test_a_request_of_the_wrong_kind_fails_with_the_reason(stacks: Stack) -> Non
         submit(r, scored)
         with pytest.raises(RequestFailed, match="serves embed, not score"):
             wait_pooled(r, scored.req_id, timeout_s=60)
+
+
+def test_the_openai_sdks_embeddings_with_its_defaults_and_the_rerank_and_score_routes(
+    stacks: Pipeline, models: Path
+) -> None:
+    from sentence_transformers import CrossEncoder
+
+    urls = stacks.urls
+    client = openai.OpenAI(base_url=f"{urls['bert']}/v1", api_key="unused", max_retries=0, timeout=120)
+    texts = TEXTS[:8]
+    reply = client.embeddings.create(model=str(models / "bert"), input=texts)  # base64 on the wire
+    ours = np.array([d.embedding for d in reply.data])
+    ref = _st_encode(models / "bert")[:8]
+    assert ((ours * ref).sum(1) / np.linalg.norm(ours, axis=1) / np.linalg.norm(ref, axis=1)).min() >= 0.99999
+    tokenizer = EmbeddingTokenizer.load(models / "bert", ModelTokenizer(models / "bert"))
+    assert reply.usage.prompt_tokens == sum(len(tokenizer.encode(t)) for t in texts)
+    floats = client.embeddings.create(model=str(models / "bert"), input=[[2, 50, 3]], encoding_format="float")
+    assert len(floats.data[0].embedding) == 32
+    with pytest.raises(openai.BadRequestError, match="does not support matryoshka"):
+        client.embeddings.create(model=str(models / "bert"), input="a", dimensions=8)
+    with pytest.raises(openai.BadRequestError, match="is a pooling model"):
+        client.completions.create(model=str(models / "bert"), prompt="hi", max_tokens=2)
+
+    query, documents = TEXTS[5], TEXTS[:6]
+    ref_scores = CrossEncoder(str(models / "cross-encoder"), device="cpu").predict(
+        [(query, d) for d in documents]
+    )
+    for path in ("/rerank", "/v1/rerank", "/v2/rerank"):
+        body = {"query": query, "documents": documents, "top_n": 3}
+        answer = httpx.post(f"{urls['ce']}{path}", json=body, timeout=120).json()
+        assert [r["index"] for r in answer["results"]] == list(np.argsort(-ref_scores)[:3])
+        assert [r["relevance_score"] for r in answer["results"]] == pytest.approx(
+            sorted(ref_scores)[::-1][:3], abs=1e-5
+        )
+        assert answer["results"][0]["document"]["text"] == documents[answer["results"][0]["index"]]
+    answer = httpx.post(
+        f"{urls['ce']}/v1/score", json={"text_1": query, "text_2": documents}, timeout=120
+    ).json()
+    assert [d["score"] for d in answer["data"]] == pytest.approx(list(ref_scores), abs=1e-5)
+
+    # The reverse, a generation model asked for embeddings: tests/stack/test_eval_harness.py (here the
+    # default cell holds a pooling worker too, so its gateway takes embeddings).

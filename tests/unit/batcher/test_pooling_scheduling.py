@@ -116,7 +116,7 @@ def test_a_request_no_worker_of_the_cell_serves_fails_with_the_reason() -> None:
     s = scheduler(worker("g0"))
     s.add_request(pooling_request("p", 4), 0.0)
     _, failed = s.schedule("g0")
-    assert failed[0].error == "model 'm' generates text: a embed request needs a pooling model"
+    assert failed[0].error == "model 'm' generates text: embed requests need a pooling model"
 
     s = scheduler(pooling_worker())
     s.add_request(request("g", 4), 0.0)

@@ -1,0 +1,57 @@
+"""Where a pooling request goes from its prompts to its results (routes_pooling.py): placed in a cell,
+checked against what the cell's workers serve, bounded and counted as generation is (the cell's
+batcher and Redis headroom, the queue bound, the rate limit by prompt tokens), one request per prompt
+queued, and each one's `PoolingEvent` read back."""
+
+from __future__ import annotations
+
+import time
+
+from starlette.requests import Request
+
+from common.protocol import GenerateRequest, PoolingEvent, SamplingParams
+from common.stream_client import new_req_id, submit_once_on
+from common.streams import cell_keys
+from gateway.app_state import GatewayState
+from gateway.limits.cell_guard import request_bytes
+from gateway.limits.cell_runners import cell_runners
+from gateway.security.auth import request_owner
+from openai_frontend.pooling.bodies import PoolingJob
+from openai_frontend.pooling.results import pooled
+
+
+async def run_pooling(job: PoolingJob, http_request: Request, state: GatewayState) -> list[PoolingEvent]:
+    """Each prompt's result, in order; raises OpenAIError when refused or failed."""
+    owner = request_owner(http_request)
+    arrival_time = time.time()
+    cell = await state.router.place(state.redis, job.prompts[0][0], "")
+    runners = cell_runners(http_request.app)
+    for ids, _ in job.prompts:
+        await runners.check(state.redis, cell, job.params, len(ids))
+    messages = [
+        GenerateRequest(
+            req_id=new_req_id(cell),
+            prompt_token_ids=ids,
+            sampling_params=SamplingParams(),
+            arrival_time=arrival_time,
+            owner=owner,
+            user=job.user,
+            queue_deadline=arrival_time + state.settings.max_queue_wait_s,
+            pooling_params=job.params,
+            token_type_ids=types,
+        )
+        for ids, types in job.prompts
+    ]
+    req_ids = [m.req_id for m in messages]
+    num_tokens = sum(len(m.prompt_token_ids) for m in messages)
+    await state.cell_guard.check(state.redis, cell, request_bytes(len(messages), num_tokens, 0))
+    await state.queue_bound.check(state.redis, cell_keys(cell), req_ids[0], req_ids)
+    try:
+        await state.rate_limiter.check(owner, num_tokens, job.user)
+        async with state.redis.pipeline(transaction=False) as pipe:
+            for message in messages:
+                submit_once_on(pipe, message)
+            await pipe.execute()
+    finally:
+        state.queue_bound.release(cell, req_ids[0])  # written, the stream counts them; refused, nothing
+    return await pooled(state.follower, req_ids, state.settings.request_timeout_s)

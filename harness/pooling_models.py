@@ -100,19 +100,21 @@ def _bert_config(tokenizer: Any, max_len: int, **kw: Any) -> Any:
     )
 
 
-def build_bert_embedder(path: Path, *, pooling: str = "mean", normalize: bool = True, seed: int = 0) -> Path:
-    """A sentence-transformers model: BERT, then Pooling(`pooling`), then Normalize."""
+def build_bert_embedder(
+    path: Path, *, pooling: str = "mean", normalize: bool = True, seed: int = 0, arch: str = "bert"
+) -> Path:
+    """A sentence-transformers model: an encoder (`arch`: bert, xlm-roberta or modernbert), then
+    Pooling(`pooling`), then Normalize."""
     import torch
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.base.modules import Normalize, Transformer
     from sentence_transformers.sentence_transformer.modules import Pooling
-    from transformers import BertModel
 
     max_len = 128
     tokenizer = _bert_tokenizer(max_len)
     torch.manual_seed(seed)
     raw = path.parent / f"{path.name}-transformers"
-    BertModel(_bert_config(tokenizer, max_len)).save_pretrained(raw)
+    _encoder(arch, tokenizer, max_len).save_pretrained(raw)
     tokenizer.save_pretrained(raw)
     transformer = Transformer(str(raw))
     modules: list[Any] = [transformer, Pooling(transformer.get_embedding_dimension(), pooling)]
@@ -120,6 +122,28 @@ def build_bert_embedder(path: Path, *, pooling: str = "mean", normalize: bool = 
         modules.append(Normalize())
     SentenceTransformer(modules=modules).save(str(path))
     return path
+
+
+def _encoder(arch: str, tokenizer: Any, max_len: int) -> Any:
+    from transformers import BertModel, ModernBertConfig, ModernBertModel, XLMRobertaConfig, XLMRobertaModel
+
+    if arch == "bert":
+        return BertModel(_bert_config(tokenizer, max_len))
+    sizes = {
+        "vocab_size": len(tokenizer),
+        "hidden_size": 32,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+    }
+    sizes |= {"intermediate_size": 64, "pad_token_id": tokenizer.pad_token_id}
+    if arch == "xlm-roberta":
+        # Positions start after the padding index, as RoBERTa's do: 130 of them hold 128 tokens and more.
+        return XLMRobertaModel(
+            XLMRobertaConfig(max_position_embeddings=max_len + 2, type_vocab_size=1, **sizes)
+        )
+    ids = {"cls_token_id": tokenizer.cls_token_id, "sep_token_id": tokenizer.sep_token_id}
+    ids |= {"bos_token_id": tokenizer.cls_token_id, "eos_token_id": tokenizer.sep_token_id}
+    return ModernBertModel(ModernBertConfig(max_position_embeddings=max_len, **sizes, **ids))
 
 
 def build_decoder_embedder(path: Path, *, pooling: str = "lasttoken", seed: int = 0) -> Path:

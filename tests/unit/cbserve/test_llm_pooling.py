@@ -31,6 +31,8 @@ SMALL_STEPS: dict[str, Any] = {"max_num_batched_tokens": 32, "max_num_seqs": 8, 
 def models(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("pooling-models")
     build_bert_embedder(root / "bert-mean")
+    build_bert_embedder(root / "xlm-roberta-cls", pooling="cls", arch="xlm-roberta")
+    build_bert_embedder(root / "modernbert-mean", arch="modernbert")
     build_decoder_embedder(root / "qwen-last")
     build_decoder_embedder(root / "qwen-mean", pooling="mean")
     build_cross_encoder(root / "cross-encoder")
@@ -52,7 +54,13 @@ def st_encode(model_dir: Path, texts: list[str]) -> np.ndarray:
 
 @pytest.mark.parametrize(
     ("name", "steps"),
-    [("bert-mean", {"max_num_batched_tokens": 256}), ("qwen-last", SMALL_STEPS), ("qwen-mean", SMALL_STEPS)],
+    [
+        ("bert-mean", {"max_num_batched_tokens": 256}),
+        ("xlm-roberta-cls", {"max_num_batched_tokens": 256}),
+        ("modernbert-mean", {"max_num_batched_tokens": 256}),
+        ("qwen-last", SMALL_STEPS),
+        ("qwen-mean", SMALL_STEPS),
+    ],
 )
 def test_embeddings_match_sentence_transformers(models: Path, name: str, steps: dict[str, Any]) -> None:
     llm = LLM(str(models / name), runner="pooling", device="cpu", enforce_eager=True, **steps)
@@ -60,7 +68,7 @@ def test_embeddings_match_sentence_transformers(models: Path, name: str, steps: 
     ours = np.array([out.outputs.embedding for out in outputs])
     assert cosines(ours, st_encode(models / name, TEXTS)).min() >= 0.99999
     assert np.allclose(np.linalg.norm(ours, axis=1), 1.0, atol=1e-5)  # its Normalize module
-    if name != "bert-mean":
+    if name.startswith("qwen"):
         assert llm.llm_engine.stats.num_partial_prefills > 0  # some prompts went in chunks
 
 

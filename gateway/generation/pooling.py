@@ -27,7 +27,9 @@ async def run_pooling(job: PoolingJob, http_request: Request, state: GatewayStat
     cell = await state.router.place(state.redis, job.prompts[0][0], "")
     runners = cell_runners(http_request.app)
     for ids, _ in job.prompts:
-        await runners.check(state.redis, cell, job.params, len(ids))
+        await runners.check(
+            state.redis, cell, job.params, _num_read(len(ids), job.params.truncate_prompt_tokens)
+        )
     messages = [
         GenerateRequest(
             req_id=new_req_id(cell),
@@ -55,3 +57,11 @@ async def run_pooling(job: PoolingJob, http_request: Request, state: GatewayStat
     finally:
         state.queue_bound.release(cell, req_ids[0])  # written, the stream counts them; refused, nothing
     return await pooled(state.follower, req_ids, state.settings.request_timeout_s)
+
+
+def _num_read(num_tokens: int, truncate: int | None) -> int:
+    """The tokens the model reads of a prompt: its last `truncate` (-1: as many as the model takes,
+    which the batcher cuts it to)."""
+    if truncate is None:
+        return num_tokens
+    return min(num_tokens, truncate) if truncate > 0 else 1

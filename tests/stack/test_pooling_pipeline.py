@@ -196,6 +196,13 @@ def test_the_openai_sdks_embeddings_with_its_defaults_and_the_rerank_and_score_r
     assert ((ours * ref).sum(1) / np.linalg.norm(ours, axis=1) / np.linalg.norm(ref, axis=1)).min() >= 0.99999
     tokenizer = EmbeddingTokenizer.load(models / "bert", ModelTokenizer(models / "bert"))
     assert reply.usage.prompt_tokens == sum(len(tokenizer.encode(t)) for t in texts)
+    long = " ".join(TEXTS)  # far over the BERT's 128 positions
+    with pytest.raises(openai.BadRequestError, match="over max_model_len 128"):
+        client.embeddings.create(model=str(models / "bert"), input=long)
+    cut = client.embeddings.create(
+        model=str(models / "bert"), input=long, extra_body={"truncate_prompt_tokens": 16}
+    )
+    assert cut.usage.prompt_tokens == 16
     floats = client.embeddings.create(model=str(models / "bert"), input=[[2, 50, 3]], encoding_format="float")
     assert len(floats.data[0].embedding) == 32
     with pytest.raises(openai.BadRequestError, match="does not support matryoshka"):

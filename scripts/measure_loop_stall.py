@@ -30,9 +30,9 @@ from typing import Any
 
 import httpx
 
-from harness.leftovers import rss_kib
-from harness.redis_server import redis_server
-from harness.services import Stack, wait_for
+from harness.load.leftovers import rss_kib
+from harness.processes.redis_server import redis_server
+from harness.processes.services import Stack, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -27,8 +27,8 @@ from common.redis_io.result_lost import result_lost
 from common.stream_client import follow, submit_once
 from common.streams import REQUESTS_STREAM, token_stream
 from gateway.security.api_keys import hash_key
-from harness.readme_examples import example, run_example
-from harness.services import ROOT, Stack, running_stack, wait_for
+from harness.processes.services import ROOT, Stack, running_stack, wait_for
+from harness.user.readme_examples import example, run_example
 
 KEY_A, KEY_B = "sk-batch-a", "sk-batch-b"
 MAX_FILE_BYTES = 256 * 1024

@@ -19,7 +19,7 @@ import redis
 
 from common.protocol import FIELD, decode_request
 from common.streams import REQUESTS_STREAM, batch_outputs, submitted_key
-from harness.services import Stack, wait_for
+from harness.processes.services import Stack, wait_for
 from tests.stack.test_batch_api import jsonl, request_line, wait_final
 
 CRASHY_WORKER = {

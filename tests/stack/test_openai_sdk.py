@@ -22,8 +22,8 @@ from transformers import AutoModelForCausalLM
 
 from common.protocol import FIELD, decode_request
 from common.streams import REQUESTS_STREAM
-from harness.services import Stack, running_stack
-from harness.tiny_model import byte_token_id
+from harness.models.tiny_model import byte_token_id
+from harness.processes.services import Stack, running_stack
 from tests.unit.gpu_worker.test_model_runner import EOS_PROMPT
 
 PROMPT = [random.Random(7).randrange(3, 500) for _ in range(12)]

@@ -16,7 +16,7 @@ import httpx
 import redis
 
 from common import streams
-from harness.services import Stack, wait_for
+from harness.processes.services import Stack, wait_for
 
 MAX_QUEUED = 2
 # Long enough that both requests are seen waiting together before the first times out, even when

@@ -20,8 +20,8 @@ from typing import Any
 import httpx
 import pytest
 
-from harness.redis_process import RedisProcess, running_redis
-from harness.services import Stack, wait_for
+from harness.processes.redis_process import RedisProcess, running_redis
+from harness.processes.services import Stack, wait_for
 
 NUM_STREAMS = 6
 BODY = {"prompt": [5, 6, 7], "max_tokens": 8, "temperature": 0}

@@ -21,7 +21,7 @@ import httpx2 as httpx  # the HTTP library both SDKs are built on now
 import openai
 import pytest
 
-from harness.gateway_server import RunningGateway
+from harness.gateway.gateway_server import RunningGateway
 
 KEEPALIVE = b": keep-alive"
 TOKENS = [300, 301, 302, 303]

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from benchmarks.gpu_parity import reference_greedy
+from benchmarks.gpu.gpu_parity import reference_greedy
 from cbserve import LLM, SamplingParams
 from cbserve.offline.outputs import Logprob, RequestOutput
 

@@ -13,7 +13,7 @@ from gpu_worker.kernels.triton.paged_decode import paged_decode
 from gpu_worker.runner.attention.torch_attn import TorchAttentionBackend
 from gpu_worker.runner.attention.triton_attn import TritonAttentionBackend
 from gpu_worker.runner.attention.variant import PLAIN, AttentionVariant
-from harness.paged_steps import DEVICE, make_step, pool
+from harness.gpu_worker.paged_steps import DEVICE, make_step, pool
 
 NUM_KV_HEADS = 2
 HEAD_DIM = 32

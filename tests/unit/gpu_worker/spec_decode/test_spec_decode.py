@@ -12,7 +12,7 @@ import torch
 
 from batcher.core.request import Request
 from batcher.core.scheduler import Scheduler, SchedulerConfig, SchedulerStats
-from benchmarks.gpu_parity import reference_greedy
+from benchmarks.gpu.gpu_parity import reference_greedy
 from common.protocol import SamplingParams, StructuredOutput, TokenEvent
 from common.speculative_config import SpeculativeConfig
 from gpu_worker.runner.model_runner import ModelRunner
@@ -20,7 +20,7 @@ from gpu_worker.runner.sample.sampler import Sampler
 from gpu_worker.runner.sample.sampling_state import SamplingState
 from gpu_worker.runner.spec_decode.verify import accept_drafts
 from gpu_worker.settings import WorkerSettings
-from harness.tiny_model import build_tiny_model
+from harness.models.tiny_model import build_tiny_model
 
 NGRAM = SpeculativeConfig(method="ngram", num_speculative_tokens=4, prompt_lookup_min=1, prompt_lookup_max=3)
 PATTERN = [17, 301, 52, 99, 260, 8, 411]

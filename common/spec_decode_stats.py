@@ -1,5 +1,5 @@
 """Speculative decoding's figures from vLLM's counters (drafts, draft tokens, accepted tokens, accepted
-per position), for the dashboard (from the batcher's stats hash) and `benchmarks.load.serve` (from a
+per position), for the dashboard (from the batcher's stats hash) and `benchmarks.serve` (from a
 server's /metrics, ours or vLLM's)."""
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 # into .llama/ (git-ignored): only the server target, Release, tuned for this host's CPU.
 # About 25 minutes on 2 cores; rerunning with a built binary does nothing.
 #   bash benchmarks/baselines/llama_server.sh            # -> .llama/bin/llama-server, .llama/src (convert script)
-# benchmarks.load.serve's `llama-server` systems use .llama/bin/llama-server and convert the benchmark
+# benchmarks.serve's `llama-server` systems use .llama/bin/llama-server and convert the benchmark
 # model to GGUF with .llama/src/convert_hf_to_gguf.py (see benchmarks/baselines/gguf.py).
 set -euo pipefail
 cd "$(dirname "$0")/../.."

@@ -27,7 +27,7 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict
 
-from benchmarks.load.tokenizer import BenchTokenizer, IncrementalDecoder
+from benchmarks.workloads.tokenizer import BenchTokenizer, IncrementalDecoder
 
 if TYPE_CHECKING:
     from benchmarks.baselines.inprocess_engine import InProcessEngine

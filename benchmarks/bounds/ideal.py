@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.bounds.dense_bound import measure
-from benchmarks.load.serve import make_workload, parse_args
+from benchmarks.serve import make_workload, parse_args
 from benchmarks.workloads.datasets import SampleRequest
 
 

@@ -1,7 +1,7 @@
 """This machine's roofline for a decode step, and the share of it each compared system reached.
 
     python -m benchmarks.bounds.roofline --threads 2  # the machine: copy bandwidth and fp32 GEMM peak (JSON)
-    python -m benchmarks.load.serve compare --spec benchmarks/specs/cpu-llama-server.toml  # roofline = true
+    python -m benchmarks.serve compare --spec benchmarks/specs/cpu-llama-server.toml  # roofline = true
 
 A decode step of B requests must read every weight once (the input embedding is only indexed) and
 each request's K/V once, and do 2 flops per weight per request plus 4 per head dimension per context

@@ -80,12 +80,12 @@ step decode "$L_DECODE" $PY -m benchmarks.worker_step.decode_roofline --shape "$
 if [ ! -f "$MODEL/config.json" ]; then
     step make_model "$L_MODEL" $PY -m benchmarks.workloads.make_model "$MODEL" --preset "$PRESET" --device "$DEVICE"
 fi
-step e2e_16 "$L_E2E" ${EAGER[@]+"${EAGER[@]}"} $PY -m benchmarks.load.serve compare "${SPEC_ARGS[@]}" --disable-tqdm \
+step e2e_16 "$L_E2E" ${EAGER[@]+"${EAGER[@]}"} $PY -m benchmarks.serve compare "${SPEC_ARGS[@]}" --disable-tqdm \
     --result-file "$WORK/e2e_16.json"
 step parity_float32 "$L_PARITY32" ${EAGER[@]+"${EAGER[@]}"} $PY -m benchmarks.gpu.gpu_parity --model models/demo \
     --device "$DEVICE" --dtype float32 --num-prompts "$NUM_PROMPTS" ${PARITY_ARGS[@]+"${PARITY_ARGS[@]}"} \
     --result-file "$WORK/parity_float32.json"
-step e2e_64 "$L_E2E64" ${EAGER[@]+"${EAGER[@]}"} $PY -m benchmarks.load.serve compare "${SPEC64_ARGS[@]}" --disable-tqdm \
+step e2e_64 "$L_E2E64" ${EAGER[@]+"${EAGER[@]}"} $PY -m benchmarks.serve compare "${SPEC64_ARGS[@]}" --disable-tqdm \
     --result-file "$WORK/e2e_64.json"
 # The kernel tests, wherever the test tree keeps them.
 KERNEL_TESTS=$(find tests -name test_triton_attention.py -print -quit)

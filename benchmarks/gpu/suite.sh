@@ -60,12 +60,12 @@ step dense_bound 60 $PY -m benchmarks.bounds.dense_bound --model "$MODEL" --batc
 
 # The issue's comparison, same workload as the CPU run.
 if [ "$PROFILE" = smoke ]; then
-    step compare_t0 200 $PY -m benchmarks.load.serve compare --spec "$SPEC" --model "$MODEL" --num-prompts "$NUM" \
+    step compare_t0 200 $PY -m benchmarks.serve compare --spec "$SPEC" --model "$MODEL" --num-prompts "$NUM" \
         --disable-tqdm --result-file "$WORK/compare_t0.json"
 else
-    step compare_t0 200 $PY -m benchmarks.load.serve compare --spec "$SPEC" --disable-tqdm \
+    step compare_t0 200 $PY -m benchmarks.serve compare --spec "$SPEC" --disable-tqdm \
         --only static-16,cbserve,inprocess --result-file "$WORK/compare_t0.json"
-    step compare_hf 150 $PY -m benchmarks.load.serve compare --spec "$SPEC" --disable-tqdm \
+    step compare_hf 150 $PY -m benchmarks.serve compare --spec "$SPEC" --disable-tqdm \
         --only cbserve,transformers-cb --result-file "$WORK/compare_hf.json"
 fi
 
@@ -77,17 +77,17 @@ POLICY_ENV="device=$DEVICE${LAUNCH_EXTRA:-},BATCHER_MAX_NUM_SEQS=$SEQS,BATCHER_M
 POLICY_ENV="$POLICY_ENV,BATCHER_ASYNC_SCHEDULING=true,WORKER_NUM_BLOCKS=$BLOCKS"
 POLICIES=(--launch "fused=cbserve:$POLICY_ENV,BATCHER_SCHEDULING_POLICY=fused"
     --launch "tgi=cbserve:$POLICY_ENV,BATCHER_SCHEDULING_POLICY=tgi")
-step policy_max 120 $PY -m benchmarks.load.serve compare "${POLICIES[@]}" "${WORKLOAD[@]}" \
+step policy_max 120 $PY -m benchmarks.serve compare "${POLICIES[@]}" "${WORKLOAD[@]}" \
     --request-rate inf --result-file "$WORK/policy_max.json"
 MAX_RPS=${MAX_RPS:-$($PY -c "import json; print(json.load(open('$WORK/policy_max.json'))['systems']['fused']['summary']['request_throughput'])" 2>/dev/null || echo 1)}
 log "max request throughput (fused, t=0): $MAX_RPS req/s"
 for pct in 50 90; do
     rate=$($PY -c "print(round($MAX_RPS * $pct / 100, 3))")
-    step "policy_poisson$pct" 120 $PY -m benchmarks.load.serve compare "${POLICIES[@]}" "${WORKLOAD[@]}" \
+    step "policy_poisson$pct" 120 $PY -m benchmarks.serve compare "${POLICIES[@]}" "${WORKLOAD[@]}" \
         --request-rate "$rate" --result-file "$WORK/policy_poisson$pct.json"
 done
 rate=$($PY -c "print(round($MAX_RPS * 0.9, 3))")
-step policy_long90 120 $PY -m benchmarks.load.serve compare "${POLICIES[@]}" "${WORKLOAD[@]}" \
+step policy_long90 120 $PY -m benchmarks.serve compare "${POLICIES[@]}" "${WORKLOAD[@]}" \
     --request-rate "$rate" --long-prompt-len "$LONG" --long-prompt-fraction 0.05 \
     --result-file "$WORK/policy_long90.json"
 

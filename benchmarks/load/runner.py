@@ -12,8 +12,8 @@ from tqdm import tqdm
 
 from benchmarks.load.client import Backend, PromptFormat, RequestInput, RequestOutput, send_completion
 from benchmarks.load.spec_decode import counted_during, read_spec_counters
-from benchmarks.load.tokenizer import BenchTokenizer
 from benchmarks.workloads.datasets import SampleRequest
+from benchmarks.workloads.tokenizer import BenchTokenizer
 from common.spec_decode_stats import SpecDecodeCounts
 
 

@@ -5,7 +5,7 @@ reruns a whole comparison:
 
     model = "models/gpt2-small-llama"      # tokenizer, and the model every launched system serves
     baseline = "static-8"
-    [benchmark]                            # any `python -m benchmarks.load.serve` option, by its dest name
+    [benchmark]                            # any `python -m benchmarks.serve` option, by its dest name
     dataset = "random"
     num_prompts = 200
     [[system]]

@@ -1,7 +1,7 @@
 """A repetitive workload held out from `--dataset repetitive`'s templates: rewrite real functions.
 
     python -m benchmarks.workloads.code_rewrites common batcher -o /tmp/code-rewrites.json
-    python -m benchmarks.load.serve compare --spec benchmarks/specs/cpu-speculative.toml \\
+    python -m benchmarks.serve compare --spec benchmarks/specs/cpu-speculative.toml \\
         --dataset sharegpt --dataset-path /tmp/code-rewrites.json
 
 Every top-level function of the given folders' Python files (300-1,200 characters of source) becomes

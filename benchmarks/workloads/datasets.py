@@ -15,8 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.load.tokenizer import BenchTokenizer
 from benchmarks.workloads.repetitive import repetitive_prompt
+from benchmarks.workloads.tokenizer import BenchTokenizer
 
 DATASETS = ("random", "capped-exponential", "sharegpt", "prefix-repetition", "multi-turn", "repetitive")
 

@@ -1,8 +1,9 @@
-"""A Batch API run for fault tests: submit N greedy completion lines, see it part done, check that
-each line's request was submitted exactly once (its id derives from batch and line)."""
+"""Batch API input files, and a run for fault tests: submit N greedy completion lines, see it part
+done, check that each line's request was submitted exactly once (its id derives from batch and line)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -11,7 +12,16 @@ import redis
 
 from common.protocol import FIELD, decode_request
 from common.streams import REQUESTS_STREAM, batch_outputs, submitted_key
-from tests.stack.test_batch_api import jsonl, request_line
+
+
+def jsonl(lines: list[dict[str, Any]]) -> bytes:
+    """A Batch API input file's content: one JSON line each."""
+    return "".join(json.dumps(line) + "\n" for line in lines).encode()
+
+
+def request_line(custom_id: str, body: dict[str, Any], url: str = "/v1/chat/completions") -> dict[str, Any]:
+    """One line of a Batch API input file."""
+    return {"custom_id": custom_id, "method": "POST", "url": url, "body": body}
 
 
 def submit_batch(base_url: str, num_lines: int, max_tokens: int) -> tuple[openai.OpenAI, str, list[str]]:

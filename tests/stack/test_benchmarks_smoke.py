@@ -13,11 +13,11 @@ import pytest
 from benchmarks.figures.metrics import parse_goodput, summarize
 from benchmarks.load.arrivals import arrival_times
 from benchmarks.load.client import RequestOutput
-from benchmarks.load.serve import main as serve_main
 from benchmarks.load.specs import SystemSpec, parse_launch_arg
 from benchmarks.load.sse import SSEParser
-from benchmarks.load.tokenizer import BenchTokenizer
+from benchmarks.serve import main as serve_main
 from benchmarks.workloads.datasets import DatasetConfig, ideal_cached_tokens, length_range, sample_requests
+from benchmarks.workloads.tokenizer import BenchTokenizer
 
 NUM_REQUESTS = 6
 
@@ -251,7 +251,7 @@ def test_compare_runs_every_system_on_the_same_requests(
 
 
 def test_spec_file_settings_are_defaults_that_flags_override(tmp_path: Path) -> None:
-    from benchmarks.load.serve import parse_args, resolve_systems
+    from benchmarks.serve import parse_args, resolve_systems
 
     spec = tmp_path / "spec.toml"
     spec.write_text(

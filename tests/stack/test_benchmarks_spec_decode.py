@@ -1,4 +1,4 @@
-"""`benchmarks.load.serve` against a live stack that drafts: the run's drafts (warm-up excluded) come from
+"""`benchmarks.serve` against a live stack that drafts: the run's drafts (warm-up excluded) come from
 the gateway's /metrics into the printed report and the JSON result, agreeing with the batcher's
 counters."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.load.serve import main as serve_main
+from benchmarks.serve import main as serve_main
 from harness.processes.services import Stack
 
 NGRAM = json.dumps({"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3})

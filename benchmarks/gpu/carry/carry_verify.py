@@ -53,7 +53,7 @@ MODULES = (
     "gpu_worker.service.worker",
     "batcher.service.loop",
     "gateway.app",
-    "benchmarks.load.serve",
+    "benchmarks.serve",
     "benchmarks.gpu.gpu_parity",
     "benchmarks.worker_step.decode_roofline",
     "benchmarks.pipeline.control_plane",

@@ -1,4 +1,4 @@
-"""Speculative decoding in `benchmarks.load.serve`'s reports and the dashboard: the counters read from a
+"""Speculative decoding in `benchmarks.serve`'s reports and the dashboard: the counters read from a
 server's /metrics (ours and vLLM's), what the run drafted, and the rows of the tables."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from benchmarks.figures.repeats import format_repeated, ratio_spread, summary_sp
 from benchmarks.figures.report import format_comparison, format_summary, run_record
 from benchmarks.load.client import RequestOutput
 from benchmarks.load.runner import RunResult, Target
-from benchmarks.load.serve import parse_args, resolve_systems
 from benchmarks.load.spec_decode import counted_during, parse_spec_counters, summary_fields
+from benchmarks.serve import parse_args, resolve_systems
 from common.spec_decode_stats import SpecDecodeCounts, counts_from_stats
 from common.speculative_config import SpeculativeConfig
 from gateway.observability.batcher_collector import BatcherCollector

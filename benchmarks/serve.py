@@ -1,13 +1,13 @@
 """Load generator for OpenAI-compatible servers, after `vllm bench serve`; `compare` runs several.
 
 One server:
-    python -m benchmarks.load.serve --base-url http://127.0.0.1:8000 --model models/tiny-llama \\
+    python -m benchmarks.serve --base-url http://127.0.0.1:8000 --model models/tiny-llama \\
         --dataset random --random-input-len 128 --random-output-len 64 --num-prompts 100 --request-rate 4
 
 Several, on the identical request list (same prompts, lengths and arrival times), one after another:
-    python -m benchmarks.load.serve compare --model models/tiny-llama \\
+    python -m benchmarks.serve compare --model models/tiny-llama \\
         --launch static=static:batch_size=8 --launch cbserve=cbserve --system vllm=http://gpu:8000
-    python -m benchmarks.load.serve compare --spec benchmarks/specs/cpu-tiny.toml
+    python -m benchmarks.serve compare --spec benchmarks/specs/cpu-tiny.toml
 
 Every run writes a JSON result (config, summary, per-request figures); compare also prints the
 ratios of each system to the baseline and writes a PNG of TTFT / TPOT / throughput.
@@ -42,7 +42,6 @@ from benchmarks.load.specs import (
     parse_launch_arg,
     parse_system_arg,
 )
-from benchmarks.load.tokenizer import BenchTokenizer
 from benchmarks.workloads.datasets import (
     DATASETS,
     DatasetConfig,
@@ -50,8 +49,9 @@ from benchmarks.workloads.datasets import (
     ideal_cached_tokens,
     sample_requests,
 )
+from benchmarks.workloads.tokenizer import BenchTokenizer
 
-DEFAULT_RESULT_DIR = Path(__file__).resolve().parents[1] / "results"
+DEFAULT_RESULT_DIR = Path(__file__).resolve().parent / "results"
 
 
 class _AppendSystem(argparse.Action):
@@ -113,7 +113,7 @@ def _add_benchmark_args(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser(compare: bool) -> argparse.ArgumentParser:
-    prog = "python -m benchmarks.load.serve" + (" compare" if compare else "")
+    prog = "python -m benchmarks.serve" + (" compare" if compare else "")
     parser = argparse.ArgumentParser(
         prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )

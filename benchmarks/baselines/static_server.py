@@ -279,19 +279,18 @@ def load_inprocess_state(args: argparse.Namespace) -> ServerState:
     from batcher.core.scheduler import SchedulerConfig
     from benchmarks.baselines.inprocess_engine import InProcessEngine
     from cbserve.offline.engine import LLMEngine
-    from gpu_worker.runner.model_runner import ModelRunner
     from gpu_worker.settings import WorkerSettings
 
-    runner = ModelRunner(
+    engine = LLMEngine.load(
         WorkerSettings(
             model=args.model,
             device=args.device,
             dtype=args.dtype,
             max_num_seqs=args.max_num_seqs,
             max_num_batched_tokens=args.max_num_batched_tokens,
-        )
+        ),
+        SchedulerConfig(scheduling_policy=args.scheduling_policy),
     )
-    engine = LLMEngine(runner, SchedulerConfig(scheduling_policy=args.scheduling_policy))
     return ServerState(
         engine=InProcessEngine(engine),
         tokenizer=BenchTokenizer(args.model),

@@ -3,12 +3,13 @@
     python -m benchmarks.gpu.gpu_parity --model models/demo --device cuda --dtype float32
     python -m benchmarks.gpu.gpu_parity --model models/demo --device cuda --dtype bfloat16
 
-The batcher's Scheduler and the worker's ModelRunner run in this process (chunked prefill under a
-small token budget, then batched decodes, as the pipeline runs them); each request is then generated
-alone by transformers with its default attention, on the same device in the same dtype. fp32 must
-agree token for token; in bf16 the two sum in different orders, so a near-tie can flip and the
-continuation diverges from there: the report gives the share of identical requests and where the
-others first differ. Use a trained model (the shipped demo model): random weights are all near-ties.
+The in-process engine (`LLMEngine`: the batcher's Scheduler and the worker's ModelRunner) runs in this
+process (chunked prefill under a small token budget, then batched decodes, as the pipeline runs
+them); each request is then generated alone by transformers with its default attention, on the same
+device in the same dtype. fp32 must agree token for token; in bf16 the two sum in different orders,
+so a near-tie can flip and the continuation diverges from there: the report gives the share of
+identical requests and where the others first differ. Use a trained model (the shipped demo model):
+random weights are all near-ties.
 """
 
 from __future__ import annotations

@@ -3,13 +3,13 @@
     python -m benchmarks.worker_step.forward_ab --model models/gpt2-small-llama \
         --variants eager,compiled,int8-compiled --rounds 6 --decode-steps 8
 
-Each variant is a ModelRunner of its own (WORKER_COMPILE, WORKER_QUANTIZATION and, with a `+kv-bfloat16`
-or `+kv-float16` suffix, WORKER_KV_CACHE_DTYPE as its name says)
-with a Scheduler of its own and the same greedy requests. After every variant has prefilled, rounds
-of `--decode-steps` decode steps alternate between the variants (the order reversed every other
-round), so the machine's drift falls on all of them alike. Printed: ms per decode step by round with
-the median and spread, and, against the first variant, the share of requests whose greedy tokens are
-identical and the first position where the others diverge.
+Each variant is an in-process engine of its own (`LLMEngine`, cbserve/offline/engine.py: the scheduler
+and a ModelRunner under WORKER_COMPILE, WORKER_QUANTIZATION and, with a `+kv-bfloat16` or `+kv-float16`
+suffix, WORKER_KV_CACHE_DTYPE as its name says) with the same greedy requests. After every variant
+has prefilled, rounds of `--decode-steps` decode steps alternate between the variants (the order
+reversed every other round), so the machine's drift falls on all of them alike. Printed: ms per
+decode step by round with the median and spread, and, against the first variant, the share of
+requests whose greedy tokens are identical and the first position where the others diverge.
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from types import SimpleNamespace
 
 import torch
 
-from batcher.core.request import Request
-from batcher.core.scheduler import Scheduler, SchedulerConfig
-from common.protocol import SamplingParams
+from batcher.core.scheduler import SchedulerConfig
+from cbserve.offline.engine import LLMEngine
+from common.protocol import SamplingParams, TokenEvent
 from gpu_worker.runner.attention import torch_attn
 from gpu_worker.runner.forward import compile as forward_compile
 from gpu_worker.runner.forward import linear
@@ -35,24 +35,16 @@ from gpu_worker.settings import Quantization, WorkerSettings
 @dataclass
 class Variant:
     name: str
-    runner: ModelRunner
-    scheduler: Scheduler
+    engine: LLMEngine
     outputs: dict[str, list[int]] = field(default_factory=dict)
     ms_per_step: list[float] = field(default_factory=list)
 
     def step(self) -> None:
-        out, _failed = self.scheduler.schedule(self.runner.worker_id)
-        assert out is not None, "nothing to schedule"
-        result = self.runner.execute_model(out)
-        for req_id, token in zip(result.req_ids, result.sampled_token_ids, strict=True):
-            self.outputs.setdefault(req_id, []).append(token)
-        self.scheduler.update_from_output(result)
-
-    def prefilling(self) -> bool:
-        running = [r for ws in self.scheduler.workers.values() for r in ws.running]
-        return bool(self.scheduler.waiting) or any(
-            r.num_computed_tokens < len(r.prompt_token_ids) for r in running
-        )
+        step = self.engine.step()
+        assert step.ran, "nothing to schedule"
+        for event in step.events:
+            if isinstance(event, TokenEvent):
+                self.outputs.setdefault(event.req_id, []).append(event.token_id)
 
 
 def parse_variant(name: str) -> tuple[bool, Quantization | None]:
@@ -106,13 +98,11 @@ def build(name: str, args: argparse.Namespace, prompts: list[list[int]]) -> Vari
         linear.packs_on_cpu, torch_attn.cpu_kernels = packs, kernels
         forward_compile.inductor_options = options
     print(f"{name}: ready in {time.perf_counter() - started:.1f} s", flush=True)
-    scheduler = Scheduler(SchedulerConfig())
-    scheduler.add_worker(runner.worker_info())
+    engine = LLMEngine(runner, SchedulerConfig())
     params = SamplingParams(max_tokens=args.output_len, temperature=0.0, ignore_eos=True)
-    now = time.time()
     for i, prompt in enumerate(prompts):
-        scheduler.add_request(Request(f"r{i}", prompt, params, now, entry_id=""), now)
-    return Variant(name, runner, scheduler)
+        engine.add_request(f"r{i}", prompt, params)
+    return Variant(name, engine)
 
 
 def agreement(reference: Variant, other: Variant, num_tokens: int) -> str:
@@ -182,7 +172,7 @@ def main(argv: list[str] | None = None) -> None:
     prompts = text_prompts(args) if args.text_prompts else random_prompts(args)
     variants = [build(name, args, prompts) for name in args.variants.split(",")]
     for variant in variants:
-        while variant.prefilling():
+        while variant.engine.has_prompts_to_compute():
             variant.step()
     for i in range(args.rounds):
         for variant in variants if i % 2 == 0 else reversed(variants):

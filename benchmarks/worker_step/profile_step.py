@@ -1,4 +1,5 @@
-"""Where one worker step's time goes: the Scheduler and ModelRunner in this process, under a profiler.
+"""Where one worker step's time goes: the in-process engine (`LLMEngine`: the scheduler and the
+ModelRunner, cbserve/offline/engine.py) under a profiler.
 
     python -m benchmarks.worker_step.profile_step --model models/gpt2-small-llama --num-requests 16 \
         --prompt-len 144
@@ -40,15 +41,14 @@ from collections.abc import Callable
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from batcher.core.request import Request
-from batcher.core.scheduler import Scheduler, SchedulerConfig
+from batcher.core.scheduler import SchedulerConfig
+from cbserve.offline.engine import LLMEngine
 from common.protocol import SamplingParams
 from gpu_worker.runner.attention.torch_attn import TorchAttentionBackend
-from gpu_worker.runner.model_runner import ModelRunner
 from gpu_worker.settings import WorkerSettings
 
 
-def _engine(args: argparse.Namespace) -> tuple[Scheduler, ModelRunner]:
+def _engine(args: argparse.Namespace) -> LLMEngine:
     settings = WorkerSettings(
         model=args.model,
         device=args.device,
@@ -57,11 +57,8 @@ def _engine(args: argparse.Namespace) -> tuple[Scheduler, ModelRunner]:
         max_num_seqs=args.num_requests,
         max_num_batched_tokens=args.max_num_batched_tokens,
     )
-    runner = ModelRunner(settings)
-    scheduler = Scheduler(SchedulerConfig())
-    scheduler.add_worker(runner.worker_info())
+    engine = LLMEngine.load(settings, SchedulerConfig())
     generator = torch.Generator().manual_seed(0)
-    now = time.time()
     longest = max(args.prompt_len, args.prompt_len_max)
     prefixes = [
         torch.randint(3, 1000, (args.prefix_len,), generator=generator).tolist()
@@ -72,18 +69,13 @@ def _engine(args: argparse.Namespace) -> tuple[Scheduler, ModelRunner]:
         prefix = prefixes[i % len(prefixes)] if prefixes else []
         prompt = prefix + torch.randint(3, 1000, (length,), generator=generator).tolist()
         params = SamplingParams(max_tokens=args.output_len, temperature=0.0, ignore_eos=True)
-        scheduler.add_request(Request(f"r{i}", prompt, params, now, entry_id=""), now)
-    return scheduler, runner
+        engine.add_request(f"r{i}", prompt, params)
+    return engine
 
 
-def _step(scheduler: Scheduler, runner: ModelRunner) -> int:
-    """One schedule + forward + update; returns the tokens computed in it."""
-    out, _failed = scheduler.schedule(runner.worker_id)
-    assert out is not None, "nothing to schedule"
-    result = runner.execute_model(out)
-    runner.token_events(result)
-    scheduler.update_from_output(result)
-    return out.total_num_scheduled_tokens
+def _step(engine: LLMEngine) -> None:
+    """One schedule + forward + update."""
+    assert engine.step().ran, "nothing to schedule"
 
 
 def _report(title: str, run: Callable[[], int], top: int) -> None:
@@ -137,29 +129,27 @@ def main(argv: list[str] | None = None) -> None:
         help="as --ab-group-decodes, alternating cascade attention on and off",
     )
     args = parser.parse_args(argv)
-    scheduler, runner = _engine(args)
+    engine = _engine(args)
 
     def prefill() -> int:
         steps = 0
-        while scheduler.waiting or any(
-            r.num_computed_tokens < len(r.prompt_token_ids) for r in _running(scheduler)
-        ):
-            _step(scheduler, runner)
+        while engine.has_prompts_to_compute():
+            _step(engine)
             steps += 1
         return steps
 
     def decode() -> int:
         for _ in range(args.decode_steps):
-            _step(scheduler, runner)
+            _step(engine)
         return args.decode_steps
 
     if args.ab_group_decodes or args.ab_cascade:
         prefill()
         if args.ab_group_decodes:
             labels = ("decodes in length groups", "decodes in one group")
-            _ab(runner, decode, args.ab_group_decodes, "group_decodes", labels)
+            _ab(engine, decode, args.ab_group_decodes, "group_decodes", labels)
         else:
-            _ab(runner, decode, args.ab_cascade, "cascade", ("cascade attention", "per-decode attention"))
+            _ab(engine, decode, args.ab_cascade, "cascade", ("cascade attention", "per-decode attention"))
         return
     _report("prefill phase (prompt chunks, decodes of the requests already admitted)", prefill, args.top)
     _report("decode steps", decode, args.top)
@@ -174,11 +164,11 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _ab(
-    runner: ModelRunner, decode: Callable[[], int], rounds: int, switch: str, labels: tuple[str, str]
+    engine: LLMEngine, decode: Callable[[], int], rounds: int, switch: str, labels: tuple[str, str]
 ) -> None:
     """Same process, same requests, rounds alternating the torch backend's `switch` on and off: the
     contexts grow evenly under both."""
-    backend = runner.attn_backend
+    backend = engine.runner.attn_backend
     if not isinstance(backend, TorchAttentionBackend):
         raise SystemExit("the A/B options compare the torch backend's layouts (WORKER_ATTENTION_BACKEND)")
     times: dict[bool, list[float]] = {True: [], False: []}
@@ -192,10 +182,6 @@ def _ab(
         rows = " ".join(f"{t:.1f}" for t in ms)
         label = labels[0] if on else labels[1]
         print(f"{label:<{width}}: ms/step by round {rows}; median {statistics.median(ms):.1f}")
-
-
-def _running(scheduler: Scheduler) -> list[Request]:
-    return [r for ws in scheduler.workers.values() for r in ws.running]
 
 
 if __name__ == "__main__":

@@ -173,6 +173,24 @@ def test_a_prompt_that_leaves_no_room_is_refused(llm: LLM) -> None:
     assert not llm.llm_engine.has_unfinished_requests()
 
 
+def test_the_engine_steps_prompt_chunks_then_decodes(llm: LLM) -> None:
+    """`LLMEngine` stepped by hand, as the benchmarks step it: prompt chunks while
+    `has_prompts_to_compute()`, then decode-only steps of one token per request."""
+    engine = llm.llm_engine
+    engine.add_request("chunked", list(range(3, 3 + 70)), greedy(4))  # three chunks under BUDGET
+    engine.add_request("short", [5, 6, 7], greedy(4))
+    prefill_steps = 0
+    while engine.has_prompts_to_compute():
+        assert engine.step().ran
+        prefill_steps += 1
+    assert prefill_steps >= 3
+    decode = engine.step()
+    assert sorted(event.req_id for event in decode.events) == ["chunked", "short"]
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert not engine.has_prompts_to_compute()
+
+
 def test_what_cannot_be_honoured_is_refused_by_name(tiny_model_dir: Path) -> None:
     model = str(tiny_model_dir)
     with pytest.raises(ValueError, match=r"tensor_parallel_size=2\) is not supported"):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,8 +18,6 @@ import numpy as np
 
 from benchmarks.workloads.repetitive import repetitive_prompt
 from benchmarks.workloads.tokenizer import BenchTokenizer
-
-DATASETS = ("random", "capped-exponential", "sharegpt", "prefix-repetition", "multi-turn", "repetitive")
 
 # ShareGPT filters, as in vLLM's benchmark: drop conversations too short to time or too long to fit.
 SHAREGPT_MIN_TOKENS = 4
@@ -232,21 +231,27 @@ def ideal_cached_tokens(requests: list[SampleRequest], block_size: int) -> int:
     return total
 
 
+# Each dataset's generator: over random ids of the vocabulary, or over text the tokenizer encodes.
+_OVER_IDS: dict[str, Callable[[DatasetConfig, list[int]], list[SampleRequest]]] = {
+    "random": random_requests,
+    "capped-exponential": capped_exponential_requests,
+    "prefix-repetition": prefix_repetition_requests,
+    "multi-turn": multi_turn_requests,
+}
+_OVER_TEXT: dict[str, Callable[[DatasetConfig, BenchTokenizer], list[SampleRequest]]] = {
+    "sharegpt": sharegpt_requests,
+    "repetitive": repetitive_requests,
+}
+DATASETS = (*_OVER_IDS, *_OVER_TEXT)
+
+
 def sample_requests(config: DatasetConfig, tokenizer: BenchTokenizer) -> list[SampleRequest]:
     if config.num_prompts < 1:
         raise ValueError("--num-prompts must be at least 1")
-    if config.name == "random":
-        requests = random_requests(config, tokenizer.sampleable_ids())
-    elif config.name == "capped-exponential":
-        requests = capped_exponential_requests(config, tokenizer.sampleable_ids())
-    elif config.name == "sharegpt":
-        requests = sharegpt_requests(config, tokenizer)
-    elif config.name == "prefix-repetition":
-        requests = prefix_repetition_requests(config, tokenizer.sampleable_ids())
-    elif config.name == "multi-turn":
-        requests = multi_turn_requests(config, tokenizer.sampleable_ids())
-    elif config.name == "repetitive":
-        requests = repetitive_requests(config, tokenizer)
+    if config.name in _OVER_IDS:
+        requests = _OVER_IDS[config.name](config, tokenizer.sampleable_ids())
+    elif config.name in _OVER_TEXT:
+        requests = _OVER_TEXT[config.name](config, tokenizer)
     else:
         raise ValueError(f"unknown dataset {config.name!r}; choose one of {', '.join(DATASETS)}")
     return mix_in_long_prompts(requests, config, tokenizer.sampleable_ids())

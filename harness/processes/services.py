@@ -127,15 +127,16 @@ class Stack:
         )
         return self.stats()
 
-    def wait_ready(self, num_workers: int, timeout: float = 90.0) -> None:
-        def healthy() -> bool:
-            self.check_alive()
-            try:
-                return httpx.get(f"{self.base_url}/health", timeout=2).status_code == 200
-            except httpx.HTTPError:
-                return False
+    def answers(self, path: str) -> bool:
+        """Whether the gateway answers GET `path` with 200 now; raises if a service has died."""
+        self.check_alive()
+        try:
+            return httpx.get(f"{self.base_url}{path}", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
 
-        wait_for(healthy, timeout, "gateway /health to answer 200")
+    def wait_ready(self, num_workers: int, timeout: float = 90.0) -> None:
+        wait_for(lambda: self.answers("/health"), timeout, "gateway /health to answer 200")
         wait_for(lambda: self.num_workers_joined() >= num_workers, timeout, f"{num_workers} workers to join")
 
     def check_alive(self) -> None:

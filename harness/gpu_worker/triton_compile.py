@@ -16,15 +16,16 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from gpu_worker.kernels.triton import paged_decode, paged_prefill
+from gpu_worker.kernels.triton import paged_attention
 
 TARGET = GPUTarget("cuda", 90, 32)  # Hopper
 INT_POINTERS = ("block_tables_ptr", "seq_lens_ptr", "query_start_loc_ptr")
 FLOATS = ("qk_scale", "softcap")
 SHARED = {"QUERIES_PER_KV": 4, "HEAD_DIM": 64, "BLOCK_SIZE": 16, "HEAD_DIM_PAD": 64, "TILE": 32}
+# The attention kernel as the decode and the prefill launches size it.
 KERNELS: dict[str, tuple[Any, dict[str, Any]]] = {
-    "decode": (paged_decode._paged_decode_kernel, {"HEADS_PAD": 16}),
-    "prefill": (paged_prefill._paged_prefill_kernel, {"BLOCK_M": 64, "BLOCK_Q": 16}),
+    "decode": (paged_attention._paged_attention_kernel, {"BLOCK_M": 16, "BLOCK_Q": 4}),
+    "prefill": (paged_attention._paged_attention_kernel, {"BLOCK_M": 64, "BLOCK_Q": 16}),
 }
 
 

@@ -139,7 +139,7 @@ def test_decode_graphs_capture_every_size(family: str) -> None:
     # The attention inside was traversed, not faked: each layer writes K/V and attends the decodes.
     layers = NUM_LAYERS.get(family, 2)
     for graph in capture.graphs:
-        assert graph.launches == ["_kv_write_kernel", "_paged_decode_kernel"] * layers
+        assert graph.launches == ["_kv_write_kernel", "_paged_attention_kernel"] * layers
 
 
 # ---- the sampler's device functions (not captured today; kept capturable) ----------------------------

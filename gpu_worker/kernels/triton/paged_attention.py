@@ -1,11 +1,16 @@
-"""Paged prefill attention for chunked prefill: variable-length query chunks over paged context.
+"""Paged attention: variable-length query chunks over paged context, a decode being a chunk of one token.
 
 A chunk's K/V are already in the pool (written just before), and so are the earlier chunks of its
 prompt; each query attends causally by absolute position over everything up to itself. Grid:
 (sequence, query block, kv head); one program takes BLOCK_Q query tokens times the QUERIES_PER_KV
 query heads of its kv head as the BLOCK_M rows of one tile (vLLM's unified-attention layout), so GQA
-reads K/V once. Programs past a sequence's query length exit at once: the grid is sized by the
-step's longest chunk, and every sequence of the step is served by one launch.
+reads K/V once, with an online softmax over tiles up to each block's last query, so short contexts
+never pay for the longest one. Programs past a sequence's query length exit at once: the grid is
+sized by the step's longest chunk, and every sequence of the step is served by one launch.
+
+The backend launches it twice a layer: once for the step's decodes (chunks of one token: one program
+per sequence and kv head, its query heads as the rows) and once for its prefill chunks. A padding
+row (seq_len 0, as CUDA graphs replay a padded batch) gets zeros.
 """
 
 from __future__ import annotations
@@ -24,13 +29,14 @@ from gpu_worker.kernels.triton.paged_tile import (
 )
 
 TILE_N = 32  # keys per softmax step
-BLOCK_M = 64  # query rows (tokens x heads of one kv head) per program
+BLOCK_M = 64  # query rows (tokens x heads of one kv head) per program of a prefill launch
 
 
 # Per-step integers are not specialized (Triton would compile a variant for 1 and for multiples of
-# 16), so the first mixed steps of a run do not recompile the kernel (nor does a layer's window).
+# 16), so the first mixed steps of a run do not recompile the kernel (nor does a new block-table
+# width or a layer's window).
 @triton.jit(do_not_specialize=["first_seq", "stride_bt", "window"])
-def _paged_prefill_kernel(
+def _paged_attention_kernel(
     out_ptr,
     q_ptr,
     k_cache_ptr,
@@ -95,11 +101,12 @@ def _paged_prefill_kernel(
             k_cache_ptr, v_cache_ptr, table, kv_head, dims, stride_cache_slot, stride_cache_head, qk_scale,
             BLOCK_SIZE, HEAD_DIM, TILE, DOT_PRECISION, WHILE_LOOP, HAS_WINDOW, HAS_SOFTCAP,
         )  # fmt: skip
+        # A row that sees no key (a padding row, seq_len 0) gets zeros, never NaN.
         o_offsets = (q_start + token).to(tl.int64)[:, None] * stride_ot + head[:, None] * stride_oh
         tl.store(out_ptr + o_offsets + dims[None, :], out.to(out_ptr.dtype.element_ty), mask=q_mask)
 
 
-def paged_prefill(
+def paged_attention(
     out: torch.Tensor,
     query: torch.Tensor,
     k_cache: torch.Tensor,
@@ -119,16 +126,18 @@ def paged_prefill(
 
     out/query [T, heads, head_dim] of the whole step (each sequence's tokens at query_start_loc [B+1]
     int32); pools [num_blocks, block_size, kv_heads, head_dim] contiguous, already holding this step's
-    K/V; block_tables [B, max_blocks] int32; seq_lens [B] int32 (cached + this step's tokens)."""
+    K/V; block_tables [B, max_blocks] int32; seq_lens [B] int32 (cached + this step's tokens; 0: a
+    padding row, output zeros)."""
     if num_seqs == 0:
         return
-    num_heads = query.shape[1]
     num_kv_heads = k_cache.shape[2]
-    queries_per_kv = num_heads // num_kv_heads
-    block_m = max(BLOCK_M, pad16(queries_per_kv))
+    queries_per_kv = query.shape[1] // num_kv_heads
+    # One-token chunks (decodes) take their query heads as the rows, padded to a dot's size; longer
+    # chunks as many of their tokens' heads as BLOCK_M rows hold.
+    block_m = pad16(queries_per_kv) if max_query_len == 1 else max(BLOCK_M, pad16(queries_per_kv))
     block_q = block_m // queries_per_kv
     grid = (num_seqs, triton.cdiv(max_query_len, block_q), num_kv_heads)
-    _paged_prefill_kernel[grid](
+    _paged_attention_kernel[grid](
         out,
         query,
         k_cache,

@@ -15,8 +15,8 @@ import uvicorn
 from playwright.sync_api import expect
 
 from gateway.settings import GatewaySettings
-from harness.browser import chromium
-from harness.gateway_server import start_server
+from harness.gateway.gateway_server import start_server
+from harness.user.browser import chromium
 
 TIMEOUT_MS = 15_000
 

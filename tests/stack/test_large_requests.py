@@ -12,9 +12,9 @@ from typing import Any
 import httpx
 import pytest
 
-from harness.gateway_server import RunningGateway
-from harness.responder import responding
-from harness.services import wait_for
+from harness.gateway.gateway_server import RunningGateway
+from harness.gateway.responder import responding
+from harness.processes.services import wait_for
 
 JSON = {"content-type": "application/json"}
 PROSE = "the value of a function returns its result when the list is sorted by key and"

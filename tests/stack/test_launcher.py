@@ -18,10 +18,10 @@ import pytest
 import redis
 
 from common.streams import cell_keys, cell_of
-from harness.readme_examples import example, run_example
-from harness.redis_server import free_port
-from harness.services import ROOT, wait_for
-from harness.tiny_model import build_tiny_model
+from harness.models.tiny_model import build_tiny_model
+from harness.processes.redis_server import free_port
+from harness.processes.services import ROOT, wait_for
+from harness.user.readme_examples import example, run_example
 
 STARTUP_TIMEOUT_S = 90.0
 

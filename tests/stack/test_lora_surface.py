@@ -20,10 +20,10 @@ from common.protocol import LoRARequest, WorkerInfo, encode
 from common.streams import cell_keys
 from gateway.app import create_app
 from gateway.settings import GatewaySettings
-from harness.gateway_server import RunningGateway
-from harness.lora_adapters import build_lora_adapter
-from harness.responder import responding
-from harness.services import wait_for
+from harness.gateway.gateway_server import RunningGateway
+from harness.gateway.responder import responding
+from harness.models.lora_adapters import build_lora_adapter
+from harness.processes.services import wait_for
 
 MAX_LORA_RANK = 8
 
@@ -48,7 +48,7 @@ def _other_base(path: Path) -> Path:
     """A base model whose MLP is wider than the tiny model's: its adapters fit no tiny model layer."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from harness.family_models import SMALL
+    from harness.models.family_models import SMALL
 
     LlamaForCausalLM(LlamaConfig(**{**SMALL, "intermediate_size": 96})).save_pretrained(path)
     return path

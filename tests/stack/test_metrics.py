@@ -18,7 +18,7 @@ from common.metrics_schema import HistogramData, MetricsSnapshot, WorkerMetrics
 from gateway.observability.batcher_collector import BatcherCollector
 from gateway.observability.cell_collector import CellCollector, CellReading, kv_cache_usage
 from gateway.observability.metrics import GatewayMetrics, RequestTracker
-from harness.services import Stack, wait_for
+from harness.processes.services import Stack, wait_for
 
 PROMPTS = [[5, 6, 7], [8, 9, 10, 11, 12], [13, 14]]
 MAX_TOKENS = [4, 6, 3]

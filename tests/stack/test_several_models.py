@@ -17,14 +17,15 @@ import pytest
 import uvicorn
 from prometheus_client.parser import text_string_to_metric_families
 
-from benchmarks.gpu_parity import reference_greedy
+from benchmarks.gpu.gpu_parity import reference_greedy
 from gateway.settings import GatewaySettings
-from harness.gateway_server import start_server
-from harness.load_clients import completion_body
-from harness.redis_server import redis_server
-from harness.services import Stack, wait_for
-from harness.tiny_model import build_tiny_model
-from tests.stack.test_batch_api import file_lines, request_line, run_batch
+from harness.gateway.gateway_server import start_server
+from harness.load.batch_runs import request_line
+from harness.load.load_clients import completion_body
+from harness.models.tiny_model import build_tiny_model
+from harness.processes.redis_server import redis_server
+from harness.processes.services import Stack, wait_for
+from tests.stack.test_batch_api import file_lines, run_batch
 
 # Served name -> cell; each model's worker and batcher run in its cell.
 CELLS = {"model-a": "a", "model-b": "b"}

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
-from harness.gateway_server import RunningGateway
+from harness.gateway.gateway_server import RunningGateway
 from openai_frontend.model.chatml import EOS, IM_START
 
 MESSAGES = [{"role": "user", "content": "What is the assert statement?"}]

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from common.lora_adapter import TARGET_MODULES, WEIGHTS_FILE, check_adapter
-from harness.lora_adapters import build_lora_adapter
+from harness.models.lora_adapters import build_lora_adapter
 
 
 @pytest.fixture(scope="module")

@@ -29,15 +29,27 @@ from typing import Any
 
 import aiohttp
 
-from benchmarks.arrivals import arrival_times
-from benchmarks.client import BACKENDS
-from benchmarks.datasets import DATASETS, DatasetConfig, SampleRequest, ideal_cached_tokens, sample_requests
-from benchmarks.metrics import Summary, parse_goodput, summarize
-from benchmarks.report import format_comparison, format_summary, ratios, run_record, write_json
-from benchmarks.runner import RunOptions, Target, run
-from benchmarks.spec_decode import summary_fields as spec_summary_fields
-from benchmarks.specs import PROMPT_FORMATS, SystemSpec, load_spec_file, parse_launch_arg, parse_system_arg
-from benchmarks.tokenizer import BenchTokenizer
+from benchmarks.figures.metrics import Summary, parse_goodput, summarize
+from benchmarks.figures.report import format_comparison, format_summary, ratios, run_record, write_json
+from benchmarks.load.arrivals import arrival_times
+from benchmarks.load.client import BACKENDS
+from benchmarks.load.runner import RunOptions, Target, run
+from benchmarks.load.spec_decode import summary_fields as spec_summary_fields
+from benchmarks.load.specs import (
+    PROMPT_FORMATS,
+    SystemSpec,
+    load_spec_file,
+    parse_launch_arg,
+    parse_system_arg,
+)
+from benchmarks.workloads.datasets import (
+    DATASETS,
+    DatasetConfig,
+    SampleRequest,
+    ideal_cached_tokens,
+    sample_requests,
+)
+from benchmarks.workloads.tokenizer import BenchTokenizer
 
 DEFAULT_RESULT_DIR = Path(__file__).resolve().parent / "results"
 
@@ -315,11 +327,11 @@ def resolve_systems(args: argparse.Namespace) -> tuple[list[SystemSpec], str]:
 
 
 def main_compare(args: argparse.Namespace) -> int:
-    from benchmarks.plot import plot_comparison
-    from benchmarks.repeats import format_repeated, ratio_spread, round_order, summary_spread
-    from benchmarks.roofline import measure_machine
-    from benchmarks.roofline import report as roofline_report
-    from benchmarks.systems import launched
+    from benchmarks.bounds.roofline import measure_machine
+    from benchmarks.bounds.roofline import report as roofline_report
+    from benchmarks.figures.plot import plot_comparison
+    from benchmarks.figures.repeats import format_repeated, ratio_spread, round_order, summary_spread
+    from benchmarks.load.systems import launched
 
     parse_goodput(args.goodput)
     if args.repeat < 1:

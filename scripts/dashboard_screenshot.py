@@ -6,7 +6,7 @@
 
 (A small token budget shows prefill chunks, a small KV pool a KV bar that moves.)
 
-It opens /dashboard in headless Chromium (harness/browser.py), sends a stream of chat and completion
+It opens /dashboard in headless Chromium (harness/user/browser.py), sends a stream of chat and completion
 requests of different lengths arriving at random (so requests join and leave the batch at different
 steps), asks the playground a question, and photographs the page once the answer is complete while
 the load still runs.
@@ -23,7 +23,7 @@ from typing import Any
 
 import httpx
 
-from harness.browser import chromium
+from harness.user.browser import chromium
 
 QUESTIONS = [
     "What is the assert statement?",

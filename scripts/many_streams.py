@@ -34,10 +34,10 @@ from typing import Any
 import httpx
 import redis
 
-from harness.leftovers import Snapshot, rss_kib, wait_cleared
-from harness.load_clients import Outcome, completion_body, stream
-from harness.memory_sampler import MemorySampler
-from harness.private_stack import private_stack
+from harness.load.leftovers import Snapshot, rss_kib, wait_cleared
+from harness.load.load_clients import Outcome, completion_body, stream
+from harness.load.memory_sampler import MemorySampler
+from harness.processes.private_stack import private_stack
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -7,7 +7,7 @@ Starts a private redis-server, the batcher, one worker and the gateway (`GATEWAY
 vLLM's immediate abort) on the tests' tiny model. `--background` greedy streams keep the batch busy
 throughout. Then, one at a time, a streaming client reads a random number of tokens and closes its
 connection; the batcher's inbox, where the gateway's abort lands among the workers' step results
-(harness/disconnect_probe.py), says how many steps still computed the request after the hang-up and
+(harness/load/disconnect_probe.py), says how many steps still computed the request after the hang-up and
 after the abort reached the batcher, and how many ms those took. Prints a JSON summary (p50, p90,
 max); exits 1 if a request took a step scheduled after its abort was read (more steps after the abort
 than can be in flight: 1, or 2 with async scheduling).
@@ -27,10 +27,10 @@ from typing import Any
 import httpx
 import redis
 
-from harness.disconnect_probe import Departure, aborted, inbox_tail_id, settle, trace
-from harness.load_clients import completion_body, stream
-from harness.private_stack import private_stack
-from harness.services import wait_for
+from harness.load.disconnect_probe import Departure, aborted, inbox_tail_id, settle, trace
+from harness.load.load_clients import completion_body, stream
+from harness.processes.private_stack import private_stack
+from harness.processes.services import wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -4,10 +4,10 @@ writes, until every client stream goes on, the replication lag, and what was los
     python -m scripts.measure_failover                  # a plain SIGKILL of the cell's master
     python -m scripts.measure_failover --lose-writes    # the replica cut off first: writes lost
 
-Starts a local 3-master, 3-replica cluster (harness/redis_cluster.py, cluster-node-timeout 2 s) and
+Starts a local 3-master, 3-replica cluster (harness/processes/redis_cluster.py, cluster-node-timeout 2 s) and
 one cell on it (a batcher, a worker, a gateway: the processes the tests use) on the demo model,
 streams greedy completions, SIGKILLs the master serving the cell's slot once every stream has a few
-tokens (harness/cluster_failover.py), and prints per run: kill -> replica promoted, kill -> a write to
+tokens (harness/load/cluster_failover.py), and prints per run: kill -> replica promoted, kill -> a write to
 the slot succeeds, kill -> every client has a new token, the longest client wait, the replication
 lag sampled under load, token events lost, requests the batcher rebuilt, and client streams that
 differ from `generate` (must be 0). Run from the repository root.
@@ -19,10 +19,10 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from harness.cluster_failover import run_failover, start_cell
-from harness.fault_clients import random_cases
-from harness.redis_cluster import redis_cluster
-from harness.services import cluster_stack
+from harness.load.cluster_failover import run_failover, start_cell
+from harness.load.fault_clients import random_cases
+from harness.processes.redis_cluster import redis_cluster
+from harness.processes.services import cluster_stack
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -30,9 +30,9 @@ from typing import Any
 
 import httpx
 
-from harness.leftovers import rss_kib
-from harness.redis_server import redis_server
-from harness.services import Stack, wait_for
+from harness.load.leftovers import rss_kib
+from harness.processes.redis_server import redis_server
+from harness.processes.services import Stack, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -141,15 +141,7 @@ def main() -> int:
         stack = Stack(redis_url=url, model_dir=args.model, log_dir=Path(tmp))
         try:
             stack.start_gateway(**gateway_env)
-
-            def up() -> bool:
-                stack.check_alive()
-                try:
-                    return httpx.get(f"{stack.base_url}/v1/models", timeout=2).status_code == 200
-                except httpx.HTTPError:
-                    return False
-
-            wait_for(up, 60, "the gateway to answer")
+            wait_for(lambda: stack.answers("/v1/models"), 60, "the gateway to answer")
             pid = stack.procs["gateway"].pid
             model = httpx.get(f"{stack.base_url}/v1/models").json()["data"][0]["id"]
             made = bodies(model, int(args.mib * 2**20))

@@ -22,9 +22,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from harness.fault_clients import longest_wait, run_with_fault
-from harness.redis_server import redis_server
-from harness.services import Stack, wait_for
+from harness.load.fault_clients import longest_wait, run_with_fault
+from harness.processes.redis_server import redis_server
+from harness.processes.services import Stack, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 

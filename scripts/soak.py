@@ -4,7 +4,7 @@
     python -m scripts.soak --duration 180 --rate 8 --retention 10 --grace 2
 
 Starts a private redis-server, the batcher, one worker and one gateway on the tests' tiny model with
-`CBSERVE_RETENTION_S=--retention` and `GATEWAY_RESUME_GRACE_S=--grace`, and runs harness/soak_load.py:
+`CBSERVE_RETENTION_S=--retention` and `GATEWAY_RESUME_GRACE_S=--grace`, and runs harness/load/soak_load.py:
 a steady rate of streaming and non-streaming requests, some clients hanging up and resuming by id
 (`Last-Event-ID`), some abandoning their requests. Every answer read to its end must be whole
 (exactly `max_tokens` token ids, no error). Then it waits out the grace and retention windows and
@@ -26,10 +26,10 @@ from typing import Any
 
 import redis
 
-from harness.leftovers import Snapshot, batcher_stats, wait_cleared
-from harness.memory_sampler import MemorySampler
-from harness.private_stack import private_stack
-from harness.soak_load import soak
+from harness.load.leftovers import Snapshot, batcher_stats, wait_cleared
+from harness.load.memory_sampler import MemorySampler
+from harness.load.soak_load import soak
+from harness.processes.private_stack import private_stack
 
 ROOT = Path(__file__).resolve().parent.parent
 

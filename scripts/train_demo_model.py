@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks.chatml_tokenizer import (
+from benchmarks.workloads.chatml_tokenizer import (
     EOS,
     IM_END,
     IM_START,

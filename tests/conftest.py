@@ -1,5 +1,5 @@
 """Fixtures shared by every test: a private redis-server, the tiny model directory, and an `openai`
-SDK client of a module's `stack` (harness/services.py `module_stack`).
+SDK client of a module's `stack` (harness/processes/services.py `module_stack`).
 
 Each test is marked by its folder: `unit` (tests/unit/<package>/: starts no service; `make test-fast`
 runs these), `stack` (tests/stack/: a live stack, Redis or other processes), `cluster` (tests/cluster/:
@@ -15,20 +15,20 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from harness.redis_server import redis_server
-from harness.tiny_model import build_tiny_model
+from harness.models.tiny_model import build_tiny_model
+from harness.processes.redis_server import redis_server
 
 if TYPE_CHECKING:
     import openai
 
-    from harness.redis_cluster import RedisCluster
-    from harness.services import Stack
+    from harness.processes.redis_cluster import RedisCluster
+    from harness.processes.services import Stack
 
 # Workers run their decoder eagerly here (as by default on the CPU, but also with quantized weights):
 # compiling costs seconds to minutes per process. tests/stack/test_compiled_forward.py compiles.
 os.environ.setdefault("WORKER_COMPILE", "false")
 # Triton kernels run under Triton's interpreter on CPU tensors unless the kernel tests are pointed at
-# a GPU (CBSERVE_TEST_DEVICE=cuda, as benchmarks/gpu_check.sh does). Triton reads this when a kernel
+# a GPU (CBSERVE_TEST_DEVICE=cuda, as benchmarks/gpu/gpu_check.sh does). Triton reads this when a kernel
 # is defined, so it is set here, before any test module imports one.
 if os.environ.get("CBSERVE_TEST_DEVICE", "cpu") == "cpu":
     os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -70,8 +70,9 @@ def tool_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisCluster]:
-    """A Redis Cluster of the test module's own: 3 masters, 3 replicas (harness/redis_cluster.py)."""
-    from harness.redis_cluster import redis_cluster
+    """A Redis Cluster of the test module's own: 3 masters, 3 replicas
+    (harness/processes/redis_cluster.py)."""
+    from harness.processes.redis_cluster import redis_cluster
 
     with redis_cluster(tmp_path_factory.mktemp("redis-cluster")) as c:
         yield c
@@ -86,7 +87,7 @@ def redis_url(tmp_path: Path) -> Iterator[str]:
 @pytest.fixture()
 def make_stack(redis_url: str, tiny_model_dir: Path, tmp_path: Path) -> Iterator[Callable[[], Stack]]:
     """Builds a Stack of real service processes on the test's Redis; stops every process afterwards."""
-    from harness.services import Stack
+    from harness.processes.services import Stack
 
     stacks: list[Stack] = []
 

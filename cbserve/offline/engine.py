@@ -82,6 +82,14 @@ class LLMEngine:
     def has_unfinished_requests(self) -> bool:
         return bool(self.scheduler.requests)
 
+    def has_prompts_to_compute(self) -> bool:
+        """Whether a request waits or has prompt tokens not yet computed: while it holds, steps carry
+        prefill chunks (a benchmark times the decode-only steps after)."""
+        running = self.scheduler.workers[self.worker_id].running
+        return bool(self.scheduler.waiting) or any(
+            req.num_computed_tokens < len(req.prompt_token_ids) for req in running
+        )
+
     def step(self) -> EngineStep:
         out, failed = self.scheduler.schedule(self.worker_id)
         if out is None:

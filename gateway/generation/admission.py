@@ -68,21 +68,25 @@ async def _checked_requests(
 ) -> list[PreparedRequest]:
     arrival_time = time.time()
     owner = request_owner(http_request)
+    # A base model's name, or a LoRA adapter's (its requests carry it, on its base model's cells).
+    target = await state.target(body.model)
     prepare = functools.partial(
         prepare_choices,
         body,
-        state.served,
+        target.served,
         arrival_time,
         owner=owner,
         queue_deadline=arrival_time + state.settings.max_queue_wait_s,
         req_id=new_req_id(),
+        lora_request=target.lora_request,
     )
     # Building a grammar is heavy whatever the size (the first time it imports xgrammar).
     requests = await state.prepare.run(None if asks_for_grammar(body) else num_bytes, prepare)
     # Placed once tokenized (the router weighs the prompt); every choice goes to the first's cell.
     # prompt_cache_key is a placement hint within its API key (gateway/cell_router.py).
     cache_key = f"{owner}\0{body.prompt_cache_key}" if body.prompt_cache_key else ""
-    cell = await state.router.place(state.redis, requests[0].message.prompt_token_ids, cache_key)
+    router = state.routers[target.served.rules.name]
+    cell = await router.place(state.redis, requests[0].message.prompt_token_ids, cache_key)
     requests = [with_message(r, req_id=placed_req_id(cell, r.req_id)) for r in requests]
     request = requests[0]
     # A pooling model's cell generates nothing: a 400 that says so, not a request that fails there.

@@ -16,15 +16,18 @@ from gateway.app_state import GatewayState
 from gateway.limits.cell_guard import request_bytes
 from gateway.limits.cell_runners import cell_runners
 from gateway.security.auth import request_owner
+from openai_frontend.model.served_model import ServedModel
 from openai_frontend.pooling.bodies import PoolingJob
 from openai_frontend.pooling.results import pooled
 
 
-async def run_pooling(job: PoolingJob, http_request: Request, state: GatewayState) -> list[PoolingEvent]:
-    """Each prompt's result, in order; raises OpenAIError when refused or failed."""
+async def run_pooling(
+    job: PoolingJob, served: ServedModel, http_request: Request, state: GatewayState
+) -> list[PoolingEvent]:
+    """Each prompt's result, in order, from `served`'s cells; raises OpenAIError when refused or failed."""
     owner = request_owner(http_request)
     arrival_time = time.time()
-    cell = await state.router.place(state.redis, job.prompts[0][0], "")
+    cell = await state.routers[served.rules.name].place(state.redis, job.prompts[0][0], "")
     runners = cell_runners(http_request.app)
     for ids, _ in job.prompts:
         await runners.check(

@@ -3,7 +3,7 @@ that every graph of the worker shares (cuda_graphs.py decides which steps, and w
 means).
 
 `DecodeGraphs` takes any `GraphCapture`: `CudaGraphCapture` on a GPU; the tests' fake device
-(harness/fake_cuda.py) captures by running the step under the rules a capture enforces.
+(harness/gpu_worker/fake_cuda.py) captures by running the step under the rules a capture enforces.
 """
 
 from __future__ import annotations

@@ -65,7 +65,8 @@ def load_model(settings: WorkerSettings) -> Model:
 
 def worker_forward(model: PreTrainedModel, settings: WorkerSettings, device: torch.device) -> Model:
     """The forward the worker runs for a loaded model: its `Decoder` for the families it implements,
-    compiled when WORKER_COMPILE; the model itself else (benchmarks/decode_roofline.py times this)."""
+    compiled when WORKER_COMPILE; the model itself else (benchmarks/worker_step/decode_roofline.py times
+    this)."""
     if model.config.model_type not in FAMILIES:
         return model
     decoder = Decoder(model, settings.quantization)

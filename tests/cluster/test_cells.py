@@ -15,9 +15,9 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from harness import fault_clients as fault
-from harness.redis_cluster import RedisCluster, assert_no_crossslot
-from harness.services import Stack, cluster_stack, wait_for
+from harness.load import fault_clients as fault
+from harness.processes.redis_cluster import RedisCluster, assert_no_crossslot
+from harness.processes.services import Stack, cluster_stack, wait_for
 
 CELLS = ("a", "b")
 BATCHER_ENV = fault.FAST_HEARTBEAT_ENV

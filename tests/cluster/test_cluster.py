@@ -14,12 +14,12 @@ import httpx
 import pytest
 import redis
 
-from benchmarks.gpu_parity import reference_greedy
+from benchmarks.gpu.gpu_parity import reference_greedy
 from common import streams
-from harness.load_clients import completion_body
-from harness.redis_cluster import RedisCluster, assert_no_crossslot
-from harness.services import Stack, cluster_stack
-from harness.sse_client import get_sse, post_sse, read_then_hang_up
+from harness.gateway.sse_client import get_sse, post_sse, read_then_hang_up
+from harness.load.load_clients import completion_body
+from harness.processes.redis_cluster import RedisCluster, assert_no_crossslot
+from harness.processes.services import Stack, cluster_stack
 
 PROMPTS = [[72, 101, 108, 108, 111], [5, 9, 13, 21, 34, 55, 89, 7], [40, 41, 42]]
 MAX_TOKENS = [12, 20, 30]

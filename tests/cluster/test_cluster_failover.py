@@ -25,10 +25,10 @@ import pytest
 import redis
 
 from common import streams
-from harness import fault_clients as fault
-from harness.cluster_failover import Failover, run_failover, start_cell
-from harness.redis_cluster import RedisCluster, assert_no_crossslot, redis_cluster
-from harness.services import Stack, cluster_stack
+from harness.load import fault_clients as fault
+from harness.load.cluster_failover import Failover, run_failover, start_cell
+from harness.processes.redis_cluster import RedisCluster, assert_no_crossslot, redis_cluster
+from harness.processes.services import Stack, cluster_stack
 
 CELL = "a"
 NUM_STREAMS = 6

@@ -12,7 +12,7 @@ import pytest
 import redis
 import yaml
 
-from harness.services import wait_for
+from harness.processes.services import wait_for
 from tests.unit.test_compose import CLUSTER_NODES, REQUIRED, ROOT, shell_script
 
 

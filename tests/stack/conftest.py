@@ -12,8 +12,8 @@ import pytest
 import uvicorn
 
 from gateway.settings import GatewaySettings
-from harness.gateway_server import RunningGateway, start_server
-from harness.stream_harness import StreamHarness
+from harness.gateway.gateway_server import RunningGateway, start_server
+from harness.gateway.stream_harness import StreamHarness
 
 
 @pytest.fixture()

@@ -26,8 +26,8 @@ import pytest
 from common.protocol import FIELD, decode_request
 from common.streams import REQUESTS_STREAM
 from gateway.security.api_keys import hash_key
-from harness.gateway_server import RunningGateway
-from harness.services import Stack, module_stack
+from harness.gateway.gateway_server import RunningGateway
+from harness.processes.services import Stack, module_stack
 from openai_frontend.anthropic.input import ERROR_PREFIX
 from tests.stack.test_e2e_tool_calls import SCHEMAS
 

@@ -8,9 +8,9 @@ from pathlib import Path
 import httpx
 from tokenizers import Tokenizer
 
-from harness.gateway_server import RunningGateway
-from harness.services import wait_for
-from harness.sse_client import post_sse
+from harness.gateway.gateway_server import RunningGateway
+from harness.gateway.sse_client import post_sse
+from harness.processes.services import wait_for
 
 
 def _ids(tiny_model_dir: Path, text: str) -> list[int]:

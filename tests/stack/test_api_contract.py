@@ -16,8 +16,8 @@ from typing import Any
 import msgspec
 import pytest
 
-from harness.gateway_server import RunningGateway
-from harness.responder import Responder, responding
+from harness.gateway.gateway_server import RunningGateway
+from harness.gateway.responder import Responder, responding
 from openai_frontend.protocol.openai_schemas import ChatCompletionRequest, CompletionRequest
 
 CHAT = "/v1/chat/completions"

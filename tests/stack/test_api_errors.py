@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
-from harness.gateway_server import RunningGateway
+from harness.gateway.gateway_server import RunningGateway
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"

@@ -14,9 +14,9 @@ from tokenizers import Tokenizer
 
 from common.protocol import GenerateRequest
 from gateway.settings import GatewaySettings
-from harness.gateway_server import RunningGateway, start_server
-from harness.redis_server import free_port
-from harness.sse_client import SSEEvent, post_sse
+from harness.gateway.gateway_server import RunningGateway, start_server
+from harness.gateway.sse_client import SSEEvent, post_sse
+from harness.processes.redis_server import free_port
 
 OUTPUT_TEXT = " Return the value of the object."
 

@@ -15,8 +15,8 @@ import pytest
 from gateway.key_hashes import parse_key_hashes
 from gateway.security.api_keys import ApiKeys, hash_key
 from gateway.settings import GatewaySettings
-from harness.gateway_server import RunningGateway
-from harness.responder import responding
+from harness.gateway.gateway_server import RunningGateway
+from harness.gateway.responder import responding
 
 ALICE, BOB, NAMELESS = "sk-alice-secret", "sk-bob-secret", "sk-nameless"
 BODY = {"prompt": "hi", "max_tokens": 2}

@@ -27,8 +27,9 @@ from common.redis_io.result_lost import result_lost
 from common.stream_client import follow, submit_once
 from common.streams import REQUESTS_STREAM, token_stream
 from gateway.security.api_keys import hash_key
-from harness.readme_examples import example, run_example
-from harness.services import ROOT, Stack, running_stack, wait_for
+from harness.load.batch_runs import jsonl, request_line
+from harness.processes.services import ROOT, Stack, running_stack, wait_for
+from harness.user.readme_examples import example, run_example
 
 KEY_A, KEY_B = "sk-batch-a", "sk-batch-b"
 MAX_FILE_BYTES = 256 * 1024
@@ -61,14 +62,6 @@ def alice(stack: Stack) -> Iterator[openai.OpenAI]:
 def bob(stack: Stack) -> Iterator[openai.OpenAI]:
     with stack.sdk(KEY_B, timeout=60) as client:
         yield client
-
-
-def jsonl(lines: list[dict[str, Any]]) -> bytes:
-    return "".join(json.dumps(line) + "\n" for line in lines).encode()
-
-
-def request_line(custom_id: str, body: dict[str, Any], url: str = "/v1/chat/completions") -> dict[str, Any]:
-    return {"custom_id": custom_id, "method": "POST", "url": url, "body": body}
 
 
 def run_batch(

@@ -19,8 +19,9 @@ import redis
 
 from common.protocol import FIELD, decode_request
 from common.streams import REQUESTS_STREAM, batch_outputs, submitted_key
-from harness.services import Stack, wait_for
-from tests.stack.test_batch_api import jsonl, request_line, wait_final
+from harness.load.batch_runs import jsonl, request_line
+from harness.processes.services import Stack, wait_for
+from tests.stack.test_batch_api import wait_final
 
 CRASHY_WORKER = {
     "CBSERVE_CELERY_VISIBILITY_TIMEOUT_S": "6",

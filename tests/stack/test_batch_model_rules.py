@@ -18,10 +18,11 @@ import httpx
 import pytest
 from transformers import AutoTokenizer
 
-from harness.services import Stack, running_stack
-from harness.tiny_model import build_tiny_model
-from harness.trip_schema import TRIP_SCHEMA
-from tests.stack.test_batch_api import file_lines, request_line, run_batch, same_body
+from harness.gateway.trip_schema import TRIP_SCHEMA
+from harness.load.batch_runs import request_line
+from harness.models.tiny_model import build_tiny_model
+from harness.processes.services import Stack, running_stack
+from tests.stack.test_batch_api import file_lines, run_batch, same_body
 
 # ChatML that lists the tools as plain JSON: no `<tool_call>` and no `<think>` for `auto` to read.
 TEMPLATE = (

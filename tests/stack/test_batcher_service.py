@@ -10,7 +10,7 @@ import redis
 from batcher.service.inbox import READ_COUNT
 from common import streams
 from common.protocol import FIELD, GenerateRequest, SamplingParams, encode
-from harness.services import Stack, wait_for
+from harness.processes.services import Stack, wait_for
 
 
 def submit(client: redis.Redis, num: int, prefix: str) -> None:

@@ -10,14 +10,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from benchmarks.arrivals import arrival_times
-from benchmarks.client import RequestOutput
-from benchmarks.datasets import DatasetConfig, ideal_cached_tokens, length_range, sample_requests
-from benchmarks.metrics import parse_goodput, summarize
+from benchmarks.figures.metrics import parse_goodput, summarize
+from benchmarks.load.arrivals import arrival_times
+from benchmarks.load.client import RequestOutput
+from benchmarks.load.specs import SystemSpec, parse_launch_arg
+from benchmarks.load.sse import SSEParser
 from benchmarks.serve import main as serve_main
-from benchmarks.specs import SystemSpec, parse_launch_arg
-from benchmarks.sse import SSEParser
-from benchmarks.tokenizer import BenchTokenizer
+from benchmarks.workloads.datasets import DatasetConfig, ideal_cached_tokens, length_range, sample_requests
+from benchmarks.workloads.tokenizer import BenchTokenizer
 
 NUM_REQUESTS = 6
 
@@ -168,7 +168,7 @@ def test_summary_follows_vllm_definitions() -> None:
 @pytest.fixture(scope="module")
 def static_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The baseline started the way compare mode starts it (and stopped the same way)."""
-    from benchmarks.systems import launched
+    from benchmarks.load.systems import launched
 
     system: SystemSpec = parse_launch_arg("static=static:batch_size=4,batch_timeout_ms=20,num_threads=1")
     with launched(system, str(tiny_model_dir), tmp_path_factory.mktemp("static-logs")) as base_url:
@@ -276,7 +276,7 @@ def test_spec_file_settings_are_defaults_that_flags_override(tmp_path: Path) -> 
 
 def test_inprocess_engine_serves_the_same_load(tiny_model_dir: Path, tmp_path: Path) -> None:
     """Our scheduler and model runner in one process (no Redis), as compare mode launches it."""
-    from benchmarks.systems import launched
+    from benchmarks.load.systems import launched
 
     system = parse_launch_arg("inproc=inprocess:num_threads=1,max_num_seqs=4,max_num_batched_tokens=16")
     result_file = tmp_path / "inprocess.json"
@@ -293,7 +293,7 @@ def test_inprocess_engine_serves_the_same_load(tiny_model_dir: Path, tmp_path: P
 def test_control_plane_reports_iterations_and_cpu_by_process(tiny_model_dir: Path, tmp_path: Path) -> None:
     """The null-model pipeline (async scheduling only, to keep CI short): its row, with every
     process's CPU share."""
-    from benchmarks import control_plane
+    from benchmarks.pipeline import control_plane
 
     result_file = tmp_path / "control-plane.json"
     argv = ["--model", str(tiny_model_dir), "--batch-sizes", "2", "--output-len", "200"]
@@ -310,7 +310,7 @@ def test_control_plane_reports_iterations_and_cpu_by_process(tiny_model_dir: Pat
 
 
 def test_cell_specs_compare_the_same_workers_and_the_two_policies() -> None:
-    from benchmarks.specs import load_spec_file
+    from benchmarks.load.specs import load_spec_file
 
     specs = Path(__file__).resolve().parents[2] / "benchmarks" / "specs"
     cells = load_spec_file(specs / "cpu-cells.toml").systems
@@ -326,10 +326,10 @@ def test_cbserve_launch_with_two_cells_serves_from_both(tiny_model_dir: Path, tm
     the load in both (idle cells take turns)."""
     import redis
 
-    from benchmarks.specs import LaunchSpec
-    from benchmarks.systems import ProcessGroup, _start_cbserve, free_port
+    from benchmarks.load.specs import LaunchSpec
+    from benchmarks.load.systems import ProcessGroup, _start_cbserve, free_port
     from common.streams import cell_keys
-    from harness.services import wait_for
+    from harness.processes.services import wait_for
 
     group = ProcessGroup("cells", tmp_path / "logs", {})
     port = free_port()
@@ -359,7 +359,7 @@ def test_control_plane_cells_reports_cpu_by_cell(tool_model_dir: Path, tmp_path:
 
     The model with the longer context, so that 2000 tokens a request leave room for the placement of
     the last request under the suite's load (at 500, one request finished first in a full run)."""
-    from benchmarks import control_plane
+    from benchmarks.pipeline import control_plane
 
     result_file = tmp_path / "cells.json"
     argv = ["--model", str(tool_model_dir), "--batch-sizes", "4", "--output-len", "2000"]

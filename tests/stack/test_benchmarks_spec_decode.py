@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.serve import main as serve_main
-from harness.services import Stack
+from harness.processes.services import Stack
 
 NGRAM = json.dumps({"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3})
 NUM_REQUESTS = 3

@@ -23,9 +23,9 @@ from pathlib import Path
 
 import redis
 
-from harness.batch_runs import check_submitted_once, part_done, submit_batch
-from harness.redis_process import RedisProcess
-from harness.services import Stack, wait_for
+from harness.load.batch_runs import check_submitted_once, part_done, submit_batch
+from harness.processes.redis_process import RedisProcess
+from harness.processes.services import Stack, wait_for
 from tests.stack.test_batch_api import wait_final
 
 CELERY_ENV = {

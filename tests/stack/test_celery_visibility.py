@@ -19,8 +19,8 @@ import pytest
 import redis
 
 from cbserve_celery.settings import CelerySettings
-from harness.batch_runs import check_submitted_once, part_done, submit_batch
-from harness.services import Stack, wait_for
+from harness.load.batch_runs import check_submitted_once, part_done, submit_batch
+from harness.processes.services import Stack, wait_for
 from tests.stack.test_batch_api import wait_final
 
 FINAL = {"completed", "failed", "expired", "cancelled"}

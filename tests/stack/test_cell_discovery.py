@@ -15,7 +15,7 @@ import redis
 
 from common.streams import CELLS_REGISTRY, cell_of
 from gateway.cell_router import LIVE_WITHIN_S, REFRESH_S
-from harness.services import Stack, wait_for
+from harness.processes.services import Stack, wait_for
 
 
 def _cell_of_next(client: httpx.Client) -> str:

@@ -12,7 +12,7 @@ from collections.abc import Callable
 import httpx
 
 from common.streams import cell_of
-from harness.services import Stack, wait_for
+from harness.processes.services import Stack, wait_for
 
 CELLS = ("a", "b")
 SHARED = [(7 * i) % 400 + 3 for i in range(64)]  # 4 blocks of 16 tokens: a shared system prompt

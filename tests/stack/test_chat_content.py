@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.gateway_server import RunningGateway
-from harness.responder import responding
+from harness.gateway.gateway_server import RunningGateway
+from harness.gateway.responder import responding
 from openai_frontend.generate.chat_content import encode_chat
 from openai_frontend.model.chat_template import render_chat
 from openai_frontend.model.tokenizer import ModelTokenizer

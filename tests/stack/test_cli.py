@@ -13,8 +13,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from harness.redis_server import free_port
-from harness.stream_harness import StreamHarness
+from harness.gateway.stream_harness import StreamHarness
+from harness.processes.redis_server import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 

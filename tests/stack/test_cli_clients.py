@@ -14,7 +14,7 @@ import pytest
 from cbserve.defaults import DEFAULT_COMPLETE_MAX_TOKENS
 from common.protocol import FIELD, decode_request
 from common.streams import REQUESTS_STREAM
-from harness.services import ROOT, Stack
+from harness.processes.services import ROOT, Stack
 
 MODEL = "tiny-llama"  # the fixture model directory's name, which the gateway serves it as
 
@@ -74,7 +74,7 @@ def test_complete_prints_the_same_text_as_the_api(stack: Stack) -> None:
 
 
 def test_complete_reports_an_unreachable_server() -> None:
-    from harness.redis_server import free_port
+    from harness.processes.redis_server import free_port
 
     result = cbserve("complete", "x", "--base-url", f"http://127.0.0.1:{free_port()}")
     assert result.returncode == 1 and "is `cbserve up` running?" in result.stderr

@@ -20,7 +20,7 @@ import pytest
 import torch
 from torch._dynamo.utils import counters
 
-from benchmarks.gpu_parity import reference_greedy
+from benchmarks.gpu.gpu_parity import reference_greedy
 from common.protocol import SamplingParams
 from gpu_worker.runner.forward.decoder import Decoder
 from gpu_worker.runner.forward.precompiled import PrecompiledForward

@@ -1,7 +1,7 @@
 """The dashboard in a real headless Chromium against real processes: the playground streams tokens,
 and the batch view draws continuous batching as it happens (a request joining a batch mid-decode).
 
-A screenshot is kept in the artefact directory (harness/browser.py: `CBSERVE_TEST_ARTIFACTS`, default
+A screenshot is kept in the artefact directory (harness/user/browser.py: `CBSERVE_TEST_ARTIFACTS`, default
 `test-artifacts/`) for a person to look at.
 """
 
@@ -17,8 +17,8 @@ from typing import Any
 import httpx
 from playwright.sync_api import Page, expect
 
-from harness.browser import artifact_dir, chromium
-from harness.services import Stack
+from harness.processes.services import Stack
+from harness.user.browser import artifact_dir, chromium
 
 BUDGET = 16  # BATCHER_MAX_NUM_BATCHED_TOKENS: prompts longer than this are prefilled in chunks
 PROMPT = "Tell me about the with statement."

@@ -19,9 +19,9 @@ from common.protocol import FIELD
 from common.trace_schema import StepTrace, TracedRequest, encode_trace
 from gateway.security.api_keys import hash_key
 from gateway.settings import GatewaySettings
-from harness.gateway_server import RunningGateway, start_server
-from harness.redis_process import RedisProcess
-from harness.services import wait_for
+from harness.gateway.gateway_server import RunningGateway, start_server
+from harness.processes.redis_process import RedisProcess
+from harness.processes.services import wait_for
 
 KEY = "sk-dashboard-viewer"
 AUTH = {"Authorization": f"Bearer {KEY}"}

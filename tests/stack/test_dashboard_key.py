@@ -8,8 +8,8 @@ from collections.abc import Callable
 from playwright.sync_api import expect
 
 from gateway.security.api_keys import hash_key
-from harness.browser import chromium
-from harness.gateway_server import RunningGateway
+from harness.gateway.gateway_server import RunningGateway
+from harness.user.browser import chromium
 
 KEY = "sk-dashboard"
 TIMEOUT_MS = 15_000

@@ -19,9 +19,9 @@ import pytest
 import redis
 
 from common import streams
-from harness.disconnect_probe import aborted, inbox_tail_id, settle, trace
-from harness.load_clients import completion_body, stream
-from harness.services import Stack, running_stack, wait_for
+from harness.load.disconnect_probe import aborted, inbox_tail_id, settle, trace
+from harness.load.load_clients import completion_body, stream
+from harness.processes.services import Stack, running_stack, wait_for
 
 MAX_TOKENS = 400
 PROMPT = [72, 101, 108, 108, 111, 44, 32, 119, 111, 114, 108, 100]

@@ -18,9 +18,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from benchmarks.gpu_parity import reference_greedy
-from harness.load_clients import completion_body
-from harness.services import Stack
+from benchmarks.gpu.gpu_parity import reference_greedy
+from harness.load.load_clients import completion_body
+from harness.processes.services import Stack
 
 WAVE = 4
 PROMPT_LENS = [3, 90, 8, 13, 21, 34, 55, 5, 7, 17, 30, 44, 60, 70, 2, 120]

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from transformers import AutoConfig
 
-from benchmarks.gpu_parity import reference_greedy
-from harness.family_models import save_family
-from harness.services import running_stack
+from benchmarks.gpu.gpu_parity import reference_greedy
+from harness.models.family_models import save_family
+from harness.processes.services import running_stack
 from tests.stack.test_e2e_correctness import Reference, assert_matches_generate
 from tests.stack.test_e2e_prefix_cache import make_cases
 

@@ -1,5 +1,5 @@
 """gpt-oss's harmony format through the whole stack: a tiny random model whose chat template
-(harness/templates/gpt_oss.jinja) writes tools, calls and results as harmony messages, its
+(harness/models/templates/gpt_oss.jinja) writes tools, calls and results as harmony messages, its
 markers whole tokens. The gateway picks the harmony tool and reasoning parsers from the template.
 
 The weights are random: a forced call is valid because the grammar, in harmony messages, forced it
@@ -19,10 +19,10 @@ import openai
 import pytest
 from transformers import AutoTokenizer
 
-from harness.parsed_deltas import forced_call, sdk_stream
-from harness.services import module_stack
-from harness.tiny_model import TEMPLATES, build_tiny_model
-from harness.trip_schema import TRIP_SCHEMA, schema_responses
+from harness.gateway.parsed_deltas import forced_call, sdk_stream
+from harness.gateway.trip_schema import TRIP_SCHEMA, schema_responses
+from harness.models.tiny_model import TEMPLATES, build_tiny_model
+from harness.processes.services import module_stack
 
 MODEL = "gpt-oss-tiny"
 MARKERS = ["<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|call|>", "<|return|>", "<|constrain|>"]

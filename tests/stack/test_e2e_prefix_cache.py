@@ -15,9 +15,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from benchmarks.gpu_parity import reference_greedy as greedy_generate
-from harness.fault_clients import run_with_fault
-from harness.services import Stack, wait_for
+from benchmarks.gpu.gpu_parity import reference_greedy as greedy_generate
+from harness.load.fault_clients import run_with_fault
+from harness.processes.services import Stack, wait_for
 from tests.stack.test_e2e_correctness import Reference, assert_matches_generate
 
 BLOCK_SIZE = 16

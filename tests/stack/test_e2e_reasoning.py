@@ -1,5 +1,5 @@
 """A model that thinks, through the whole stack: a tiny random model whose chat template
-(harness/templates/think.jinja, Qwen3's way) has it think in `<think>` … `</think>`, both whole
+(harness/models/templates/think.jinja, Qwen3's way) has it think in `<think>` … `</think>`, both whole
 tokens. The gateway picks the `think` reasoning parser from the template.
 
 The weights are random, so the tests steer them: a logit bias makes the model open its thoughts and,
@@ -18,10 +18,10 @@ import openai
 import pytest
 from transformers import AutoTokenizer
 
-from harness.parsed_deltas import forced_call, sdk_stream
-from harness.services import module_stack
-from harness.tiny_model import TEMPLATES, build_tiny_model
-from harness.trip_schema import TRIP_SCHEMA, schema_responses
+from harness.gateway.parsed_deltas import forced_call, sdk_stream
+from harness.gateway.trip_schema import TRIP_SCHEMA, schema_responses
+from harness.models.tiny_model import TEMPLATES, build_tiny_model
+from harness.processes.services import module_stack
 
 MODEL = "thinker"
 USER = [{"role": "user", "content": "Where to?"}]

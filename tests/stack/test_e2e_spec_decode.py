@@ -13,9 +13,9 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from benchmarks.gpu_parity import reference_greedy
-from harness.load_clients import completion_body
-from harness.services import Stack
+from benchmarks.gpu.gpu_parity import reference_greedy
+from harness.load.load_clients import completion_body
+from harness.processes.services import Stack
 
 NGRAM = json.dumps({"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3})
 SUFFIX = json.dumps({"method": "suffix", "num_speculative_tokens": 6})

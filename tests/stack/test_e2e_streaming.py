@@ -12,7 +12,7 @@ import pytest
 import redis
 
 from common import streams
-from harness.services import Stack, running_stack, wait_for
+from harness.processes.services import Stack, running_stack, wait_for
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ import jsonschema
 import openai
 import pytest
 
-from harness.services import running_stack
+from harness.processes.services import running_stack
 
 DEMO_DIR = Path(__file__).resolve().parents[2] / "models" / "demo"
 QUESTION = [{"role": "user", "content": "What is the weather in Tokyo?"}]

@@ -17,7 +17,7 @@ from pydantic import BaseModel, Field
 from tokenizers import Tokenizer
 
 from common.streams import REQUESTS_STREAM
-from harness.services import Stack, module_stack
+from harness.processes.services import Stack, module_stack
 
 USER = [{"role": "user", "content": "Describe a pet as JSON."}]
 SEEDS = range(3)

@@ -25,8 +25,8 @@ from transformers import AutoTokenizer
 
 from gateway.model_setup import load_served_model
 from gateway.settings import GatewaySettings
-from harness.parsed_deltas import sdk_stream
-from harness.services import Stack, module_stack
+from harness.gateway.parsed_deltas import sdk_stream
+from harness.processes.services import Stack, module_stack
 from openai_frontend.generate.prompts import chat_prompt_ids
 from openai_frontend.protocol.openai_schemas import ChatMessage
 

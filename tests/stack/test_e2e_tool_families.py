@@ -1,5 +1,5 @@
 """Tool calls in each family's own format, through the whole stack: a tiny random model per family,
-whose chat template (harness/templates/) writes tools and calls as that family does; the
+whose chat template (harness/models/templates/) writes tools and calls as that family does; the
 gateway picks the format from the template.
 
 The weights are random: a forced call is valid because the grammar, in the family's format, forced
@@ -19,9 +19,9 @@ import openai
 import pytest
 from transformers import AutoTokenizer
 
-from harness.parsed_deltas import forced_call, sdk_stream
-from harness.services import Stack, running_stack
-from harness.tiny_model import TEMPLATES, build_tiny_model
+from harness.gateway.parsed_deltas import forced_call, sdk_stream
+from harness.models.tiny_model import TEMPLATES, build_tiny_model
+from harness.processes.services import Stack, running_stack
 
 USER = [{"role": "user", "content": "Plan a trip."}]
 WEATHER = {

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import httpx
 
-from harness.services import Stack, wait_for
+from harness.processes.services import Stack, wait_for
 
 
 async def _generate(base_url: str, prompts: list[list[int]], max_tokens: int) -> list[dict[str, object]]:

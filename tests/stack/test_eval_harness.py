@@ -20,7 +20,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from harness.services import Stack, module_stack
+from harness.processes.services import Stack, module_stack
 
 TOL = 1e-3  # fp32 on both sides; sums over a few tokens
 _rng = random.Random(16)

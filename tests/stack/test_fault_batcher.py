@@ -31,8 +31,8 @@ from common.protocol import (
     WorkerInfo,
     encode,
 )
-from harness import fault_clients as fault
-from harness.services import Stack, wait_for
+from harness.load import fault_clients as fault
+from harness.processes.services import Stack, wait_for
 
 BATCHER_ENV = fault.FAST_TAKEOVER_ENV
 LEASE_TTL_S = float(BATCHER_ENV["BATCHER_LEASE_TTL_S"])

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import redis
 
-from benchmarks.gpu_parity import reference_greedy
+from benchmarks.gpu.gpu_parity import reference_greedy
 from common import streams
 from common.protocol import (
     FIELD,
@@ -32,7 +32,7 @@ from common.protocol import (
     decode_request,
     encode,
 )
-from harness.services import Stack, wait_for
+from harness.processes.services import Stack, wait_for
 
 MAX_TOKENS = 24
 PROMPTS = [[11, 12, 13], [40, 41, 42, 43, 44, 45, 46], [300, 200, 100], [7, 8, 9, 10, 250]]

@@ -29,9 +29,9 @@ import pytest
 import redis
 
 from common import streams
-from harness import fault_clients as fault
-from harness.redis_process import RedisProcess
-from harness.services import Stack, wait_for
+from harness.load import fault_clients as fault
+from harness.processes.redis_process import RedisProcess
+from harness.processes.services import Stack, wait_for
 
 NUM_STREAMS = 6
 MAX_TOKENS = 96

@@ -25,9 +25,9 @@ from common.protocol import (
     WorkerInfo,
     encode,
 )
-from harness import fault_clients as fault
-from harness.services import Stack, wait_for
-from harness.worker_steps import new_request, prefill_step
+from harness.gpu_worker.worker_steps import new_request, prefill_step
+from harness.load import fault_clients as fault
+from harness.processes.services import Stack, wait_for
 
 BATCHER_ENV = fault.FAST_HEARTBEAT_ENV
 HEARTBEAT_TIMEOUT_S = float(BATCHER_ENV["BATCHER_HEARTBEAT_TIMEOUT_S"])

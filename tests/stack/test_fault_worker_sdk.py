@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 import httpx2 as httpx  # the HTTP library the SDK is built on
 import openai
 
-from harness import fault_clients as fault
-from harness.services import Stack, wait_for
+from harness.load import fault_clients as fault
+from harness.processes.services import Stack, wait_for
 from tests.stack.test_sse_sdk_pause import KEEPALIVE, RecordingTransport
 
 NUM_STREAMS = 16

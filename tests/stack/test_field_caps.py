@@ -14,8 +14,8 @@ from typing import Any
 import httpx
 import pytest
 
-from harness.gateway_server import RunningGateway
-from harness.responder import responding
+from harness.gateway.gateway_server import RunningGateway
+from harness.gateway.responder import responding
 from openai_frontend.protocol.strings import (
     MAX_DESCRIPTION_CHARS,
     MAX_FILENAME_CHARS,

@@ -19,8 +19,8 @@ schemathesis = pytest.importorskip("schemathesis")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 
 from gateway.security.api_keys import hash_key  # noqa: E402
-from harness.gateway_server import RunningGateway  # noqa: E402
-from harness.responder import responding  # noqa: E402
+from harness.gateway.gateway_server import RunningGateway  # noqa: E402
+from harness.gateway.responder import responding  # noqa: E402
 
 KEY = "sk-fuzz"
 AUTH = {"Authorization": f"Bearer {KEY}"}

@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 
 from gateway.health import BATCHER_SILENT_S
-from harness.services import Stack, wait_for
+from harness.processes.services import Stack, wait_for
 
 
 def _health(stack: Stack) -> tuple[int, dict[str, Any]]:

@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 
 from common.logging_setup import JsonFormatter, RequestIdFilter, TextFormatter, request_id_var
-from harness.services import Stack, wait_for
+from harness.processes.services import Stack, wait_for
 
 SERVICES = {"gateway": "gateway", "batcher": "batcher", "worker0": "gpu_worker"}
 

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from harness.gateway_server import RunningGateway
-from harness.responder import responding
+from harness.gateway.gateway_server import RunningGateway
+from harness.gateway.responder import responding
 from openai_frontend.generate.validation import (
     MAX_LOGIT_BIAS_ENTRIES,
     MAX_STOP_STRING_CHARS,

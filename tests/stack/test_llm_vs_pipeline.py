@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from cbserve import LLM, SamplingParams
-from harness.services import ROOT, Stack, module_stack
+from harness.processes.services import ROOT, Stack, module_stack
 
 # (prompt, max_tokens, stop strings) of each completion; the last prompt is longer than the budget.
 COMPLETIONS: list[tuple[str, int, list[str]]] = [

@@ -16,8 +16,8 @@ import httpx
 import lm_eval
 import pytest
 
-from harness.services import Stack, running_stack
-from harness.sse_client import post_sse
+from harness.gateway.sse_client import post_sse
+from harness.processes.services import Stack, running_stack
 
 TASK = "cbserve_tiny_mc"
 GEN_TASK = "cbserve_tiny_gen"

@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
-from harness.load_tools import load_tools_bin, run_tool
-from harness.services import ROOT, Stack, running_stack
+from harness.processes.services import ROOT, Stack, running_stack
+from harness.user.load_tools import load_tools_bin, run_tool
 
 API_DOC = ROOT / "docs" / "api.md"
 DEMO_DIR = ROOT / "models" / "demo"

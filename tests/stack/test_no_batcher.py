@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 
 from common.redis_io.batcher_liveness import BATCHER_SILENT_S
-from harness.services import Stack, wait_for
+from harness.processes.services import Stack, wait_for
 from openai_frontend.follow.stream_watch import NO_BATCHER_FAIL_S, WATCH_INTERVAL_S
 
 BODY = {"prompt": [5, 6, 7], "max_tokens": 8, "temperature": 0}

@@ -22,8 +22,8 @@ from transformers import AutoModelForCausalLM
 
 from common.protocol import FIELD, decode_request
 from common.streams import REQUESTS_STREAM
-from harness.services import Stack, running_stack
-from harness.tiny_model import byte_token_id
+from harness.models.tiny_model import byte_token_id
+from harness.processes.services import Stack, running_stack
 from tests.unit.gpu_worker.test_model_runner import EOS_PROMPT
 
 PROMPT = [random.Random(7).randrange(3, 500) for _ in range(12)]
@@ -88,29 +88,20 @@ def complete(client: openai.OpenAI, model_name: str, **kwargs: Any) -> Any:
 
 
 def test_sdk_completions_plain_and_streaming(client: openai.OpenAI, model_name: str) -> None:
-    done = client.completions.create(model=model_name, prompt="Return the", max_tokens=8, temperature=0)
+    # One greedy request, whole and streamed twice: the same text and usage each time.
+    request: dict[str, Any] = {"model": model_name, "prompt": "Return the", "max_tokens": 8, "temperature": 0}
+    done = client.completions.create(**request)
     assert done.object == "text_completion" and len(done.choices) == 1
     assert done.choices[0].finish_reason in ("stop", "length") and done.choices[0].text
     assert done.usage is not None and done.usage.completion_tokens >= 1
     assert done.usage.total_tokens == done.usage.prompt_tokens + done.usage.completion_tokens
 
-    chunks = list(
-        client.completions.create(
-            model=model_name, prompt="Return the", max_tokens=8, temperature=0, stream=True
-        )
-    )
+    chunks = list(client.completions.create(**request, stream=True))
     assert all(c.usage is None for c in chunks)  # not asked for
     assert "".join(c.choices[0].text for c in chunks if c.choices) == done.choices[0].text
 
     with_usage = list(
-        client.completions.create(
-            model=model_name,
-            prompt="Return the",
-            max_tokens=8,
-            temperature=0,
-            stream=True,
-            stream_options={"include_usage": True},
-        )
+        client.completions.create(**request, stream=True, stream_options={"include_usage": True})
     )
     assert with_usage[-1].choices == [] and counts(with_usage[-1].usage) == counts(done.usage)
     assert all(c.usage is None for c in with_usage[:-1])

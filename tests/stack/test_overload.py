@@ -16,21 +16,13 @@ import httpx
 import redis
 
 from common import streams
-from harness.services import Stack, wait_for
+from harness.processes.services import Stack, wait_for
 
 MAX_QUEUED = 2
 # Long enough that both requests are seen waiting together before the first times out, even when
 # the full suite loads the machine (at 3 s one run in the suite missed that window).
 MAX_WAIT_S = 8.0
 BODY = {"prompt": "hi", "max_tokens": 2}
-
-
-def _gateway_up(stack: Stack) -> bool:
-    stack.check_alive()
-    try:
-        return httpx.get(f"{stack.base_url}/v1/models", timeout=2).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 def _stream_error(url: str) -> dict[str, object]:
@@ -46,7 +38,7 @@ def test_queue_bound_and_queue_deadline(make_stack: Callable[[], Stack], redis_u
     stack = make_stack()
     stack.start_batcher()
     stack.start_gateway(GATEWAY_MAX_QUEUED_REQUESTS=str(MAX_QUEUED), GATEWAY_MAX_QUEUE_WAIT_S=str(MAX_WAIT_S))
-    wait_for(lambda: _gateway_up(stack), 60, "the gateway to answer")
+    wait_for(lambda: stack.answers("/v1/models"), 60, "the gateway to answer")
     wait_for(lambda: "updated_at" in stack.stats(), 30, "the batcher to publish stats")
     client = redis.Redis.from_url(redis_url)
 

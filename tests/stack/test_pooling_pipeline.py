@@ -25,9 +25,14 @@ from common.protocol import GenerateRequest, PoolingParams, SamplingParams
 from common.stream_client import follow, new_req_id, submit, wait_pooled
 from common.streams import DEFAULT_CELL
 from common.token_rules import RequestFailed
-from harness.pooling_models import build_bert_embedder, build_cross_encoder, build_decoder_embedder, sentences
-from harness.redis_server import redis_server
-from harness.services import Stack, wait_for
+from harness.models.pooling_models import (
+    build_bert_embedder,
+    build_cross_encoder,
+    build_decoder_embedder,
+    sentences,
+)
+from harness.processes.redis_server import redis_server
+from harness.processes.services import Stack, wait_for
 from openai_frontend.model.tokenizer import ModelTokenizer
 from openai_frontend.pooling.inputs import EmbeddingTokenizer
 from openai_frontend.pooling.pairs import PairTokenizer

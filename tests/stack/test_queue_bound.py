@@ -16,7 +16,7 @@ from common.protocol import GenerateRequest, SamplingParams
 from common.stream_client import new_req_id, submit_once_async
 from common.streams import DEFAULT_CELL, cell_keys
 from gateway.limits.queue_bound import QueueBound
-from harness.gateway_server import RunningGateway
+from harness.gateway.gateway_server import RunningGateway
 from openai_frontend.protocol.errors import OpenAIError
 
 BODY = {"prompt": "hi", "max_tokens": 2}

@@ -21,9 +21,9 @@ import redis
 
 from common import streams
 from common.redis_io.redis_conn import as_str, entry_key
-from harness import fault_clients as fault
-from harness.redis_process import RedisProcess
-from harness.services import Stack, wait_for
+from harness.load import fault_clients as fault
+from harness.processes.redis_process import RedisProcess
+from harness.processes.services import Stack, wait_for
 
 BOUND = 20
 NUM_ROUNDS = 3

@@ -29,9 +29,9 @@ from cbserve_celery.settings import CelerySettings
 from common.protocol import FIELD, GenerateRequest, SamplingParams, decode_request
 from common.stream_client import follow, follow_async, new_req_id, submit, submit_async
 from common.streams import REQUESTS_STREAM, submitted_key
-from harness.readme_examples import example
-from harness.readme_examples import run_example as run_readme_example
-from harness.services import ROOT, Stack, running_stack
+from harness.processes.services import ROOT, Stack, running_stack
+from harness.user.readme_examples import example
+from harness.user.readme_examples import run_example as run_readme_example
 
 PROMPTS = [[1, 17, 42, 99], [5, 6, 7, 8, 9, 10, 11, 200, 300, 400], [3]]
 MAX_TOKENS = 12

@@ -13,7 +13,7 @@ from collections.abc import Callable
 import httpx
 
 from gateway.security.api_keys import hash_key
-from harness.gateway_server import RunningGateway
+from harness.gateway.gateway_server import RunningGateway
 
 ALICE, BOB = "sk-alice-quota", "sk-bob-quota"
 BODY = {"prompt": "hi", "max_tokens": 1}

@@ -13,8 +13,8 @@ import pytest
 from common.streams import rate_limit_key
 from gateway.limits.rate_limit import WINDOW_S
 from gateway.security.api_keys import hash_key
-from harness.gateway_server import RunningGateway
-from harness.responder import Responder, responding
+from harness.gateway.gateway_server import RunningGateway
+from harness.gateway.responder import Responder, responding
 
 KEYS = f"alice:{hash_key('sk-alice')},bob:{hash_key('sk-bob')}"
 ALICE = {"Authorization": "Bearer sk-alice"}

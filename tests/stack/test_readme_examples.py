@@ -1,6 +1,6 @@
 """The first ten minutes: every marked example of the README and docs/, run verbatim as the README says
 to run it. The venv is made by the Makefile's own target (`make install-serve`, as `make run` makes
-`.venv`; harness/readme_venv.py), the stack is `make run` itself serving the shipped demo model,
+`.venv`; harness/user/readme_venv.py), the stack is `make run` itself serving the shipped demo model,
 the environment is what `source .cbserve/env` exports, and the Python examples run with that venv's
 interpreter: what the dev venv alone holds (the test toolchain) is never there.
 
@@ -20,10 +20,10 @@ import httpx
 import jsonschema
 import pytest
 
-from harness.make_run import MadeRun, make_run
-from harness.readme_examples import example, examples_in, run_example
-from harness.readme_venv import readme_venv, user_env
-from harness.services import ROOT
+from harness.processes.services import ROOT
+from harness.user.make_run import MadeRun, make_run
+from harness.user.readme_examples import example, examples_in, run_example
+from harness.user.readme_venv import readme_venv, user_env
 
 README = ROOT / "README.md"
 DOCS = [README, *sorted((ROOT / "docs").glob("*.md"))]

@@ -15,9 +15,9 @@ import pytest
 from transformers import AutoTokenizer
 
 from gateway.settings import GatewaySettings
-from harness.gateway_server import start_server
-from harness.stream_harness import StreamHarness
-from harness.tiny_model import build_tiny_model
+from harness.gateway.gateway_server import start_server
+from harness.gateway.stream_harness import StreamHarness
+from harness.models.tiny_model import build_tiny_model
 
 R1_TEMPLATE = (
     "{{ bos_token }}{%- for message in messages %}"

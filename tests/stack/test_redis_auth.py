@@ -12,8 +12,8 @@ import pytest
 import redis
 
 from common.redis_io.redis_conn import connect, connect_async
-from harness.redis_server import free_port
-from harness.services import Stack, wait_for
+from harness.processes.redis_server import free_port
+from harness.processes.services import Stack, wait_for
 
 PASSWORD = "s3cret-pw"
 

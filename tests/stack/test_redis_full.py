@@ -15,8 +15,8 @@ from typing import Any
 import redis
 
 from common import streams
-from harness import fault_clients as fault
-from harness.services import Stack, wait_for
+from harness.load import fault_clients as fault
+from harness.processes.services import Stack, wait_for
 
 MAX_TOKENS = fault.MAX_TOKENS
 BATCHER_ENV = fault.FAST_TAKEOVER_ENV  # a 1 s lease: a batcher that did not renew it loses it fast

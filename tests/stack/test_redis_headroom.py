@@ -18,7 +18,7 @@ import httpx
 import redis
 
 from gateway.limits.cell_guard import CACHE_S
-from harness.services import Stack, wait_for
+from harness.processes.services import Stack, wait_for
 
 NUM_STREAMS = 100
 MAX_TOKENS = 200

@@ -20,8 +20,8 @@ from typing import Any
 import httpx
 import pytest
 
-from harness.redis_process import RedisProcess, running_redis
-from harness.services import Stack, wait_for
+from harness.processes.redis_process import RedisProcess, running_redis
+from harness.processes.services import Stack, wait_for
 
 NUM_STREAMS = 6
 BODY = {"prompt": [5, 6, 7], "max_tokens": 8, "temperature": 0}
@@ -87,12 +87,7 @@ def test_requests_lost_in_a_redis_restart_end_with_an_error(lost: tuple[Stack, R
     stack.start_gateway()
 
     def serving() -> bool:
-        stack.check_alive()
-        try:
-            models = httpx.get(f"{stack.base_url}/v1/models", timeout=2).status_code == 200
-        except httpx.HTTPError:
-            return False
-        return models and "updated_at" in stack.stats()
+        return stack.answers("/v1/models") and "updated_at" in stack.stats()
 
     wait_for(serving, 60, "the gateway and the batcher to serve")
     lost_after_s = asyncio.run(_lose_redis_under_requests(stack, redis_proc))

@@ -12,7 +12,7 @@ import redis
 from cbserve import processes
 from cbserve.redis_resolver import RedisChoice, RedisUnavailable, find_embedded, ping, redact, resolve
 from cbserve.run_state import RunState
-from harness.redis_server import free_port
+from harness.processes.redis_server import free_port
 
 
 @pytest.fixture()

@@ -21,7 +21,7 @@ from common.protocol import FIELD, RequestError, decode_event, decode_request
 from common.settings import RETENTION_S
 from common.streams import REQUESTS_STREAM, response_key, token_stream
 from gateway.security.api_keys import hash_key
-from harness.services import Stack, running_stack, wait_for
+from harness.processes.services import Stack, running_stack, wait_for
 from openai_frontend.responses.input import _UNSUPPORTED
 
 KEY_A, KEY_B = "sk-responses-alice", "sk-responses-bob"

@@ -19,7 +19,7 @@ import redis
 from tokenizers import Tokenizer
 
 from common.streams import REQUESTS_STREAM
-from harness.services import Stack, module_stack, wait_for
+from harness.processes.services import Stack, module_stack, wait_for
 from tests.stack.test_e2e_structured_outputs import SCHEMAS, USER, Pet, json_schema_format
 
 PROMPT = USER[0]["content"]

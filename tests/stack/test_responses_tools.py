@@ -17,7 +17,7 @@ import jsonschema
 import openai
 import pytest
 
-from harness.services import Stack, module_stack
+from harness.processes.services import Stack, module_stack
 from tests.stack.test_e2e_tool_calls import SCHEMAS, TOOLS
 from tests.stack.test_responses_api import leave_and_resume
 

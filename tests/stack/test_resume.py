@@ -22,8 +22,8 @@ import redis
 
 from common import streams
 from common.protocol import FIELD, RequestError, decode_event
-from harness.services import Stack, running_stack, wait_for
-from harness.sse_client import SSEEvent, get_sse, post_sse, read_then_hang_up, sse_events
+from harness.gateway.sse_client import SSEEvent, get_sse, post_sse, read_then_hang_up, sse_events
+from harness.processes.services import Stack, running_stack, wait_for
 
 GRACE_S = 3.0
 MAX_TOKENS = 300

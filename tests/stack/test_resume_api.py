@@ -18,9 +18,9 @@ from tokenizers import Tokenizer
 from common.protocol import GenerateRequest
 from common.streams import FOLLOW_DEADLINES, request_meta
 from gateway.security.api_keys import hash_key
-from harness.gateway_server import RunningGateway
-from harness.services import wait_for
-from harness.sse_client import SSEEvent, get_sse, post_raw, post_sse, read_then_hang_up
+from harness.gateway.gateway_server import RunningGateway
+from harness.gateway.sse_client import SSEEvent, get_sse, post_raw, post_sse, read_then_hang_up
+from harness.processes.services import wait_for
 from openai_frontend.follow.deadlines import MIN_DEADLINE_S
 
 STREAM_BODY = {"prompt": "hi", "max_tokens": 50, "stream": True}

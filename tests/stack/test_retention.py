@@ -18,7 +18,7 @@ import redis
 from common import streams
 from common.protocol import GenerateRequest, SamplingParams
 from common.stream_client import follow, new_req_id, submit_once
-from harness.services import Stack, wait_for
+from harness.processes.services import Stack, wait_for
 
 RETENTION = {"CBSERVE_RETENTION_S": "2"}
 

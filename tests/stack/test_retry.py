@@ -13,8 +13,8 @@ import redis.exceptions
 
 from common.redis_io.redis_conn import connect, connect_async
 from common.redis_io.retry import Backoff, retry_async, wait_for_redis
-from harness.redis_process import RedisProcess
-from harness.redis_server import free_port
+from harness.processes.redis_process import RedisProcess
+from harness.processes.redis_server import free_port
 
 
 def test_backoff_doubles_to_its_cap_and_resets() -> None:

@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from harness.gateway_server import RunningGateway
+from harness.gateway.gateway_server import RunningGateway
 
 HEADER_TIMEOUT_S = 2.0
 BODY_TIMEOUT_S = 2.0

@@ -14,9 +14,9 @@ from collections.abc import Callable
 
 import redis
 
-from harness.leftovers import batcher_stats, keys_bytes, leftovers, wait_cleared
-from harness.services import Stack
-from harness.soak_load import soak
+from harness.load.leftovers import batcher_stats, keys_bytes, leftovers, wait_cleared
+from harness.load.soak_load import soak
+from harness.processes.services import Stack
 
 GRACE_S = 1.0
 RETENTION_S = 3

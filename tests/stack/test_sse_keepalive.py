@@ -11,7 +11,7 @@ from typing import Any
 
 import httpx
 
-from harness.gateway_server import RunningGateway
+from harness.gateway.gateway_server import RunningGateway
 
 
 def _lines_until_two_keepalives(gateway: RunningGateway, path: str, body: dict[str, Any]) -> list[str]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -21,7 +21,7 @@ import httpx2 as httpx  # the HTTP library both SDKs are built on now
 import openai
 import pytest
 
-from harness.gateway_server import RunningGateway
+from harness.gateway.gateway_server import RunningGateway
 
 KEEPALIVE = b": keep-alive"
 TOKENS = [300, 301, 302, 303]
@@ -112,54 +112,49 @@ def _openai(gateway: RunningGateway, transport: RecordingTransport) -> openai.Op
     return openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="unused", http_client=http, max_retries=0)
 
 
-def test_chat_completions(paused_gateway: RunningGateway) -> None:
+# An OpenAI SDK stream: (client, served model name) -> its chunks or events.
+OpenAIStream = Callable[[openai.OpenAI, str], Iterable[Any]]
+ReadPaused = Callable[[OpenAIStream], list[Any]]
+
+
+@pytest.fixture()
+def read_paused(paused_gateway: RunningGateway) -> ReadPaused:
+    """Reads an OpenAI SDK stream to its end while its request pauses before its first token and after it."""
     gateway = paused_gateway
     transport = RecordingTransport()
     client = _openai(gateway, transport)
 
-    def read() -> list[Any]:
-        stream = client.chat.completions.create(
-            model=gateway.settings.model_name,
-            messages=[{"role": "user", "content": "hi"}],
-            max_tokens=4,
-            stream=True,
-        )
-        return list(stream)
+    def read(stream: OpenAIStream) -> list[Any]:
+        return _paused(gateway, transport, lambda: list(stream(client, gateway.settings.model_name)))
 
-    chunks = _paused(gateway, transport, read)
+    return read
+
+
+def test_chat_completions(read_paused: ReadPaused) -> None:
+    chunks = read_paused(
+        lambda client, model: client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=4, stream=True
+        )
+    )
     assert chunks[-1].choices[0].finish_reason == "length", chunks
     assert sum(1 for c in chunks if c.choices and c.choices[0].delta.content) == len(TOKENS), chunks
 
 
-def test_completions(paused_gateway: RunningGateway) -> None:
-    gateway = paused_gateway
-    transport = RecordingTransport()
-    client = _openai(gateway, transport)
-
-    def read() -> list[Any]:
-        return list(
-            client.completions.create(
-                model=gateway.settings.model_name, prompt=[5, 6, 7], max_tokens=4, stream=True
-            )
+def test_completions(read_paused: ReadPaused) -> None:
+    chunks = read_paused(
+        lambda client, model: client.completions.create(
+            model=model, prompt=[5, 6, 7], max_tokens=4, stream=True
         )
-
-    chunks = _paused(gateway, transport, read)
+    )
     assert chunks[-1].choices[0].finish_reason == "length", chunks
 
 
-def test_responses(paused_gateway: RunningGateway) -> None:
-    gateway = paused_gateway
-    transport = RecordingTransport()
-    client = _openai(gateway, transport)
-
-    def read() -> list[Any]:
-        return list(
-            client.responses.create(
-                model=gateway.settings.model_name, input="hi", max_output_tokens=4, stream=True
-            )
+def test_responses(read_paused: ReadPaused) -> None:
+    events = read_paused(
+        lambda client, model: client.responses.create(
+            model=model, input="hi", max_output_tokens=4, stream=True
         )
-
-    events = _paused(gateway, transport, read)
+    )
     assert events[-1].type == "response.incomplete", [e.type for e in events]
     assert sum(e.type == "response.output_text.delta" for e in events) >= 1
 

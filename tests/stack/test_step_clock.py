@@ -27,7 +27,7 @@ from common.protocol import (
     decode_step,
     encode,
 )
-from harness.services import wait_for
+from harness.processes.services import wait_for
 
 WORKER = "w0"
 STEP_S = 1.0  # the played worker's step time: long, so the test's own delays are small beside it

@@ -15,7 +15,7 @@ from common import streams
 from common.protocol import FIELD, GenerateRequest, SamplingParams, decode_worker
 from common.stream_client import follow, new_req_id, submit
 from common.trace_schema import StepTrace, decode_trace, short_id
-from harness.services import Stack, wait_for
+from harness.processes.services import Stack, wait_for
 
 BUDGET = 8  # BATCHER_MAX_NUM_BATCHED_TOKENS: a 20-token prompt takes chunks of 8, 8 and 4
 

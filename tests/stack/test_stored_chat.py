@@ -12,8 +12,8 @@ import httpx
 from tokenizers import Tokenizer
 
 from gateway.security.api_keys import hash_key
-from harness.gateway_server import RunningGateway
-from harness.sse_client import post_sse
+from harness.gateway.gateway_server import RunningGateway
+from harness.gateway.sse_client import post_sse
 
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is assert?"}]
 ALICE, BOB = "alice-key", "bob-key"

@@ -15,8 +15,8 @@ import redis.asyncio as aioredis
 
 from common.redis_io.redis_conn import connect_async
 from common.streams import token_stream
-from harness.redis_process import RedisProcess
-from harness.redis_server import free_port
+from harness.processes.redis_process import RedisProcess
+from harness.processes.redis_server import free_port
 from openai_frontend.follow.token_mux import TICK_S, Entry, Subscription, TokenStreamMux
 from openai_frontend.follow.token_stream import RequestTimedOut, follow_token_stream
 

@@ -2,7 +2,7 @@
 
 The CPU suite runs the kernels under Triton's interpreter, which takes the while-loop form of the key
 loop and forgives what the compiler refuses (a kernel reading a plain Python global, say); this
-compiles the form the GPU runs (harness/triton_compile.py), in a process of its own because
+compiles the form the GPU runs (harness/gpu_worker/triton_compile.py), in a process of its own because
 the interpreter is on in this one. In tests/stack/ as the compiled forward is: compiling all sixteen
 takes about half a minute on two cores."""
 
@@ -12,13 +12,13 @@ import os
 import subprocess
 import sys
 
-from harness.services import ROOT
+from harness.processes.services import ROOT
 
 
 def test_kernels_compile_for_a_hopper_gpu() -> None:
     env = {**os.environ, "TRITON_INTERPRET": "0"}
     done = subprocess.run(
-        [sys.executable, "-m", "harness.triton_compile"],
+        [sys.executable, "-m", "harness.gpu_worker.triton_compile"],
         cwd=ROOT,
         env=env,
         capture_output=True,

@@ -17,9 +17,9 @@ from tokenizers import Tokenizer, processors
 
 from common.protocol import PromptEvent, encode
 from gateway.settings import GatewaySettings
-from harness.gateway_server import RunningGateway, start_server
-from harness.sse_client import post_sse
-from harness.stream_harness import StreamHarness
+from harness.gateway.gateway_server import RunningGateway, start_server
+from harness.gateway.sse_client import post_sse
+from harness.gateway.stream_harness import StreamHarness
 from openai_frontend.model.chatml import EOS, IM_END, IM_START
 
 # A template that reads what clients may hand it: chat_template_kwargs' enable_thinking, reasoning_effort.

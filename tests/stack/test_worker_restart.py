@@ -1,6 +1,6 @@
 """A killed worker's replacement takes the compiled forward from the cache its predecessor wrote, and
 serves `generate`'s tokens: the stream the kill interrupted, and a request only it can serve
-(docs/reliability.md, *A restarted worker serves within seconds*; benchmarks/worker_restart.py
+(docs/reliability.md, *A restarted worker serves within seconds*; benchmarks/pipeline/worker_restart.py
 measures how soon).
 """
 
@@ -13,10 +13,10 @@ from pathlib import Path
 
 import httpx
 
-from benchmarks.gpu_parity import reference_greedy
-from harness import fault_clients as fault
-from harness.load_clients import completion_body
-from harness.services import Stack
+from benchmarks.gpu.gpu_parity import reference_greedy
+from harness.load import fault_clients as fault
+from harness.load.load_clients import completion_body
+from harness.processes.services import Stack
 
 PROMPTS = [list(range(5, 29)), list(range(40, 3, -3))]
 MAX_TOKENS = 48

@@ -28,7 +28,7 @@ from common.protocol import (
     encode,
 )
 from common.streams import BATCHER_INBOX, WORKERS_HASH, WORKERS_HEARTBEAT, token_stream, worker_steps
-from harness.worker_steps import new_request, scheduler_output
+from harness.gpu_worker.worker_steps import new_request, scheduler_output
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 T = TypeVar("T")

@@ -1,10 +1,10 @@
 """The Triton attention backend (the CUDA default): K/V read through block tables in place.
 
-Per layer and step: one KV-write launch for all tokens, one decode launch for all decodes and one
-prefill launch for all prefill chunks, whatever their lengths; no gather copy, no Python loop over
-sequences; a layer's window, softcapping and sinks are the kernels' arguments. Its metadata is the
-common metadata itself (fixed-shape tensors plus three ints), which is
-what CUDA graphs need: padding rows are seq_len 0 and slot -1.
+Per layer and step: one KV-write launch for all tokens, then one launch of the attention kernel
+(gpu_worker/kernels/triton/paged_attention.py) for all decodes and one for all prefill chunks,
+whatever their lengths; no gather copy, no Python loop over sequences; a layer's window, softcapping
+and sinks are the kernels' arguments. Its metadata is the common metadata itself (fixed-shape tensors
+plus three ints), which is what CUDA graphs need: padding rows are seq_len 0 and slot -1.
 """
 
 from __future__ import annotations
@@ -12,8 +12,7 @@ from __future__ import annotations
 import torch
 
 from gpu_worker.kernels.triton.kv_write import kv_write
-from gpu_worker.kernels.triton.paged_decode import paged_decode
-from gpu_worker.kernels.triton.paged_prefill import paged_prefill
+from gpu_worker.kernels.triton.paged_attention import paged_attention
 from gpu_worker.runner.attention.backend import AttentionBackend, CommonAttentionMetadata
 from gpu_worker.runner.attention.variant import PLAIN, AttentionVariant
 from gpu_worker.runner.kv_cache import KVCache
@@ -53,33 +52,13 @@ class TritonAttentionBackend(AttentionBackend[CommonAttentionMetadata]):
         key, value = key.to(k_cache.dtype), value.to(v_cache.dtype)
         kv_write(key, value, k_cache, v_cache, metadata.slot_mapping)
         out = torch.empty(query.shape, dtype=query.dtype, device=query.device)  # [T, H, D] contiguous
-        num_decodes = metadata.num_decodes
-        paged_decode(
-            out[:num_decodes],
-            query[:num_decodes],
-            k_cache,
-            v_cache,
-            metadata.block_tables,
-            metadata.seq_lens,
-            scale,
-            window=variant.window,
-            softcap=variant.softcap,
-            sinks=variant.sinks,
-        )
-        paged_prefill(
-            out,
-            query,
-            k_cache,
-            v_cache,
-            metadata.block_tables,
-            metadata.seq_lens,
-            metadata.query_start_loc,
-            first_seq=num_decodes,
-            num_seqs=metadata.num_reqs - num_decodes,
-            max_query_len=metadata.max_query_len,
-            scale=scale,
-            window=variant.window,
-            softcap=variant.softcap,
-            sinks=variant.sinks,
-        )
+        num_decodes, num_reqs = metadata.num_decodes, metadata.num_reqs
+        # The decodes (one-token chunks, first in the batch), then the prefill chunks: a launch each.
+        launches = [(0, num_decodes, 1), (num_decodes, num_reqs - num_decodes, metadata.max_query_len)]
+        for first_seq, num_seqs, max_query_len in launches:
+            paged_attention(
+                out, query, k_cache, v_cache, metadata.block_tables, metadata.seq_lens,
+                metadata.query_start_loc, first_seq, num_seqs, max_query_len, scale,
+                variant.window, variant.softcap, variant.sinks,
+            )  # fmt: skip
         return out

@@ -1,10 +1,10 @@
-"""The capacity model's cell simulation (benchmarks/capacity.py) against cases solved by hand."""
+"""The capacity model's cell simulation (benchmarks/pipeline/capacity.py) against cases solved by hand."""
 
 from __future__ import annotations
 
 import pytest
 
-from benchmarks.capacity import fit, simulate_cell, workers_per_cell
+from benchmarks.pipeline.capacity import fit, simulate_cell, workers_per_cell
 
 
 def test_the_fit_recovers_a_line() -> None:

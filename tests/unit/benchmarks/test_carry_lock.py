@@ -1,5 +1,5 @@
-"""The GPU host's carry (benchmarks/gpu_carry.lock.json): resolved against the host's packages, closed
-under every carried wheel's Requires-Dist for CPython 3.12 on x86-64 Linux, current with
+"""The GPU host's carry (benchmarks/gpu/carry/gpu_carry.lock.json): resolved against the host's packages,
+closed under every carried wheel's Requires-Dist for CPython 3.12 on x86-64 Linux, current with
 pyproject.toml, and small enough to travel beside the working tree."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from packaging.tags import Tag
 from packaging.utils import NormalizedName, canonicalize_name, parse_wheel_filename
 from packaging.version import Version
 
-from benchmarks.carry_lock import HOST, LOCK, load
-from benchmarks.carry_resolve import (
+from benchmarks.gpu.carry.carry_lock import HOST, LOCK, load
+from benchmarks.gpu.carry.carry_resolve import (
     Host,
     Lock,
     ResolutionError,
@@ -57,7 +57,7 @@ def test_nothing_is_carried_that_the_host_already_satisfies(locked, host) -> Non
 def test_the_lock_is_current_with_pyproject_and_the_host_list(locked, host) -> None:
     lock, data = locked
     assert lock.requirements == [str(r) for r in check_requirements()], (
-        "run: python -m benchmarks.carry_lock lock"
+        "run: python -m benchmarks.gpu.carry.carry_lock lock"
     )
     assert data["assumed"] == assumed(lock, host)
     assert set(lock.host) <= set(host)

@@ -1,4 +1,4 @@
-"""benchmarks/carry_verify.py, the GPU run's first step: it names the first module that fails to
+"""benchmarks/gpu/carry/carry_verify.py, the GPU run's first step: it names the first module that fails to
 import (and exits 1), and reports host packages that miss what the lock left to them."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from benchmarks import carry_verify
+from benchmarks.gpu.carry import carry_verify
 
 
 def test_the_first_module_that_fails_to_import_is_named() -> None:

@@ -1,11 +1,12 @@
-"""benchmarks/code_rewrites.py: a ShareGPT file of function rewrites that `--dataset sharegpt` reads."""
+"""benchmarks/workloads/code_rewrites.py: a ShareGPT file of function rewrites that `--dataset sharegpt`
+reads."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from benchmarks.code_rewrites import main
+from benchmarks.workloads.code_rewrites import main
 
 FUNCTION = '''def scale(values, factor=2):
     """Every value times factor, skipping the ones that are None, and the total of what is left."""

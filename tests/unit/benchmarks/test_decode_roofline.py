@@ -1,4 +1,4 @@
-"""benchmarks/decode_roofline.py times the worker's own forward: the Decoder that gpu_worker's
+"""benchmarks/worker_step/decode_roofline.py times the worker's own forward: the Decoder that gpu_worker's
 load_model builds, by the same calls, its forward timed apart from the step's host time."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 import torch
 
-from benchmarks import decode_roofline
-from benchmarks.forward_timer import ForwardTimer
+from benchmarks.worker_step import decode_roofline
+from benchmarks.worker_step.forward_timer import ForwardTimer
 from gpu_worker.runner import load_model
 from gpu_worker.runner.forward.decoder import Decoder
 from gpu_worker.runner.model_runner import ModelRunner

@@ -1,4 +1,4 @@
-"""benchmarks/draft_propose.py: the draft model's proposals timed per request count."""
+"""benchmarks/worker_step/draft_propose.py: the draft model's proposals timed per request count."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.draft_propose import main
+from benchmarks.worker_step.draft_propose import main
 
 
 def test_each_request_count_is_timed(tiny_model_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:

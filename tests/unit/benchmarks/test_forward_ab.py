@@ -1,4 +1,4 @@
-"""benchmarks/forward_ab.py: forward variants side by side, and their agreement."""
+"""benchmarks/worker_step/forward_ab.py: forward variants side by side, and their agreement."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.forward_ab import main, parse_variant
+from benchmarks.worker_step.forward_ab import main, parse_variant
 
 
 def test_variant_names_say_compile_and_weights() -> None:

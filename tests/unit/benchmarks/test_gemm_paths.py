@@ -1,11 +1,11 @@
-"""benchmarks/gemm_paths.py: every GEMM path computes the same product as F.linear."""
+"""benchmarks/worker_step/gemm_paths.py: every GEMM path computes the same product as F.linear."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from benchmarks.gemm_paths import main, paths
+from benchmarks.worker_step.gemm_paths import main, paths
 
 
 def test_each_path_computes_the_linear() -> None:

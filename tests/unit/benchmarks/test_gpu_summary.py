@@ -1,4 +1,4 @@
-"""benchmarks/gpu_summary.py: what finished is reported, what did not is named under "missing", and
+"""benchmarks/gpu/gpu_summary.py: what finished is reported, what did not is named under "missing", and
 every step's limit, seconds and exit status (or skip) come with the run's wall time and budget."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import json
 import time
 from pathlib import Path
 
-from benchmarks.gpu_summary import main, summarize
+from benchmarks.gpu.gpu_summary import main, summarize
 
 
 def test_a_partial_run_reports_its_steps_and_what_is_missing(tmp_path: Path) -> None:

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.client import _is_token_chunk
-from benchmarks.gguf import LLAMA_SRC, converter_command, gguf_path, is_current
-from benchmarks.llama_launch import DEFAULT_BINARY, LlamaServerOptions, server_command
-from benchmarks.specs import load_spec_file, parse_launch_arg
+from benchmarks.baselines.gguf import LLAMA_SRC, converter_command, gguf_path, is_current
+from benchmarks.baselines.llama_launch import DEFAULT_BINARY, LlamaServerOptions, server_command
+from benchmarks.load.client import _is_token_chunk
+from benchmarks.load.specs import load_spec_file, parse_launch_arg
 
 SPECS = Path(__file__).resolve().parents[3] / "benchmarks" / "specs"
 
@@ -88,7 +88,9 @@ def test_the_converter_is_llama_cpps_script_and_its_output_is_cached_until_the_w
     weights.write_bytes(b"weights")
     out = gguf_path(model, "f32")
     argv = converter_command(model, "f32", out)
-    assert argv[argv.index("benchmarks.llama_convert") + 1] == str(LLAMA_SRC / "convert_hf_to_gguf.py")
+    assert argv[argv.index("benchmarks.baselines.llama_convert") + 1] == str(
+        LLAMA_SRC / "convert_hf_to_gguf.py"
+    )
     assert _value_after(argv, "--outtype") == "f32" and _value_after(argv, "--outfile") == str(out)
     assert not is_current(out, model)
     out.parent.mkdir()

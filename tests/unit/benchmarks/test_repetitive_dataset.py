@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 
 from batcher.core.spec_decode.ngram_proposer import propose_ngram
-from benchmarks.datasets import DatasetConfig, sample_requests
-from benchmarks.repetitive import repetitive_prompt
-from benchmarks.tokenizer import BenchTokenizer
+from benchmarks.workloads.datasets import DatasetConfig, sample_requests
+from benchmarks.workloads.repetitive import repetitive_prompt
+from benchmarks.workloads.tokenizer import BenchTokenizer
 
 
 def chars(text: str) -> list[int]:

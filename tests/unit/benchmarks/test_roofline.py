@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.datasets import SampleRequest
-from benchmarks.roofline import Machine, ModelShape, bound_for, decode_context, precision_of, roofline
-from benchmarks.specs import system_from_dict
+from benchmarks.bounds.roofline import Machine, ModelShape, bound_for, decode_context, precision_of, roofline
+from benchmarks.load.specs import system_from_dict
+from benchmarks.workloads.datasets import SampleRequest
 
 CONFIG = {
     "hidden_size": 64,

@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from benchmarks.client import RequestOutput
-from benchmarks.metrics import summarize
-from benchmarks.repeats import format_repeated, ratio_spread, summary_spread
-from benchmarks.report import format_comparison, format_summary, run_record
-from benchmarks.runner import RunResult, Target
+from benchmarks.figures.metrics import summarize
+from benchmarks.figures.repeats import format_repeated, ratio_spread, summary_spread
+from benchmarks.figures.report import format_comparison, format_summary, run_record
+from benchmarks.load.client import RequestOutput
+from benchmarks.load.runner import RunResult, Target
+from benchmarks.load.spec_decode import counted_during, parse_spec_counters, summary_fields
 from benchmarks.serve import parse_args, resolve_systems
-from benchmarks.spec_decode import counted_during, parse_spec_counters, summary_fields
 from common.spec_decode_stats import SpecDecodeCounts, counts_from_stats
 from common.speculative_config import SpeculativeConfig
 from gateway.observability.batcher_collector import BatcherCollector

@@ -1,4 +1,4 @@
-"""benchmarks/steps.sh: each step's limit comes from what the budget has left, less the run's ending
+"""benchmarks/gpu/steps.sh: each step's limit comes from what the budget has left, less the run's ending
 and the limits reserved for later steps; what ran, how long, and what was skipped go to steps.tsv."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[3]
 def _run(tmp_path: Path, script: str, **env: str) -> tuple[str, list[list[str]]]:
     work = tmp_path / "work"
     work.mkdir()
-    prelude = f"RESULT_DIR={tmp_path / 'results'} WORK={work}; source benchmarks/steps.sh\n"
+    prelude = f"RESULT_DIR={tmp_path / 'results'} WORK={work}; source benchmarks/gpu/steps.sh\n"
     done = subprocess.run(
         ["bash", "-c", prelude + script],
         cwd=ROOT,

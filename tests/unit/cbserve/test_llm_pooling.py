@@ -14,7 +14,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from cbserve import LLM
 from common.protocol import PoolingParams
-from harness.pooling_models import (
+from harness.models.pooling_models import (
     build_bert_embedder,
     build_cross_encoder,
     build_decoder_embedder,

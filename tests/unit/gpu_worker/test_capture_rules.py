@@ -1,5 +1,5 @@
 """The capture-rules lane: what CUDA forbids inside a graph capture, checked on the CPU with fake
-`cuda` tensors (harness/capture_rules.py, fake_cuda.py).
+`cuda` tensors (harness/gpu_worker/capture_rules.py, fake_cuda.py).
 
 First the rules themselves, each of which must fail on what it names and pass what a capture
 allows; then every region the worker captures: the decode graphs' step (`DecodeGraphs._forward`,
@@ -22,9 +22,9 @@ from gpu_worker.runner.attention.transformers_interface import register_paged_at
 from gpu_worker.runner.forward.decoder import Decoder
 from gpu_worker.runner.sample.sampler import sample_plain, sample_top_k, sample_top_p
 from gpu_worker.runner.sample.seeded_uniform import seeded_uniforms
-from harness.capture_rules import CaptureViolation, capture_rules
-from harness.fake_cuda import DEVICE, CheckedCapture, decode_graphs, fake_cuda, model_on_fake_cuda
-from harness.family_models import FAMILIES, SMALL
+from harness.gpu_worker.capture_rules import CaptureViolation, capture_rules
+from harness.gpu_worker.fake_cuda import DEVICE, CheckedCapture, decode_graphs, fake_cuda, model_on_fake_cuda
+from harness.models.family_models import FAMILIES, SMALL
 
 # ---- the rules ---------------------------------------------------------------------------------------
 
@@ -139,7 +139,7 @@ def test_decode_graphs_capture_every_size(family: str) -> None:
     # The attention inside was traversed, not faked: each layer writes K/V and attends the decodes.
     layers = NUM_LAYERS.get(family, 2)
     for graph in capture.graphs:
-        assert graph.launches == ["_kv_write_kernel", "_paged_decode_kernel"] * layers
+        assert graph.launches == ["_kv_write_kernel", "_paged_attention_kernel"] * layers
 
 
 # ---- the sampler's device functions (not captured today; kept capturable) ----------------------------

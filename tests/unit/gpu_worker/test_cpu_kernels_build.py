@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 from gpu_worker.kernels import cpu as cpu_kernels
-from harness.services import ROOT
+from harness.processes.services import ROOT
 
 
 def test_a_lock_left_by_a_killed_builder_does_not_hold_up_the_next() -> None:

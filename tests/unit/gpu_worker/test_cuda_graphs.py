@@ -1,5 +1,5 @@
-"""DecodeGraphs' capture and replay on the fake CUDA device (harness/fake_cuda.py), where a
-capture fails as on a GPU, at what CUDA forbids (harness/capture_rules.py).
+"""DecodeGraphs' capture and replay on the fake CUDA device (harness/gpu_worker/fake_cuda.py), where a
+capture fails as on a GPU, at what CUDA forbids (harness/gpu_worker/capture_rules.py).
 
 A size whose capture fails runs eagerly from the same buffers, with one warning for all such sizes,
 and the worker starts; an error in the warm-up (the step run as every step will run it) still stops it.
@@ -19,8 +19,8 @@ from gpu_worker.runner.attention.backend import AttentionContext
 from gpu_worker.runner.attention.transformers_interface import register_paged_attention
 from gpu_worker.runner.cuda_graphs import DecodeGraphs
 from gpu_worker.runner.forward.decoder import Decoder, DecoderOutput
-from harness.fake_cuda import CheckedCapture, decode_batch, decode_graphs, fake_cuda, to_fake_cuda
-from harness.family_models import SMALL
+from harness.gpu_worker.fake_cuda import CheckedCapture, decode_batch, decode_graphs, fake_cuda, to_fake_cuda
+from harness.models.family_models import SMALL
 
 
 class HostIndexDecoder(Decoder):

@@ -30,8 +30,8 @@ from gpu_worker.runner.forward.compile import compile_decoder
 from gpu_worker.runner.forward.decoder import Decoder
 from gpu_worker.runner.forward.linear import Linear
 from gpu_worker.runner.model_runner import ModelRunner
-from harness.family_models import SMALL
-from harness.worker_steps import new_request, prefill_step
+from harness.gpu_worker.worker_steps import new_request, prefill_step
+from harness.models.family_models import SMALL
 from tests.unit.gpu_worker.test_model_runner import (
     generate_alone,
     make_requests,

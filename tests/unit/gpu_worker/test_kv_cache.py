@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from harness.paged_steps import pool
+from harness.gpu_worker.paged_steps import pool
 
 
 def test_a_narrow_pool_is_gathered_widened_into_a_reused_workspace() -> None:

@@ -17,14 +17,14 @@ import pytest
 import torch
 from transformers import AutoConfig, PreTrainedModel
 
-from benchmarks.gpu_parity import reference_greedy
+from benchmarks.gpu.gpu_parity import reference_greedy
 from common.protocol import CachedRequestData, SamplingParams
 from gpu_worker.runner.attention.torch_attn import TorchAttentionMetadata
 from gpu_worker.runner.forward.decoder import FAMILIES as DECODER_FAMILIES
 from gpu_worker.runner.forward.decoder import Decoder
 from gpu_worker.runner.model_runner import ModelRunner
-from harness.family_models import FAMILIES, WINDOW, save_family
-from harness.worker_steps import new_request, scheduler_output
+from harness.gpu_worker.worker_steps import new_request, scheduler_output
+from harness.models.family_models import FAMILIES, WINDOW, save_family
 from tests.unit.gpu_worker.test_decoder import greedy_requests_equal_generate
 from tests.unit.gpu_worker.test_model_runner import (
     BLOCK_SIZE,

@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers.masking_utils import create_causal_mask
 
-from benchmarks.gpu_parity import reference_greedy
+from benchmarks.gpu.gpu_parity import reference_greedy
 from common.protocol import (
     CachedRequestData,
     ModelRunnerOutput,
@@ -20,7 +20,7 @@ from common.protocol import (
 from gpu_worker.runner.attention.torch_attn import TorchAttentionBackend
 from gpu_worker.runner.model_runner import ModelRunner
 from gpu_worker.settings import WorkerSettings
-from harness.worker_steps import new_request, prefill_step, scheduler_output
+from harness.gpu_worker.worker_steps import new_request, prefill_step, scheduler_output
 
 # The tiny model's greedy continuation of this prompt is [461, 0, 257, 0, ...]: EOS (0) mid-stream.
 EOS_PROMPT = [462, 383, 46, 427, 255, 274, 170, 352]

@@ -47,7 +47,7 @@ from gpu_worker.runner.model_support import (
     unsupported_features,
 )
 from gpu_worker.settings import WorkerSettings
-from harness.family_models import FAMILIES
+from harness.models.family_models import FAMILIES
 
 SMALL = {
     "vocab_size": 128,
@@ -136,7 +136,7 @@ def test_multi_head_latent_attention_is_refused_whatever_its_head_sizes(sizes: d
 
 
 def _served_configs() -> dict[str, PretrainedConfig]:
-    """Every family the end-to-end and family tests serve (harness/family_models.py), the
+    """Every family the end-to-end and family tests serve (harness/models/family_models.py), the
     decoder's own families, the tiny Llama and GPT-2 (transformers' forward)."""
     configs = {name: make() for name, make in FAMILIES.items()}
     configs |= {

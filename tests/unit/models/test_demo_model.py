@@ -17,9 +17,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from common.protocol import CachedRequestData, NewRequestData, SamplingParams, SchedulerOutput
-from gpu_worker.runner.model_runner import ModelRunner
-from gpu_worker.settings import WorkerSettings
+from cbserve import LLM, SamplingParams
 from openai_frontend.model.chat_template import render_chat
 from openai_frontend.model.chatml import CHAT_TEMPLATE
 from openai_frontend.model.tokenizer import ModelTokenizer
@@ -125,48 +123,14 @@ def test_gateway_tokenizer_matches_autotokenizer(tokenizer: Any) -> None:
 
 
 def test_worker_greedy_equals_generate(model: Any, tokenizer: Any) -> None:
-    """The worker's loading path (float16 checkpoint, paged attention) gives the same greedy tokens."""
-    block_size, max_tokens = 16, 12
+    """The worker's loading path (float16 checkpoint, paged attention), in the in-process engine that
+    `LLM` drives, gives the same greedy tokens."""
+    max_tokens = 12
     prompt = tokenizer.encode(ENGLISH_PROMPTS[1])
-    runner = ModelRunner(
-        WorkerSettings(model=str(DEMO_DIR), num_blocks=8, block_size=block_size, worker_id="test")
-    )
+    llm = LLM(str(DEMO_DIR), device="cpu", num_blocks=8, block_size=16)
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
-    blocks = list(range(-(-(len(prompt) + max_tokens) // block_size)))
-    outputs: list[int] = []
-    for step in range(max_tokens):
-        if step == 0:
-            new = [
-                NewRequestData(
-                    req_id="r",
-                    prompt_token_ids=prompt,
-                    output_token_ids=[],
-                    sampling_params=params,
-                    block_ids=blocks,
-                    num_computed_tokens=0,
-                    attempt=0,
-                )
-            ]
-            cached, num = [], len(prompt)
-        else:
-            new, num = [], 1
-            cached = [
-                CachedRequestData(req_id="r", new_block_ids=[], num_computed_tokens=len(prompt) + step - 1)
-            ]
-        result = runner.execute_model(
-            SchedulerOutput(
-                step_id=step,
-                scheduled_new_reqs=new,
-                scheduled_cached_reqs=cached,
-                num_scheduled_tokens={"r": num},
-                total_num_scheduled_tokens=num,
-                finished_req_ids=[],
-            )
-        )
-        assert result.req_errors == {}
-        outputs += result.sampled_token_ids
-    expected = greedy_ids(model, prompt, max_tokens)
-    assert outputs == expected
+    (output,) = llm.generate({"prompt_token_ids": prompt}, params, use_tqdm=False)
+    assert output.outputs[0].token_ids == greedy_ids(model, prompt, max_tokens)
 
 
 @pytest.mark.parametrize(

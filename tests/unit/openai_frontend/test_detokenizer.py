@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer
 
-from harness.tiny_model import byte_token_id
+from harness.models.tiny_model import byte_token_id
 from openai_frontend.model.tokenizer import ModelTokenizer
 from openai_frontend.text.detokenizer import NUM_CONTEXT_TOKENS, IncrementalDetokenizer
 from openai_frontend.text.output_processor import OutputProcessor

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from harness.parsed_deltas import joined
+from harness.gateway.parsed_deltas import joined
 from openai_frontend.tools.parsers import new_parser, parser_for_template
 
 WEATHER = '{"city": "Paris", "unit": "c"}'

@@ -37,10 +37,23 @@ SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}}}
 Body = Callable[[str], dict[str, Any]]
 
 
-def _chat(**fields: Any) -> Body:
-    """A chat body whose field at `fields`' one key holds the value (a callable of it, for nesting)."""
+def _with(base: dict[str, Any], **fields: Any) -> Body:
+    """`base` with its field at `fields`' one key holding the value (a callable of it, for nesting)."""
     [(name, make)] = fields.items()
-    return lambda v: {"messages": USER, name: make(v)}
+    return lambda v: {**base, name: make(v)}
+
+
+# The smallest valid body of each API, which a case's field is set in.
+CHAT: dict[str, Any] = {"messages": USER}
+PROMPT: dict[str, Any] = {"prompt": "hi"}
+INPUT: dict[str, Any] = {"input": "hi"}
+MESSAGES: dict[str, Any] = {"model": "m", "max_tokens": 8, "messages": USER}
+TOOL_USE = {"type": "tool_use", "id": "t", "name": "f", "input": {}}
+TOOL_RESULT = {"type": "tool_result", "tool_use_id": "t", "content": "4"}
+
+
+def _chat(**fields: Any) -> Body:
+    return _with(CHAT, **fields)
 
 
 # (schema, body holding the value, the param the refusal names, the cap)
@@ -122,17 +135,12 @@ SCHEMA_CASES: dict[str, tuple[type[BaseModel], Body, str, int]] = {
         "response_format.json_schema.description",
         MAX_DESCRIPTION_CHARS,
     ),
-    "completion model": (CompletionRequest, lambda v: {"prompt": "hi", "model": v}, "model", MAX_ID_CHARS),
-    "tokenize model": (
-        TokenizeCompletionRequest,
-        lambda v: {"prompt": "hi", "model": v},
-        "model",
-        MAX_ID_CHARS,
-    ),
-    "responses model": (ResponsesRequest, lambda v: {"input": "hi", "model": v}, "model", MAX_ID_CHARS),
+    "completion model": (CompletionRequest, _with(PROMPT, model=str), "model", MAX_ID_CHARS),
+    "tokenize model": (TokenizeCompletionRequest, _with(PROMPT, model=str), "model", MAX_ID_CHARS),
+    "responses model": (ResponsesRequest, _with(INPUT, model=str), "model", MAX_ID_CHARS),
     "responses previous_response_id": (
         ResponsesRequest,
-        lambda v: {"input": "hi", "previous_response_id": v},
+        _with(INPUT, previous_response_id=str),
         "previous_response_id",
         MAX_ID_CHARS,
     ),
@@ -150,77 +158,45 @@ SCHEMA_CASES: dict[str, tuple[type[BaseModel], Body, str, int]] = {
     ),
     "responses text.format name": (
         ResponsesRequest,
-        lambda v: {"input": "hi", "text": {"format": {"type": "json_schema", "name": v, "schema": SCHEMA}}},
+        _with(INPUT, text=lambda v: {"format": {"type": "json_schema", "name": v, "schema": SCHEMA}}),
         "text.format.name",
         MAX_NAME_CHARS,
     ),
     "responses text.format description": (
         ResponsesRequest,
-        lambda v: {"input": "hi", "text": {"format": {"type": "json_schema", "name": "n", "description": v}}},
+        _with(INPUT, text=lambda v: {"format": {"type": "json_schema", "name": "n", "description": v}}),
         "text.format.description",
         MAX_DESCRIPTION_CHARS,
     ),
-    "responses tool_choice": (
-        ResponsesRequest,
-        lambda v: {"input": "hi", "tool_choice": v},
-        "tool_choice",
-        64,
-    ),
+    "responses tool_choice": (ResponsesRequest, _with(INPUT, tool_choice=str), "tool_choice", 64),
     "responses prompt_cache_key": (
         ResponsesRequest,
-        lambda v: {"input": "hi", "prompt_cache_key": v},
+        _with(INPUT, prompt_cache_key=str),
         "prompt_cache_key",
         MAX_ID_CHARS,
     ),
-    "anthropic model": (
-        MessagesRequest,
-        lambda v: {"model": v, "max_tokens": 8, "messages": USER},
-        "model",
-        MAX_ID_CHARS,
-    ),
+    "anthropic model": (MessagesRequest, _with(MESSAGES, model=str), "model", MAX_ID_CHARS),
     "anthropic tool name": (
         MessagesRequest,
-        lambda v: {
-            "model": "m",
-            "max_tokens": 8,
-            "messages": USER,
-            "tools": [{"name": v, "input_schema": SCHEMA}],
-        },
+        _with(MESSAGES, tools=lambda v: [{"name": v, "input_schema": SCHEMA}]),
         "tools[0].name",
         MAX_NAME_CHARS,
     ),
     "anthropic tool description": (
         MessagesRequest,
-        lambda v: {
-            "model": "m",
-            "max_tokens": 8,
-            "messages": USER,
-            "tools": [{"name": "f", "description": v, "input_schema": SCHEMA}],
-        },
+        _with(MESSAGES, tools=lambda v: [{"name": "f", "description": v, "input_schema": SCHEMA}]),
         "tools[0].description",
         MAX_DESCRIPTION_CHARS,
     ),
     "anthropic tool_use id": (
         MessagesRequest,
-        lambda v: {
-            "model": "m",
-            "max_tokens": 8,
-            "messages": [
-                {"role": "assistant", "content": [{"type": "tool_use", "id": v, "name": "f", "input": {}}]}
-            ],
-        },
+        _with(MESSAGES, messages=lambda v: [{"role": "assistant", "content": [TOOL_USE | {"id": v}]}]),
         "messages[0].content[0].id",
         MAX_ID_CHARS,
     ),
     "anthropic tool_result tool_use_id": (
         MessagesRequest,
-        lambda v: {
-            "model": "m",
-            "max_tokens": 8,
-            "messages": [
-                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": v, "content": "4"}]}
-            ],
-        },
+        _with(MESSAGES, messages=lambda v: [{"role": "user", "content": [TOOL_RESULT | {"tool_use_id": v}]}]),
         "messages[0].content[0].tool_use_id",
         MAX_ID_CHARS,
     ),

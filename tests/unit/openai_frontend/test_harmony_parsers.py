@@ -14,7 +14,7 @@ import pytest
 from xgrammar.testing import _is_grammar_accept_string
 
 from common.protocol import StructuredOutput
-from harness.tiny_model import TEMPLATES
+from harness.models.tiny_model import TEMPLATES
 from openai_frontend.reasoning import REASONING_PARSERS, chosen, reasoning_for_template
 from openai_frontend.reasoning.answer_parser import AnswerParser
 from openai_frontend.reasoning.grammar import harmony_after_thoughts

@@ -17,7 +17,7 @@ from gpu_worker.runner.attention.triton_attn import TritonAttentionBackend
 from gpu_worker.runner.attention.variant import AttentionVariant
 from gpu_worker.runner.input_batch import ScheduledRequest, build_input_batch
 from gpu_worker.runner.kv_cache import KVCache
-from harness.paged_steps import DEVICE, make_step, pool, scheduled_request
+from harness.gpu_worker.paged_steps import DEVICE, make_step, pool, scheduled_request
 
 NUM_KV_HEADS, QUERIES_PER_KV, HEAD_DIM = 2, 2, 32
 NUM_HEADS = NUM_KV_HEADS * QUERIES_PER_KV

@@ -11,7 +11,7 @@ from gpu_worker.runner.attention.cascade import SharedHead, plan_heads
 from gpu_worker.runner.attention.torch_attn import TorchAttentionBackend, TorchAttentionMetadata
 from gpu_worker.runner.input_batch import ScheduledRequest, build_input_batch
 from gpu_worker.settings import WorkerSettings
-from harness.paged_steps import pool, scheduled_request
+from harness.gpu_worker.paged_steps import pool, scheduled_request
 
 BS = 16
 

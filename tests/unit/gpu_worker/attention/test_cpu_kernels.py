@@ -17,7 +17,7 @@ from gpu_worker.runner.attention.torch_attn import KERNEL_MAX_QUERIES, TorchAtte
 from gpu_worker.runner.attention.variant import AttentionVariant
 from gpu_worker.runner.forward.attention_op import native_attention, step_context
 from gpu_worker.runner.input_batch import ScheduledRequest, build_input_batch
-from harness.paged_steps import pool, scheduled_request
+from harness.gpu_worker.paged_steps import pool, scheduled_request
 
 BS = 16
 

@@ -9,7 +9,7 @@ import torch
 from common.protocol import SamplingParams
 from gpu_worker.runner.sample.logits_processors import apply_penalties
 from gpu_worker.runner.sample.sampler import Sampler
-from harness.sampling_rows import sample_rows, token_counts
+from harness.gpu_worker.sampling_rows import sample_rows, token_counts
 
 VOCAB = 32
 GREEDY = SamplingParams(temperature=0.0)

@@ -17,7 +17,7 @@ from common.protocol import (
 from gpu_worker.runner.model_runner import ModelRunner
 from gpu_worker.runner.sample import prompt_logprobs
 from gpu_worker.settings import WorkerSettings
-from harness.worker_steps import new_request, scheduler_output
+from harness.gpu_worker.worker_steps import new_request, scheduler_output
 
 BLOCK_SIZE = 4
 PROMPTS = {

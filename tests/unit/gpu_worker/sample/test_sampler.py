@@ -7,11 +7,11 @@ import json
 import pytest
 import torch
 
-from benchmarks import sampler_step
+from benchmarks.worker_step import sampler_step
 from common.protocol import SamplingParams
 from gpu_worker.runner.sample.sampler import Sampler, sample_plain, sample_top_k, sample_top_p
 from gpu_worker.runner.sample.seeded_uniform import mix64, mix64_tensor, seeded_uniform, seeded_uniforms
-from harness.sampling_rows import sample_rows
+from harness.gpu_worker.sampling_rows import sample_rows
 
 VOCAB = 64
 # The device kernels' tests also run on CUDA where there is one (int64 wrap-around, searchsorted).

@@ -7,7 +7,7 @@ import torch
 from common.protocol import SamplingParams
 from gpu_worker.runner.sample.sampler import Sampler
 from gpu_worker.runner.sample.sampling_state import SamplingState
-from harness.sampling_rows import token_counts
+from harness.gpu_worker.sampling_rows import token_counts
 
 VOCAB = 48
 CPU = torch.device("cpu")

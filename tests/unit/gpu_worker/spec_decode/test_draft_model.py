@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from benchmarks.gpu_parity import reference_greedy
+from benchmarks.gpu.gpu_parity import reference_greedy
 from gpu_worker.runner.spec_decode.draft_model import DraftModelProposer
 from gpu_worker.settings import WorkerSettings
 

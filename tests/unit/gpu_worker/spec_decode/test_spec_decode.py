@@ -1,6 +1,6 @@
-"""Speculative decoding through the real scheduler and the real ModelRunner (no Redis): greedy
-tokens with n-gram drafts equal transformers' `generate` and the same run without drafts, with
-chunked prefill, prefix hits and stops inside an accepted run."""
+"""Speculative decoding through the in-process engine (`LLMEngine`: the real scheduler and the real
+ModelRunner, no Redis): greedy tokens with n-gram drafts equal transformers' `generate` and the same
+run without drafts, with chunked prefill, prefix hits and stops inside an accepted run."""
 
 from __future__ import annotations
 
@@ -10,17 +10,16 @@ from typing import Any
 import pytest
 import torch
 
-from batcher.core.request import Request
-from batcher.core.scheduler import Scheduler, SchedulerConfig, SchedulerStats
-from benchmarks.gpu_parity import reference_greedy
+from batcher.core.scheduler import SchedulerConfig, SchedulerStats
+from benchmarks.gpu.gpu_parity import reference_greedy
+from cbserve.offline.engine import LLMEngine
 from common.protocol import SamplingParams, StructuredOutput, TokenEvent
 from common.speculative_config import SpeculativeConfig
-from gpu_worker.runner.model_runner import ModelRunner
 from gpu_worker.runner.sample.sampler import Sampler
 from gpu_worker.runner.sample.sampling_state import SamplingState
 from gpu_worker.runner.spec_decode.verify import accept_drafts
 from gpu_worker.settings import WorkerSettings
-from harness.tiny_model import build_tiny_model
+from harness.models.tiny_model import build_tiny_model
 
 NGRAM = SpeculativeConfig(method="ngram", num_speculative_tokens=4, prompt_lookup_min=1, prompt_lookup_max=3)
 PATTERN = [17, 301, 52, 99, 260, 8, 411]
@@ -60,29 +59,28 @@ def run_pipeline(
     # than the steps it runs (at the cpu defaults, 64 x 512, Triton's interpreter takes ~20 s on it).
     budget = {"max_num_seqs": 8, "max_num_batched_tokens": 32}
     worker = {"seed": 0, "speculative_config": speculative}  # a draft model is loaded by the worker
-    runner = ModelRunner(WorkerSettings(**(defaults | budget | worker | settings)))
-    sched = Scheduler(SchedulerConfig(**budget, speculative=speculative))
-    sched.add_worker(runner.worker_info())
+    engine = LLMEngine.load(
+        WorkerSettings(**(defaults | budget | worker | settings)),
+        SchedulerConfig(**budget, speculative=speculative),
+    )
     for i, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
-        req = Request(f"r{i}", prompt, p, arrival_time=0.0, entry_id="0-0")
-        sched.add_request(req, now=0.0)
+        engine.add_request(f"r{i}", prompt, p)
     events: dict[str, list[int]] = {f"r{i}": [] for i in range(len(prompts))}
     for _ in range(500):
-        if not sched.requests:
+        if not engine.has_unfinished_requests():
             break
-        step, failed = sched.schedule("w")
-        assert step is not None and not failed
-        result = runner.execute_model(step)
-        assert not result.req_errors, result.req_errors
-        for event in runner.token_events(result):
+        step = engine.step()
+        assert step.ran
+        failed = [(req.req_id, req.error) for req in step.finished if req.finish_reason == "error"]
+        assert not failed, failed
+        for event in step.events:
             assert isinstance(event, TokenEvent)
             assert event.index == len(events[event.req_id]), "token indexes must stay contiguous"
             events[event.req_id].append(event.token_id)
             if events_out is not None:
                 events_out.append(event)
-        sched.update_from_output(result)
-    assert not sched.requests
-    return [events[f"r{i}"] for i in range(len(prompts))], sched.stats
+    assert not engine.has_unfinished_requests()
+    return [events[f"r{i}"] for i in range(len(prompts))], engine.stats
 
 
 def greedy(max_tokens: int, **extra: object) -> SamplingParams:

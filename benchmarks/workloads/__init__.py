@@ -1,0 +1,2 @@
+"""What a benchmark serves: the random-weight models with their BPE tokenizer, the tokenizer read
+without transformers, and the seeded request lists."""

@@ -1,0 +1,156 @@
+"""Paged attention: variable-length query chunks over paged context, a decode being a chunk of one token.
+
+A chunk's K/V are already in the pool (written just before), and so are the earlier chunks of its
+prompt; each query attends causally by absolute position over everything up to itself. Grid:
+(sequence, query block, kv head); one program takes BLOCK_Q query tokens times the QUERIES_PER_KV
+query heads of its kv head as the BLOCK_M rows of one tile (vLLM's unified-attention layout), so GQA
+reads K/V once, with an online softmax over tiles up to each block's last query, so short contexts
+never pay for the longest one. Programs past a sequence's query length exit at once: the grid is
+sized by the step's longest chunk, and every sequence of the step is served by one launch.
+
+The backend launches it twice a layer: once for the step's decodes (chunks of one token: one program
+per sequence and kv head, its query heads as the rows) and once for its prefill chunks. A padding
+row (seq_len 0, as CUDA graphs replay a padded batch) gets zeros.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from gpu_worker.kernels.triton.paged_tile import (
+    LOG2E,
+    KernelVariant,
+    attend_context,
+    pad16,
+    shared_args,
+    sink_logits,
+)
+
+TILE_N = 32  # keys per softmax step
+BLOCK_M = 64  # query rows (tokens x heads of one kv head) per program of a prefill launch
+
+
+# Per-step integers are not specialized (Triton would compile a variant for 1 and for multiples of
+# 16), so the first mixed steps of a run do not recompile the kernel (nor does a new block-table
+# width or a layer's window).
+@triton.jit(do_not_specialize=["first_seq", "stride_bt", "window"])
+def _paged_attention_kernel(
+    out_ptr,
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    block_tables_ptr,
+    seq_lens_ptr,
+    query_start_loc_ptr,
+    first_seq,
+    sinks_ptr,
+    qk_scale,
+    window,
+    softcap,
+    stride_ot,
+    stride_oh,
+    stride_qt,
+    stride_qh,
+    stride_bt,
+    stride_cache_slot,
+    stride_cache_head,
+    QUERIES_PER_KV: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    HEAD_DIM_PAD: tl.constexpr,
+    TILE: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    WHILE_LOOP: tl.constexpr,
+    HAS_WINDOW: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
+):
+    seq = first_seq + tl.program_id(0)
+    q_block = tl.program_id(1)
+    kv_head = tl.program_id(2)
+    q_start = tl.load(query_start_loc_ptr + seq)
+    q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
+    if q_block * BLOCK_Q < q_len:
+        seq_len = tl.load(seq_lens_ptr + seq)
+        context_start = seq_len - q_len  # tokens cached by earlier chunks
+
+        rows = tl.arange(0, BLOCK_M)
+        token = q_block * BLOCK_Q + rows // QUERIES_PER_KV  # index within this chunk
+        head = kv_head * QUERIES_PER_KV + rows % QUERIES_PER_KV
+        row_valid = (rows < BLOCK_Q * QUERIES_PER_KV) & (token < q_len)
+        q_pos = context_start + token  # absolute position of each row's query
+        dims = tl.arange(0, HEAD_DIM_PAD)
+        q_mask = row_valid[:, None] & (dims[None, :] < HEAD_DIM)
+        q_offsets = (q_start + token).to(tl.int64)[:, None] * stride_qt + head[:, None] * stride_qh
+        q = tl.load(q_ptr + q_offsets + dims[None, :], mask=q_mask, other=0.0).to(tl.float32)
+
+        table = block_tables_ptr + seq.to(tl.int64) * stride_bt
+        # Keys past this block's last query are masked for all of its rows: stop before them.
+        kv_end = tl.minimum(seq_len, context_start + (q_block + 1) * BLOCK_Q)
+        kv_start = 0
+        if HAS_WINDOW:
+            # Keys before this block's first query's window are masked for all of its rows: skip them.
+            kv_start = tl.maximum(context_start + q_block * BLOCK_Q - window + 1, 0)
+        m_init = sink_logits(sinks_ptr, head, row_valid, HAS_SINKS)
+        out = attend_context(
+            q, q_pos, kv_start, kv_end, window, softcap, m_init,
+            k_cache_ptr, v_cache_ptr, table, kv_head, dims, stride_cache_slot, stride_cache_head, qk_scale,
+            BLOCK_SIZE, HEAD_DIM, TILE, DOT_PRECISION, WHILE_LOOP, HAS_WINDOW, HAS_SOFTCAP,
+        )  # fmt: skip
+        # A row that sees no key (a padding row, seq_len 0) gets zeros, never NaN.
+        o_offsets = (q_start + token).to(tl.int64)[:, None] * stride_ot + head[:, None] * stride_oh
+        tl.store(out_ptr + o_offsets + dims[None, :], out.to(out_ptr.dtype.element_ty), mask=q_mask)
+
+
+def paged_attention(
+    out: torch.Tensor,
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    first_seq: int,
+    num_seqs: int,
+    max_query_len: int,
+    scale: float,
+    window: int | None = None,
+    softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
+) -> None:
+    """Attend sequences first_seq .. first_seq + num_seqs - 1 of the step.
+
+    out/query [T, heads, head_dim] of the whole step (each sequence's tokens at query_start_loc [B+1]
+    int32); pools [num_blocks, block_size, kv_heads, head_dim] contiguous, already holding this step's
+    K/V; block_tables [B, max_blocks] int32; seq_lens [B] int32 (cached + this step's tokens; 0: a
+    padding row, output zeros)."""
+    if num_seqs == 0:
+        return
+    num_kv_heads = k_cache.shape[2]
+    queries_per_kv = query.shape[1] // num_kv_heads
+    # One-token chunks (decodes) take their query heads as the rows, padded to a dot's size; longer
+    # chunks as many of their tokens' heads as BLOCK_M rows hold.
+    block_m = pad16(queries_per_kv) if max_query_len == 1 else max(BLOCK_M, pad16(queries_per_kv))
+    block_q = block_m // queries_per_kv
+    grid = (num_seqs, triton.cdiv(max_query_len, block_q), num_kv_heads)
+    _paged_attention_kernel[grid](
+        out,
+        query,
+        k_cache,
+        v_cache,
+        block_tables,
+        seq_lens,
+        query_start_loc,
+        first_seq,
+        qk_scale=scale * LOG2E,
+        QUERIES_PER_KV=queries_per_kv,
+        BLOCK_M=block_m,
+        BLOCK_Q=block_q,
+        TILE=TILE_N,
+        **shared_args(out, query, k_cache, block_tables),
+        **KernelVariant.of(window, softcap, sinks).args(seq_lens),
+    )

@@ -4,12 +4,15 @@ the requests stream and results read from each request's token stream.
 The default cell's batcher schedules a generating worker (the tiny Llama) and a decoder embedding
 worker (a sentence-transformers Qwen2, last-token pooling, its long prompts in chunks) side by side,
 with generation running while the embeddings are computed; cells of their own serve a BERT embedder
-and a BERT cross-encoder. Vectors match `SentenceTransformer.encode` and scores `CrossEncoder.predict`.
+and a BERT cross-encoder, and one gateway serves the chat model, the embedder and the cross-encoder
+by name (GATEWAY_MODELS_CONFIG). Vectors match `SentenceTransformer.encode` and scores
+`CrossEncoder.predict`, on the stream protocol and through the OpenAI SDK and the rerank and score routes.
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -31,7 +34,7 @@ from harness.models.pooling_models import (
     build_decoder_embedder,
     sentences,
 )
-from harness.processes.redis_server import redis_server
+from harness.processes.redis_server import free_port, redis_server
 from harness.processes.services import Stack, wait_for
 from openai_frontend.model.tokenizer import ModelTokenizer
 from openai_frontend.pooling.inputs import EmbeddingTokenizer
@@ -52,7 +55,7 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @dataclass
 class Pipeline:
     main: Stack  # the Redis, the default cell's batcher and its services
-    urls: dict[str, str]  # each pooling model's gateway: bert, ce
+    url: str  # the one gateway of the chat model, the embedder and the cross-encoder
 
 
 @pytest.fixture(scope="module")
@@ -76,12 +79,20 @@ def stacks(
             for cell, n in ((DEFAULT_CELL, 2), ("bert", 1), ("ce", 1)):
                 joined = functools.partial(_joined, main, others, cell, n)
                 wait_for(joined, 240, f"{n} workers in cell {cell}")
-            # A gateway per pooling model: the BERT embedder's and the cross-encoder's.
-            bert.start_gateway("gateway-bert", CBSERVE_CELL="bert")
-            cross.start_gateway("gateway-ce", CBSERVE_CELL="ce")
-            for stack in (bert, cross):
-                wait_for(functools.partial(_healthy, stack), 120, f"{stack.model_dir.name}'s gateway")
-            yield Pipeline(main, {"bert": bert.base_url, "ce": cross.base_url})
+            # One gateway for the three models (docs/api.md, several models), each by its own cells.
+            models_config = log_dir / "models.json"
+            entries = [
+                {"model": str(tiny_model_dir), "served_model_name": "chat", "cells": [DEFAULT_CELL]},
+                {"model": str(models / "bert"), "served_model_name": "bert", "cells": ["bert"]},
+                {"model": str(models / "cross-encoder"), "served_model_name": "ce", "cells": ["ce"]},
+            ]
+            models_config.write_text(json.dumps({"models": entries}))
+            port = free_port()
+            args = ["gateway", "--host", "127.0.0.1", "--port", str(port)]
+            main._spawn("gateway", args, {"GATEWAY_MODELS_CONFIG": str(models_config)})
+            main.base_url = f"http://127.0.0.1:{port}"
+            wait_for(functools.partial(_healthy, main), 120, "the gateway")
+            yield Pipeline(main, main.base_url)
         finally:
             for stack in (main, *others):
                 stack.stop()
@@ -192,10 +203,9 @@ def test_the_openai_sdks_embeddings_with_its_defaults_and_the_rerank_and_score_r
 ) -> None:
     from sentence_transformers import CrossEncoder
 
-    urls = stacks.urls
-    client = openai.OpenAI(base_url=f"{urls['bert']}/v1", api_key="unused", max_retries=0, timeout=120)
+    client = openai.OpenAI(base_url=f"{stacks.url}/v1", api_key="unused", max_retries=0, timeout=120)
     texts = TEXTS[:8]
-    reply = client.embeddings.create(model=str(models / "bert"), input=texts)  # base64 on the wire
+    reply = client.embeddings.create(model="bert", input=texts)  # base64 on the wire
     ours = np.array([d.embedding for d in reply.data])
     ref = _st_encode(models / "bert")[:8]
     assert ((ours * ref).sum(1) / np.linalg.norm(ours, axis=1) / np.linalg.norm(ref, axis=1)).min() >= 0.99999
@@ -203,34 +213,33 @@ def test_the_openai_sdks_embeddings_with_its_defaults_and_the_rerank_and_score_r
     assert reply.usage.prompt_tokens == sum(len(tokenizer.encode(t)) for t in texts)
     long = " ".join(TEXTS)  # far over the BERT's 128 positions
     with pytest.raises(openai.BadRequestError, match="over max_model_len 128"):
-        client.embeddings.create(model=str(models / "bert"), input=long)
-    cut = client.embeddings.create(
-        model=str(models / "bert"), input=long, extra_body={"truncate_prompt_tokens": 16}
-    )
+        client.embeddings.create(model="bert", input=long)
+    cut = client.embeddings.create(model="bert", input=long, extra_body={"truncate_prompt_tokens": 16})
     assert cut.usage.prompt_tokens == 16
-    floats = client.embeddings.create(model=str(models / "bert"), input=[[2, 50, 3]], encoding_format="float")
+    floats = client.embeddings.create(model="bert", input=[[2, 50, 3]], encoding_format="float")
     assert len(floats.data[0].embedding) == 32
     with pytest.raises(openai.BadRequestError, match="does not support matryoshka"):
-        client.embeddings.create(model=str(models / "bert"), input="a", dimensions=8)
+        client.embeddings.create(model="bert", input="a", dimensions=8)
     with pytest.raises(openai.BadRequestError, match="is a pooling model"):
-        client.completions.create(model=str(models / "bert"), prompt="hi", max_tokens=2)
+        client.completions.create(model="bert", prompt="hi", max_tokens=2)
+    chat = client.completions.create(model="chat", prompt="The import statement", max_tokens=4)
+    assert chat.usage is not None and chat.usage.completion_tokens == 4  # the chat model beside them
 
     query, documents = TEXTS[5], TEXTS[:6]
     ref_scores = CrossEncoder(str(models / "cross-encoder"), device="cpu").predict(
         [(query, d) for d in documents]
     )
     for path in ("/rerank", "/v1/rerank", "/v2/rerank"):
-        body = {"query": query, "documents": documents, "top_n": 3}
-        answer = httpx.post(f"{urls['ce']}{path}", json=body, timeout=120).json()
+        body = {"model": "ce", "query": query, "documents": documents, "top_n": 3}
+        answer = httpx.post(f"{stacks.url}{path}", json=body, timeout=120).json()
         assert [r["index"] for r in answer["results"]] == list(np.argsort(-ref_scores)[:3])
         assert [r["relevance_score"] for r in answer["results"]] == pytest.approx(
             sorted(ref_scores)[::-1][:3], abs=1e-5
         )
         assert answer["results"][0]["document"]["text"] == documents[answer["results"][0]["index"]]
-    answer = httpx.post(
-        f"{urls['ce']}/v1/score", json={"text_1": query, "text_2": documents}, timeout=120
-    ).json()
+    body = {"model": "ce", "text_1": query, "text_2": documents}
+    answer = httpx.post(f"{stacks.url}/v1/score", json=body, timeout=120).json()
     assert [d["score"] for d in answer["data"]] == pytest.approx(list(ref_scores), abs=1e-5)
 
     # The reverse, a generation model asked for embeddings: tests/stack/test_eval_harness.py (here the
-    # default cell holds a pooling worker too, so its gateway takes embeddings).
+    # chat model's cell holds a pooling worker too, so it takes embeddings).

@@ -85,23 +85,31 @@ def _bpe() -> Any:
     return Tokenizer.from_str(_trained_bpe())
 
 
-def _bert_config(tokenizer: Any, max_len: int, **kw: Any) -> Any:
+# The tiny models' shape; a benchmark passes larger `sizes` (benchmarks/baselines/embed_throughput.py).
+TINY = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 64}
+
+
+def _bert_config(tokenizer: Any, max_len: int, sizes: dict[str, int] | None = None, **kw: Any) -> Any:
     from transformers import BertConfig
 
     return BertConfig(
         vocab_size=len(tokenizer),
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=64,
         max_position_embeddings=max_len,
         pad_token_id=tokenizer.pad_token_id,
+        **(sizes or TINY),
         **kw,
     )
 
 
 def build_bert_embedder(
-    path: Path, *, pooling: str = "mean", normalize: bool = True, seed: int = 0, arch: str = "bert"
+    path: Path,
+    *,
+    pooling: str = "mean",
+    normalize: bool = True,
+    seed: int = 0,
+    arch: str = "bert",
+    sizes: dict[str, int] | None = None,
+    max_len: int = 128,
 ) -> Path:
     """A sentence-transformers model: an encoder (`arch`: bert, xlm-roberta or modernbert), then
     Pooling(`pooling`), then Normalize."""
@@ -110,11 +118,10 @@ def build_bert_embedder(
     from sentence_transformers.base.modules import Normalize, Transformer
     from sentence_transformers.sentence_transformer.modules import Pooling
 
-    max_len = 128
     tokenizer = _bert_tokenizer(max_len)
     torch.manual_seed(seed)
     raw = path.parent / f"{path.name}-transformers"
-    _encoder(arch, tokenizer, max_len).save_pretrained(raw)
+    _encoder(arch, tokenizer, max_len, sizes).save_pretrained(raw)
     tokenizer.save_pretrained(raw)
     transformer = Transformer(str(raw))
     modules: list[Any] = [transformer, Pooling(transformer.get_embedding_dimension(), pooling)]
@@ -124,29 +131,25 @@ def build_bert_embedder(
     return path
 
 
-def _encoder(arch: str, tokenizer: Any, max_len: int) -> Any:
+def _encoder(arch: str, tokenizer: Any, max_len: int, sizes: dict[str, int] | None) -> Any:
     from transformers import BertModel, ModernBertConfig, ModernBertModel, XLMRobertaConfig, XLMRobertaModel
 
     if arch == "bert":
-        return BertModel(_bert_config(tokenizer, max_len))
-    sizes = {
-        "vocab_size": len(tokenizer),
-        "hidden_size": 32,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-    }
-    sizes |= {"intermediate_size": 64, "pad_token_id": tokenizer.pad_token_id}
+        return BertModel(_bert_config(tokenizer, max_len, sizes))
+    shape = {"vocab_size": len(tokenizer), "pad_token_id": tokenizer.pad_token_id, **(sizes or TINY)}
     if arch == "xlm-roberta":
         # Positions start after the padding index, as RoBERTa's do: 130 of them hold 128 tokens and more.
         return XLMRobertaModel(
-            XLMRobertaConfig(max_position_embeddings=max_len + 2, type_vocab_size=1, **sizes)
+            XLMRobertaConfig(max_position_embeddings=max_len + 2, type_vocab_size=1, **shape)
         )
     ids = {"cls_token_id": tokenizer.cls_token_id, "sep_token_id": tokenizer.sep_token_id}
     ids |= {"bos_token_id": tokenizer.cls_token_id, "eos_token_id": tokenizer.sep_token_id}
-    return ModernBertModel(ModernBertConfig(max_position_embeddings=max_len, **sizes, **ids))
+    return ModernBertModel(ModernBertConfig(max_position_embeddings=max_len, **shape, **ids))
 
 
-def build_decoder_embedder(path: Path, *, pooling: str = "lasttoken", seed: int = 0) -> Path:
+def build_decoder_embedder(
+    path: Path, *, pooling: str = "lasttoken", seed: int = 0, sizes: dict[str, int] | None = None
+) -> Path:
     """A sentence-transformers model over a headless Qwen2 (Qwen3-Embedding / gte-Qwen2's shape)."""
     import torch
     from sentence_transformers import SentenceTransformer
@@ -157,7 +160,7 @@ def build_decoder_embedder(path: Path, *, pooling: str = "lasttoken", seed: int 
     raw = path.parent / f"{path.name}-transformers"
     tok = _bpe()
     torch.manual_seed(seed)
-    Qwen2Model(_qwen2_config(tok)).save_pretrained(raw)
+    Qwen2Model(_qwen2_config(tok, sizes)).save_pretrained(raw)
     fast_tokenizer(tok, 512).save_pretrained(raw)
     transformer = Transformer(str(raw))
     pool = Pooling(transformer.get_embedding_dimension(), pooling)
@@ -196,17 +199,15 @@ def build_decoder_reranker(path: Path, *, seed: int = 0) -> Path:
     return path
 
 
-def _qwen2_config(tok: Any) -> Any:
+def _qwen2_config(tok: Any, sizes: dict[str, int] | None = None) -> Any:
     from transformers import Qwen2Config
 
+    shape = sizes or {**TINY, "hidden_size": 64, "intermediate_size": 128}
     return Qwen2Config(
         vocab_size=tok.get_vocab_size(),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        num_key_value_heads=shape["num_attention_heads"] // 2,
         max_position_embeddings=512,
+        **shape,
         initializer_range=0.05,
         tie_word_embeddings=False,
         **config_token_ids(tok),

@@ -198,6 +198,25 @@ def test_a_request_of_the_wrong_kind_fails_with_the_reason(stacks: Pipeline) -> 
             wait_pooled(r, scored.req_id, timeout_s=60)
 
 
+def test_embeddings_requests_sent_together_with_streaming_chat_match(stacks: Pipeline, models: Path) -> None:
+    """32 `/v1/embeddings` requests at once (the SDK's defaults: base64) while the chat model streams."""
+    client = openai.OpenAI(base_url=f"{stacks.url}/v1", api_key="unused", max_retries=0, timeout=300)
+
+    def chat(prompt: str) -> int:
+        stream = client.completions.create(model="chat", prompt=prompt, max_tokens=24, stream=True)
+        return sum(1 for chunk in stream if chunk.choices and chunk.choices[0].text is not None)
+
+    def embed(text: str) -> list[float]:
+        return list(client.embeddings.create(model="bert", input=text).data[0].embedding)
+
+    with ThreadPoolExecutor(16) as pool:
+        chats = [pool.submit(chat, text) for text in TEXTS[:4]]
+        vectors = list(pool.map(embed, TEXTS))
+        assert all(future.result() > 0 for future in chats)
+    ours, ref = np.array(vectors), _st_encode(models / "bert")
+    assert ((ours * ref).sum(1) / np.linalg.norm(ours, axis=1) / np.linalg.norm(ref, axis=1)).min() >= 0.99999
+
+
 def test_the_openai_sdks_embeddings_with_its_defaults_and_the_rerank_and_score_routes(
     stacks: Pipeline, models: Path
 ) -> None:

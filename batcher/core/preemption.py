@@ -9,6 +9,7 @@ priority level and is recomputed from prompt + tokens so far.
 
 from __future__ import annotations
 
+from batcher.core.lora import serves_lora
 from batcher.core.placement import has_room
 from batcher.core.request import Request
 from batcher.core.scheduler_state import SchedulerState
@@ -43,6 +44,7 @@ def preempt_for_waiting(state: SchedulerState, ws: WorkerState) -> None:
     if (
         head.num_inflight_steps
         or not ws.can_host(head)
+        or not serves_lora(ws, head)
         or any(has_room(w, head) for w in state.workers.values())
     ):
         return

@@ -6,7 +6,7 @@ import enum
 from dataclasses import dataclass, field
 
 from common.finish import max_samples, num_samples_left
-from common.protocol import FinishReason, GenerateRequest, NewRequestData, SamplingParams
+from common.protocol import FinishReason, GenerateRequest, LoRARequest, NewRequestData, SamplingParams
 
 
 class RequestStatus(enum.Enum):
@@ -53,6 +53,7 @@ class Request:
     num_failed_deliveries: int = 0  # times a worker reported it failed alone (not counting dead workers)
     dead_letter: bool = False  # given up after too many failed deliveries: copied to the dead-letter stream
     error_code: str = "server_error"  # the RequestError's code: what the client is told the cause is
+    lora_request: LoRARequest | None = None  # the adapter it runs with; None: the base model
 
     @classmethod
     def from_message(cls, msg: GenerateRequest, entry_id: str) -> Request:
@@ -65,6 +66,7 @@ class Request:
             priority=msg.priority,
             owner=msg.owner,
             queue_deadline=msg.queue_deadline,
+            lora_request=msg.lora_request,
         )
 
     def to_message(self) -> GenerateRequest:
@@ -76,7 +78,13 @@ class Request:
             arrival_time=self.arrival_time,
             priority=self.priority,
             owner=self.owner,
+            lora_request=self.lora_request,
         )
+
+    @property
+    def lora_key(self) -> bytes | None:
+        """What names its adapter (LoRARequest.cache_key), None for the base model."""
+        return None if self.lora_request is None else self.lora_request.cache_key
 
     @property
     def num_tokens(self) -> int:
@@ -109,4 +117,5 @@ class Request:
             block_ids=list(self.block_ids),
             num_computed_tokens=self.num_computed_tokens,
             attempt=self.attempt,
+            lora_request=self.lora_request,
         )

@@ -29,14 +29,15 @@ def lora_prompts() -> list[list[int]]:
     return [[rng.randrange(3, 500) for _ in range(n)] for n in PROMPT_LENS]
 
 
-def expected_tokens(base: Path, adapters: dict[str, Path], prompts: list[list[int]]) -> list[list[int]]:
+def expected_tokens(
+    base: Path, adapters: dict[str, Path], prompts: list[list[int]], max_tokens: int = MAX_TOKENS
+) -> list[list[int]]:
     """PEFT's generate for each prompt alone, with its adapter (or none)."""
     expected: list[list[int]] = [[] for _ in prompts]
     for name in {*ADAPTER_OF}:
         picked = [i for i, a in enumerate(ADAPTER_OF) if a == name]
-        outs = peft_greedy(
-            base, None if name is None else adapters[name], [prompts[i] for i in picked], MAX_TOKENS
-        )
+        adapter = None if name is None else adapters[name]
+        outs = peft_greedy(base, adapter, [prompts[i] for i in picked], max_tokens)
         for i, out in zip(picked, outs, strict=True):
             expected[i] = out
     return expected
@@ -56,13 +57,12 @@ def expected(tiny_model_dir: Path, lora_adapters: dict[str, Path]) -> list[list[
     return expected_tokens(tiny_model_dir, lora_adapters, lora_prompts())
 
 
-@pytest.fixture(scope="module")
-def llm(tiny_model_dir: Path) -> Iterator[LLM]:
+def mixed_llm(model_dir: Path) -> LLM:
+    """Two slots for three adapters: requests wait for a slot while the base model's go on; a
+    24-token budget chunks the long prompts."""
     torch.set_num_threads(1)
-    # Two slots for three adapters: requests wait for a slot while the base model's go on; a 24-token
-    # budget chunks the long prompts.
-    yield LLM(
-        str(tiny_model_dir),
+    return LLM(
+        str(model_dir),
         device="cpu",
         num_blocks=96,
         block_size=4,
@@ -75,16 +75,26 @@ def llm(tiny_model_dir: Path) -> Iterator[LLM]:
     )
 
 
-def test_mixed_adapters_in_one_batch_equal_peft_alone(
-    llm: LLM, lora_adapters: dict[str, Path], expected: list[list[int]]
-) -> None:
+def generate_mixed(llm: LLM, adapters: dict[str, Path]) -> list[list[int]]:
+    """Every prompt with its adapter (or the base model), in one call: their greedy tokens."""
     outputs = llm.generate(
         [{"prompt_token_ids": p} for p in lora_prompts()],
         greedy(),
         use_tqdm=False,
-        lora_request=requests_of(lora_adapters),
+        lora_request=requests_of(adapters),
     )
-    assert [o.outputs[0].token_ids for o in outputs] == expected
+    return [o.outputs[0].token_ids for o in outputs]
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_model_dir: Path) -> Iterator[LLM]:
+    yield mixed_llm(tiny_model_dir)
+
+
+def test_mixed_adapters_in_one_batch_equal_peft_alone(
+    llm: LLM, lora_adapters: dict[str, Path], expected: list[list[int]]
+) -> None:
+    assert generate_mixed(llm, lora_adapters) == expected
     assert len({tuple(e) for e in expected}) == len(expected)  # every adapter changed the output
     lora = llm.llm_engine.runner.lora
     assert lora is not None and lora.num_reads == 3  # each adapter read once (max_cpu_loras 3)

@@ -30,11 +30,16 @@ def serves_lora(ws: WorkerState, req: Request) -> bool:
 
 def fits_step(ws: WorkerState, req: Request, also: Iterable[Request] = ()) -> bool:
     """Admitting `req` (with `also`, admitted with it) keeps `ws`'s running adapters within `max_loras`."""
+    return fits_among([*ws.running, *also], req, ws.info.max_loras)
+
+
+def fits_among(running: Iterable[Request], req: Request, max_loras: int) -> bool:
+    """`req` joining `running` keeps their adapters within `max_loras`."""
     key = req.lora_key
     if key is None:
         return True
-    keys = {r.lora_key for r in (*ws.running, *also)} - {None}
-    return key in keys or len(keys) < ws.info.max_loras
+    keys = {r.lora_key for r in running} - {None}
+    return key in keys or len(keys) < max_loras
 
 
 def holds_adapter(ws: WorkerState, req: Request) -> bool:

@@ -175,3 +175,24 @@ def test_the_adapter_survives_preemption_failover_and_the_dead_letter_copy() -> 
         victim.lora_request
     )
     assert Request.from_message(message, "1-0").lora_request == victim.lora_request
+
+
+def test_priority_preempts_for_an_adapter_only_when_that_frees_a_slot() -> None:
+    s = make(lora_worker(max_loras=1))
+    a, base = lora("a", "A"), lora("base", None)
+    base.priority = 1
+    for req in (a, base):
+        s.add_request(req, now=0.0)
+    out, _ = s.schedule("w0")
+    assert out is not None and len(out.scheduled_new_reqs) == 2
+    complete(s, out)
+    b = lora("b", "B")  # as urgent as a, whose adapter holds the one slot: preempting base frees none
+    s.add_request(b, now=0.0)
+    out, _ = s.schedule("w0")
+    assert out is not None and not out.scheduled_new_reqs and s.stats.num_preemptions == 0
+    complete(s, out)
+    a.priority = 1  # now a is less urgent than b: it gives b its slot (base, newer, gives none)
+    out, _ = s.schedule("w0")
+    assert out is not None and [n.req_id for n in out.scheduled_new_reqs] == ["b"]
+    assert out.finished_req_ids == ["a"] and "base" in out.num_scheduled_tokens
+    assert s.stats.num_preemptions == 1 and [r.req_id for r in s.waiting] == ["a"]

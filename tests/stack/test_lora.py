@@ -19,9 +19,9 @@ import redis
 from common.protocol import GenerateRequest, LoRARequest, SamplingParams
 from common.stream_client import follow, new_req_id, submit
 from common.token_rules import RequestFailed
-from harness import fault_clients as fault
-from harness.redis_server import redis_server
-from harness.services import Stack, wait_for
+from harness.load import fault_clients as fault
+from harness.processes.redis_server import redis_server
+from harness.processes.services import Stack, wait_for
 from tests.unit.cbserve.test_llm_lora import ADAPTER_OF, MAX_TOKENS, expected_tokens, lora_prompts
 
 LORA_WORKER_ENV = {

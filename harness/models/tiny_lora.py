@@ -14,6 +14,8 @@ from typing import Any
 
 import torch
 
+from benchmarks.gpu.gpu_parity import generate_greedy
+
 
 @dataclass(frozen=True)
 class AdapterSpec:
@@ -99,18 +101,5 @@ def peft_greedy(
     if adapter_dir is not None:
         model = PeftModel.from_pretrained(model, adapter_dir)
     model.eval()
-    lengths = [max_tokens] * len(prompts) if isinstance(max_tokens, int) else list(max_tokens)
-    outputs = []
     with torch.no_grad():
-        for prompt, num_tokens in zip(prompts, lengths, strict=True):
-            ids = torch.tensor([prompt])
-            out = model.generate(
-                input_ids=ids,
-                attention_mask=torch.ones_like(ids),
-                do_sample=False,
-                max_new_tokens=num_tokens,
-                eos_token_id=None,
-                pad_token_id=0,
-            )
-            outputs.append(out[0, len(prompt) :].tolist())
-    return outputs
+        return generate_greedy(model, prompts, max_tokens)

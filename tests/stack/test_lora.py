@@ -35,6 +35,7 @@ LORA_WORKER_ENV = {
     "WORKER_MAX_NUM_SEQS": "8",
 }
 LONG_TOKENS = 40  # the failover test's: long enough that the kill lands mid-stream
+WORKERS = ("worker0", "worker1")
 
 
 @pytest.fixture(scope="module")
@@ -51,8 +52,8 @@ def stack(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
         s = Stack(redis_url=url, model_dir=tiny_model_dir, log_dir=log_dir)
         try:
             s.start_batcher(**fault.FAST_HEARTBEAT_ENV)
-            for name in ("worker0", "worker1"):
-                s.start_worker(name, **LORA_WORKER_ENV)
+            for name in WORKERS:
+                s.start_worker(name, WORKER_WORKER_ID=name, **LORA_WORKER_ENV)
 
             def joined() -> bool:
                 s.check_alive()
@@ -109,11 +110,15 @@ def test_a_killed_workers_adapter_requests_resume_elsewhere(
     stack: Stack, lora_adapters: dict[str, Path], expected: list[list[int]]
 ) -> None:
     r = stack.redis()
+    before = stack.stats()
     req_ids = submit_all(r, lora_adapters, LONG_TOKENS)
     streams = [iter(follow(r, req_id, timeout_s=120)) for req_id in req_ids]
     # Every stream has a few tokens before the kill, so every request is mid-stream on a worker.
     streamed = [[next(s).token_id for _ in range(3)] for s in streams]
-    stack.procs["worker1"].send_signal(signal.SIGKILL)
+    after = stack.stats()
+    # The worker that ran more of these steps holds requests (placement may have put them all on one).
+    busiest = max(WORKERS, key=lambda w: after.get(f"num_steps:{w}", 0) - before.get(f"num_steps:{w}", 0))
+    stack.procs[busiest].send_signal(signal.SIGKILL)
     wait_for(lambda: stack.stats().get("num_workers_lost", 0) >= 1, 30, "the batcher to notice the kill")
     for tokens, s in zip(streamed, streams, strict=True):
         tokens.extend(e.token_id for e in s)

@@ -17,7 +17,6 @@ from cbserve.defaults import (
     DEFAULT_READY_TIMEOUT_S,
     DEFAULT_RESTART_WINDOW_S,
     REDIS_MODES,
-    default_model,
 )
 
 if TYPE_CHECKING:
@@ -54,8 +53,22 @@ def build_parser() -> argparse.ArgumentParser:
     up = commands.add_parser("up", help="start Redis (if needed), the batcher, workers and the gateway")
     up.add_argument(
         "--model",
-        default=default_model(os.environ),
-        help=f"model directory or hub id (default: $MODEL, else {DEFAULT_MODEL_DIR})",
+        action="append",
+        help=f"model directory or hub id (default: $MODEL, else {DEFAULT_MODEL_DIR}); given again, each "
+        "model is served by cells of its own, all behind the one gateway (a request names its `model`)",
+    )
+    up.add_argument(
+        "--models-config",
+        type=Path,
+        help="several models from a JSON (or YAML) file listing each one's directory, served name and "
+        "cells (docs/settings.md, GATEWAY_MODELS_CONFIG), instead of --model",
+    )
+    up.add_argument(
+        "--lora-modules",
+        nargs="+",
+        metavar="NAME=PATH",
+        help="LoRA adapters served from the start, vLLM's form: name=path, or JSON "
+        '\'{"name": ..., "path": ..., "base_model_name": ...}\' (GATEWAY_LORA_MODULES)',
     )
     up.add_argument("--workers", type=_positive_int, default=1, help="worker processes per cell (default 1)")
     up.add_argument(

@@ -1,5 +1,5 @@
 """`cbserve up`: Redis, per cell a batcher and N workers, the gateway and a Celery worker as child
-processes (which ones: cbserve/stack.py)."""
+processes (which ones: cbserve/stack.py; which models in which cells: cbserve/model_plans.py)."""
 
 from __future__ import annotations
 
@@ -29,12 +29,14 @@ from cbserve.defaults import (
     DEFAULT_RESTART_WINDOW_S,
     RedisMode,
 )
+from cbserve.model_plans import ModelPlan, plan_models, write_models_file
 from cbserve.processes import Child
 from cbserve.redis_resolver import RedisUnavailable, redact, resolve
 from cbserve.restarts import RestartBudget
 from cbserve.run_state import RunState
-from cbserve.stack import ServiceArgs, Stack, celery_installed, cell_names, joined_workers, start_services
+from cbserve.stack import ServiceArgs, Stack, celery_installed, joined_workers, start_services
 from cbserve.startup_progress import StartupProgress
+from common.lora_modules import parse_lora_modules
 from common.speculative_config import SpeculativeConfig
 
 
@@ -44,7 +46,9 @@ class LaunchError(RuntimeError):
 
 @dataclass
 class UpOptions:
-    model: str
+    model: list[str] | None = None  # directories or hub ids; None: MODEL, else the demo model
+    models_config: Path | None = None  # several models from a file (common/models_config.py)
+    lora_modules: list[str] | None = None  # vLLM's --lora-modules, for the gateway
     workers: int = 1  # per cell
     cells: int = 1  # each a batcher and its workers; the gateway places requests in all of them
     gateways: int = 1  # gateway processes sharing the port (SO_REUSEPORT)
@@ -215,8 +219,10 @@ def wait_ready(stack: Stack, opts: UpOptions, base_url: str, redis_url: str, sig
                 raise LaunchError(_died_message(dead, "before the stack was ready"))
             # /health is asked only once every worker has joined, when it answers 200: polling it while
             # the workers load their model would fill the gateway's log with 503 lines.
-            joined = sum(min(opts.workers, joined_workers(redis_url, c, started_at)) for c in stack.cells)
-            expected = opts.workers * len(stack.cells)
+            joined = sum(
+                min(n, joined_workers(redis_url, c, started_at)) for c, n in stack.num_workers.items()
+            )
+            expected = sum(stack.num_workers.values())
             healthy, health = _health(base_url) if joined >= expected else (False, "not asked yet")
             if healthy:
                 return True
@@ -232,6 +238,7 @@ def wait_ready(stack: Stack, opts: UpOptions, base_url: str, redis_url: str, sig
 
 
 def served_model_name(base_url: str, fallback: str) -> str:
+    """The first model /v1/models lists (the default one)."""
     try:
         data = httpx.get(f"{base_url}/v1/models", timeout=5.0).json()
         return str(data["data"][0]["id"])
@@ -252,10 +259,16 @@ def chat_command() -> str:
     return f"{sys.executable} -m cbserve"
 
 
-def describe(opts: UpOptions) -> str:
-    """ "2 workers", or "2 cells of 1 worker" with --cells."""
-    workers = f"{opts.workers} worker{'s' if opts.workers != 1 else ''}"
-    return workers if opts.cells == 1 else f"{opts.cells} cells of {workers}"
+def describe(plans: list[ModelPlan]) -> str:
+    """ "2 workers", or "2 cells of 1 worker" with --cells; per model with several."""
+
+    def size(plan: ModelPlan) -> str:
+        workers = f"{plan.workers} worker{'s' if plan.workers != 1 else ''}"
+        return workers if len(plan.cells) == 1 else f"{len(plan.cells)} cells of {workers}"
+
+    if len(plans) == 1 and plans[0].config is None:
+        return size(plans[0])
+    return "; ".join(f"{p.name}: {size(p)}" for p in plans)
 
 
 def shown_path(path: Path) -> str:
@@ -265,11 +278,15 @@ def shown_path(path: Path) -> str:
     return str(path)
 
 
-def banner(base_url: str, env_file: Path, model: str, size: str, run_dir: Path, names: list[str]) -> str:
+def banner(
+    base_url: str, env_file: Path, models: list[str], size: str, run_dir: Path, names: list[str]
+) -> str:
     hello = [{"role": "user", "content": "Hello"}]
+    model = models[0]
     body = json.dumps({"model": model, "messages": hello, "max_tokens": 32, "stream": True})
+    served = f'model "{model}"' if len(models) == 1 else "models " + ", ".join(f'"{m}"' for m in models)
     return f"""
-cbserve is ready: {base_url}  (model "{model}", {size})
+cbserve is ready: {base_url}  ({served}, {size})
 logs:  {run_dir}/{{{",".join(names)}}}.log
 stop:  Ctrl-C
 the README's examples read CBSERVE_URL and REDIS_URL:  source {shown_path(env_file)}
@@ -326,26 +343,30 @@ def run_up(opts: UpOptions) -> int:
         print("cbserve: --workers, --cells and --gateways must be at least 1", file=sys.stderr)
         return 2
     try:
-        model_dir = resolve_model(opts.model)
+        plans = plan_models(
+            opts.model, opts.models_config, opts.cells, opts.workers, os.environ, resolve_model
+        )
+        parse_lora_modules(opts.lora_modules or [])
         check_port_free(opts.host, opts.port)
         device, device_why = resolve_device(opts.device, os.environ)
         check_speculative_config(opts.speculative_config)
+    except ValueError as exc:  # a models config, a CBSERVE_CELL or a LoRA module to change
+        print(f"cbserve: {exc}", file=sys.stderr)
+        return 2
     except LaunchError as exc:
         print(f"cbserve: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # during a hub download or the CUDA probe; nothing has been started yet
         return 0
-    try:
-        cells = cell_names(opts.cells, os.environ)
-    except ValueError as exc:  # a CBSERVE_CELL that is no cell name
-        print(f"cbserve: CBSERVE_CELL: {exc}", file=sys.stderr)
-        return 2
-    stack = Stack(run_dir=new_run_dir(opts.run_dir), cells=cells)
+    cell_models = {cell: plan.model_dir for plan in plans for cell in plan.cells}
+    num_workers = {cell: plan.workers for plan in plans for cell in plan.cells}
+    stack = Stack(run_dir=new_run_dir(opts.run_dir), cells=list(cell_models), num_workers=num_workers)
     base_url = connect_url(opts.host, opts.port)
     signals = StopSignals()
     signals.install()  # before any child exists, so no Ctrl-C can leave one behind
     try:
-        say(f"model {model_dir}, {describe(opts)} on {device} ({device_why})")
+        for plan in plans:
+            say(f"model {plan.model_dir}, {describe([plan])} on {device} ({device_why})")
         say(f"run directory (logs, Redis data): {stack.run_dir}")
         # What runs share (Redis' port and password, the env file): the checkout's, or the --run-dir's.
         state = RunState(opts.run_dir.resolve() if opts.run_dir else Path.cwd() / ".cbserve")
@@ -364,26 +385,27 @@ def run_up(opts: UpOptions) -> int:
                 "so Batch API batches stay in validating"
             )
         args = ServiceArgs(
-            model_dir,
+            cell_models,
             device,
             choice.url,
-            opts.workers,
             opts.host,
             opts.port,
             celery,
             opts.speculative_config,
             opts.gateways,
+            write_models_file(plans, stack.run_dir),
+            list(opts.lora_modules or []),
         )
         start_services(stack, args)
         pids = ", ".join(f"{c.name}={c.pid}" for c in stack.children())
-        say(f"started {pids}; waiting for /health and {describe(opts)} to join")
+        say(f"started {pids}; waiting for /health and {describe(plans)} to join")
         if not wait_ready(stack, opts, base_url, choice.url, signals):
             return 0
-        model_name = served_model_name(base_url, model_dir.name)
+        model_names = [served_model_name(base_url, plans[0].name), *(p.name for p in plans[1:])]
         names = [c.name for c in stack.children()]
         # Redis' password goes in a file only the user reads, never on the screen.
         env_file = state.write_env(base_url, choice.url)
-        print(banner(base_url, env_file, model_name, describe(opts), stack.run_dir, names))
+        print(banner(base_url, env_file, model_names, describe(plans), stack.run_dir, names))
         sys.stdout.flush()
         supervise(stack, signals, RestartBudget(opts.max_restarts, DEFAULT_RESTART_WINDOW_S))
         return 0

@@ -1,13 +1,16 @@
 """What `cbserve up` runs: per cell a batcher and its workers, then the gateway and a Celery worker.
 
 With `--cells N` (N > 1) the cells are `cell0` ... and every process is told its own (`CBSERVE_CELL`);
-the gateway places requests in all of them (`GATEWAY_CELLS`). They share the one Redis: a cell's keys
-carry its hash tag, which only a Redis Cluster needs, so cells run on a single Redis as they are.
+the gateway places requests in all of them (`GATEWAY_CELLS`). With several models each model has cells
+of its own (cbserve/model_plans.py), whose workers load that model, and the gateway and the Celery
+worker read every model from one models config. They share the one Redis: a cell's keys carry its
+hash tag, which only a Redis Cluster needs, so cells run on a single Redis as they are.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import shutil
 import sys
@@ -27,6 +30,7 @@ from common import streams
 class Stack:
     run_dir: Path
     cells: list[str] = field(default_factory=lambda: [streams.DEFAULT_CELL])
+    num_workers: dict[str, int] = field(default_factory=dict)  # per cell: the workers it starts
     services: list[Child] = field(default_factory=list)  # batchers, workers, gateway, celery
     redis_server: Child | None = None  # only when the launcher started it
 
@@ -75,15 +79,16 @@ def celery_args() -> list[str]:
 class ServiceArgs:
     """What every child is started with."""
 
-    model_dir: Path
+    cell_models: dict[str, Path]  # per cell, in order: the model directory its workers load
     device: str
     redis_url: str
-    workers: int  # per cell
     host: str
     port: int
     celery: bool
     speculative_config: str | None = None  # SPECULATIVE_CONFIG for every service, when given
     gateways: int = 1  # gateway processes on the one port
+    models_file: Path | None = None  # several models: the models config the gateway and Celery read
+    lora_modules: list[str] = field(default_factory=list)  # the gateway's GATEWAY_LORA_MODULES
 
 
 def start_services(stack: Stack, args: ServiceArgs) -> None:
@@ -99,28 +104,47 @@ def start_services(stack: Stack, args: ServiceArgs) -> None:
 
     if args.device == "cpu" and "WORKER_NUM_THREADS" not in env:
         # N workers each using every core would oversubscribe the CPU; share the cores out instead.
-        num_workers = args.workers * len(stack.cells)
-        env["WORKER_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // num_workers))
+        num_workers = sum(stack.num_workers.values())
+        env["WORKER_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // max(1, num_workers)))
     several = len(stack.cells) > 1
-    for cell in stack.cells:
+    for cell, model_dir in args.cell_models.items():
         cell_env = {**env, "CBSERVE_CELL": cell}
         prefix = f"{cell}-" if several else ""  # one cell keeps the names it always had
         start(f"{prefix}batcher", ["batcher"], cell_env)
-        worker = ["gpu_worker", "--model", str(args.model_dir), "--device", args.device]
-        for i in range(args.workers):
+        worker = ["gpu_worker", "--model", str(model_dir), "--device", args.device]
+        for i in range(stack.num_workers[cell]):
             start(f"{prefix}worker{i}", worker, cell_env)
-    # The gateway and Celery place requests in the first cell; the gateway spreads them over all.
+    # The gateway and Celery place requests in the first cell; the gateway spreads them over all (with
+    # several models, each model's over its own).
     front_env = {**env, "CBSERVE_CELL": stack.cells[0]}
-    if several:
-        front_env["GATEWAY_CELLS"] = ",".join(stack.cells)
-    gateway = ["gateway", "--host", args.host, "--port", str(args.port), "--model", str(args.model_dir)]
+    gateway = ["gateway", "--host", args.host, "--port", str(args.port)]
+    celery_env = dict(front_env)
+    if args.models_file is None:
+        if several:
+            front_env["GATEWAY_CELLS"] = ",".join(stack.cells)
+        model_dir = args.cell_models[stack.cells[0]]
+        gateway += ["--model", str(model_dir)]
+        # Batch lines are rendered with the gateway's tokenizer: the worker gets the same model directory.
+        celery_env["MODEL"] = str(model_dir)
+    else:
+        for name in (
+            "MODEL",
+            "GATEWAY_MODEL",
+            "GATEWAY_CELLS",
+            "CBSERVE_CELERY_MODEL",
+        ):  # the file names them
+            front_env.pop(name, None)
+            celery_env.pop(name, None)
+        front_env["GATEWAY_MODELS_CONFIG"] = str(args.models_file)
+        celery_env["CBSERVE_CELERY_MODELS_CONFIG"] = str(args.models_file)
+    if args.lora_modules:
+        front_env["GATEWAY_LORA_MODULES"] = json.dumps(args.lora_modules)
     for name, argv, gateway_env in gateway_processes(
         gateway, args.gateways, front_env, stack.run_dir / "gateway-metrics"
     ):
         start(name, argv, gateway_env)
     if args.celery:
-        # Batch lines are rendered with the gateway's tokenizer: the worker gets the same model directory.
-        start("celery", celery_args(), {**front_env, "MODEL": str(args.model_dir)})
+        start("celery", celery_args(), celery_env)
 
 
 def gateway_processes(

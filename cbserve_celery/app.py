@@ -11,7 +11,7 @@ that *fails* (the request failed or timed out) is acknowledged and not retried: 
 from __future__ import annotations
 
 import threading
-from pathlib import Path
+import zlib
 from typing import Any
 
 import redis
@@ -21,38 +21,31 @@ from celery.signals import worker_ready, worker_shutdown
 from cbserve_celery.batch_reaper import BatchReaper
 from cbserve_celery.batch_task import add_batch_task
 from cbserve_celery.generation import parse_sampling_params, req_id_for_task, run_generation
+from cbserve_celery.model_tokenizers import ModelTokenizers
 from cbserve_celery.periodic import Periodic
 from cbserve_celery.settings import CelerySettings
 from cbserve_celery.visibility import DeliveryHeartbeat
 from common.redis_io.redis_conn import connect
 from common.streams import placed_req_id
-from openai_frontend.model.tokenizer import (
-    ModelTokenizer,  # the `tokenizers` library alone, no transformers / torch
-)
 
 GENERATE_TASK = "cbserve.generate"
 
 
 class _Resources:
-    """Per worker process, made on first use (after the prefork pool forked): Redis and the tokenizer."""
+    """Per worker process, made on first use (after the prefork pool forked): Redis and the tokenizers
+    (the `tokenizers` library alone, no transformers / torch)."""
 
     def __init__(self, settings: CelerySettings) -> None:
         self._settings = settings
         self._lock = threading.Lock()
         self._redis: redis.Redis | None = None
-        self._tokenizer: ModelTokenizer | None = None
+        self.tokenizers = ModelTokenizers(settings.model, settings.models_file)
 
     def redis(self) -> redis.Redis:
         with self._lock:
             if self._redis is None:
                 self._redis = connect(self._settings.redis_url, self._settings.redis_cluster)
             return self._redis
-
-    def tokenizer(self) -> ModelTokenizer | None:
-        with self._lock:
-            if self._tokenizer is None and self._settings.model is not None:
-                self._tokenizer = ModelTokenizer(Path(self._settings.model))
-            return self._tokenizer
 
 
 def output_text(tokenizer: Any, prompt_token_ids: list[int], token_ids: list[int], finish_reason: str) -> str:
@@ -111,20 +104,29 @@ def make_app(settings: CelerySettings) -> Celery:
 
     @app.task(name=GENERATE_TASK, bind=True)
     def generate(
-        self: Task, prompt: list[int] | str, sampling_params: dict[str, Any] | None = None
+        self: Task,
+        prompt: list[int] | str,
+        sampling_params: dict[str, Any] | None = None,
+        model: str | None = None,
     ) -> dict[str, Any]:
-        """Generate for `prompt` (token ids, or text when the worker has the model's tokenizer).
+        """Generate for `prompt` (token ids, or text when the worker has the model's tokenizer) with
+        `model`, a base model of the worker's models config (None: the worker's one, or first).
 
         Returns {"req_id", "token_ids", "text" (None without a tokenizer), "finish_reason"}.
         """
-        tokenizer = resources.tokenizer()
+        if model is not None and not resources.tokenizers.knows(model):
+            raise ValueError(f"model {model!r} is not in this worker's CBSERVE_CELERY_MODELS_CONFIG")
+        tokenizer = resources.tokenizers.tokenizer(model)
         if isinstance(prompt, str):
             if tokenizer is None:
                 raise ValueError("text prompts need CBSERVE_CELERY_MODEL (or MODEL) on the worker")
             prompt_token_ids = tokenizer.encode(prompt, add_special_tokens=True)
         else:
             prompt_token_ids = [int(t) for t in prompt]
-        req_id = placed_req_id(settings.cell, req_id_for_task(str(self.request.id)))
+        task_id = str(self.request.id)
+        # A model's cells (the first model's without `model`); each run of the task places it alike.
+        cells = resources.tokenizers.cells(model) or [settings.cell]
+        req_id = placed_req_id(cells[zlib.crc32(task_id.encode()) % len(cells)], req_id_for_task(task_id))
         token_ids, finish_reason = run_generation(
             resources.redis(),
             req_id,
@@ -135,5 +137,5 @@ def make_app(settings: CelerySettings) -> Celery:
         text = output_text(tokenizer, prompt_token_ids, token_ids, finish_reason) if tokenizer else None
         return {"req_id": req_id, "token_ids": token_ids, "text": text, "finish_reason": finish_reason}
 
-    add_batch_task(app, settings, resources.tokenizer)
+    add_batch_task(app, settings, resources.tokenizers)
     return app

@@ -23,8 +23,9 @@ import redis.asyncio as aioredis
 import redis.exceptions
 
 from cbserve_celery.batch_claim import BatchClaim
+from cbserve_celery.model_tokenizers import ModelTokenizers
 from common.stream_client import abort_async
-from common.streams import DEFAULT_CELL, batch_claim, placed_req_id
+from common.streams import DEFAULT_CELL, batch_claim
 from openai_frontend.batch.files_store import FileStore
 from openai_frontend.batch.input import InputLine, parse_input
 from openai_frontend.batch.lines import (
@@ -40,8 +41,7 @@ from openai_frontend.batch.lines import (
 from openai_frontend.batch.objects import ACTIVE, BatchParams, BatchState, Status
 from openai_frontend.batch.store import BatchStore
 from openai_frontend.follow.request_follower import RequestFollower
-from openai_frontend.model.served_model import ServedModel
-from openai_frontend.model.tokenizer import ModelTokenizer
+from openai_frontend.model.lora_registry import LoRARegistry
 from openai_frontend.protocol.errors import OpenAIError
 
 logger = logging.getLogger(__name__)
@@ -72,7 +72,7 @@ class RunConfig:
     max_lines_in_flight: int  # lines of this batch generating at once
     slice_s: float  # a run ends after this long and hands the batch to a new task
     claim_ttl_s: float
-    cell: str = DEFAULT_CELL  # the cell the lines' requests are placed in (CBSERVE_CELL)
+    cell: str = DEFAULT_CELL  # where lines of a model without cells of its own go (CBSERVE_CELL)
 
 
 def output_file_id(batch_id: str, kind: str) -> str:
@@ -83,8 +83,7 @@ def output_file_id(batch_id: str, kind: str) -> str:
 async def run_batch(
     redis: aioredis.Redis,
     batch_id: str,
-    tokenizer: ModelTokenizer | None,
-    model_root: str,
+    tokenizers: ModelTokenizers,
     config: RunConfig,
     claim_token: str,
 ) -> Outcome:
@@ -96,7 +95,7 @@ async def run_batch(
             state = await store.get(batch_id)
             return Outcome.BUSY if state is not None and state.is_active else Outcome.DONE
         try:
-            return await _BatchRun(redis, store, claim, tokenizer, model_root, config).run(batch_id)
+            return await _BatchRun(redis, store, claim, tokenizers, config).run(batch_id)
         finally:
             await claim.release()
     finally:
@@ -109,12 +108,11 @@ class _BatchRun:
         redis: aioredis.Redis,
         store: BatchStore,
         claim: BatchClaim,
-        tokenizer: ModelTokenizer | None,
-        model_root: str,
+        tokenizers: ModelTokenizers,
         config: RunConfig,
     ) -> None:
         self._redis, self._store, self._claim = redis, store, claim
-        self._tokenizer, self._model_root, self._config = tokenizer, model_root, config
+        self._tokenizers, self._config = tokenizers, config
 
     async def run(self, batch_id: str) -> Outcome:
         state = await self._store.get(batch_id)
@@ -124,25 +122,24 @@ class _BatchRun:
         if lines is None:
             return Outcome.DONE
         params = state.params
-        assert self._tokenizer is not None  # _validated failed the batch otherwise
-        served = ServedModel(rules=params.rules, root=self._model_root, tokenizer=self._tokenizer)
+        models, unserved = self._tokenizers.for_batch(params.models)
+        assert models is not None  # _validated failed the batch otherwise
         # A line may wait and run until the batch expires: the request timeout counts from creation.
         window_s = float(params.expires_at - params.created_at)
-        follower = RequestFollower(self._redis, served, window_s)
+        follower = RequestFollower(self._redis, models, window_s)
+        ctx = LineContext(
+            params, models, self._redis, follower, LoRARegistry(self._redis), self._config.cell, unserved
+        )
         try:
-            return await self._run_lines(LineContext(params, served, self._redis, follower), lines)
+            return await self._run_lines(ctx, lines)
         finally:
             await follower.drain()
 
     async def _validated(self, state: BatchState) -> list[InputLine] | None:
         """The batch's lines; moves `validating` on to `in_progress`, or to `failed` for a bad file."""
         params, now = state.params, int(time.time())
-        if self._tokenizer is None:
-            await self._fail(
-                params,
-                "this Celery worker has no tokenizer: start it with CBSERVE_CELERY_MODEL (or MODEL) set "
-                "to the model directory the gateway serves",
-            )
+        if self._tokenizers.for_batch(params.models)[0] is None:
+            await self._fail(params, self._tokenizers.missing_message(params.models))
             return None
         content = await self._store.input(params.id)
         if content is None:
@@ -201,10 +198,11 @@ class _BatchRun:
                     return Outcome.DONE
                 while todo and len(in_flight) < config.max_lines_in_flight:
                     line, submitted = todo.popleft(), Submitted()
-                    req_id = placed_req_id(
-                        config.cell, line_req_id(params.id, line.index, attempts.get(line.index, 0))
+                    line_id = line_req_id(params.id, line.index, attempts.get(line.index, 0))
+                    in_flight[asyncio.create_task(run_line(ctx, line, line_id, submitted))] = (
+                        line,
+                        submitted,
                     )
-                    in_flight[asyncio.create_task(run_line(ctx, line, req_id, submitted))] = (line, submitted)
                 finished, _ = await asyncio.wait(
                     in_flight, timeout=_CHECK_S, return_when=asyncio.FIRST_COMPLETED
                 )

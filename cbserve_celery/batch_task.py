@@ -12,33 +12,29 @@ reaper (cbserve_celery/batch_reaper.py).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 
 from celery import Celery, Task
 
 from cbserve_celery.batch_claim import new_claim_token
 from cbserve_celery.batch_run import Outcome, RunConfig, run_batch
+from cbserve_celery.model_tokenizers import ModelTokenizers
 from cbserve_celery.redis_waits import retry_while_redis_fails
 from cbserve_celery.settings import CelerySettings
 from common.redis_io.redis_conn import connect_async
 from openai_frontend.batch.objects import RUN_BATCH_TASK
-from openai_frontend.model.tokenizer import ModelTokenizer
 
 
-def add_batch_task(
-    app: Celery, settings: CelerySettings, tokenizer: Callable[[], ModelTokenizer | None]
-) -> None:
+def add_batch_task(app: Celery, settings: CelerySettings, tokenizers: ModelTokenizers) -> None:
     config = RunConfig(
         max_lines_in_flight=settings.batch_max_lines_in_flight,
         slice_s=settings.batch_slice_s,
         claim_ttl_s=settings.batch_lease_ttl_s,
         cell=settings.cell,
     )
-    model_root = str(settings.model or "")
 
     def run(batch_id: str, claim_token: str) -> Outcome:
         redis = connect_async(settings.redis_url, settings.redis_cluster)
-        return asyncio.run(run_batch(redis, batch_id, tokenizer(), model_root, config, claim_token))
+        return asyncio.run(run_batch(redis, batch_id, tokenizers, config, claim_token))
 
     @app.task(name=RUN_BATCH_TASK, bind=True)
     def run_batch_task(self: Task, batch_id: str) -> str:

@@ -11,6 +11,7 @@ from pydantic import AliasChoices, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from common.logging_setup import LogFormat
+from common.models_config import ModelsConfig, load_models_config
 from common.settings import cell_field, log_format_field, redis_cluster_field, redis_url_field
 
 
@@ -25,6 +26,9 @@ class CelerySettings(BaseSettings):
     model: Path | None = Field(
         default=None, validation_alias=AliasChoices("CBSERVE_CELERY_MODEL", "MODEL", "model")
     )
+    # The gateway's GATEWAY_MODELS_CONFIG, for a gateway of several models: a tokenizer per model, for
+    # batch lines naming any of them (instead of `model`).
+    models_config: Path | None = None
     # A task gives up on its request (and aborts it) after this long.
     request_timeout_s: float = Field(default=1800.0, gt=0)
     # The Redis broker hands a task back to the queue once it has been unacknowledged this long. The
@@ -63,4 +67,18 @@ class CelerySettings(BaseSettings):
     def _check_model(self) -> CelerySettings:
         if self.model is not None and not (self.model / "tokenizer.json").is_file():
             raise ValueError(f"CBSERVE_CELERY_MODEL (or MODEL) {self.model} holds no tokenizer.json")
+        if self.models_config is not None:
+            if self.model is not None:
+                raise ValueError(
+                    "CBSERVE_CELERY_MODELS_CONFIG names every model: leave CBSERVE_CELERY_MODEL (MODEL) unset"
+                )
+            for m in load_models_config(self.models_config).models:
+                if not (m.model / "tokenizer.json").is_file():
+                    raise ValueError(
+                        f"CBSERVE_CELERY_MODELS_CONFIG's model {m.name!r}: {m.model} holds no tokenizer.json"
+                    )
         return self
+
+    @property
+    def models_file(self) -> ModelsConfig | None:
+        return None if self.models_config is None else load_models_config(self.models_config)

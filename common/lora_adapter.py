@@ -1,5 +1,6 @@
 """A PEFT LoRA adapter read and checked against its base model, without torch: the gateway checks one
-when it is loaded (a clear 400), the worker before it reads the weights (the request fails alone).
+when it is loaded (`check_adapter`: a clear 400), the worker before it reads the weights
+(`read_lora_adapter`: the request fails alone).
 
 The layout is PEFT's `save_pretrained`: `adapter_config.json` and `adapter_model.safetensors` (never
 the pickled `adapter_model.bin`), tensors named `base_model.model.model.layers.{i}.{self_attn|mlp}.
@@ -27,24 +28,24 @@ WEIGHTS_FILE: Final = "adapter_model.safetensors"
 # The decoder linears an adapter may target (vLLM's names for the Llama family), in the layer's order.
 ATTENTION_MODULES: Final = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP_MODULES: Final = ("gate_proj", "up_proj", "down_proj")
-SUPPORTED_MODULES: Final = (*ATTENTION_MODULES, *MLP_MODULES)
+TARGET_MODULES: Final = (*ATTENTION_MODULES, *MLP_MODULES)
 WEIGHT_DTYPES: Final = frozenset({"F32", "F16", "BF16"})
 # PEFT options that change what the adapter computes, refused when set (DoRA's magnitudes, a bias on
 # B, trained embeddings or heads, replicated layers, routing or sampling between factors, ...).
 UNSUPPORTED_OPTIONS: Final = {
-    "use_dora": "DoRA (use_dora)",
-    "lora_bias": "a bias on lora_B (lora_bias)",
-    "modules_to_save": "fully trained modules (modules_to_save)",
-    "trainable_token_indices": "trained token embeddings (trainable_token_indices)",
-    "target_parameters": "LoRA on parameters (target_parameters)",
-    "layer_replication": "replicated layers (layer_replication)",
-    "alora_invocation_tokens": "activated LoRA (alora_invocation_tokens)",
-    "use_qalora": "QALoRA (use_qalora)",
-    "use_bdlora": "block-diagonal LoRA (use_bdlora)",
-    "arrow_config": "Arrow routing (arrow_config)",
-    "kasa_config": "KaSA (kasa_config)",
-    "monteclora_config": "MonteCLoRA (monteclora_config)",
-    "megatron_config": "Megatron layers (megatron_config)",
+    "use_dora": "DoRA",
+    "lora_bias": "a bias on lora_B",
+    "modules_to_save": "fully trained modules",
+    "trainable_token_indices": "trained token embeddings",
+    "target_parameters": "LoRA on parameters",
+    "layer_replication": "replicated layers",
+    "alora_invocation_tokens": "activated LoRA",
+    "use_qalora": "QALoRA",
+    "use_bdlora": "block-diagonal LoRA",
+    "arrow_config": "Arrow routing",
+    "kasa_config": "KaSA",
+    "monteclora_config": "MonteCLoRA",
+    "megatron_config": "Megatron layers",
 }
 _TENSOR = re.compile(
     r"(?:base_model\.model\.)?(?:model\.)?layers\.(\d+)\.(self_attn|mlp)\.(\w+)\.lora_([AB])(?:\.[\w-]+)?\.weight"
@@ -94,7 +95,7 @@ class BaseModelShapes:
             raise LoRAAdapterError(f"cannot read the base model's config {path}: {exc}") from None
 
     def features(self, module: str) -> tuple[int, int]:
-        """(in_features, out_features) of one of SUPPORTED_MODULES."""
+        """(in_features, out_features) of one of TARGET_MODULES."""
         q, kv = self.num_attention_heads * self.head_dim, self.num_key_value_heads * self.head_dim
         return {
             "q_proj": (self.hidden_size, q),
@@ -112,7 +113,7 @@ class LoRAModule:
     """One adapted linear: its factors' tensor names in the weights file, rank and scaling."""
 
     layer: int
-    module: str  # one of SUPPORTED_MODULES
+    module: str  # one of TARGET_MODULES
     rank: int
     scaling: float  # lora_alpha / rank, or lora_alpha / sqrt(rank) with rsLoRA
     lora_a: str  # [rank, in_features]
@@ -125,23 +126,52 @@ class LoRAAdapter:
     weights_file: Path
     rank: int  # the largest of its modules' ranks
     base_model_name_or_path: str | None  # what it was trained on, as PEFT recorded it
-    modules: tuple[LoRAModule, ...]  # by layer, then in SUPPORTED_MODULES order
+    modules: tuple[LoRAModule, ...]  # by layer, then in TARGET_MODULES order
 
     @property
     def target_modules(self) -> frozenset[str]:
         return frozenset(m.module for m in self.modules)
 
 
+@dataclass(frozen=True, slots=True)
+class AdapterInfo:
+    """What the gateway keeps of an adapter it checked (`check_adapter`)."""
+
+    rank: int  # the highest of its modules' ranks
+    lora_alpha: float
+    use_rslora: bool  # scaling alpha / sqrt(r) rather than alpha / r
+    target_modules: tuple[str, ...]  # which of TARGET_MODULES it adapts, in that order
+    base_model_name_or_path: str | None  # what PEFT recorded as its base
+
+    @property
+    def scaling(self) -> float:
+        return self.lora_alpha / (math.sqrt(self.rank) if self.use_rslora else self.rank)
+
+
+def check_adapter(adapter_dir: Path, base_model_dir: Path, max_lora_rank: int) -> AdapterInfo:
+    """The adapter in `adapter_dir` checked against the base model in `base_model_dir` (its
+    config.json) and `max_lora_rank` (0: any rank); LoRAAdapterError (a ValueError) says why not."""
+    adapter = read_lora_adapter(adapter_dir, BaseModelShapes.read(base_model_dir), max_lora_rank)
+    config = json.loads((adapter.path / CONFIG_FILE).read_text())
+    return AdapterInfo(
+        rank=adapter.rank,
+        lora_alpha=float(config["lora_alpha"]),
+        use_rslora=bool(config.get("use_rslora", False)),
+        target_modules=tuple(m for m in TARGET_MODULES if m in adapter.target_modules),
+        base_model_name_or_path=adapter.base_model_name_or_path,
+    )
+
+
 def read_lora_adapter(path: str | Path, base: BaseModelShapes, max_lora_rank: int) -> LoRAAdapter:
-    """The adapter in directory `path`, checked against `base` and `max_lora_rank`; LoRAAdapterError
-    says what is wrong with one that cannot be served."""
+    """The adapter in directory `path`, checked against `base` and `max_lora_rank` (0: any rank);
+    LoRAAdapterError says what is wrong with one that cannot be served."""
     directory = Path(path)
     config = _read_config(directory)
     weights = directory / WEIGHTS_FILE
     if not weights.is_file():
         pickled = " (only safetensors are read, never the pickled adapter_model.bin)"
         found = pickled if (directory / "adapter_model.bin").exists() else ""
-        raise LoRAAdapterError(f"adapter {directory}: no {WEIGHTS_FILE}{found}")
+        raise LoRAAdapterError(f"adapter {directory} has no {WEIGHTS_FILE}{found}")
     try:
         tensors = read_header(weights)
     except SafetensorsError as exc:
@@ -165,7 +195,7 @@ def _read_config(directory: Path) -> dict[str, Any]:
         config = json.loads(path.read_text())
     except FileNotFoundError:
         raise LoRAAdapterError(
-            f"adapter {directory}: no {CONFIG_FILE} (not a PEFT adapter directory)"
+            f"adapter {directory} has no {CONFIG_FILE} (not a PEFT adapter directory)"
         ) from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise LoRAAdapterError(f"adapter {directory}: cannot read {CONFIG_FILE}: {exc}") from None
@@ -179,7 +209,7 @@ def _check_options(directory: Path, config: Mapping[str, Any]) -> None:
     where = f"adapter {directory}"
     peft_type = config.get("peft_type", "LORA")
     if peft_type != "LORA":
-        raise LoRAAdapterError(f"{where}: peft_type {peft_type!r} is not LoRA")
+        raise LoRAAdapterError(f"{where}: only LoRA adapters are supported, this one is {peft_type}")
     if config.get("bias", "none") != "none":
         raise LoRAAdapterError(
             f"{where}: bias {config['bias']!r} trains the base model's biases; only 'none'"
@@ -188,18 +218,18 @@ def _check_options(directory: Path, config: Mapping[str, Any]) -> None:
         raise LoRAAdapterError(f"{where}: fan_in_fan_out is for Conv1D layers (GPT-2), not these linears")
     for option, what in UNSUPPORTED_OPTIONS.items():
         if config.get(option):
-            raise LoRAAdapterError(f"{where}: {what} is not supported")
+            raise LoRAAdapterError(f"{where}: {what} is not supported ({option} {config[option]!r})")
     for name in ("r", "lora_alpha"):
         value = config.get(name)
         if not isinstance(value, int | float) or isinstance(value, bool) or value <= 0:
             raise LoRAAdapterError(f"{where}: {name} must be a positive number, not {value!r}")
     targets = config.get("target_modules")
     if isinstance(targets, list):
-        unsupported = [t for t in targets if str(t).rsplit(".", 1)[-1] not in SUPPORTED_MODULES]
+        unsupported = [t for t in targets if str(t).rsplit(".", 1)[-1] not in TARGET_MODULES]
         if unsupported:
             raise LoRAAdapterError(
                 f"{where}: unsupported target module {unsupported[0]!r}: "
-                f"only {', '.join(SUPPORTED_MODULES)} are served"
+                f"only {', '.join(TARGET_MODULES)} are served"
             )
     elif targets is not None and not isinstance(targets, str):
         raise LoRAAdapterError(f"{where}: target_modules must be a list or a regular expression")
@@ -235,8 +265,8 @@ class _Reader:
             label = f"layers.{layer}.{module}"
             if layer >= self.base.num_hidden_layers:
                 raise LoRAAdapterError(
-                    f"{self.where}: {label} is past the base model's {self.base.num_hidden_layers} layers "
-                    "(an adapter of another base model?)"
+                    f"{self.where}: {label} is past the base model's {self.base.num_hidden_layers} layers: "
+                    "the adapter was trained for another base model"
                 )
             if allowed is not None and layer not in allowed:
                 raise LoRAAdapterError(
@@ -257,13 +287,13 @@ class _Reader:
             if match is None:
                 raise LoRAAdapterError(
                     f"{where}: unsupported tensor {name!r}: only LoRA factors of "
-                    f"{', '.join(SUPPORTED_MODULES)} are served"
+                    f"{', '.join(TARGET_MODULES)} are served"
                 )
             layer, block, module, factor = int(match[1]), match[2], match[3], match[4]
-            if module not in SUPPORTED_MODULES or (block == "mlp") != (module in MLP_MODULES):
+            if module not in TARGET_MODULES or (block == "mlp") != (module in MLP_MODULES):
                 raise LoRAAdapterError(
                     f"{where}: unsupported target module {block}.{module}: "
-                    f"only {', '.join(SUPPORTED_MODULES)} are served"
+                    f"only {', '.join(TARGET_MODULES)} are served"
                 )
             if info.dtype not in WEIGHT_DTYPES:
                 raise LoRAAdapterError(f"{where}: tensor {name!r} is {info.dtype}, not F32, F16 or BF16")
@@ -282,7 +312,7 @@ class _Reader:
             raise LoRAAdapterError(
                 f"{where}: {label} has lora_A {list(a)} and lora_B {list(b)}, but the base model's "
                 f"{module} takes {in_features} features to {out_features}: it needs [r, {in_features}] and "
-                f"[{out_features}, r] (an adapter of another base model?)"
+                f"[{out_features}, r]: the adapter was trained for another base model"
             )
         rank = a[0]
         block = "mlp" if module in MLP_MODULES else "self_attn"
@@ -293,9 +323,9 @@ class _Reader:
             raise LoRAAdapterError(f"{where}: {label} has rank {rank} but its config says r={configured}")
         if rank < 1:
             raise LoRAAdapterError(f"{where}: {label} has rank 0")
-        if rank > self.max_lora_rank:
+        if self.max_lora_rank and rank > self.max_lora_rank:
             raise LoRAAdapterError(
-                f"{where}: rank {rank} ({label}) is above max_lora_rank {self.max_lora_rank}: "
+                f"{where}: LoRA rank {rank} is greater than max_lora_rank {self.max_lora_rank} ({label}): "
                 "serve it with a larger max_lora_rank"
             )
         alpha = float(_pattern_value(config.get("alpha_pattern") or {}, module_name, config["lora_alpha"]))
@@ -306,4 +336,4 @@ class _Reader:
 
 
 def _order(module: str) -> int:
-    return SUPPORTED_MODULES.index(module)
+    return TARGET_MODULES.index(module)

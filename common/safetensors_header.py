@@ -52,17 +52,19 @@ def read_header(path: Path) -> dict[str, TensorInfo]:
         with path.open("rb") as file:
             head = file.read(8)
             if len(head) < 8:
-                raise SafetensorsError(f"{path} is too short to be a safetensors file")
+                raise SafetensorsError(f"{path} is not a safetensors file (too short)")
             (length,) = struct.unpack("<Q", head)
             if length > min(MAX_HEADER_BYTES, size - 8):
-                raise SafetensorsError(f"{path}: header length {length} does not fit the file ({size} bytes)")
+                raise SafetensorsError(
+                    f"{path} is not a safetensors file (a header of {length} bytes does not fit its {size})"
+                )
             raw = file.read(length)
     except OSError as exc:
         raise SafetensorsError(f"cannot read {path}: {exc.strerror or exc}") from None
     try:
         header = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise SafetensorsError(f"{path}: the header is not JSON ({exc})") from None
+        raise SafetensorsError(f"{path} is not a safetensors file (its header is not JSON: {exc})") from None
     if not isinstance(header, dict):
         raise SafetensorsError(f"{path}: the header is not a JSON object")
     data_bytes = size - 8 - length

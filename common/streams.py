@@ -182,6 +182,10 @@ _API: Final = "llm:{api}"
 # traffic within seconds and one whose batchers are all gone stops receiving it.
 CELLS_REGISTRY: Final = f"{_API}:cells"
 
+# Hash: LoRA adapter name -> its LoadedAdapter (msgpack; openai_frontend/model/lora_registry.py). One
+# for the deployment: an adapter's name is a `model` name, unique across every base model and gateway.
+LORA_ADAPTERS: Final = f"{_API}:lora-adapters"
+
 
 def file_key(file_id: str) -> str:
     """Hash of one uploaded or generated file: `meta` (JSON) and `content` (bytes); TTL = its expiry."""

@@ -1,4 +1,5 @@
-"""`python -m gateway --host H --port P [--model DIR] [--served-model-name NAME] [--reuse-port]`.
+"""`python -m gateway --host H --port P [--model DIR] [--served-model-name NAME] [--reuse-port]`,
+or `--models-config FILE` for several models, and `--lora-modules NAME=PATH ...` for LoRA adapters.
 
 `--reuse-port`: several gateway processes listen on one port (SO_REUSEPORT; the kernel deals the
 connections out), as `cbserve up --gateways N` runs them (vLLM's `--api-server-count`).
@@ -9,6 +10,7 @@ connections out), as `cbserve up --gateways N` runs them (vLLM's `--api-server-c
 from __future__ import annotations
 
 import argparse
+import json
 import socket
 import sys
 from typing import Any
@@ -28,6 +30,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--model", help="model directory (overrides GATEWAY_MODEL / MODEL)")
     parser.add_argument("--served-model-name", help="name clients pass as `model` (default: directory name)")
+    parser.add_argument(
+        "--models-config", help="several models: a JSON or YAML file (overrides GATEWAY_MODELS_CONFIG)"
+    )
+    parser.add_argument(
+        "--lora-modules",
+        nargs="+",
+        metavar="NAME=PATH",
+        help="LoRA adapters served from the start: name=path or vLLM's JSON form (GATEWAY_LORA_MODULES)",
+    )
     parser.add_argument("--log-level", default="info")
     parser.add_argument(
         "--reuse-port", action="store_true", help="share the port with other gateway processes (SO_REUSEPORT)"
@@ -46,6 +57,10 @@ def main(argv: list[str] | None = None) -> None:
         overrides["model"] = args.model
     if args.served_model_name is not None:
         overrides["served_model_name"] = args.served_model_name
+    if args.models_config is not None:
+        overrides["models_config"] = args.models_config
+    if args.lora_modules is not None:
+        overrides["lora_modules"] = json.dumps(args.lora_modules)
     settings = GatewaySettings(**overrides)
     configure_logging("gateway", settings.log_format, args.log_level)
     # Open streams get a few seconds to finish on shutdown rather than holding it up indefinitely.

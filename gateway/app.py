@@ -13,6 +13,7 @@ from gateway.api import (
     routes_dashboard,
     routes_files,
     routes_generation,
+    routes_lora,
     routes_messages,
     routes_metrics,
     routes_models,
@@ -28,7 +29,8 @@ from gateway.cell_router import CellRouter
 from gateway.limits.cell_guard import CellGuard
 from gateway.limits.queue_bound import QueueBound
 from gateway.limits.rate_limit import RateLimiter, RateLimits
-from gateway.model_setup import load_served_model
+from gateway.lora.static_modules import StaticAdapters
+from gateway.model_setup import load_served_models
 from gateway.observability.metrics import GatewayMetrics
 from gateway.prepare_pool import PreparePool
 from gateway.security.api_keys import ApiKeys
@@ -38,6 +40,8 @@ from gateway.settings import GatewaySettings
 from openai_frontend.batch.files_store import FileStore
 from openai_frontend.batch.store import BatchStore
 from openai_frontend.follow.request_follower import RequestFollower
+from openai_frontend.model.lora_registry import LoRARegistry
+from openai_frontend.model.served_models import ServedModels
 from openai_frontend.responses.follower import ResponseFollower
 from openai_frontend.responses.store import ResponseStore
 
@@ -45,8 +49,10 @@ _MULTIPART_OVERHEAD = 64 * 1024  # boundaries, part headers and the `purpose` fi
 
 
 def create_app(settings: GatewaySettings) -> FastAPI:
-    """Build the app; the tokenizer loads now (so a bad model dir fails fast), Redis on startup."""
-    served = load_served_model(settings)
+    """Build the app; the tokenizers load now (so a bad model dir fails fast), Redis on startup, and
+    the static LoRA adapters are checked now and registered in Redis on startup."""
+    models = load_served_models(settings)
+    static_adapters = StaticAdapters.from_settings(settings, models)
     keys_file = None if settings.api_keys_file is None else str(settings.api_keys_file)
     api_keys = ApiKeys.from_settings(settings.api_key_hashes, keys_file)
     limits = RateLimits(settings.rate_limit_rpm, settings.rate_limit_tpm)
@@ -54,10 +60,10 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         redis = connect_async(settings.redis_url, settings.redis_cluster)
-        metrics = GatewayMetrics(served.rules.name)
+        metrics = GatewayMetrics(*models.names)
         follower = RequestFollower(
             redis,
-            served,
+            models,
             settings.request_timeout_s,
             metrics,
             settings.retention_s,
@@ -66,9 +72,12 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         batch_queue = BatchQueue(settings.redis_url)
         responses = ResponseFollower(follower, ResponseStore(redis), settings.retention_s)
         prepare = PreparePool(settings.prepare_threads, settings.prepare_inline_bytes)
+        adapters = LoRARegistry(redis)
+        static_adapters.start(adapters)
         app.state.gateway = GatewayState(
             settings=settings,
-            served=served,
+            models=models,
+            adapters=adapters,
             redis=redis,
             follower=follower,
             metrics=metrics,
@@ -79,13 +88,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
             batches=BatchStore(redis),
             batch_queue=batch_queue,
             responses=responses,
-            router=CellRouter(
-                settings.placement_cells,
-                settings.cell_policy,
-                settings.cell_prefix_weight,
-                settings.cell_prefix_blocks,
-                discover=settings.discover_cells,
-            ),
+            routers=_routers(settings, models),
             cell_guard=CellGuard(settings.redis_memory_headroom),
             queue_bound=QueueBound(settings.max_queued_requests),
             prepare=prepare,
@@ -93,6 +96,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         try:
             yield
         finally:
+            await static_adapters.close()
             await responses.close()
             await follower.drain()
             batch_queue.close()
@@ -105,6 +109,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     app.include_router(routes_responses.router)
     app.include_router(routes_requests.router)
     app.include_router(routes_models.router)
+    app.include_router(routes_lora.router)
     app.include_router(routes_tokenizer.router)
     app.include_router(routes_stored_chat.router)
     app.include_router(routes_messages.router)
@@ -122,3 +127,15 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     )
     app.add_middleware(AuthMiddleware, keys=api_keys)
     return app
+
+
+def _routers(settings: GatewaySettings, models: ServedModels) -> dict[str, CellRouter]:
+    """Per base model, a router over its cells: with one model GATEWAY_CELLS (or CBSERVE_CELL, or
+    every registered cell), as before; with GATEWAY_MODELS_CONFIG each model's own cells."""
+    policy = (settings.cell_policy, settings.cell_prefix_weight, settings.cell_prefix_blocks)
+    if settings.models_config is None:
+        [served] = models.models
+        return {
+            served.rules.name: CellRouter(settings.placement_cells, *policy, discover=settings.discover_cells)
+        }
+    return {m.rules.name: CellRouter(list(m.rules.cells), *policy) for m in models.models}

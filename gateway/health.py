@@ -2,11 +2,11 @@
 
 Redis answers and takes writes (a small SET: a full Redis under `noeviction`, a read-only replica or a
 failed RDB save refuse it) and has the headroom admission keeps (GATEWAY_REDIS_MEMORY_HEADROOM of its
-`maxmemory` free), a batcher of one of the gateway's cells has published its stats recently
-or holds its lease (common/redis_io/batcher_liveness.py), and a worker heartbeats. Each failure is a 503
-naming which, never an internal address. A cell with no batcher stats, no lease and no registered
-worker (a new Redis, one restarted without AOF, a test driving the protocol by hand) is not judged on
-its batcher.
+`maxmemory` free), and for every model served, a batcher of one of its cells has published its stats
+recently or holds its lease (common/redis_io/batcher_liveness.py), and a worker of them heartbeats.
+Each failure is a 503 naming which, never an internal address. A cell with no batcher stats, no lease
+and no registered worker (a new Redis, one restarted without AOF, a test driving the protocol by hand)
+is not judged on its batcher.
 """
 
 from __future__ import annotations
@@ -58,27 +58,33 @@ async def check(state: GatewayState) -> Health:
 
 
 async def _check(state: GatewayState) -> Health:
-    await state.router.refresh(state.redis)
-    cells = list(state.router.cells)
+    for router in state.routers.values():
+        await router.refresh(state.redis)
+    cells = state.cells
     await state.redis.set(cell_keys(cells[0]).gateway_health(), "1", px=5000)
     now = time.time()
     timeout_s = state.settings.heartbeat_timeout_s
     cutoff_ms = int((now - timeout_s) * 1000)
-    num_alive = 0
-    batchers: set[str] = set()  # the states of the cells' batchers
+    alive: dict[str, int] = {}  # per cell: workers heartbeating
+    batchers: dict[str, str] = {}  # per cell: the state of its batcher
     memory = []  # per cell: its Redis lacks the headroom admission keeps
     for cell in cells:  # every cell it places in
         keys = cell_keys(cell)
-        num_alive += int(await state.redis.zcount(keys.heartbeat, f"({cutoff_ms}", "+inf"))
-        batchers.add(await batcher_state(state.redis, cell))
+        alive[cell] = int(await state.redis.zcount(keys.heartbeat, f"({cutoff_ms}", "+inf"))
+        batchers[cell] = await batcher_state(state.redis, cell)
         memory.append((await memory_use(state.redis, cell)).over(state.settings.redis_memory_headroom))
     if all(memory):
         message = "redis is nearly full (less than its headroom of maxmemory free): new requests are refused"
         return unavailable("unavailable", "redis_nearly_full", message)
-    if "gone" in batchers and "live" not in batchers:
-        message = f"no batcher has published in the last {BATCHER_SILENT_S:g} s"
-        return unavailable("unavailable", "no_batcher", message)
-    if num_alive == 0:
-        message = f"no worker heartbeat in the last {timeout_s:g} s"
-        return unavailable("unavailable", "no_worker", message)
-    return Health(200, {"status": "ok", "num_workers": num_alive})
+    # Each model is judged on its own cells: one whose cells have no batcher or no worker cannot serve.
+    several = len(state.routers) > 1
+    for name, router in state.routers.items():
+        of_model = f" for model {name!r}" if several else ""
+        states = {batchers[c] for c in router.cells}
+        if "gone" in states and "live" not in states:
+            message = f"no batcher has published{of_model} in the last {BATCHER_SILENT_S:g} s"
+            return unavailable("unavailable", "no_batcher", message)
+        if not sum(alive[c] for c in router.cells):
+            message = f"no worker heartbeat{of_model} in the last {timeout_s:g} s"
+            return unavailable("unavailable", "no_worker", message)
+    return Health(200, {"status": "ok", "num_workers": sum(alive.values())})

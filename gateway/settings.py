@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
-from pydantic import AliasChoices, Field, field_validator
+from pydantic import AliasChoices, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from common.logging_setup import LogFormat
+from common.models_config import ModelsConfig, load_models_config
 from common.settings import (
     cell_field,
     log_format_field,
@@ -25,7 +27,11 @@ class GatewaySettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="GATEWAY_", extra="ignore")
 
     # Model directory holding tokenizer.json (+ tokenizer_config.json, config.json, generation_config.json).
-    model: Path = Field(validation_alias=AliasChoices("GATEWAY_MODEL", "MODEL", "model"))
+    model: Path | None = Field(default=None, validation_alias=AliasChoices("GATEWAY_MODEL", "MODEL", "model"))
+    # Several base models instead of `model`: a JSON (or YAML) file listing each one's directory, served
+    # name and cells (common/models_config.py). The model settings below then apply to each model that
+    # does not set its own (max_model_len, tool_parser, reasoning_parser), GATEWAY_CELLS to none.
+    models_config: Path | None = None
     # Name clients pass as `model`; defaults to the model directory's name. Capped as a request's
     # `model` is, so that clients can always send back the name the server gave.
     served_model_name: str | None = Field(default=None, max_length=MAX_ID_CHARS)
@@ -56,6 +62,17 @@ class GatewaySettings(BaseSettings):
     cell_prefix_blocks: int = Field(default=100_000, gt=0)
     log_format: LogFormat = log_format_field()
     retention_s: int = retention_field()
+
+    # --- LoRA adapters (vLLM's surface) -----------------------------------------------------------
+    # Adapters served from the start (vLLM's --lora-modules): `name=path` items separated by spaces or
+    # commas, or JSON objects {"name", "path", "base_model_name"} (a JSON list of them too). Each is
+    # checked against its base model at start-up; a bad one stops the gateway.
+    lora_modules: str = ""
+    # POST /v1/load_lora_adapter and /v1/unload_lora_adapter (vLLM's VLLM_ALLOW_RUNTIME_LORA_UPDATING);
+    # off, both answer 404 as vLLM's unregistered routes do.
+    allow_runtime_lora_updating: bool = False
+    # Highest adapter rank accepted; 0: the lowest max_lora_rank the base model's workers announce.
+    max_lora_rank: int = Field(default=0, ge=0)
 
     # --- security -------------------------------------------------------------------------------
     # API keys as SHA-256 hex digests, `[name:]digest` each: comma-separated here, one per line in the
@@ -140,35 +157,45 @@ class GatewaySettings(BaseSettings):
 
     @field_validator("model")
     @classmethod
-    def _model_has_tokenizer(cls, value: Path) -> Path:
-        if not (value / "tokenizer.json").is_file():
-            raise ValueError(
-                f"GATEWAY_MODEL (or MODEL, --model) must be a model directory containing tokenizer.json; "
-                f"{value} has none"
-            )
+    def _model_has_tokenizer(cls, value: Path | None) -> Path | None:
+        if value is not None:
+            check_tokenizer(value, "GATEWAY_MODEL (or MODEL, --model)")
         return value
+
+    @field_validator("models_config")
+    @classmethod
+    def _models_config_reads(cls, value: Path | None) -> Path | None:
+        if value is not None:
+            for m in load_models_config(value).models:  # ValueError says what is wrong with it
+                check_tokenizer(m.model, f"GATEWAY_MODELS_CONFIG's model {m.name!r}")
+        return value
+
+    @model_validator(mode="after")
+    def _one_way_to_name_models(self) -> GatewaySettings:
+        if self.models_config is None:
+            if self.model is None:
+                raise ValueError(
+                    "set GATEWAY_MODEL (or MODEL, --model) to a model directory, or GATEWAY_MODELS_CONFIG"
+                )
+            return self
+        if self.model is not None or self.served_model_name is not None:
+            raise ValueError(
+                "GATEWAY_MODELS_CONFIG names every model: leave GATEWAY_MODEL (MODEL, --model) and "
+                "GATEWAY_SERVED_MODEL_NAME unset, or list that model in the config"
+            )
+        if self.cells:
+            raise ValueError("GATEWAY_MODELS_CONFIG gives each model its cells: leave GATEWAY_CELLS unset")
+        return self
 
     @field_validator("tool_parser")
     @classmethod
     def _check_tool_parser(cls, value: str) -> str:
-        from openai_frontend.tools.parsers import PARSERS, VLLM_NAMES
-
-        value = VLLM_NAMES.get(value, value)
-        if value not in ("auto", "none", *PARSERS):
-            names = ", ".join([*PARSERS, *VLLM_NAMES])
-            raise ValueError(f"GATEWAY_TOOL_PARSER must be auto, none or one of {names}")
-        return value
+        return tool_parser_name(value, "GATEWAY_TOOL_PARSER")
 
     @field_validator("reasoning_parser")
     @classmethod
     def _check_reasoning_parser(cls, value: str) -> str:
-        from openai_frontend.reasoning import REASONING_PARSERS, VLLM_NAMES
-
-        value = VLLM_NAMES.get(value, value)
-        if value not in ("auto", "none", *REASONING_PARSERS):
-            names = ", ".join([*REASONING_PARSERS, *VLLM_NAMES])
-            raise ValueError(f"GATEWAY_REASONING_PARSER must be auto, none or one of {names}")
-        return value
+        return reasoning_parser_name(value, "GATEWAY_REASONING_PARSER")
 
     @field_validator("cells")
     @classmethod
@@ -205,11 +232,49 @@ class GatewaySettings(BaseSettings):
         return value
 
     @property
+    def models_file(self) -> ModelsConfig | None:
+        """GATEWAY_MODELS_CONFIG's models, read again (the validator has read it once)."""
+        return None if self.models_config is None else load_models_config(self.models_config)
+
+    @property
     def model_name(self) -> str:
+        """The (first) served model's name."""
+        if self.model is None:
+            models = self.models_file
+            assert models is not None  # one of the two is set (_one_way_to_name_models)
+            return models.names[0]
         return self.served_model_name or self.model.resolve().name
 
 
 DISCOVER_CELLS = "*"
+
+
+def check_tokenizer(model_dir: Path, setting: str) -> None:
+    if not (model_dir / "tokenizer.json").is_file():
+        raise ValueError(
+            f"{setting} must be a model directory containing tokenizer.json; {model_dir} has none"
+        )
+
+
+def tool_parser_name(value: str, setting: str) -> str:
+    """Our name for a tool-call format (vLLM's names taken too); ValueError naming the ones we have."""
+    from openai_frontend.tools.parsers import PARSERS, VLLM_NAMES
+
+    return _parser_name(value, [*PARSERS], VLLM_NAMES, setting)
+
+
+def reasoning_parser_name(value: str, setting: str) -> str:
+    """Our name for a reasoning format (vLLM's names taken too); ValueError naming the ones we have."""
+    from openai_frontend.reasoning import REASONING_PARSERS, VLLM_NAMES
+
+    return _parser_name(value, [*REASONING_PARSERS], VLLM_NAMES, setting)
+
+
+def _parser_name(value: str, ours: list[str], vllm_names: Mapping[str, str], setting: str) -> str:
+    value = vllm_names.get(value, value)
+    if value not in ("auto", "none", *ours):
+        raise ValueError(f"{setting} must be auto, none or one of {', '.join([*ours, *vllm_names])}")
+    return value
 
 
 def _split(cells: str) -> list[str]:

@@ -64,8 +64,8 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def lora_adapters(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """Three random PEFT adapters of the tiny model, by name (harness/models/tiny_lora.py's SPECS)."""
-    from harness.models.tiny_lora import build_adapters
+    """Three random PEFT adapters of the tiny model, by name (harness/models/lora_adapters.py's SPECS)."""
+    from harness.models.lora_adapters import build_adapters
 
     return build_adapters(tiny_model_dir, tmp_path_factory.mktemp("lora-adapters"))
 

@@ -80,7 +80,7 @@ def _params(body: BatchCreateRequest, owner: str, state: GatewayState) -> BatchP
         retain_until=now + state.settings.file_expires_s,
         owner=owner,
         metadata=body.metadata,
-        rules=state.served.rules,
+        models=[served.rules for served in state.models.models],
     )
 
 

@@ -35,8 +35,10 @@ for _path, (_file, _media_type) in ASSETS.items():
 
 # Not in the OpenAPI schema: an endless stream for one page is no API for clients (nor for fuzzers).
 @router.get("/v1/dashboard/events", include_in_schema=False)
-async def events(state: State) -> StreamingResponse:
-    """`event: step` per traced step (common/trace_schema.StepTrace), `event: stats` once a second."""
+async def events(state: State, model: str | None = None) -> StreamingResponse:
+    """`event: step` per traced step (common/trace_schema.StepTrace), `event: stats` once a second, of
+    the default model's home cell, or `?model=`'s (gateway/app_state.py `home_cell`)."""
+    keys = state.home_keys(model)
     return StreamingResponse(
-        dashboard_events(state.redis, state.keys), media_type="text/event-stream", headers=SSE_HEADERS
+        dashboard_events(state.redis, keys), media_type="text/event-stream", headers=SSE_HEADERS
     )

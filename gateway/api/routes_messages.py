@@ -29,7 +29,6 @@ from openai_frontend.follow.collect import collect
 from openai_frontend.follow.request_follower import FollowPolicy
 from openai_frontend.follow.stream_out import stream_out
 from openai_frontend.generate.request_builder import prompt_ids_of
-from openai_frontend.generate.validation import check_model
 from openai_frontend.model.served_model import ServedModel
 
 router = APIRouter(route_class=PreparedBodyRoute)
@@ -49,7 +48,7 @@ async def create_message(body: MessagesRequest, http_request: Request, state: St
             await state.follower.submit(request)
     # A client that goes away cancels its message, as on the chat endpoint.
     follow = FollowPolicy()
-    tokenizer = state.served.tokenizer
+    tokenizer = state.follower.tokenizer(request)
     if body.stream:
         encoder = MessageStream(request, tokenizer)
         keepalive_s = state.settings.sse_keepalive_s
@@ -60,9 +59,8 @@ async def create_message(body: MessagesRequest, http_request: Request, state: St
 
 
 def _num_prompt_tokens(body: CountTokensRequest, served: ServedModel) -> int:
-    chat = chat_request(body)
-    check_model(chat.model, served)
-    return len(prompt_ids_of(chat, served))  # what the chat request would queue, tools included
+    # What the chat request would queue, tools included; an adapter counts as its base model does.
+    return len(prompt_ids_of(chat_request(body), served))
 
 
 @router.post("/v1/messages/count_tokens")
@@ -72,4 +70,5 @@ async def count_tokens(body: CountTokensRequest, http_request: Request, state: S
     # event loop whatever the size, as a large body is.
     num_bytes = None if body.tools else body_size(http_request)
     with anthropic_terms():
-        return {"input_tokens": await state.prepare.run(num_bytes, _num_prompt_tokens, body, state.served)}
+        served = (await state.target(body.model)).served
+        return {"input_tokens": await state.prepare.run(num_bytes, _num_prompt_tokens, body, served)}

@@ -1,4 +1,8 @@
-"""GET /v1/models, GET /v1/models/{id} and GET (or HEAD) /health."""
+"""GET /v1/models, GET /v1/models/{id} and GET (or HEAD) /health.
+
+Every base model served, then every LoRA adapter loaded, in vLLM's ModelCard shape: an adapter's card
+has its base model as `parent` and its directory as `root`, as vLLM's does.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +11,7 @@ from fastapi.responses import JSONResponse
 
 from gateway import health as gateway_health
 from gateway.app_state import State
-from openai_frontend.generate.validation import check_model
+from openai_frontend.model.lora_registry import LoadedAdapter
 from openai_frontend.model.served_model import ServedModel
 from openai_frontend.protocol.openai_schemas import ModelCard, ModelList
 
@@ -24,17 +28,36 @@ def _card(served: ServedModel) -> ModelCard:
     )
 
 
+def _adapter_card(adapter: LoadedAdapter, base: ServedModel) -> ModelCard:
+    return ModelCard(
+        id=adapter.lora_request.lora_name,
+        created=adapter.created,
+        root=adapter.lora_request.lora_path,
+        parent=base.rules.name,
+        max_model_len=base.rules.max_model_len,  # its base model's context
+    )
+
+
 @router.get("/v1/models")
 async def list_models(state: State) -> ModelList:
-    return ModelList(data=[_card(state.served)])
+    cards = [_card(served) for served in state.models.models]
+    for adapter in await state.adapters.listing():
+        base = state.models.find(adapter.base_model_name)
+        if base is not None:  # an adapter of a model this gateway does not serve is not its to list
+            cards.append(_adapter_card(adapter, base))
+    return ModelList(data=cards)
 
 
 # `{model:path}`: hub-style names hold a slash (`org/model`).
 @router.get("/v1/models/{model:path}")
 async def retrieve_model(model: str, state: State) -> ModelCard:
     """OpenAI's model object; 404 with an OpenAI error for any other id."""
-    check_model(model, state.served)
-    return _card(state.served)
+    target = await state.target(model)
+    if target.lora_request is None:
+        return _card(target.served)
+    adapter = await state.adapters.get(target.lora_request.lora_name)
+    assert adapter is not None  # the target was just read from it
+    return _adapter_card(adapter, target.served)
 
 
 # Load balancers often probe with HEAD: same status and headers, no body.

@@ -72,7 +72,7 @@ async def resume_stream(request_id: str, http_request: Request, state: State) ->
     """The events after Last-Event-ID (header, or `?last_event_id=`), or the whole stream without it."""
     request = await _owned_request(request_id, http_request, state)
     resume_after = await _last_event_id(http_request, state, request.req_id)
-    logprobs = LogprobsFormatter(state.served.tokenizer.tokenizer)
+    logprobs = LogprobsFormatter(state.follower.tokenizer(request).tokenizer)
     chunks = ENDPOINTS[request.kind].chunks(
         request.response_id, request.created, request.model, request, logprobs
     )
@@ -99,7 +99,7 @@ async def resume_stream(request_id: str, http_request: Request, state: State) ->
 async def fetch_result(request_id: str, http_request: Request, state: State) -> JSONResponse:
     """The finished request's non-streaming response object; 409 while it is still running."""
     request = await _owned_request(request_id, http_request, state)
-    logprobs = LogprobsFormatter(state.served.tokenizer.tokenizer)
+    logprobs = LogprobsFormatter(state.follower.tokenizer(request).tokenizer)
     follow = FollowPolicy(may_abort=False, track=False, wait_s=_FETCH_WAIT_S)
     try:
         done = await collect(state.follower, [request], http_request, follow)

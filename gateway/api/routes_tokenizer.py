@@ -40,16 +40,25 @@ def _tokenize(body: dict[str, Any], served: ServedModel) -> TokenizeResponse:
 async def tokenize_route(
     body: Annotated[dict[str, Any], Body()], http_request: Request, state: State
 ) -> TokenizeResponse:
-    return await state.prepare.run(body_size(http_request), _tokenize, body, state.served)
+    served = (await state.target(_model_of(body))).served  # an adapter tokenizes as its base model
+    return await state.prepare.run(body_size(http_request), _tokenize, body, served)
 
 
 @router.post("/detokenize")
 async def detokenize_route(
     body: DetokenizeRequest, http_request: Request, state: State
 ) -> DetokenizeResponse:
-    return await state.prepare.run(body_size(http_request), detokenize, body, state.served)
+    served = (await state.target(body.model)).served
+    return await state.prepare.run(body_size(http_request), detokenize, body, served)
 
 
 @router.get("/tokenizer_info")
-async def tokenizer_info_route(state: State) -> dict[str, Any]:
-    return tokenizer_info(state.served)
+async def tokenizer_info_route(state: State, model: str | None = None) -> dict[str, Any]:
+    """The default model's tokenizer, or `?model=`'s."""
+    return tokenizer_info((await state.target(model)).served)
+
+
+def _model_of(body: dict[str, Any]) -> str | None:
+    """The body's `model` where it is a string; the schema's check says what else is wrong."""
+    model = body.get("model")
+    return model if isinstance(model, str) else None

@@ -67,14 +67,17 @@ async def _checked_requests(
 ) -> list[PreparedRequest]:
     arrival_time = time.time()
     owner = request_owner(http_request)
+    # A base model's name, or a LoRA adapter's (its requests carry it, on its base model's cells).
+    target = await state.target(body.model)
     prepare = functools.partial(
         prepare_choices,
         body,
-        state.served,
+        target.served,
         arrival_time,
         owner=owner,
         queue_deadline=arrival_time + state.settings.max_queue_wait_s,
         req_id=new_req_id(),
+        lora_request=target.lora_request,
     )
     # Building a grammar is heavy whatever the size (the first time it imports xgrammar).
     requests = await state.prepare.run(None if asks_for_grammar(body) else num_bytes, prepare)
@@ -84,7 +87,8 @@ async def _checked_requests(
     message = requests[0].message
     # An adapter's prompt blocks are hashed with its key, as the batcher's prefix cache hashes them.
     lora_key = b"" if message.lora_request is None else message.lora_request.cache_key
-    cell = await state.router.place(state.redis, message.prompt_token_ids, cache_key, lora_key)
+    router = state.routers[target.served.rules.name]
+    cell = await router.place(state.redis, message.prompt_token_ids, cache_key, lora_key)
     requests = [with_message(r, req_id=placed_req_id(cell, r.req_id)) for r in requests]
     request = requests[0]
     # Each prompt once, and every choice's output.

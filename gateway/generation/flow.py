@@ -47,11 +47,11 @@ async def generate(
     requests = await admit(body, http_request, state)
     request = requests[0]
     rid, created = request.response_id, request.created
-    formatter = LogprobsFormatter(state.served.tokenizer.tokenizer)
+    formatter = LogprobsFormatter(state.follower.tokenizer(request).tokenizer)
     headers = request_id_header(request.req_id)
     follow = client_follow(requests, state.settings.resume_grace_s)
     if request.stream:
-        chunks = endpoint.chunks(rid, created, state.served.rules.name, request, formatter, requests)
+        chunks = endpoint.chunks(rid, created, request.model, request, formatter, requests)
         keepalive_s = state.settings.sse_keepalive_s
         events = stream_out(
             ChunkStream(chunks, requests), state.follower, requests, follow, keepalive_s=keepalive_s
@@ -60,7 +60,7 @@ async def generate(
             events = storing(events, state, http_request, body, requests)
         return sse_response(events, headers)
     done = await collect(state.follower, requests, http_request, follow)
-    answer = endpoint.body(requests, done, rid, created, state.served.rules.name, formatter)
+    answer = endpoint.body(requests, done, rid, created, request.model, formatter)
     if request.store and isinstance(body, ChatCompletionRequest):
         await save(state, http_request, body, answer)
     return JSONResponse(answer, headers=headers)

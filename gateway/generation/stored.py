@@ -69,14 +69,12 @@ async def _replay_and_save(
     requests: Sequence[PreparedRequest],
 ) -> None:
     request = requests[0]
-    formatter = LogprobsFormatter(state.served.tokenizer.tokenizer)
+    formatter = LogprobsFormatter(state.follower.tokenizer(request).tokenizer)
     follow = FollowPolicy(may_abort=False, track=False, wait_s=_REPLAY_WAIT_S)
     try:
         done = await collect(state.follower, requests, _Replay(), follow)
     except OpenAIError as exc:  # it failed or did not finish: there is no completion to keep
         logger.info("stream not stored: %s", exc.message, extra={"request_id": request.req_id})
         return
-    answer = CHAT.body(
-        requests, done, request.response_id, request.created, state.served.rules.name, formatter
-    )
+    answer = CHAT.body(requests, done, request.response_id, request.created, request.model, formatter)
     await save(state, http_request, body, answer)

@@ -5,7 +5,8 @@ The protocol asks a model server for three gauges: TotalQueuedRequests (`vllm:nu
 TotalRunningRequests (`vllm:num_requests_running`) and KVCacheUtilization (`vllm:kv_cache_usage_perc`,
 0-1). One series per cell the gateway serves, labelled `model_name` (as vLLM does) and `cell`; a
 cell's KV usage is over all its workers' blocks together. Read at scrape time from each cell's stats
-hash and metrics snapshot, like `BatcherCollector`. No LoRA metric: cbserve serves no adapters.
+hash and metrics snapshot, like `BatcherCollector`. A cell serves one base model: its series carry
+that model's name.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ class CellReading:
     cell: str
     stats: Mapping[str, float]
     snapshot: MetricsSnapshot | None
+    model_name: str = ""  # the base model the cell serves
 
 
 def kv_cache_usage(snapshot: MetricsSnapshot | None) -> float:
@@ -40,8 +42,7 @@ def kv_cache_usage(snapshot: MetricsSnapshot | None) -> float:
 
 
 class CellCollector(Collector):
-    def __init__(self, model_name: str, readings: Sequence[CellReading]) -> None:
-        self._model_name = model_name
+    def __init__(self, readings: Sequence[CellReading]) -> None:
         self._readings = readings
 
     def collect(self) -> Iterator[Metric]:
@@ -61,7 +62,7 @@ class CellCollector(Collector):
         for reading in self._readings:
             if not reading.stats:
                 continue  # no batcher of this cell has written yet: nothing true to say
-            labels = [self._model_name, reading.cell]
+            labels = [reading.model_name, reading.cell]
             waiting.add_metric(labels, reading.stats.get("num_waiting", 0.0))
             running.add_metric(labels, reading.stats.get("num_running", 0.0))
             kv.add_metric(labels, kv_cache_usage(reading.snapshot))

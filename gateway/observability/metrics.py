@@ -33,29 +33,46 @@ MODEL = ("model_name",)
 REDIS_RTT_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 
 
+@dataclass(slots=True, frozen=True)
+class ModelSeries:
+    """One base model's per-request series (vLLM's `model_name` label; an adapter's requests count
+    under their base model, as vLLM counts them)."""
+
+    ttft: Histogram
+    itl: Histogram
+    e2e: Histogram
+    prompt_tokens: Counter
+    generation_tokens: Counter
+    success: Counter  # the family: its `finished_reason` label is chosen per request
+    model_name: str
+
+    def count_finished(self, finished_reason: str) -> None:
+        self.success.labels(self.model_name, finished_reason).inc()
+
+
 class GatewayMetrics:
-    def __init__(self, model_name: str) -> None:
+    def __init__(self, *model_names: str) -> None:
+        """Metrics of the requests for `model_names`, each model's series there (at 0) from the start."""
         self.registry = CollectorRegistry()
-        self._model_name = model_name
-        self.ttft = self._latency(
+        self._ttft = self._latency(
             "cbserve:time_to_first_token_seconds",
             "Time from the request's arrival at the gateway to its first token.",
             TTFT_BUCKETS,
         )
-        self.itl = self._latency(
+        self._itl = self._latency(
             "cbserve:inter_token_latency_seconds",
             "Time between output tokens (one observation per token after the first).",
             ITL_BUCKETS,
         )
-        self.e2e = self._latency(
+        self._e2e = self._latency(
             "cbserve:e2e_request_latency_seconds",
             "Time from the request's arrival at the gateway to its last token.",
             E2E_BUCKETS,
         )
-        self.prompt_tokens = self._tokens(
+        self._prompt_tokens = self._tokens(
             "cbserve:prompt_tokens", "Prompt tokens of requests that got a first token."
         )
-        self.generation_tokens = self._tokens(
+        self._generation_tokens = self._tokens(
             "cbserve:generation_tokens", "Generated tokens (the EOS / stop token included)."
         )
         self._success = Counter(
@@ -70,6 +87,24 @@ class GatewayMetrics:
             buckets=REDIS_RTT_BUCKETS,
             registry=self.registry,
         )
+        self._series: dict[str, ModelSeries] = {}
+        for name in model_names:
+            self.series(name)
+
+    def series(self, model_name: str) -> ModelSeries:
+        """The model's series, made the first time it is asked for."""
+        found = self._series.get(model_name)
+        if found is None:
+            found = self._series[model_name] = ModelSeries(
+                ttft=self._ttft.labels(model_name),
+                itl=self._itl.labels(model_name),
+                e2e=self._e2e.labels(model_name),
+                prompt_tokens=self._prompt_tokens.labels(model_name),
+                generation_tokens=self._generation_tokens.labels(model_name),
+                success=self._success,
+                model_name=model_name,
+            )
+        return found
 
     def exposition(self) -> bytes:
         """These metrics in Prometheus' text format, summed over every gateway sharing the directory."""
@@ -81,29 +116,26 @@ class GatewayMetrics:
         return bytes(generate_latest(summed))
 
     def _latency(self, name: str, documentation: str, buckets: tuple[float, ...]) -> Histogram:
-        """A histogram of this model's requests, in seconds."""
-        histogram = Histogram(name, documentation, MODEL, buckets=buckets, registry=self.registry)
-        return histogram.labels(self._model_name)
+        """A histogram of requests, in seconds, per model."""
+        return Histogram(name, documentation, MODEL, buckets=buckets, registry=self.registry)
 
     def _tokens(self, name: str, documentation: str) -> Counter:
-        """A count of this model's tokens."""
-        return Counter(name, documentation, MODEL, registry=self.registry).labels(self._model_name)
+        """A count of tokens, per model."""
+        return Counter(name, documentation, MODEL, registry=self.registry)
 
-    def track(self, arrival_time: float, num_prompt_tokens: int) -> RequestTracker:
-        """A tracker for one request that arrived at `arrival_time` (unix seconds)."""
+    def track(self, arrival_time: float, num_prompt_tokens: int, model_name: str) -> RequestTracker:
+        """A tracker for one request of base model `model_name` that arrived at `arrival_time` (unix
+        seconds)."""
         # Arrival is a wall-clock stamp; latencies are then kept on the monotonic clock.
         start = time.monotonic() - max(0.0, time.time() - arrival_time)
-        return RequestTracker(self, start, num_prompt_tokens)
-
-    def count_finished(self, finished_reason: str) -> None:
-        self._success.labels(self._model_name, finished_reason).inc()
+        return RequestTracker(self.series(model_name), start, num_prompt_tokens)
 
 
 @dataclass(slots=True)
 class RequestTracker:
     """Latency bookkeeping of one request: fed the tokens as they are read, told once when it ends."""
 
-    metrics: GatewayMetrics
+    metrics: ModelSeries  # its model's series
     start: float  # monotonic time of arrival
     num_prompt_tokens: int
     first_token_at: float | None = None

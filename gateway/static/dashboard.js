@@ -22,6 +22,7 @@ const state = {
   renderTimer: 0,
   events: null, // AbortController of the events connection
   play: null, // AbortController of the playground's request
+  model: "", // the base model shown and prompted (with several); "" the server's default
 };
 
 // ----- helpers --------------------------------------------------------------------------------
@@ -327,7 +328,9 @@ async function followEvents() {
   while (!ctrl.signal.aborted) {
     setConnection("connecting", "connecting");
     try {
-      const resp = await fetch("/v1/dashboard/events", { headers: authHeaders(), signal: ctrl.signal });
+      // With several models, the chosen one's cell; else the server's default.
+      const query = state.model ? `?model=${encodeURIComponent(state.model)}` : "";
+      const resp = await fetch(`/v1/dashboard/events${query}`, { headers: authHeaders(), signal: ctrl.signal });
       if (resp.status === 401) {
         setConnection("unauthorized", state.key ? "wrong API key" : "API key required");
         return; // until a key is entered
@@ -358,13 +361,29 @@ async function followEvents() {
 }
 
 async function showModel() {
+  const select = $("model-select");
   try {
     const resp = await fetch("/v1/models", { headers: authHeaders() });
     const body = resp.ok ? await resp.json() : null;
-    $("model").textContent = body && body.data.length ? `model: ${body.data[0].id}` : "";
+    // Base models only: an adapter (a card with a parent) runs in its base model's cells.
+    const bases = body ? body.data.filter((card) => !card.parent).map((card) => card.id) : [];
+    const before = state.model;
+    if (!bases.includes(state.model)) state.model = bases.length > 1 ? bases[0] : "";
+    if (state.model !== before) followEvents(); // the feed of the model now shown
+    select.innerHTML = bases.map((id) => `<option value="${esc(id)}">${esc(id)}</option>`).join("");
+    select.value = state.model;
+    select.hidden = bases.length < 2;
+    $("model").textContent = bases.length ? `model: ${state.model || bases[0]}` : "";
   } catch (_) {
     $("model").textContent = "";
+    select.hidden = true;
   }
+}
+
+function chooseModel() {
+  state.model = $("model-select").value;
+  $("model").textContent = `model: ${state.model}`;
+  followEvents(); // that model's cell: the picture starts afresh from its recent steps
 }
 
 // ----- the playground ---------------------------------------------------------------------------
@@ -392,6 +411,7 @@ async function sendPrompt(event) {
     stream: true,
     stream_options: { include_usage: true },
   };
+  if (state.model) body.model = state.model;
   const start = performance.now();
   let firstAt = null;
   let numChunks = 0;
@@ -468,6 +488,7 @@ document.addEventListener("DOMContentLoaded", () => {
   $("playground-form").addEventListener("submit", sendPrompt);
   $("stop").addEventListener("click", () => state.play && state.play.abort());
   $("pause").addEventListener("click", togglePause);
+  $("model-select").addEventListener("change", chooseModel);
   setInterval(scheduleRender, 500); // rates decay while nothing is scheduled
   followEvents();
   showModel();

@@ -45,21 +45,25 @@ class BatchParams(msgspec.Struct, kw_only=True, frozen=True):
     retain_until: int  # unix seconds: the batch, its results and output files are deleted then
     owner: str  # the API key's name; never shown
     metadata: dict[str, str] | None = None
-    # The served model's rules when the batch was created: the task reads every line by them.
-    rules: ModelRules
+    # Every served model's rules when the batch was created, the default one first: the task reads
+    # each line by the rules of the model it names.
+    models: list[ModelRules]
 
 
 def decode_params(raw: bytes) -> BatchParams:
-    """A batch's params as stored. One stored before its rules were kept whole holds four of them at
-    the top level: the others read as their defaults, as its lines ran then."""
+    """A batch's params as stored. One stored before several models held its one model's rules whole
+    (`rules`), and one stored before that four of them at the top level: the others read as their
+    defaults, as its lines ran then."""
     fields = msgspec.json.decode(raw)
-    if "rules" not in fields:
-        caps = {
-            key: fields.pop(key)
-            for key in ("max_model_len", "max_prompt_tokens", "max_tokens")
-            if key in fields
-        }
-        fields["rules"] = {"name": fields.pop("model"), **caps}
+    if "models" not in fields:
+        if "rules" not in fields:
+            caps = {
+                key: fields.pop(key)
+                for key in ("max_model_len", "max_prompt_tokens", "max_tokens")
+                if key in fields
+            }
+            fields["rules"] = {"name": fields.pop("model"), **caps}
+        fields["models"] = [fields.pop("rules")]
     return msgspec.convert(fields, BatchParams)
 
 
@@ -140,6 +144,7 @@ class BatchState:
                 total=int(f.get("total", 0)), completed=self.num_completed, failed=self.num_failed
             ),
             metadata=self.params.metadata,
-            model=self.params.rules.name,
+            # OpenAI's batch names its one model; lines here may name any served one.
+            model=self.params.models[0].name if len(self.params.models) == 1 else None,
             **times,
         )

@@ -24,6 +24,7 @@ class TrackedRequest(Protocol):
 
 
 class RequestMetrics(Protocol):
-    def track(self, arrival_time: float, num_prompt_tokens: int) -> TrackedRequest:
-        """A tracker for one request that arrived at `arrival_time` (unix seconds)."""
+    def track(self, arrival_time: float, num_prompt_tokens: int, model_name: str) -> TrackedRequest:
+        """A tracker for one request of base model `model_name` that arrived at `arrival_time` (unix
+        seconds)."""
         ...

@@ -25,7 +25,8 @@ from openai_frontend.follow.token_mux import TokenStreamMux
 from openai_frontend.follow.token_stream import RequestFailed, RequestTimedOut, follow_token_stream
 from openai_frontend.generate.request import PreparedRequest
 from openai_frontend.generate.request_meta import save_meta
-from openai_frontend.model.served_model import ServedModel
+from openai_frontend.model.served_models import ServedModels
+from openai_frontend.model.tokenizer import ModelTokenizer
 from openai_frontend.text.output_processor import OutputProcessor
 
 logger = logging.getLogger(__name__)
@@ -65,7 +66,7 @@ class RequestFollower:
     def __init__(
         self,
         redis: aioredis.Redis,
-        served: ServedModel,
+        models: ServedModels,
         request_timeout_s: float,
         metrics: RequestMetrics | None = None,
         retention_s: int = RETENTION_S,
@@ -74,7 +75,7 @@ class RequestFollower:
         self._redis = redis
         # One shared read per cell for every token stream followed here.
         self._mux = TokenStreamMux(redis)
-        self._served = served
+        self._models = models  # each request is rendered by its base model's tokenizer
         self._metrics = metrics
         self._request_timeout_s = request_timeout_s
         # Aborts (and other writes) run as their own tasks: a cancelled stream cannot await in its finally.
@@ -85,9 +86,13 @@ class RequestFollower:
         # When it ends, the batcher cuts the TTL to the resume window (retention_s).
         self._meta_ttl_s = int(request_timeout_s) + retention_s
 
-    def token_text(self, token_id: int) -> str:
+    def tokenizer(self, request: PreparedRequest) -> ModelTokenizer:
+        """The tokenizer of the request's base model (404 if this process no longer serves it)."""
+        return self._models.get(request.base_model).tokenizer
+
+    def token_text(self, request: PreparedRequest, token_id: int) -> str:
         """One token's own text, special tokens too (the thoughts' tokens are counted by it)."""
-        return self._served.tokenizer.decode([token_id], skip_special_tokens=False)
+        return self.tokenizer(request).decode([token_id], skip_special_tokens=False)
 
     async def submit(self, request: PreparedRequest, keep_meta: bool = False) -> None:
         """Append the request (and with `keep_meta`, its record first: a single choice, which a
@@ -156,7 +161,7 @@ class RequestFollower:
         follow = follow or FollowPolicy()
         bind_request_id(request.req_id)  # this task's log lines are about this request from now on
         processor = OutputProcessor(
-            self._served.tokenizer,
+            self.tokenizer(request),
             request.message.prompt_token_ids,
             request.stop,
             skip_special_tokens=request.skip_special_tokens,
@@ -164,7 +169,9 @@ class RequestFollower:
         )
         tracker = None
         if follow.track and self._metrics is not None:
-            tracker = self._metrics.track(request.message.arrival_time, request.num_prompt_tokens)
+            tracker = self._metrics.track(
+                request.message.arrival_time, request.num_prompt_tokens, request.base_model
+            )
         # Counted from arrival, so a resumed follower gets what is left of the request's time.
         left_s = self._request_timeout_s - max(0.0, time.time() - request.message.arrival_time)
         deadline = time.monotonic() + (left_s if follow.wait_s is None else min(left_s, follow.wait_s))

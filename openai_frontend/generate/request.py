@@ -20,7 +20,7 @@ _ID_PREFIX: dict[Kind, str] = {"completion": "cmpl-", "chat": "chatcmpl-"}
 class PreparedRequest(msgspec.Struct, kw_only=True, frozen=True):
     message: GenerateRequest  # as queued: id, prompt, sampling params, arrival, owner, priority
     kind: Kind  # which endpoint created it: the shape of its chunks and response
-    model: str  # the served model name the chunks show
+    model: str  # the model name the chunks show: a base model's, or a LoRA adapter's
     num_prompt_tokens: int  # the whole prompt's, for usage (a stored record keeps only its tail)
     stop: list[str]  # matched here on the output text, never sent to the worker
     stream: bool
@@ -45,10 +45,17 @@ class PreparedRequest(msgspec.Struct, kw_only=True, frozen=True):
     tool_strings: dict[str, list[str]] | None = None
     reasoning_parser: str | None = None  # chat with a model that thinks: how its thoughts are told apart
     reasoning_open: bool = False  # the prompt opened the thoughts: the output starts inside them
+    # A LoRA adapter's request: the base model it runs on (None: `model` is the base model).
+    base_model_name: str | None = None
 
     @property
     def req_id(self) -> str:
         return self.message.req_id
+
+    @property
+    def base_model(self) -> str:
+        """The served base model whose tokenizer and rules the request is rendered by."""
+        return self.base_model_name or self.model
 
     @property
     def created(self) -> int:

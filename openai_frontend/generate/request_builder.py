@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import msgspec
 
-from common.protocol import GenerateRequest
+from common.protocol import GenerateRequest, LoRARequest
 from common.stream_client import new_req_id
 from openai_frontend.generate.options import (
     checked_metadata,
@@ -65,15 +65,19 @@ def prepare_choices(
     queue_deadline: float | None = None,
     req_id: str | None = None,
     priority: int | None = None,
+    lora_request: LoRARequest | None = None,
 ) -> list[PreparedRequest]:
     """Every choice of `body`, all checked and tokenized before any is queued: n per prompt (a
     completions body may hold a list of prompts), choice `prompt_index * n + i` as OpenAI and vLLM
     number them. Raises OpenAIError (400/404) on anything it cannot serve.
 
-    `req_id` defaults to a new random id; a batch line passes one derived from its batch and index,
-    and its own `priority` (else the body's `priority` picks the level).
+    `served` is the base model `body.model` names, or the one under `lora_request`, the adapter it
+    names (openai_frontend/model/model_target.py resolves which). `req_id` defaults to a new random
+    id; a batch line passes one derived from its batch and index, and its own `priority` (else the
+    body's `priority` picks the level).
     """
-    check_model(body.model, served)
+    if lora_request is None:
+        check_model(body.model, served)
     check_unsupported(body)
     stop = stop_strings(body.stop)
     user = check_user(body.user)
@@ -105,12 +109,14 @@ def prepare_choices(
             owner=owner,
             queue_deadline=queue_deadline,
             priority=level,
+            lora_request=lora_request,
         )
         include_usage = bool(body.stream and body.stream_options and body.stream_options.include_usage)
         request = PreparedRequest(
             message=message,
             kind="chat" if isinstance(body, ChatCompletionRequest) else "completion",
-            model=served.rules.name,
+            model=served.rules.name if lora_request is None else lora_request.lora_name,
+            base_model_name=None if lora_request is None else served.rules.name,
             num_prompt_tokens=len(prompt_token_ids),
             stop=stop,
             stream=bool(body.stream),

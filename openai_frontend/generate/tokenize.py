@@ -11,7 +11,7 @@ from typing import Any
 
 from openai_frontend.generate.prompts import completion_prompt_ids
 from openai_frontend.generate.request_builder import prompt_ids_of
-from openai_frontend.generate.validation import check_model, check_token_ids
+from openai_frontend.generate.validation import check_token_ids
 from openai_frontend.model.served_model import ServedModel
 from openai_frontend.protocol.openai_schemas import ChatCompletionRequest
 from openai_frontend.protocol.tokenizer_schemas import (
@@ -24,7 +24,7 @@ from openai_frontend.protocol.tokenizer_schemas import (
 
 
 def tokenize(body: TokenizeCompletionRequest | TokenizeChatRequest, served: ServedModel) -> TokenizeResponse:
-    check_model(body.model, served)
+    """`served`: the base model `body.model` names (or the one of the adapter it names)."""
     if isinstance(body, TokenizeChatRequest):
         # Every field but return_token_strs is the chat endpoint's own, with its meaning.
         chat = ChatCompletionRequest.model_validate(body.model_dump(exclude={"return_token_strs"}))
@@ -42,8 +42,8 @@ def tokenize(body: TokenizeCompletionRequest | TokenizeChatRequest, served: Serv
 
 
 def detokenize(body: DetokenizeRequest, served: ServedModel) -> DetokenizeResponse:
-    """The text of the ids, special tokens included (as vLLM's /detokenize decodes them)."""
-    check_model(body.model, served)
+    """The text of the ids, special tokens included (as vLLM's /detokenize decodes them), by the
+    tokenizer of the base model `body.model` names."""
     check_token_ids(body.tokens, served, "tokens")
     return DetokenizeResponse(prompt=served.tokenizer.decode(body.tokens, skip_special_tokens=False))
 

@@ -8,9 +8,9 @@ from typing import Any
 from pydantic import BaseModel
 
 from common.protocol import SamplingParams, StructuredOutput
-from openai_frontend.model.path_names import as_path_name
 from openai_frontend.model.served_model import ServedModel
-from openai_frontend.protocol.errors import OpenAIError, invalid_request
+from openai_frontend.model.served_models import ServedModels
+from openai_frontend.protocol.errors import invalid_request
 from openai_frontend.protocol.openai_schemas import ChatCompletionRequest, CompletionRequest
 from openai_frontend.structured.constraint import structured_output
 
@@ -31,18 +31,7 @@ MAX_USER_CHARS = 256  # the OpenAI `user` id is stored with the request
 
 def check_model(requested: str | None, served: ServedModel) -> None:
     """The served name, or the model directory's path where the server accepts it (never listed)."""
-    if (
-        requested is None
-        or requested == served.rules.name
-        or as_path_name(requested) in served.rules.path_names
-    ):
-        return
-    raise OpenAIError(
-        404,
-        f"The model `{requested}` does not exist; this server serves `{served.rules.name}`.",
-        param="model",
-        code="model_not_found",
-    )
+    ServedModels([served]).get(requested)
 
 
 # OpenAI fields this server does not implement, with the values that ask for what it does anyway

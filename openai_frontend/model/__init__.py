@@ -1,1 +1,2 @@
-"""The served model as the front end sees it: its name, tokenizer and chat template."""
+"""The served models as the front end sees them: names, tokenizers, chat templates, and the LoRA
+adapters on them."""

@@ -1,8 +1,8 @@
-"""What the front end knows about the one model it serves: its rules, its tokenizer, its directory.
+"""What the front end knows about one model it serves: its rules, its tokenizer, its directory.
 
-The rules are one record, built once from the operator's settings (gateway/model_setup.py) and read
-by every request; a batch keeps it whole (BatchParams), so that the Celery task that runs the batch's
-lines reads them by exactly the gateway's rules, with its own copy of the tokenizer.
+The rules are one record per model, built once from the operator's settings (gateway/model_setup.py)
+and read by every request for it; a batch keeps them whole (BatchParams), so that the Celery task that
+runs the batch's lines reads them by exactly the gateway's rules, with its own copy of the tokenizer.
 """
 
 from __future__ import annotations
@@ -29,6 +29,9 @@ class ModelRules(msgspec.Struct, frozen=True, kw_only=True):
     # Other names a request may give: the model directory's path (openai_frontend/model/path_names.py),
     # unless the operator named the model (GATEWAY_SERVED_MODEL_NAME).
     path_names: frozenset[str] = frozenset()
+    # The cells whose workers serve it (GATEWAY_MODELS_CONFIG); empty: the placing process's own
+    # (a gateway's GATEWAY_CELLS or CBSERVE_CELL, a Celery worker's CBSERVE_CELL), as with one model.
+    cells: tuple[str, ...] = ()
 
 
 @dataclass(slots=True, frozen=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import time
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
@@ -75,7 +76,10 @@ class ResponseFollower:
     async def finished(self, stored: StoredResponse, done: Completed, persist: bool) -> StoredResponse:
         request = stored.params.request
         num_reasoning = num_reasoning_tokens(
-            request.reasoning_parser, request.reasoning_open, done.token_ids, self.request_follower.token_text
+            request.reasoning_parser,
+            request.reasoning_open,
+            done.token_ids,
+            functools.partial(self.request_follower.token_text, request),
         )
         result = result_of(done, int(time.time()), num_reasoning)
         return await self.end(stored, status_of_finish(done.finish_reason), result, persist)

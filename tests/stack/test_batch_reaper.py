@@ -47,7 +47,7 @@ async def _create(redis_url: str, batch_id: str) -> None:
             expires_at=until,
             retain_until=until,
             owner="alice",
-            rules=ModelRules(name="m", max_model_len=64),
+            models=[ModelRules(name="m", max_model_len=64)],
         )
         assert await BatchStore(redis).create(params)
     finally:

@@ -41,7 +41,7 @@ def test_small_requests_are_answered_while_a_large_one_is_prepared(
 ) -> None:
     gateway = make_gateway()
     state = gateway.app.state.gateway
-    path, body = _large(kind, state.served.rules.name)
+    path, body = _large(kind, state.models.default.rules.name)
     answered: list[httpx.Response] = []
     done = threading.Event()
 
@@ -96,7 +96,7 @@ def test_a_request_prepared_on_a_thread_is_answered_as_on_the_loop(
 ) -> None:
     on_loop = make_gateway(prepare_inline_bytes=10**9)
     on_thread = make_gateway(prepare_inline_bytes=0)
-    model = on_loop.app.state.gateway.served.rules.name
+    model = on_loop.app.state.gateway.models.default.rules.name
     with responding(redis_url) as responder:
         answers = {}
         for gateway in (on_loop, on_thread):

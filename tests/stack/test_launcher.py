@@ -18,6 +18,7 @@ import pytest
 import redis
 
 from common.streams import cell_keys, cell_of
+from harness.models.tiny_model import build_tiny_model
 from harness.processes.redis_server import free_port
 from harness.processes.services import ROOT, wait_for
 from harness.user.readme_examples import example, run_example
@@ -390,6 +391,41 @@ def test_up_with_two_gateways_serves_from_both_on_one_port(
     for _ in range(4):
         with httpx.Client(timeout=10) as client:
             assert expected in client.get(f"{launcher.base_url}/metrics").text
+
+    launcher.proc.send_signal(signal.SIGINT)
+    assert launcher.proc.wait(timeout=30) == 0, launcher.output()
+
+
+def test_up_with_two_models_serves_each_from_a_cell_of_its_own(
+    launch: Callable[..., Launcher], tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    second = build_tiny_model(tmp_path / "second-llama", seed=1, vocab_size=384)
+    launcher = launch("--redis", "embedded", "--model", str(tiny_model_dir), "--model", str(second))
+    launcher.wait_output("cbserve is ready")
+    output = launcher.output()
+    assert '(models "tiny-llama", "second-llama", tiny-llama: 1 worker; second-llama: 1 worker)' in output
+    names = sorted(launcher.started_pids())
+    assert names == [
+        "celery",
+        "gateway",
+        "redis",
+        "second-llama-batcher",
+        "second-llama-worker0",
+        "tiny-llama-batcher",
+        "tiny-llama-worker0",
+    ]
+    # The gateway and the Celery worker read the models from the file the launcher wrote.
+    assert [m["cells"] for m in json.loads((tmp_path / "run" / "models.json").read_text())["models"]] == [
+        ["tiny-llama"],
+        ["second-llama"],
+    ]
+    models = httpx.get(f"{launcher.base_url}/v1/models", timeout=10).json()
+    assert [card["id"] for card in models["data"]] == ["tiny-llama", "second-llama"]
+    for model in ("tiny-llama", "second-llama"):
+        body = {"model": model, "prompt": [5, 6, 7], "max_tokens": 3, "temperature": 0}
+        response = httpx.post(f"{launcher.base_url}/v1/completions", json=body, timeout=60)
+        assert response.status_code == 200, response.text
+        assert response.json()["id"].startswith(f"cmpl-{model}~")  # placed in the model's own cell
 
     launcher.proc.send_signal(signal.SIGINT)
     assert launcher.proc.wait(timeout=30) == 0, launcher.output()

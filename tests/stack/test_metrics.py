@@ -191,7 +191,7 @@ def test_histogram_buckets_are_cumulative_and_inclusive() -> None:
 
 def test_tokens_read_together_share_the_gap_since_the_previous_read() -> None:
     metrics = GatewayMetrics("m")
-    tracker = RequestTracker(metrics, start=10.0, num_prompt_tokens=7)
+    tracker = RequestTracker(metrics.series("m"), start=10.0, num_prompt_tokens=7)
     tracker.on_tokens(1, now=10.5)  # first token: TTFT 0.5
     tracker.on_tokens(3, now=11.25)  # three tokens in one read: three gaps of 0.25
     assert tracker.finish("length", now=11.25) == 1.25
@@ -213,7 +213,7 @@ def test_tokens_read_together_share_the_gap_since_the_previous_read() -> None:
 
 def test_tokens_read_with_the_first_count_as_inter_token_gaps_of_zero() -> None:
     metrics = GatewayMetrics("m")
-    tracker = RequestTracker(metrics, start=10.0, num_prompt_tokens=7)
+    tracker = RequestTracker(metrics.series("m"), start=10.0, num_prompt_tokens=7)
     tracker.on_tokens(3, now=10.5)  # the first token and two more in one read
     tracker.on_tokens(1, now=11.0)
     samples = [
@@ -253,11 +253,11 @@ def test_a_cells_kv_usage_counts_blocks_over_all_its_workers() -> None:
         updated_at=0.0, queue_time=empty, workers={"w0": worker(100, 90), "w1": worker(300, 300)}
     )
     readings = [
-        CellReading("a", {"num_waiting": 2.0, "num_running": 1.0}, snapshot),
-        CellReading("b", {}, None),  # no batcher of cell b has written: no series
+        CellReading("a", {"num_waiting": 2.0, "num_running": 1.0}, snapshot, "m"),
+        CellReading("b", {}, None, "m"),  # no batcher of cell b has written: no series
     ]
     registry = CollectorRegistry()
-    registry.register(CellCollector("m", readings))
+    registry.register(CellCollector(readings))
     samples = [
         s for f in text_string_to_metric_families(generate_latest(registry).decode()) for s in f.samples
     ]

@@ -22,7 +22,7 @@ def test_tokenize_a_prompt_as_a_completion_would(gateway: RunningGateway, tiny_m
     ids = tok.encode("Return the value").ids
     assert body == {
         "count": len(ids),
-        "max_model_len": gateway.app.state.gateway.served.rules.max_model_len,
+        "max_model_len": gateway.app.state.gateway.models.default.rules.max_model_len,
         "tokens": ids,
         "token_strs": [tok.id_to_token(t) for t in ids],
     }
@@ -53,7 +53,7 @@ def test_tokenize_messages_counts_what_a_chat_request_queues(gateway: RunningGat
 def test_tokenizer_info_and_refusals(gateway: RunningGateway) -> None:
     info = gateway.client.get("/tokenizer_info").json()
     assert info["eos_token"] == EOS and "<|im_start|>" in info["chat_template"]
-    assert info["model_max_length"] == gateway.app.state.gateway.served.rules.max_model_len
+    assert info["model_max_length"] == gateway.app.state.gateway.models.default.rules.max_model_len
     out_of_vocab = gateway.client.post("/detokenize", json={"tokens": [10**6]})
     assert out_of_vocab.status_code == 400 and out_of_vocab.json()["error"]["param"] == "tokens"
     unknown = gateway.client.post("/tokenize", json={"prompt": "hi", "truncate": True})

@@ -17,6 +17,7 @@ from pydantic_settings import BaseSettings
 
 from batcher.settings import BatcherSettings
 from cbserve_celery.settings import CelerySettings
+from common.models_config import load_models_config
 from common.redis_io.redis_conn import cluster_nodes
 from gateway.settings import GatewaySettings
 from gpu_worker.settings import WorkerSettings
@@ -84,7 +85,9 @@ def test_default_model_is_the_shipped_demo(compose: dict[str, Any]) -> None:
 
 def test_services_and_redis(compose: dict[str, Any]) -> None:
     services = compose["services"]
-    plain = {name for name, spec in services.items() if "cluster" not in spec.get("profiles", [])}
+    plain = {
+        name for name, spec in services.items() if not {"cluster", "models"} & set(spec.get("profiles", []))
+    }
     assert plain == {"redis", "gateway", "batcher", "gpu_worker", "celery_worker"}
     redis = services["redis"]
     command = " ".join(redis["command"])
@@ -132,7 +135,7 @@ def test_gpu_worker_reserves_a_gpu_and_checks_its_heartbeat_file(compose: dict[s
 
 def test_gateway_is_the_only_published_service(compose: dict[str, Any]) -> None:
     published = [name for name, spec in compose["services"].items() if "ports" in spec]
-    assert published == ["gateway", "cluster_gateway"]
+    assert published == ["gateway", "cluster_gateway", "models_gateway"]
     # Closed by default: published on loopback only, unless GATEWAY_BIND names an interface.
     assert interpolate(compose["services"]["cluster_gateway"]["ports"][0]) == "127.0.0.1:8001:8000"
     [mapping] = compose["services"]["gateway"]["ports"]
@@ -295,3 +298,44 @@ def test_cluster_scripts_are_valid_shell(compose: dict[str, Any]) -> None:
     for service in ("redis-node-1", "redis_cluster_create"):
         checked = subprocess.run(["sh", "-n", "-c", shell_script(compose, service)], capture_output=True)
         assert checked.returncode == 0, (service, checked.stderr)
+
+
+# ----- profile `models`: two base models behind one gateway, a cell each ----------------------------------
+MODEL_SERVICES = ["demo_batcher", "demo_worker", "second_batcher", "second_worker"]
+
+
+def test_models_profile_serves_each_model_of_its_config_in_its_own_cells(
+    compose: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    services = compose["services"]
+    in_profile = {name for name, spec in services.items() if spec.get("profiles") == ["models"]}
+    assert in_profile == {*MODEL_SERVICES, "models_gateway"}
+    gateway = services["models_gateway"]
+    assert set(gateway["depends_on"]) == {"redis", *MODEL_SERVICES}
+    [config] = gateway["configs"]
+    assert compose["configs"][config["source"]]["file"] == "./deploy/models.json"
+    env = service_env(compose, "models_gateway")
+    assert env["GATEWAY_MODELS_CONFIG"] == config["target"]
+    models = load_models_config(ROOT / "deploy" / "models.json")
+    assert len(models.models) == 2
+    # Each model's cells have a batcher and a worker of that model, on the plain Redis.
+    for m in models.models:
+        for cell in m.placement_cells:
+            batcher, worker = service_env(compose, f"{cell}_batcher"), service_env(compose, f"{cell}_worker")
+            assert batcher["CBSERVE_CELL"] == worker["CBSERVE_CELL"] == cell
+            assert worker["MODEL"] == str(m.model)
+            assert set(worker) <= env_names(WorkerSettings) and set(batcher) <= env_names(BatcherSettings)
+            assert "@redis:6379" in worker["REDIS_URL"]
+    command = [interpolate(str(part)) for part in gateway["command"]]
+    importlib.import_module("gateway.__main__").parse_args(command[3:])
+    assert set(env) <= env_names(GatewaySettings)
+    # The gateway takes the file with the models in place (the demo twice, as `/models/second` too).
+    for name in ("demo", "second"):
+        (tmp_path / name).symlink_to(ROOT / "models" / "demo")
+    text = (ROOT / "deploy" / "models.json").read_text().replace('"/models/', f'"{tmp_path}/')
+    (tmp_path / "models.json").write_text(text)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("GATEWAY_MODELS_CONFIG", str(tmp_path / "models.json"))
+    monkeypatch.delenv("MODEL", raising=False)
+    assert GatewaySettings().model_name == "demo"

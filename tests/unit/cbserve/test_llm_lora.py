@@ -17,7 +17,7 @@ import torch
 from cbserve import LLM, LoRARequest, SamplingParams
 from common.lora_adapter import LoRAAdapterError
 from gpu_worker.runner.forward.decoder import Decoder
-from harness.models.tiny_lora import peft_greedy
+from harness.models.lora_adapters import peft_greedy
 
 MAX_TOKENS = 10
 PROMPT_LENS = [5, 40, 9, 17, 3, 26, 12, 7]
@@ -128,7 +128,7 @@ def test_adapters_are_refused_before_anything_runs(
     llm: LLM, tiny_model_dir: Path, lora_adapters: dict[str, Path], tmp_path: Path
 ) -> None:
     prompt = [{"prompt_token_ids": [5, 6, 7]}]
-    with pytest.raises(LoRAAdapterError, match="above max_lora_rank 8"):
+    with pytest.raises(LoRAAdapterError, match="greater than max_lora_rank 8"):
         small_rank = LLM(str(tiny_model_dir), device="cpu", num_blocks=16, enable_lora=True, max_lora_rank=8)
         small_rank.generate(
             prompt, greedy(), lora_request=LoRARequest("big", 1, str(lora_adapters["all-r16"]))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -73,3 +74,37 @@ def test_vllm_parser_names_are_ours(tiny_model_dir: Path, field: str, vllm_name:
 def test_a_parser_we_do_not_have_is_refused_with_the_names_we_take(tiny_model_dir: Path) -> None:
     with pytest.raises(ValueError, match="deepseek_r1"):
         GatewaySettings(model=tiny_model_dir, reasoning_parser="granite")
+
+
+def test_a_models_config_names_every_model_and_its_cells(tiny_model_dir: Path, tmp_path: Path) -> None:
+    from gateway.model_setup import load_served_models
+
+    config = tmp_path / "models.json"
+    entries = [
+        {
+            "model": str(tiny_model_dir),
+            "served_model_name": "a",
+            "max_model_len": 128,
+            "reasoning_parser": "qwen3",
+        },
+        {"model": str(tiny_model_dir), "served_model_name": "b", "cells": ["b0", "b1"]},
+    ]
+    config.write_text(json.dumps({"models": entries}))
+    settings = GatewaySettings(models_config=config, tool_parser="hermes")
+    models = load_served_models(settings)
+    assert models.names == ["a", "b"] and settings.model_name == "a"
+    a, b = models.models
+    assert (a.rules.max_model_len, a.rules.reasoning_parser, a.rules.tool_parser, a.rules.cells) == (
+        128,
+        "think",  # vLLM's name, ours
+        "hermes",  # the gateway's own, for a model that sets none
+        ("a",),
+    )
+    assert (b.rules.max_model_len, b.rules.cells) == (512, ("b0", "b1"))
+    # One way to name the models: the file, or GATEWAY_MODEL (with its name and cells), not both.
+    for clash in ({"model": tiny_model_dir}, {"served_model_name": "x"}, {"cells": "c"}):
+        with pytest.raises(ValidationError, match="GATEWAY_MODELS_CONFIG"):
+            GatewaySettings(models_config=config, **clash)
+    config.write_text(json.dumps({"models": [{"model": str(tmp_path)}]}))
+    with pytest.raises(ValidationError, match=r"containing tokenizer\.json"):
+        GatewaySettings(models_config=config)

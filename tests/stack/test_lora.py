@@ -1,18 +1,21 @@
-"""LoRA adapters through the real pipeline: a batcher and two workers (processes) on a private Redis,
-`GenerateRequest`s carrying a `LoRARequest` submitted to the requests stream and followed on their
-token streams. Requests for three adapters and the base model, mixed in steps and streamed: the very
-tokens PEFT's own unmerged `generate` gives each alone; again after one worker is killed mid-stream
-(recomputed elsewhere, adapter and all); an adapter the workers cannot read fails its request with a
-RequestError; `LLM` with the compiled forward (inductor) gives the same tokens.
+"""LoRA adapters through the real pipeline: a batcher, two workers and a gateway (processes) on a
+private Redis. Requests for three adapters and the base model, mixed in steps and streamed, give the
+very tokens PEFT's own unmerged `generate` gives each alone: as `GenerateRequest`s carrying a
+`LoRARequest` on the requests stream, followed on their token streams; as completions over HTTP
+naming the adapter as their `model` (GATEWAY_LORA_MODULES); and again after one worker is killed
+mid-stream (recomputed elsewhere, adapter and all). An adapter the workers cannot read fails its
+request with a RequestError; `LLM` with the compiled forward (inductor) gives the same tokens.
 """
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 import redis
 
@@ -44,9 +47,11 @@ def expected(tiny_model_dir: Path, lora_adapters: dict[str, Path]) -> list[list[
 
 
 @pytest.fixture(scope="module")
-def stack(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    """A batcher (fast failure detection) and two LoRA workers, no gateway, for the module (the
-    failover test, which kills a worker, runs last)."""
+def stack(
+    tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[Stack]:
+    """A batcher (fast failure detection), two LoRA workers and a gateway serving the adapters by name,
+    for the module (the failover test, which kills a worker, runs last)."""
     log_dir = tmp_path_factory.mktemp("lora-stack")
     with redis_server(log_dir) as url:
         s = Stack(redis_url=url, model_dir=tiny_model_dir, log_dir=log_dir)
@@ -60,6 +65,9 @@ def stack(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
                 return s.num_workers_joined() >= 2
 
             wait_for(joined, 120, "two LoRA workers to join")
+            adapters = request.getfixturevalue("lora_adapters")
+            s.start_gateway(GATEWAY_LORA_MODULES=" ".join(f"{n}={p}" for n, p in adapters.items()))
+            s.wait_ready(num_workers=2)
             yield s
         finally:
             s.stop()
@@ -96,6 +104,27 @@ def test_mixed_adapters_stream_the_tokens_peft_gives(
     assert stack.stats_after(len(req_ids))["num_failed"] == 0
 
 
+def test_adapters_named_as_the_model_over_http_stream_the_tokens_peft_gives(
+    stack: Stack, tiny_model_dir: Path, expected: list[list[int]]
+) -> None:
+    models = [tiny_model_dir.name if a is None else a for a in ADAPTER_OF]
+
+    async def stream_all() -> list[fault.ClientStream]:
+        seen = [fault.ClientStream() for _ in models]
+        async with httpx.AsyncClient(base_url=stack.base_url, timeout=httpx.Timeout(120.0)) as client:
+            await asyncio.gather(
+                *(
+                    fault.stream_completion(client, prompt, MAX_TOKENS, s, model=model)
+                    for prompt, s, model in zip(lora_prompts(), seen, models, strict=True)
+                )
+            )
+        return seen
+
+    seen = asyncio.run(stream_all())
+    assert [s.errors for s in seen] == [[]] * len(models)
+    assert [s.token_ids for s in seen] == [tokens[:MAX_TOKENS] for tokens in expected]
+
+
 def test_an_adapter_the_workers_cannot_read_fails_its_request(stack: Stack, tmp_path: Path) -> None:
     r = stack.redis()
     gone = submit_one(r, [5, 6, 7], 4, LoRARequest(lora_name="gone", lora_path=str(tmp_path / "gone")))
@@ -123,7 +152,7 @@ def test_a_killed_workers_adapter_requests_resume_elsewhere(
     for tokens, s in zip(streamed, streams, strict=True):
         tokens.extend(e.token_id for e in s)
     assert streamed == expected
-    stats = stack.stats_after(len(req_ids) + 8 + 1)  # this test's, the first test's, the base one's
+    stats = stack.stats_after(int(before["num_finished"]) + len(req_ids))
     assert stats["num_failovers"] > 0 and stats["num_failed"] == 1, stats
 
 

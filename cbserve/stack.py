@@ -95,6 +95,9 @@ def start_services(stack: Stack, args: ServiceArgs) -> None:
     env = {**os.environ, "REDIS_URL": args.redis_url, "PYTHONUNBUFFERED": "1"}
     if args.speculative_config is not None:
         env["SPECULATIVE_CONFIG"] = args.speculative_config
+    if args.lora_modules:
+        # Adapters the gateway serves need workers that run them (vLLM's --lora-modules implies it).
+        env.setdefault("WORKER_ENABLE_LORA", "true")
     python = [sys.executable, "-m"]
 
     def start(name: str, argv: list[str], child_env: dict[str, str]) -> None:

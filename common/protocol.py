@@ -130,6 +130,7 @@ class WorkerInfo(msgspec.Struct, tag="hello", kw_only=True):
     max_num_batched_tokens: int = 512  # tokens computed in one step (prefill chunks + decodes)
     max_loras: int = 0  # distinct LoRA adapters one step may use; 0: it serves no adapters
     max_lora_rank: int = 0  # the highest adapter rank it takes
+    max_cpu_loras: int = 0  # adapters it keeps in host memory (LRU), ready to move to a step's slots
     # vLLM's --runner: "generate" samples tokens; "pooling" answers pooling requests only.
     runner: Literal["generate", "pooling"] = "generate"
     pooling_tasks: list[PoolingTask] = []  # the tasks a pooling worker serves

@@ -81,10 +81,15 @@ class CellRouter:
         self._key_cells: OrderedDict[str, str] = OrderedDict()  # prompt_cache_key -> its last cell
 
     async def place(
-        self, redis: aioredis.Redis, prompt_token_ids: Sequence[int] = (), cache_key: str = ""
+        self,
+        redis: aioredis.Redis,
+        prompt_token_ids: Sequence[int] = (),
+        cache_key: str = "",
+        extra_keys: bytes = b"",
     ) -> str:
-        """The cell for the next request, whose (first) prompt is `prompt_token_ids` and whose
-        `prompt_cache_key` (scoped to its API key) is `cache_key`."""
+        """The cell for the next request, whose (first) prompt is `prompt_token_ids`, whose
+        `prompt_cache_key` (scoped to its API key) is `cache_key` and whose blocks' KV also depends on
+        `extra_keys` (its LoRA adapter's `cache_key`)."""
         await self.refresh(redis)
         if len(self.cells) == 1:
             return self.cells[0]
@@ -96,7 +101,7 @@ class CellRouter:
                 if load is not None and c not in self.block_tokens
             ]
             await asyncio.gather(*(self._learn_block_tokens(redis, cell) for cell in unknown))
-        return self.choose(dict(zip(self.cells, loads, strict=True)), prompt_token_ids, cache_key)
+        return self.choose(dict(zip(self.cells, loads, strict=True)), prompt_token_ids, cache_key, extra_keys)
 
     async def _learn_block_tokens(self, redis: aioredis.Redis, cell: str) -> None:
         """The block size one of the cell's workers announced (all of a cell's workers share one)."""
@@ -117,7 +122,11 @@ class CellRouter:
         self.indexes = {c: self.indexes.get(c) or PrefixIndex(self._index_blocks) for c in self.cells}
 
     def choose(
-        self, loads: dict[str, float | None], prompt_token_ids: Sequence[int], cache_key: str = ""
+        self,
+        loads: dict[str, float | None],
+        prompt_token_ids: Sequence[int],
+        cache_key: str = "",
+        extra_keys: bytes = b"",
     ) -> str:
         """The cell for a prompt given each cell's load (None: not live); records the placement."""
         live = {cell: load for cell, load in loads.items() if load is not None}
@@ -128,7 +137,7 @@ class CellRouter:
             return self.cells[0]
         if self.policy == "random":
             return self._random.choice(list(live))
-        hashes = self._hashes(prompt_token_ids, live)
+        hashes = self._hashes(prompt_token_ids, live, extra_keys)
         costs = {cell: load - self._affinity(cell, hashes[cell]) for cell, load in live.items()}
         keyed = self._key_cells.get(cache_key) if cache_key and self.prefix_weight else None
         if keyed in costs:
@@ -145,14 +154,16 @@ class CellRouter:
                 self._key_cells.popitem(last=False)
         return cell
 
-    def _hashes(self, prompt_token_ids: Sequence[int], cells: Iterable[str]) -> dict[str, list[bytes]]:
+    def _hashes(
+        self, prompt_token_ids: Sequence[int], cells: Iterable[str], extra_keys: bytes
+    ) -> dict[str, list[bytes]]:
         """The prompt's block hashes in each cell's block size (computed once per size)."""
         by_size: dict[int, list[bytes]] = {}
         hashes = {}
         for cell in cells:
             size = self.block_tokens.get(cell, BLOCK_TOKENS)
             if self.prefix_weight and size not in by_size:
-                by_size[size] = prompt_hashes(prompt_token_ids, size)
+                by_size[size] = prompt_hashes(prompt_token_ids, size, extra_keys)
             hashes[cell] = by_size.get(size, [])
         return hashes
 

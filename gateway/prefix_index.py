@@ -2,9 +2,11 @@
 
 A prompt's token ids are cut into fixed-size blocks, each named by a hash chained on its parent's
 (as the batcher's prefix cache names KV blocks), so a block's hash stands for the whole prefix up
-to it and a prompt's match is its longest run of leading hashes found. The index holds what this
-gateway placed, not what the cell's workers keep: an approximation (as SGLang's router keeps), which
-other gateways' placements and the workers' own evictions make stale; it only steers placement.
+to it and a prompt's match is its longest run of leading hashes found; with the same extra keys (a
+LoRA adapter's `cache_key`), so a prompt for an adapter matches only what that adapter was sent.
+The index holds what this gateway placed, not what the cell's workers keep: an approximation (as
+SGLang's router keeps), which other gateways' placements and the workers' own evictions make stale;
+it only steers placement.
 """
 
 from __future__ import annotations
@@ -19,12 +21,15 @@ from common.block_hash import hash_block
 BLOCK_TOKENS = 16
 
 
-def prompt_hashes(token_ids: Sequence[int], block_tokens: int = BLOCK_TOKENS) -> list[bytes]:
-    """The chained hashes of every full block of `token_ids`."""
+def prompt_hashes(
+    token_ids: Sequence[int], block_tokens: int = BLOCK_TOKENS, extra_keys: bytes = b""
+) -> list[bytes]:
+    """The chained hashes of every full block of `token_ids`, each with `extra_keys` (as the batcher's
+    prefix cache hashes them: batcher/core/kv/prefix_cache.py)."""
     hashes: list[bytes] = []
     parent: bytes | None = None
     for start in range(0, len(token_ids) - block_tokens + 1, block_tokens):
-        parent = hash_block(parent, token_ids[start : start + block_tokens])
+        parent = hash_block(parent, token_ids[start : start + block_tokens], extra_keys)
         hashes.append(parent)
     return hashes
 

@@ -24,6 +24,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m gpu_worker", description=__doc__)
     parser.add_argument("--model", help="model directory or hub id (overrides WORKER_MODEL / MODEL)")
     parser.add_argument("--device", choices=["cpu", "cuda"], help="overrides WORKER_DEVICE")
+    # vLLM's LoRA flags.
+    parser.add_argument(
+        "--enable-lora", action="store_true", default=None, help="serve LoRA adapters (WORKER_ENABLE_LORA)"
+    )
+    parser.add_argument("--max-loras", type=int, help="adapters per step (WORKER_MAX_LORAS)")
+    parser.add_argument("--max-lora-rank", type=int, help="highest adapter rank (WORKER_MAX_LORA_RANK)")
+    parser.add_argument("--max-cpu-loras", type=int, help="adapters in host memory (WORKER_MAX_CPU_LORAS)")
     return parser.parse_args(argv)
 
 

@@ -139,6 +139,30 @@ class WorkerSettings(PoolingSettings):  # its pooling fields: pooling_settings.p
         "per-channel and per-token scales). Unset: the checkpoint's dtype. Greedy output is then "
         "close to, not equal to, the unquantized model's (docs/benchmarks.md gives the agreement).",
     )
+    enable_lora: bool = Field(
+        default=False,
+        description="Serve PEFT LoRA adapters next to the base model (vLLM's --enable-lora): requests "
+        "name one in their LoRARequest, and requests of different adapters and of the base model share "
+        "a step. Llama, Mistral, Qwen2 and Qwen3 (the worker's own decoder).",
+    )
+    max_loras: int = Field(
+        default=1,
+        gt=0,
+        description="LoRA adapters one step may use (the device slots, each sized for max_lora_rank); "
+        "the batcher holds back requests of other adapters until a slot is free.",
+    )
+    max_lora_rank: int = Field(
+        default=16,
+        gt=0,
+        description="Highest LoRA rank served; every slot is this rank (smaller ranks are zero-padded). "
+        "An adapter of a higher rank is refused.",
+    )
+    max_cpu_loras: int | None = Field(
+        default=None,
+        gt=0,
+        description="LoRA adapters kept in host memory, least recently used dropped first; default "
+        "max_loras. At least max_loras.",
+    )
     # The batcher's setting too: a draft model ("draft_model") is loaded and run by each worker.
     speculative_config: SpeculativeConfig | None = speculative_config_field()
     worker_id: str = Field(default_factory=default_worker_id, min_length=1, description="Unique per process.")
@@ -204,6 +228,19 @@ class WorkerSettings(PoolingSettings):  # its pooling fields: pooling_settings.p
                 "could not fit in one step"
             )
         return self
+
+    @model_validator(mode="after")
+    def _cpu_loras_hold_the_slots(self) -> WorkerSettings:
+        if self.max_cpu_loras is not None and self.max_cpu_loras < self.max_loras:
+            raise ValueError(
+                f"WORKER_MAX_CPU_LORAS ({self.max_cpu_loras}) must be at least WORKER_MAX_LORAS "
+                f"({self.max_loras}): every adapter of a step is read into host memory first"
+            )
+        return self
+
+    @property
+    def resolved_max_cpu_loras(self) -> int:
+        return self.max_loras if self.max_cpu_loras is None else self.max_cpu_loras
 
     @property
     def resolved_max_num_seqs(self) -> int:

@@ -63,6 +63,14 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def lora_adapters(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Three random PEFT adapters of the tiny model, by name (harness/models/lora_adapters.py's SPECS)."""
+    from harness.models.lora_adapters import build_adapters
+
+    return build_adapters(tiny_model_dir, tmp_path_factory.mktemp("lora-adapters"))
+
+
+@pytest.fixture(scope="session")
 def tool_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny model with room for a tools system prompt (about 500 of its tokens)."""
     return build_tiny_model(tmp_path_factory.mktemp("tool-models") / "tiny-llama", max_len=2048)

@@ -7,7 +7,9 @@ its load once it holds the request (blocks it would take, less its free blocks);
 takes it. A burst is split by each worker's share of
 the free blocks, and within its share a worker takes only requests no other worker has a longer
 cached prefix for. Weight 0 is load-only placement: the most free blocks wins. A request
-only a larger worker can hold waits for that one.
+only a larger worker can hold waits for that one. A LoRA request goes only to a worker that serves
+adapters and has a slot for its adapter (lora.py), preferring one with room that was sent the adapter
+already: it need not read it from disk, and its requests share one slot there.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
+from batcher.core.lora import fits_step, holds_adapter, serves_lora
 from batcher.core.request import Request
 from batcher.core.worker_state import WorkerState
 
@@ -24,9 +27,14 @@ def eligible(ws: WorkerState) -> bool:
     return not ws.fenced and len(ws.running) < ws.max_num_seqs
 
 
+def can_take(ws: WorkerState, req: Request) -> bool:
+    """`ws` could run `req` once it has room: large enough, serving its adapter with a slot for it."""
+    return eligible(ws) and ws.can_host(req) and serves_lora(ws, req) and fits_step(ws, req)
+
+
 def has_room(ws: WorkerState, req: Request) -> bool:
     """`ws` could admit `req` now: a free slot and blocks for its first chunk."""
-    if not eligible(ws) or not ws.can_host(req):
+    if not can_take(ws, req):
         return False
     kv = ws.kv_cache_manager
     return kv.plan_admission(req, ws.max_num_batched_tokens).num_free_blocks_needed <= kv.num_free_blocks
@@ -63,10 +71,13 @@ def best_worker(
     workers: Iterable[WorkerState], req: Request, prefer: WorkerState, weight: float
 ) -> WorkerState | None:
     """The eligible worker able to host `req` at the lowest cost (weight 0: the most free blocks),
-    among those with room for it now if any has; `prefer` wins a tie."""
-    candidates = [ws for ws in workers if eligible(ws) and ws.can_host(req)]
+    among those with room for it now if any has, and among those the ones holding its adapter if any
+    does; `prefer` wins a tie."""
+    candidates = [ws for ws in workers if can_take(ws, req)]
     if weight:
         candidates = [ws for ws in candidates if has_room(ws, req)] or candidates
+    if req.lora_request is not None:
+        candidates = [ws for ws in candidates if holds_adapter(ws, req) and has_room(ws, req)] or candidates
     return min(candidates, key=lambda ws: (placement_cost(ws, req, weight), ws is not prefer), default=None)
 
 
@@ -74,7 +85,11 @@ def takes_next(
     workers: list[WorkerState], ws: WorkerState, req: Request, admitted: int, share: int, weight: float
 ) -> bool:
     """Whether `ws` takes `req`, the head of the queue, having taken `admitted` of its `share`."""
-    if admitted < share and not (weight and cached_longer_elsewhere(workers, ws, req)):
+    if (
+        admitted < share
+        and not (weight and cached_longer_elsewhere(workers, ws, req))
+        and not adapter_elsewhere(workers, ws, req)
+    ):
         return True
     return best_worker(workers, req, prefer=ws, weight=weight) is ws
 
@@ -82,6 +97,13 @@ def takes_next(
 def cached_longer_elsewhere(workers: list[WorkerState], ws: WorkerState, req: Request) -> bool:
     here = len(cached_blocks(ws, req))
     return any(len(cached_blocks(w, req)) > here for w in workers if w is not ws and eligible(w))
+
+
+def adapter_elsewhere(workers: list[WorkerState], ws: WorkerState, req: Request) -> bool:
+    """`req`'s adapter is not on `ws` but on another worker with room for it."""
+    if req.lora_request is None or holds_adapter(ws, req):
+        return False
+    return any(holds_adapter(w, req) and has_room(w, req) for w in workers if w is not ws)
 
 
 def fair_share(workers: Iterable[WorkerState], ws: WorkerState, num_waiting: int) -> int:
@@ -93,5 +115,5 @@ def fair_share(workers: Iterable[WorkerState], ws: WorkerState, num_waiting: int
 
 
 def hostable_elsewhere(workers: Iterable[WorkerState], req: Request) -> bool:
-    """Some worker's pool could hold `req` (a request too large for every one can only fail)."""
-    return any(w.can_host(req) for w in workers)
+    """Some worker's pool could hold `req` and it serves its adapter (else it can only fail)."""
+    return any(w.can_host(req) and serves_lora(w, req) for w in workers)

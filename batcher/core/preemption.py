@@ -9,6 +9,7 @@ priority level and is recomputed from prompt + tokens so far.
 
 from __future__ import annotations
 
+from batcher.core.lora import fits_among, fits_step, serves_lora
 from batcher.core.placement import has_room
 from batcher.core.request import Request
 from batcher.core.scheduler_state import SchedulerState
@@ -35,7 +36,8 @@ def preempt_for_waiting(state: SchedulerState, ws: WorkerState) -> None:
 
     An interactive request must not wait for a batch line to finish. The victims (least urgent,
     newest first) go back to the front of their own level, to be recomputed; requests of equal
-    priority never preempt each other here.
+    priority never preempt each other here, nor is anything preempted for a LoRA request whose
+    adapter would still find no slot among the requests that stay.
     """
     if not state.waiting:
         return
@@ -43,11 +45,16 @@ def preempt_for_waiting(state: SchedulerState, ws: WorkerState) -> None:
     if (
         head.num_inflight_steps
         or not ws.can_host(head)
+        or not serves_lora(ws, head)
+        or not fits_among([r for r in ws.running if r.priority <= head.priority], head, ws.info.max_loras)
         or any(has_room(w, head) for w in state.workers.values())
     ):
         return
     while not has_room(ws, head):
-        victim = preemption_victim(ws.running) if ws.running else None
+        # Short of an adapter slot, only requests running an adapter can give one back.
+        slot_short = not fits_step(ws, head)
+        candidates = [r for r in ws.running if r.lora_key is not None] if slot_short else ws.running
+        victim = preemption_victim(candidates) if candidates else None
         if victim is None or victim.priority <= head.priority:
             return
         preempt(state, ws, victim)

@@ -6,7 +6,14 @@ import enum
 from dataclasses import dataclass, field
 
 from common.finish import max_samples, num_samples_left
-from common.protocol import FinishReason, GenerateRequest, NewRequestData, PoolingParams, SamplingParams
+from common.protocol import (
+    FinishReason,
+    GenerateRequest,
+    LoRARequest,
+    NewRequestData,
+    PoolingParams,
+    SamplingParams,
+)
 
 # What the scheduler plans a pooling request with: its prompt, then one step that only ends it.
 POOLING_SAMPLING = SamplingParams(max_tokens=0)
@@ -14,7 +21,7 @@ POOLING_SAMPLING = SamplingParams(max_tokens=0)
 
 def truncated_prompt(msg: GenerateRequest) -> tuple[list[int], list[int] | None]:
     """The prompt (and token types) a request runs: a pooling request's `truncate_prompt_tokens` k > 0
-    keeps its last k tokens, as vLLM does with token ids (-1, the model's length, is the client's)."""
+    keeps its last k tokens, as vLLM does with token ids (-1, the model's length: pooling.py)."""
     prompt, token_types = list(msg.prompt_token_ids), msg.token_type_ids
     k = None if msg.pooling_params is None else msg.pooling_params.truncate_prompt_tokens
     if k is not None and 0 < k < len(prompt):
@@ -67,6 +74,7 @@ class Request:
     num_failed_deliveries: int = 0  # times a worker reported it failed alone (not counting dead workers)
     dead_letter: bool = False  # given up after too many failed deliveries: copied to the dead-letter stream
     error_code: str = "server_error"  # the RequestError's code: what the client is told the cause is
+    lora_request: LoRARequest | None = None  # the adapter it runs with; None: the base model
     pooling_params: PoolingParams | None = None  # a pooling request: its prompt is computed, nothing sampled
     token_type_ids: list[int] | None = None  # a cross-encoder pair's segments, one per prompt token
 
@@ -83,6 +91,7 @@ class Request:
             priority=msg.priority,
             owner=msg.owner,
             queue_deadline=msg.queue_deadline,
+            lora_request=msg.lora_request,
             pooling_params=msg.pooling_params,
             token_type_ids=token_types,
         )
@@ -96,9 +105,15 @@ class Request:
             arrival_time=self.arrival_time,
             priority=self.priority,
             owner=self.owner,
+            lora_request=self.lora_request,
             pooling_params=self.pooling_params,
             token_type_ids=self.token_type_ids,
         )
+
+    @property
+    def lora_key(self) -> bytes | None:
+        """What names its adapter (LoRARequest.cache_key), None for the base model."""
+        return None if self.lora_request is None else self.lora_request.cache_key
 
     @property
     def num_tokens(self) -> int:
@@ -131,6 +146,7 @@ class Request:
             block_ids=list(self.block_ids),
             num_computed_tokens=self.num_computed_tokens,
             attempt=self.attempt,
+            lora_request=self.lora_request,
             pooling_params=self.pooling_params,
             token_type_ids=self.token_type_ids,
         )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
 from batcher.core.kv.kv_cache_manager import KVCacheManager
@@ -32,6 +32,8 @@ class WorkerState:
     # until the WorkerLost marker behind them is read, then it is removed.
     fenced: bool = False
     auto_off: AutoOff | None = None  # whether its decodes draft (spec_decode/auto_off.py); None: never
+    # LoRA adapters (cache keys) sent to it, least recently first: what it likely holds (lora.py).
+    adapters_sent: OrderedDict[bytes, None] = field(default_factory=OrderedDict)
 
     @classmethod
     def register(

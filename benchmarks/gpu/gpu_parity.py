@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -62,7 +64,14 @@ def reference_greedy(
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype))
     model.to(torch.device(device))  # type: ignore[arg-type]  # nn.Module.to behind a decorator mypy misreads
     model.eval()
-    lengths = [max_tokens] * len(prompts) if isinstance(max_tokens, int) else max_tokens
+    return generate_greedy(model, prompts, max_tokens, device)
+
+
+def generate_greedy(
+    model: Any, prompts: Sequence[list[int]], max_tokens: int | Sequence[int], device: str = "cpu"
+) -> list[list[int]]:
+    """`model.generate` (transformers', or a PEFT model's) for each prompt alone, greedy, EOS ignored."""
+    lengths = [max_tokens] * len(prompts) if isinstance(max_tokens, int) else list(max_tokens)
     outputs = []
     for prompt, num_tokens in zip(prompts, lengths, strict=True):
         ids = torch.tensor([prompt], device=device)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from batcher.core.request import Request
 from batcher.core.scheduler import Scheduler, SchedulerConfig, SchedulerStats
-from common.protocol import GenerateRequest, PoolingParams, SamplingParams, WorkerEvent
+from common.protocol import GenerateRequest, LoRARequest, PoolingParams, SamplingParams, WorkerEvent
 from gpu_worker.runner.step_runner import StepRunner, make_runner
 from gpu_worker.settings import WorkerSettings
 
@@ -50,9 +50,17 @@ class LLMEngine:
     def max_model_len(self) -> int:
         return self.runner.max_model_len
 
-    def add_request(self, req_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None:
+    def add_request(
+        self,
+        req_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        lora_request: LoRARequest | None = None,
+    ) -> None:
         now = time.time()
-        req = Request(req_id, list(prompt_token_ids), params, arrival_time=now, entry_id="")
+        req = Request(
+            req_id, list(prompt_token_ids), params, arrival_time=now, entry_id="", lora_request=lora_request
+        )
         self.scheduler.add_request(req, now)
 
     def add_pooling_request(

@@ -25,7 +25,6 @@ NEUTRAL: dict[str, Any] = {
     "skip_tokenizer_init": False,
     "cpu_offload_gb": 0,
     "enable_chunked_prefill": True,  # the scheduler always splits a long prompt under the token budget
-    "enable_lora": False,
     "speculative_config": None,
 }
 # The settings `enforce_eager` turns off (vLLM: no torch.compile, no CUDA graphs).

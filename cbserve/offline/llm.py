@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from cbserve.offline.engine import LLMEngine
 from cbserve.offline.engine_args import model_directory, refuse_unsupported, scheduler_config, worker_settings
+from cbserve.offline.lora_request import LoRARequests, check_adapters, per_prompt
 from cbserve.offline.outputs import RequestOutput
 from cbserve.offline.pooling_api import EventSink, PoolingAPI, pooling_options
 from cbserve.offline.prompts import (
@@ -56,6 +57,10 @@ class LLM(PoolingAPI):
         quantization: str | None = None,
         enforce_eager: bool = False,
         enable_prefix_caching: bool = True,
+        enable_lora: bool = False,
+        max_loras: int | None = None,
+        max_lora_rank: int | None = None,
+        max_cpu_loras: int | None = None,
         runner: Literal["auto", "generate", "pooling"] = "auto",
         convert: Literal["auto", "embed", "classify"] = "auto",
         hf_overrides: Mapping[str, Any] | None = None,
@@ -65,11 +70,13 @@ class LLM(PoolingAPI):
         """`model` (and `tokenizer`, default the model's): a model directory or a hub id. The rest
         are the worker's settings of the same names (docs/settings.md); None leaves the worker's
         default, WORKER_* variables included. `device` auto: cuda when torch sees one.
-        `enforce_eager`: no torch.compile, no CUDA graphs. `runner="pooling"` (vLLM's names, as
-        `convert`, `pooler_config`'s pooling_type and normalize, and `hf_overrides`'
-        classifier_from_token and is_matryoshka) serves `embed`, `classify` and `score` instead of
-        `generate` (pooling_api.py). vLLM's arguments without a counterpart here are accepted at the
-        value that asks for what runs anyway, refused at any other."""
+        `enforce_eager`: no torch.compile, no CUDA graphs. vLLM's arguments without a counterpart
+        here are accepted at the value that asks for what runs anyway, refused at any other.
+        `enable_lora` (with `max_loras`, `max_lora_rank`, `max_cpu_loras`): requests may run PEFT
+        LoRA adapters (`generate(..., lora_request=...)`), batched with the base model's.
+        `runner="pooling"` (vLLM's names, as `convert`, `pooler_config`'s pooling_type and normalize,
+        and `hf_overrides`' classifier_from_token and is_matryoshka) serves `embed`, `classify` and
+        `score` instead of `generate` (pooling_api.py)."""
         refuse_unsupported(kwargs)
         model_dir = model_directory(model)
         options = {
@@ -84,9 +91,15 @@ class LLM(PoolingAPI):
             "gpu_memory_utilization": gpu_memory_utilization,
             "kv_cache_dtype": kv_cache_dtype,
             "quantization": quantization,
+            "enable_lora": enable_lora,
+            "max_loras": max_loras,
+            "max_lora_rank": max_lora_rank,
+            "max_cpu_loras": max_cpu_loras,
             **pooling_options(runner, convert, hf_overrides, pooler_config),
         }
         settings = worker_settings(model_dir, device, options, enforce_eager)
+        self._model_dir = model_dir
+        self._lora = settings.enable_lora, settings.max_lora_rank
         self.llm_engine = LLMEngine.load(settings, scheduler_config(enable_prefix_caching))
         tokenizer_dir = transformer_dir(model_dir) if tokenizer is None else model_directory(tokenizer)
         self._served = served_model(model_dir, tokenizer_dir, self.llm_engine.max_model_len)
@@ -104,12 +117,14 @@ class LLM(PoolingAPI):
         sampling_params: Params = None,
         *,
         use_tqdm: bool = True,
+        lora_request: LoRARequests = None,
     ) -> list[RequestOutput]:
         """One output per prompt, in the prompts' order. `prompts`: text (tokenized with the
         tokenizer's special tokens), token ids, vLLM's {"prompt": ...} / {"prompt_token_ids": ...},
         or a list of them; `sampling_params`: one for all, or one per prompt (default
-        `SamplingParams()`: temperature 1, 16 tokens, as vLLM's, not the model's generation_config)."""
-        return self._run(generate_prompts(prompts, self._served), sampling_params, use_tqdm)
+        `SamplingParams()`: temperature 1, 16 tokens, as vLLM's, not the model's generation_config);
+        `lora_request`: the adapter (`cbserve.LoRARequest`, vLLM's) for all, or one (or None) per prompt."""
+        return self._run(generate_prompts(prompts, self._served), sampling_params, use_tqdm, lora_request)
 
     def chat(
         self,
@@ -122,6 +137,7 @@ class LLM(PoolingAPI):
         add_generation_prompt: bool = True,
         continue_final_message: bool = False,
         tools: Sequence[Mapping[str, Any]] | None = None,
+        lora_request: LoRARequests = None,
     ) -> list[RequestOutput]:
         """`generate` on one conversation (a list of OpenAI-style message dicts) or a list of them,
         rendered by the model's chat template (or `chat_template`) as `/v1/chat/completions` renders
@@ -135,9 +151,11 @@ class LLM(PoolingAPI):
             chat_template_kwargs=chat_template_kwargs,
             tools=tools,
         )
-        return self._run(prompts, sampling_params, use_tqdm)
+        return self._run(prompts, sampling_params, use_tqdm, lora_request)
 
-    def _run(self, prompts: list[Prompt], sampling_params: Params, use_tqdm: bool) -> list[RequestOutput]:
+    def _run(
+        self, prompts: list[Prompt], sampling_params: Params, use_tqdm: bool, lora_request: LoRARequests
+    ) -> list[RequestOutput]:
         info = self.llm_engine.info
         if info.runner == "pooling":
             raise ValueError(
@@ -145,6 +163,8 @@ class LLM(PoolingAPI):
                 "LLM.embed, LLM.classify or LLM.score, not generate or chat"
             )
         params = _per_prompt(sampling_params, len(prompts))
+        loras = per_prompt(lora_request, len(prompts))
+        check_adapters(loras, self._model_dir, *self._lora)
         limit = self.llm_engine.max_model_len
         for i, prompt in enumerate(prompts):
             if len(prompt.token_ids) >= limit:
@@ -157,8 +177,10 @@ class LLM(PoolingAPI):
             RequestState(str(next(self._request_counter)), prompt, p, tokenizer, self._formatter)
             for prompt, p in zip(prompts, params, strict=True)
         ]
-        for state in states:
-            self.llm_engine.add_request(state.request_id, state.prompt.token_ids, for_engine(state.params))
+        for state, lora in zip(states, loras, strict=True):
+            self.llm_engine.add_request(
+                state.request_id, state.prompt.token_ids, for_engine(state.params), lora
+            )
         self._run_engine({state.request_id: state for state in states}, use_tqdm)
         return [state.output() for state in states]
 

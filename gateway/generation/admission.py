@@ -85,8 +85,11 @@ async def _checked_requests(
     # Placed once tokenized (the router weighs the prompt); every choice goes to the first's cell.
     # prompt_cache_key is a placement hint within its API key (gateway/cell_router.py).
     cache_key = f"{owner}\0{body.prompt_cache_key}" if body.prompt_cache_key else ""
+    message = requests[0].message
+    # An adapter's prompt blocks are hashed with its key, as the batcher's prefix cache hashes them.
+    lora_key = b"" if message.lora_request is None else message.lora_request.cache_key
     router = state.routers[target.served.rules.name]
-    cell = await router.place(state.redis, requests[0].message.prompt_token_ids, cache_key)
+    cell = await router.place(state.redis, message.prompt_token_ids, cache_key, lora_key)
     requests = [with_message(r, req_id=placed_req_id(cell, r.req_id)) for r in requests]
     request = requests[0]
     # A pooling model's cell generates nothing: a 400 that says so, not a request that fails there.

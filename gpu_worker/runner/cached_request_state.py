@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from common.protocol import FinishReason, NewRequestData, SamplingParams
+from common.protocol import FinishReason, LoRARequest, NewRequestData, SamplingParams
 from gpu_worker.runner.sample.prompt_logprobs import PromptLogprobs
 
 
@@ -22,6 +22,7 @@ class CachedRequestState:
     # Collected while its prompt is computed, when it asked and has no output yet (a request
     # recomputed with output tokens has sent them already).
     prompt_logprobs: PromptLogprobs | None = None
+    lora_request: LoRARequest | None = None  # the adapter it runs with; None: the base model
 
     @classmethod
     def from_new(cls, new: NewRequestData) -> CachedRequestState:
@@ -36,6 +37,7 @@ class CachedRequestState:
             attempt=new.attempt,
             num_cached_tokens=0 if new.output_token_ids else new.num_computed_tokens,
             prompt_logprobs=None if k is None or new.output_token_ids else PromptLogprobs(k),
+            lora_request=new.lora_request,
         )
 
     @property

@@ -68,6 +68,9 @@ class DecodeGraphs:
         self.seq_lens = torch.zeros(size, dtype=torch.int32, device=device)
         self.query_start_loc = torch.arange(size + 1, dtype=torch.int32, device=device)
         self.block_tables = torch.zeros((size, width), dtype=torch.int32, device=device)
+        # Each row's LoRA slot, on a decoder with slots (padding rows: -1, the base model).
+        lora = getattr(model, "lora_config", None) is not None
+        self.lora_ids = torch.full((size,), -1, dtype=torch.long, device=device) if lora else None
         # One logits buffer for every graph: each graph copies its rows here, so a graph keeps no
         # [size, vocab] output of its own alive (0.5 GB per graph for a 128k vocabulary).
         vocab_size = int(model.config.get_text_config().vocab_size)
@@ -139,6 +142,10 @@ class DecodeGraphs:
         self.seq_lens[num_reqs:size].zero_()
         width = common.block_tables.shape[1]
         self.block_tables[:num_reqs, :width].copy_(common.block_tables)
+        if self.lora_ids is not None:
+            assert batch.lora_ids is not None
+            self.lora_ids[:num_reqs].copy_(batch.lora_ids)
+            self.lora_ids[num_reqs:size].fill_(-1)
         self.num_replays += 1
         if size in self._graphs:
             self._graphs[size].replay()
@@ -167,11 +174,13 @@ class DecodeGraphs:
         context = AttentionContext(
             backend=self.backend, metadata=self.backend.build_metadata(common), common=common
         )
+        lora = {} if self.lora_ids is None else {"lora_ids": self.lora_ids[:size]}
         outputs = self.model(
             input_ids=self.input_ids[:, :size],
             position_ids=self.position_ids[:, :size],
             use_cache=False,
             logits_to_keep=0,  # every row of a decode step samples
             attn_metadata=context,
+            **lora,
         )
         self.logits[:size].copy_(outputs.logits[0])

@@ -7,7 +7,7 @@ Python loop over tokens. On CUDA every field is copied from pinned host memory w
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,6 +50,8 @@ class InputBatch:
     # Requests with drafts, and per draft the flat index of the token before it, whose logits verify it.
     spec_reqs: list[ScheduledRequest]
     spec_indices: torch.Tensor | None  # [D] in spec_reqs order, None when nothing drafted
+    # [T] each token's LoRA slot (-1: the base model); None on a worker without LoRA.
+    lora_ids: torch.Tensor | None = None
 
     @property
     def kept_indices(self) -> torch.Tensor:
@@ -63,11 +65,12 @@ def build_input_batch(
     backend: AttentionBackend[Any],
     device: torch.device,
     block_table: BlockTable | None = None,
+    lora_slots: Mapping[str, int] | None = None,
 ) -> InputBatch:
     """Decodes (query length 1) go first, longest context first (the torch backend attends them in
     groups of similar length; kernels need only decodes first). The block ids come through
     `block_table`, the runner's, which holds its requests' rows between steps (a one-step table
-    without it)."""
+    without it). `lora_slots`: on a worker with LoRA, the slot of each request that runs an adapter."""
     block_size = backend.kv_cache.block_size
     decodes = sorted(
         (r for r in requests if r.num_tokens == 1), key=lambda r: r.state.num_computed_tokens, reverse=True
@@ -117,6 +120,10 @@ def build_input_batch(
         for i in range(end - 1 - len(r.spec_token_ids), end - 1)
     ]
     rows, prompt_flat, targets = _prompt_rows(ordered, starts)
+    lora_ids = None
+    if lora_slots is not None:
+        slots = torch.tensor([lora_slots.get(r.state.req_id, -1) for r in ordered], dtype=torch.long)
+        lora_ids = _to_device(slots[token_seq], device)
 
     common = CommonAttentionMetadata(
         slot_mapping=_to_device(slot_mapping, device),
@@ -145,6 +152,7 @@ def build_input_batch(
         prompt_targets=_to_device(torch.tensor(targets, dtype=torch.long), device) if rows else None,
         spec_reqs=spec_reqs,
         spec_indices=_to_device(torch.tensor(spec_flat, dtype=torch.long), device) if spec_flat else None,
+        lora_ids=lora_ids,
     )
 
 

@@ -15,6 +15,8 @@ from gpu_worker.runner.forward.compile import compile_decoder
 from gpu_worker.runner.forward.decoder import FAMILIES, Decoder
 from gpu_worker.runner.forward.linear import check_quantization
 from gpu_worker.runner.kv_cache import KVCache
+from gpu_worker.runner.lora.layers import LoRAConfig
+from gpu_worker.runner.lora.step import LoRAKernel
 from gpu_worker.runner.model_support import check_model_supported, head_dim
 from gpu_worker.settings import WorkerSettings
 
@@ -42,6 +44,11 @@ def load_model(settings: WorkerSettings) -> Model:
     config = AutoConfig.from_pretrained(settings.model)
     check_model_supported(config)  # before loading any weight
     own_decoder = config.model_type in FAMILIES
+    if settings.enable_lora and not own_decoder:
+        raise ValueError(
+            f"WORKER_ENABLE_LORA serves adapters on {', '.join(sorted(FAMILIES))} (the worker's own "
+            f"decoder), not {config.model_type}: unset it to serve this model"
+        )
     if settings.quantization is not None and not own_decoder:
         raise ValueError(
             f"WORKER_QUANTIZATION={settings.quantization} is implemented for {', '.join(sorted(FAMILIES))}, "
@@ -69,10 +76,19 @@ def worker_forward(model: PreTrainedModel, settings: WorkerSettings, device: tor
     this)."""
     if model.config.model_type not in FAMILIES:
         return model
-    decoder = Decoder(model, settings.quantization)
+    decoder = Decoder(model, settings.quantization, lora_config(settings, device))
     if settings.compile:
         compile_decoder(decoder, Path(settings.compile_cache_dir), device)
     return decoder
+
+
+def lora_config(settings: WorkerSettings, device: torch.device) -> LoRAConfig | None:
+    """The LoRA slots WORKER_ENABLE_LORA asks for: Triton's grouped kernels on cuda, a dense masked
+    matmul elsewhere (gpu_worker/runner/lora/step.py)."""
+    if not settings.enable_lora:
+        return None
+    kernel: LoRAKernel = "triton" if device.type == "cuda" else "dense"
+    return LoRAConfig(max_loras=settings.max_loras, max_lora_rank=settings.max_lora_rank, kernel=kernel)
 
 
 def kv_shape(config: PretrainedConfig) -> KVShape:

@@ -14,8 +14,10 @@ from collections.abc import Sequence
 
 import torch
 
+from common.lora_adapter import BaseModelShapes
 from common.protocol import (
     FinishReason,
+    LoRARequest,
     ModelRunnerOutput,
     SchedulerOutput,
     WorkerEvent,
@@ -25,6 +27,7 @@ from gpu_worker.runner.attention.selector import make_attention_backend
 from gpu_worker.runner.block_table import BlockTable
 from gpu_worker.runner.cached_request_state import CachedRequestState
 from gpu_worker.runner.cuda_graphs import DecodeGraphs
+from gpu_worker.runner.forward.decoder import Decoder
 from gpu_worker.runner.graph_capture import CudaGraphCapture
 from gpu_worker.runner.input_batch import InputBatch, ScheduledRequest, build_input_batch
 from gpu_worker.runner.load_model import (
@@ -37,6 +40,7 @@ from gpu_worker.runner.load_model import (
     resolve_max_model_len,
     resolve_num_blocks,
 )
+from gpu_worker.runner.lora.manager import LoRAManager
 from gpu_worker.runner.profile import (
     MemorySnapshot,
     ProfileStep,
@@ -104,6 +108,8 @@ class ModelRunner:
         # The real forward and sampling, or a test/benchmark stand-in chosen once (step_hooks.py).
         self._sample_step = with_step_hooks(settings, self._sample)
         self.requests: dict[str, CachedRequestState] = {}
+        # The adapters in host memory and in the decoder's slots (WORKER_ENABLE_LORA); None without.
+        self.lora = self._lora_manager(settings)
         self.block_table = BlockTable(self.max_num_seqs, -(-self.max_model_len // self.block_size))
         # Logprobs of the last step's samples, by req_id, for its token events (only requests that asked).
         self._step_logprobs: dict[str, list[SampleLogprobs]] = {}  # per token of each run
@@ -121,6 +127,21 @@ class ModelRunner:
                 capture=CudaGraphCapture() if self.device.type == "cuda" else None,
             )
             self.decode_graphs.capture()
+
+    def _lora_manager(self, settings: WorkerSettings) -> LoRAManager | None:
+        if not settings.enable_lora:
+            return None
+        if not isinstance(self.model, Decoder) or self.model.lora_config is None:
+            raise ValueError("WORKER_ENABLE_LORA needs the worker's own decoder built with LoRA slots")
+        return LoRAManager(
+            self.model.lora_layers,
+            BaseModelShapes.from_config(self.model.config.to_dict()),
+            max_loras=settings.max_loras,
+            max_lora_rank=settings.max_lora_rank,
+            max_cpu_loras=settings.resolved_max_cpu_loras,
+            dtype=self.model.dtype,
+            device=self.device,
+        )
 
     def _load_model(self, settings: WorkerSettings) -> Model:
         """The model the runner drives (the pooling runner loads its own: pooling/causal_runner.py)."""
@@ -166,6 +187,9 @@ class ModelRunner:
             started_at=time.time(),
             max_num_seqs=self.max_num_seqs,
             max_num_batched_tokens=self.max_num_batched_tokens,
+            max_loras=0 if self.lora is None else self.lora.max_loras,
+            max_lora_rank=0 if self.lora is None else self.lora.max_lora_rank,
+            max_cpu_loras=0 if self.lora is None else self.lora.max_cpu_loras,
         )
 
     # ---- one step -------------------------------------------------------------------------------
@@ -198,7 +222,9 @@ class ModelRunner:
         try:
             self._apply(scheduler_output, req_errors)
             scheduled = self._scheduled(scheduler_output, req_errors)
-            batch = build_input_batch(scheduled, self.attn_backend, self.device, self.block_table)
+            batch = build_input_batch(
+                scheduled, self.attn_backend, self.device, self.block_table, self._lora_slots(scheduled)
+            )
             sampled = self._forward_and_sample(batch)
         except Exception as exc:
             logger.exception("step %d failed", scheduler_output.step_id)
@@ -315,6 +341,8 @@ class ModelRunner:
         for new in so.scheduled_new_reqs:
             error = check_new(new, self.vocab_size, self.max_model_len, self.num_blocks)
             structured = new.sampling_params.structured_output
+            if error is None and new.lora_request is not None:
+                error = self._add_lora(new.lora_request)
             if error is None and structured is not None:
                 error = self.structured_outputs.add(
                     new.req_id, structured, new.output_token_ids, new.sampling_params.ignore_eos
@@ -330,6 +358,25 @@ class ModelRunner:
             self._fail_or(req_errors, cached.req_id, error)
             if cached.req_id not in req_errors:
                 self.requests[cached.req_id].block_ids.extend(cached.new_block_ids)
+
+    def _add_lora(self, lora: LoRARequest) -> str | None:
+        """The adapter a new request names, read into host memory; why not, when it cannot be."""
+        if self.lora is None:
+            return f"LoRA adapter {lora.lora_name!r}: this worker serves no adapters (WORKER_ENABLE_LORA)"
+        return self.lora.add(lora)
+
+    def _lora_slots(self, scheduled: list[ScheduledRequest]) -> dict[str, int] | None:
+        """The slot of each scheduled request that runs an adapter, the step's adapters copied into
+        the decoder's slots first; None on a worker without LoRA."""
+        if self.lora is None:
+            return None
+        loras = [r.state.lora_request for r in scheduled if r.state.lora_request is not None]
+        slots = self.lora.slots_for(loras)
+        return {
+            r.state.req_id: slots[r.state.lora_request.cache_key]
+            for r in scheduled
+            if r.state.lora_request is not None
+        }
 
     def _fail_or(self, req_errors: dict[str, str], req_id: str, error: str | None) -> None:
         # A request that cannot run is dropped here alone; the batcher frees it on the reported error.
@@ -368,12 +415,15 @@ class ModelRunner:
         replayed graph for decode-only steps."""
         if self.decode_graphs is not None and self.decode_graphs.can_run(batch):
             return self.decode_graphs.run(batch)
+        # Only the worker's decoder takes slots (WORKER_ENABLE_LORA refuses any other model).
+        lora = {} if batch.lora_ids is None else {"lora_ids": batch.lora_ids}
         outputs = self.model(
             input_ids=batch.input_ids,
             position_ids=batch.position_ids,
             use_cache=False,  # the paged pool is the cache; no DynamicCache
             logits_to_keep=batch.kept_indices,  # logits only where a token is sampled (or scored)
             attn_metadata=batch.attn_metadata,
+            **lora,
         )
         logits = outputs.logits[0]
         if batch.prompt_rows:

@@ -4,7 +4,10 @@ As vLLM's profile run: `max_num_batched_tokens` prompt tokens spread over `max_n
 each sampling a token with every sampling feature on, built as a SchedulerOutput and executed by the
 ModelRunner through the path every step takes, in a small temporary KV pool. On cuda its peak memory
 sizes the KV cache: `total * gpu_memory_utilization - (weights + peak activations + non-torch memory
-+ reserve)`, vLLM's definition. On every device it proves the worst-case step runs.
++ reserve)`, vLLM's definition. On every device it proves the worst-case step runs. LoRA slots
+(WORKER_ENABLE_LORA) are allocated with the decoder, so they count with the weights, and every step
+computes the adapted linears' deltas with the same shapes whichever adapters it runs (the profiling
+step runs none), so their activations are in the peak.
 """
 
 from __future__ import annotations

@@ -44,9 +44,15 @@ class ClientStream:
 
 
 async def stream_completion(
-    client: httpx.AsyncClient, prompt: list[int], max_tokens: int, seen: ClientStream
+    client: httpx.AsyncClient,
+    prompt: list[int],
+    max_tokens: int,
+    seen: ClientStream,
+    model: str | None = None,
 ) -> None:
+    """`model`: a served model or LoRA adapter by name; None, the gateway's only model."""
     body = {
+        **({} if model is None else {"model": model}),
         "prompt": prompt,
         "max_tokens": max_tokens,
         "temperature": 0,

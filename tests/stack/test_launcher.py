@@ -18,6 +18,7 @@ import pytest
 import redis
 
 from common.streams import cell_keys, cell_of
+from harness.models.lora_adapters import build_lora_adapter, peft_greedy
 from harness.models.tiny_model import build_tiny_model
 from harness.processes.redis_server import free_port
 from harness.processes.services import ROOT, wait_for
@@ -400,7 +401,17 @@ def test_up_with_two_models_serves_each_from_a_cell_of_its_own(
     launch: Callable[..., Launcher], tiny_model_dir: Path, tmp_path: Path
 ) -> None:
     second = build_tiny_model(tmp_path / "second-llama", seed=1, vocab_size=384)
-    launcher = launch("--redis", "embedded", "--model", str(tiny_model_dir), "--model", str(second))
+    adapter = build_lora_adapter(tiny_model_dir, tmp_path / "attn-r4", target_modules=["q_proj", "v_proj"])
+    launcher = launch(
+        "--redis",
+        "embedded",
+        "--model",
+        str(tiny_model_dir),
+        "--model",
+        str(second),
+        "--lora-modules",
+        f"attn-r4={adapter}",
+    )
     launcher.wait_output("cbserve is ready")
     output = launcher.output()
     assert '(models "tiny-llama", "second-llama", tiny-llama: 1 worker; second-llama: 1 worker)' in output
@@ -420,12 +431,24 @@ def test_up_with_two_models_serves_each_from_a_cell_of_its_own(
         ["second-llama"],
     ]
     models = httpx.get(f"{launcher.base_url}/v1/models", timeout=10).json()
-    assert [card["id"] for card in models["data"]] == ["tiny-llama", "second-llama"]
+    assert [card["id"] for card in models["data"]] == ["tiny-llama", "second-llama", "attn-r4"]
     for model in ("tiny-llama", "second-llama"):
         body = {"model": model, "prompt": [5, 6, 7], "max_tokens": 3, "temperature": 0}
         response = httpx.post(f"{launcher.base_url}/v1/completions", json=body, timeout=60)
         assert response.status_code == 200, response.text
         assert response.json()["id"].startswith(f"cmpl-{model}~")  # placed in the model's own cell
+    # An adapter named at start is served by the workers `up` started, with LoRA turned on for it.
+    body = {"model": "attn-r4", "prompt": [5, 6, 7], "max_tokens": 4, "temperature": 0}
+    response = httpx.post(
+        f"{launcher.base_url}/v1/completions",
+        json={**body, "ignore_eos": True, "return_token_ids": True},
+        timeout=60,
+    )
+    assert response.status_code == 200, response.text
+    assert response.json()["id"].startswith("cmpl-tiny-llama~")  # in its base model's cell
+    assert (
+        response.json()["choices"][0]["token_ids"] == peft_greedy(tiny_model_dir, adapter, [[5, 6, 7]], 4)[0]
+    )
 
     launcher.proc.send_signal(signal.SIGINT)
     assert launcher.proc.wait(timeout=30) == 0, launcher.output()

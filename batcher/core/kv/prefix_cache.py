@@ -1,12 +1,13 @@
 """Automatic prefix caching (vLLM's hashed blocks): which of a request's blocks a worker already has.
 
 Each full block of a sequence is named by a hash chained on its parent block's hash and its own
-token ids, plus the extra keys that change its KV (none yet; adapters and multimodal inputs will
-add theirs), so equal hashes mean equal KV. A request admitted on a worker takes the blocks of its
-longest cached prefix, always leaving at least one token to compute (its logits give the next
-token); the cached length is whole blocks, so new KV never lands in a shared block. Blocks become
-findable as soon as a step that computes them is sent: the worker writes a step's KV before any
-attention of that step reads it, so a request admitted in the same step can already share them.
+token ids, plus the extra keys that change its KV (a LoRA adapter's `cache_key`: an adapter's KV
+is not the base model's; multimodal inputs will add theirs), so equal hashes mean equal KV. A
+request admitted on a worker takes the blocks of its longest cached prefix, always leaving at least
+one token to compute (its logits give the next token); the cached length is whole blocks, so new
+KV never lands in a shared block. Blocks become findable as soon as a step that computes them is
+sent: the worker writes a step's KV before any attention of that step reads it, so a request
+admitted in the same step can already share them.
 This file names the blocks; kv_cache_manager.py looks them up, takes them and makes them findable.
 """
 
@@ -25,9 +26,10 @@ def block_hashes(req: Request, block_size: int) -> list[bytes]:
     num_full = req.num_tokens // block_size
     if len(hashes) < num_full:
         tokens = req.prompt_token_ids + req.output_token_ids
+        extra_keys = req.lora_key or b""
         for i in range(len(hashes), num_full):
             parent = hashes[i - 1] if i else None
-            hashes.append(hash_block(parent, tokens[i * block_size : (i + 1) * block_size]))
+            hashes.append(hash_block(parent, tokens[i * block_size : (i + 1) * block_size], extra_keys))
     return hashes
 
 

@@ -8,11 +8,10 @@ blocks run out, running requests are preempted (preemption.py) and no new one is
 
 from __future__ import annotations
 
-from batcher.core.placement import fair_share, hostable_elsewhere, takes_next
-from batcher.core.policies.admission import admit, fail_too_large
+from batcher.core.placement import fair_share, takes_next
+from batcher.core.policies.admission import Verdict, admit, triage
 from batcher.core.policies.interface import SchedulingPolicy, StepDraft
 from batcher.core.policies.running import schedule_running
-from batcher.core.pooling import fit_prompt, other_kind
 from batcher.core.prefix_wait import waits_for_prefix
 from batcher.core.scheduler_state import SchedulerState
 from batcher.core.waiting_order import order_waiting
@@ -33,8 +32,8 @@ def schedule_waiting(
     step: StepDraft,
 ) -> int:
     """Admit waiting requests in queue order (waiting_order.py) while the budget, a slot and blocks
-    allow; one whose prefix a running request is still prefilling is passed over for now
-    (prefix_wait.py)."""
+    allow; one whose prefix a running request is still prefilling, or whose LoRA adapter has no slot
+    on this worker now (lora.py), is passed over for now (prefix_wait.py)."""
     kv = ws.kv_cache_manager
     order_waiting(state, ws)
     workers = list(state.workers.values())
@@ -45,18 +44,12 @@ def schedule_waiting(
         req = state.waiting[passed]
         if req.num_inflight_steps:
             break  # preempted while a step ran: its last token is still on the way
-        fit_prompt(req, ws.info.max_model_len)
-        if not ws.can_host(req):
-            if other_kind(ws.info, req) and hostable_elsewhere(workers, req):
-                passed += 1  # a pooling request in a cell that also generates, or the reverse
-                if passed >= ws.max_num_seqs:
-                    break
-                continue
-            if hostable_elsewhere(workers, req):
-                break  # a larger worker will take it; keep arrival order
-            fail_too_large(state, ws, req, step)
+        verdict = triage(state, ws, req, step)
+        if verdict is Verdict.STOP:
+            break  # a larger worker will take it; keep arrival order
+        if verdict is Verdict.FAILED:
             continue
-        if waits_for_prefix(state, ws, req):
+        if verdict is Verdict.PASS_OVER or waits_for_prefix(state, ws, req):
             passed += 1
             if passed >= ws.max_num_seqs:
                 break  # a pass looks past at most a batch of held requests: it stays cheap

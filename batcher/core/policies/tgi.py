@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import math
 
-from batcher.core.placement import fair_share, hostable_elsewhere, takes_next
-from batcher.core.policies.admission import admit, fail_too_large
+from batcher.core.placement import fair_share, takes_next
+from batcher.core.policies.admission import Verdict, admit, triage
 from batcher.core.policies.interface import SchedulingPolicy, StepDraft
 from batcher.core.policies.running import schedule_running
-from batcher.core.pooling import fit_prompt, other_kind
 from batcher.core.request import Request
 from batcher.core.scheduler_state import SchedulerState
 from batcher.core.waiting_order import order_waiting
@@ -41,7 +40,8 @@ class TGIPolicy(SchedulingPolicy):
 
 
 def _candidates(state: SchedulerState, ws: WorkerState, step: StepDraft) -> list[Request]:
-    """The waiting requests (a prefix of the queue) one prefill-only step could take whole."""
+    """The waiting requests (a prefix of the queue, less those whose LoRA adapter has no slot here
+    now) one prefill-only step could take whole."""
     kv = ws.kv_cache_manager
     order_waiting(state, ws)
     workers = list(state.workers.values())
@@ -52,13 +52,10 @@ def _candidates(state: SchedulerState, ws: WorkerState, step: StepDraft) -> list
     for req in list(state.waiting):
         if len(ws.running) + len(picked) >= ws.max_num_seqs or req.num_inflight_steps:
             break
-        fit_prompt(req, ws.info.max_model_len)
-        if not ws.can_host(req):
-            if other_kind(ws.info, req) and hostable_elsewhere(workers, req):
-                continue  # another worker of the cell runs its kind
-            if hostable_elsewhere(workers, req):
-                break
-            fail_too_large(state, ws, req, step)
+        verdict = triage(state, ws, req, step, picked)
+        if verdict is Verdict.STOP:
+            break
+        if verdict is not Verdict.CONSIDER:
             continue
         if not takes_next(workers, ws, req, len(picked), share, weight):
             break

@@ -28,7 +28,8 @@ from gpu_worker.runner.forward.precompiled import PrecompiledForward
 
 logger = logging.getLogger(__name__)
 
-Forward = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+# (input_ids, positions, kept rows[, lora_ids]) -> logits: Decoder.logits_of's tensors.
+Forward = Callable[..., torch.Tensor]
 
 
 def configure_cache(cache_dir: Path) -> None:
@@ -56,21 +57,21 @@ class CompiledForward:
         )
         self.compile_seconds = 0.0  # set by the first call, which compiles
 
-    def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, kept: torch.Tensor) -> torch.Tensor:
-        for tensor in (input_ids, positions, kept):
+    def __call__(self, *inputs: torch.Tensor) -> torch.Tensor:
+        for tensor in inputs:
             # Token and row counts of 0 or 1 get no graph of their own (dynamo specializes them).
             torch._dynamo.decorators.mark_unbacked(tensor, 0)
         if self.compile_seconds:
-            return self.compiled(input_ids, positions, kept)
+            return self.compiled(*inputs)
         started = time.perf_counter()  # the first call compiles (the runner's profiling step)
         try:
             # Floats (eps, scales) as constants: a symbolic float made dynamo trace everything twice.
             with torch._dynamo.config.patch(specialize_float=True):
-                logits = self.compiled(input_ids, positions, kept)
+                logits = self.compiled(*inputs)
         except Exception as exc:
             logger.warning("torch.compile failed, running eager: %s: %s", type(exc).__name__, exc)
             self.decoder.run = self.decoder.logits_of
-            return self.decoder.logits_of(input_ids, positions, kept)
+            return self.decoder.logits_of(*inputs)
         self.compile_seconds = time.perf_counter() - started
         logger.info("compiled the forward in %.1f s (cache: %s)", self.compile_seconds, _cache_dir())
         return logits

@@ -6,7 +6,9 @@ Built from the transformers model with the same weights: q/k/v become one GEMM a
 ops that inductor fuses, and attention is an opaque op (`cbserve::paged_attention`, or its C++ twin
 on the CPU: attention_op.py). The arithmetic is
 transformers' own, op for op (RMSNorm in float32, RoPE from the model's rotary module), so greedy
-output stays equal to `generate`.
+output stays equal to `generate`. With LoRA slots (WORKER_ENABLE_LORA, gpu_worker/runner/lora/),
+each fused linear adds its adapters' deltas to its output, in the columns of the projection each
+adapts, for the step's tokens of each adapter at once; the base weights are never changed.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from transformers import PreTrainedModel
 from gpu_worker.runner.attention.backend import AttentionContext
 from gpu_worker.runner.forward.attention_op import native_attention, step_context
 from gpu_worker.runner.forward.linear import Linear
+from gpu_worker.runner.lora.layers import LoRAConfig, LoRALayer
+from gpu_worker.runner.lora.step import LoRAStep, make_lora_step
 from gpu_worker.settings import Quantization
 
 FAMILIES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
@@ -59,7 +63,12 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 class DecoderLayer(nn.Module):
     def __init__(
-        self, hf_layer: Any, layer_idx: int, quantization: Quantization | None, native_attention: bool
+        self,
+        hf_layer: Any,
+        layer_idx: int,
+        quantization: Quantization | None,
+        native_attention: bool,
+        lora: LoRAConfig | None = None,
     ) -> None:
         super().__init__()
         attn, mlp = hf_layer.self_attn, hf_layer.mlp
@@ -86,11 +95,30 @@ class DecoderLayer(nn.Module):
         self.intermediate_size = mlp.gate_proj.out_features
         self.down_proj = Linear(mlp.down_proj.weight, mlp.down_proj.bias, quantization)
         self.act_fn: Callable[[torch.Tensor], torch.Tensor] = mlp.act_fn
+        weight = attn.q_proj.weight
+        self.lora = (
+            None
+            if lora is None
+            else LoRALayer(
+                attn.q_proj.in_features,
+                self.q_size,
+                self.kv_size,
+                self.intermediate_size,
+                lora,
+                weight.dtype,
+                weight.device,
+            )
+        )
 
-    def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """hidden [T, hidden], cos/sin [T, 1, head_dim] -> [T, hidden]."""
+    def forward(
+        self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, lora: LoRAStep | None = None
+    ) -> torch.Tensor:
+        """hidden [T, hidden], cos/sin [T, 1, head_dim] -> [T, hidden]; `lora`: the step's adapters."""
         residual = hidden
-        qkv = self.qkv_proj(self.input_layernorm(hidden))
+        normed = self.input_layernorm(hidden)
+        qkv = self.qkv_proj(normed)
+        if lora is not None and self.lora is not None:
+            qkv = qkv + self.lora.qkv.delta(normed, lora)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(q.shape[0], -1, self.head_dim)
         k = k.view(k.shape[0], -1, self.head_dim)
@@ -103,19 +131,32 @@ class DecoderLayer(nn.Module):
             attn = torch.ops.cbserve_cpu.paged_attention(q, k, v, self.layer_idx, self.scale, self.window)
         else:
             attn = torch.ops.cbserve.paged_attention(q, k, v, self.layer_idx, self.scale, self.window)
-        hidden = residual + self.o_proj(attn.flatten(1))
+        attn = attn.flatten(1)
+        out = self.o_proj(attn)
+        if lora is not None and self.lora is not None:
+            out = out + self.lora.o.delta(attn, lora)
+        hidden = residual + out
         residual = hidden
-        gate, up = self.gate_up_proj(self.post_attention_layernorm(hidden)).split(
-            self.intermediate_size, dim=-1
-        )
-        return residual + self.down_proj(self.act_fn(gate) * up)
+        normed = self.post_attention_layernorm(hidden)
+        gate_up = self.gate_up_proj(normed)
+        if lora is not None and self.lora is not None:
+            gate_up = gate_up + self.lora.gate_up.delta(normed, lora)
+        gate, up = gate_up.split(self.intermediate_size, dim=-1)
+        act = self.act_fn(gate) * up
+        out = self.down_proj(act)
+        if lora is not None and self.lora is not None:
+            out = out + self.lora.down.delta(act, lora)
+        return residual + out
 
 
 class Decoder(nn.Module):
     """Called like the transformers model it replaces: `model(input_ids=[1, T], position_ids=[1, T],
-    logits_to_keep=[N], attn_metadata=context)` -> `.logits` [1, N, vocab]."""
+    logits_to_keep=[N], attn_metadata=context)` -> `.logits` [1, N, vocab]; with LoRA slots, also
+    `lora_ids=[T]`, each token's slot (-1: the base model)."""
 
-    def __init__(self, hf_model: PreTrainedModel, quantization: Quantization | None) -> None:
+    def __init__(
+        self, hf_model: PreTrainedModel, quantization: Quantization | None, lora: LoRAConfig | None = None
+    ) -> None:
         super().__init__()
         inner: Any = hf_model.model
         self.config = hf_model.config
@@ -124,22 +165,42 @@ class Decoder(nn.Module):
         self.rotary_emb = inner.rotary_emb
         native = native_attention(hf_model.device)
         self.layers = nn.ModuleList(
-            [DecoderLayer(layer, i, quantization, native) for i, layer in enumerate(inner.layers)]
+            [DecoderLayer(layer, i, quantization, native, lora) for i, layer in enumerate(inner.layers)]
         )
+        self.lora_config = lora
         self.norm = RMSNorm(inner.norm.weight, inner.norm.variance_epsilon)
         lm_head = hf_model.lm_head
         self.lm_head = Linear(lm_head.weight, lm_head.bias, quantization)
         self.generation_config = hf_model.generation_config
         # The compiled callable of `logits_of` (compile.py); `logits_of` itself until then.
-        self.run: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] = self.logits_of
+        self.run: Callable[..., torch.Tensor] = self.logits_of
 
-    def logits_of(self, input_ids: torch.Tensor, positions: torch.Tensor, kept: torch.Tensor) -> torch.Tensor:
-        """input_ids [T], positions [T], kept [N] -> logits [N, vocab]: the part that is compiled."""
+    @property
+    def lora_layers(self) -> list[LoRALayer]:
+        """Each layer's LoRA slots; empty without LoRA."""
+        layers: list[DecoderLayer] = list(self.layers)  # type: ignore[arg-type]  # nn.ModuleList
+        return [layer.lora for layer in layers if layer.lora is not None]
+
+    def logits_of(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kept: torch.Tensor,
+        lora_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """input_ids [T], positions [T], kept [N] (and lora_ids [T] with LoRA slots) -> logits
+        [N, vocab]: the part that is compiled."""
         hidden = self.embed_tokens(input_ids)
         cos, sin = self.rotary_emb(hidden, positions.unsqueeze(0))
         cos, sin = cos[0].unsqueeze(1), sin[0].unsqueeze(1)  # [T, 1, head_dim]: broadcast over heads
+        lora = None
+        if lora_ids is not None and self.lora_config is not None:
+            # Two unbacked token counts to the compiler: they are one.
+            torch._check(lora_ids.shape[0] == input_ids.shape[0])
+            config = self.lora_config
+            lora = make_lora_step(lora_ids, config.max_loras, config.kernel, self.dtype)
         for layer in self.layers:
-            hidden = layer(hidden, cos, sin)
+            hidden = layer(hidden, cos, sin, lora)
         return self.lm_head(self.norm(hidden.index_select(0, kept)))
 
     def forward(
@@ -149,6 +210,7 @@ class Decoder(nn.Module):
         logits_to_keep: torch.Tensor | int,
         attn_metadata: AttentionContext,
         use_cache: bool = False,
+        lora_ids: torch.Tensor | None = None,
     ) -> DecoderOutput:
         del use_cache  # the paged pool is the cache
         # Copies, not views of [1, T]: the compiled graph would guard on the base's size too.
@@ -163,5 +225,10 @@ class Decoder(nn.Module):
         # outside it (a decode step's) and inside it (with drafts) differ in dispatch keys, which
         # the graph guards on: the first step with drafts recompiled it (~2 s).
         kept = logits_to_keep.clone()
+        inputs = [ids, positions, kept]
+        if self.lora_config is not None:
+            # Every call passes the slots, -1 (the base model) when the caller names none (the profiling
+            # step, a draft model's, a benchmark's), so one graph serves them all.
+            inputs.append(torch.full_like(ids, -1) if lora_ids is None else lora_ids.clone())
         with step_context(attn_metadata):
-            return DecoderOutput(logits=self.run(ids, positions, kept).unsqueeze(0))
+            return DecoderOutput(logits=self.run(*inputs).unsqueeze(0))

@@ -38,11 +38,10 @@ KEY_VERSION = "1"  # bumped when what the key covers, or the file's format, chan
 _PLAIN = (bool, int, float, str, type(None), torch.dtype)
 
 
-def _logits(
-    decoder: Decoder, input_ids: torch.Tensor, positions: torch.Tensor, kept: torch.Tensor
-) -> torch.Tensor:
-    """What is compiled: the decoder is an argument, so its weights are inputs, not part of the file."""
-    return decoder.logits_of(input_ids, positions, kept)
+def _logits(decoder: Decoder, *inputs: torch.Tensor) -> torch.Tensor:
+    """What is compiled: the decoder is an argument, so its weights (and LoRA slots) are inputs, not
+    part of the file."""
+    return decoder.logits_of(*inputs)
 
 
 def _describe(value: Any) -> str | None:
@@ -90,10 +89,12 @@ def _changed_source(compiled: Any) -> str | None:
     return None
 
 
-def _example_inputs(device: torch.device) -> list[torch.Tensor]:
-    """Tensors of the kinds every step passes (int64 ids, positions and kept rows), marked so that no
-    count, 0 and 1 included, gets a graph of its own."""
+def _example_inputs(device: torch.device, lora: bool) -> list[torch.Tensor]:
+    """Tensors of the kinds every step passes (int64 ids, positions and kept rows; with LoRA slots,
+    each token's slot), marked so that no count, 0 and 1 included, gets a graph of its own."""
     tensors = [torch.zeros(4, dtype=torch.long), torch.arange(4), torch.tensor([1, 3])]
+    if lora:
+        tensors.append(torch.tensor([-1, 0, 0, -1]))
     tensors = [tensor.to(device) for tensor in tensors]
     for tensor in tensors:
         torch._dynamo.decorators.mark_unbacked(tensor, 0)
@@ -117,8 +118,8 @@ class PrecompiledForward:
         loaded = self._load() if self.path.exists() else None
         self.fn: Any = loaded if loaded is not None else self._compile(device, options, backend)
 
-    def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, kept: torch.Tensor) -> torch.Tensor:
-        return self.fn(self.decoder, input_ids, positions, kept)
+    def __call__(self, *inputs: torch.Tensor) -> torch.Tensor:
+        return self.fn(self.decoder, *inputs)
 
     def _load(self) -> Any:
         started = time.perf_counter()
@@ -157,7 +158,8 @@ class PrecompiledForward:
         )
         # Floats (eps, scales) as constants: a symbolic float made dynamo trace everything twice.
         with torch.inference_mode(), torch._dynamo.config.patch(specialize_float=True):
-            compiled = compiler.aot_compile(((self.decoder, *_example_inputs(device)), {}))
+            inputs = _example_inputs(device, self.decoder.lora_config is not None)
+            compiled = compiler.aot_compile(((self.decoder, *inputs), {}))
         seconds = time.perf_counter() - started
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)

@@ -41,6 +41,22 @@ def test_a_shared_prefix_follows_its_cell_until_the_load_gap_outweighs_it() -> N
     assert router.choose({first: 4, other: 0}, prompt(3)) == other  # 4 - 3.2 > 0
 
 
+def test_an_adapters_prompts_match_only_what_that_adapter_was_sent() -> None:
+    """Hashed as the batcher's prefix cache hashes them (batcher/core/kv/prefix_cache.py)."""
+    from batcher.core.kv.prefix_cache import block_hashes
+    from batcher.core.request import Request
+    from common.protocol import LoRARequest, SamplingParams
+
+    adapter = LoRARequest(lora_name="sql", lora_path="/adapters/sql")
+    req = Request("r", prompt(1), SamplingParams(), 0.0, "", lora_request=adapter)
+    assert prompt_hashes(prompt(1), BLOCK_TOKENS, adapter.cache_key) == block_hashes(req, BLOCK_TOKENS)
+    router = CellRouter(["a", "b"], "cache_aware", prefix_weight=4.0)
+    first = router.choose({"a": 0, "b": 0}, prompt(1), extra_keys=adapter.cache_key)
+    other = "b" if first == "a" else "a"
+    assert router.choose({first: 3, other: 0}, prompt(2), extra_keys=adapter.cache_key) == first
+    assert router.choose({first: 1, other: 0}, prompt(2)) == other  # the base model's: no match
+
+
 def test_unrelated_prompts_spread_by_load_and_round_robin() -> None:
     router = CellRouter(["a", "b"], "cache_aware")
     placed = Counter(router.choose({"a": 0, "b": 0}, [i] * 3 * BLOCK_TOKENS) for i in range(10))

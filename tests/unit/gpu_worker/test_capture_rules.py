@@ -20,10 +20,18 @@ from transformers import AutoModelForCausalLM, LlamaConfig, PretrainedConfig, Qw
 from gpu_worker.kernels.triton.kv_write import kv_write
 from gpu_worker.runner.attention.transformers_interface import register_paged_attention
 from gpu_worker.runner.forward.decoder import Decoder
+from gpu_worker.runner.lora.layers import LoRAConfig
 from gpu_worker.runner.sample.sampler import sample_plain, sample_top_k, sample_top_p
 from gpu_worker.runner.sample.seeded_uniform import seeded_uniforms
 from harness.gpu_worker.capture_rules import CaptureViolation, capture_rules
-from harness.gpu_worker.fake_cuda import DEVICE, CheckedCapture, decode_graphs, fake_cuda, model_on_fake_cuda
+from harness.gpu_worker.fake_cuda import (
+    DEVICE,
+    CheckedCapture,
+    decode_graphs,
+    fake_cuda,
+    model_on_fake_cuda,
+    to_fake_cuda,
+)
 from harness.models.family_models import FAMILIES, SMALL
 
 # ---- the rules ---------------------------------------------------------------------------------------
@@ -140,6 +148,29 @@ def test_decode_graphs_capture_every_size(family: str) -> None:
     layers = NUM_LAYERS.get(family, 2)
     for graph in capture.graphs:
         assert graph.launches == ["_kv_write_kernel", "_paged_attention_kernel"] * layers
+
+
+def test_decode_graphs_capture_lora_slots() -> None:
+    """The Llama decoder with LoRA slots on CUDA's path: the step's tokens sorted by slot on the
+    device, and the shrink / expand kernels of every adapted linear inside the graph."""
+    torch.manual_seed(0)
+    hf_model = AutoModelForCausalLM.from_config(
+        LlamaConfig(**SIZES), attn_implementation=register_paged_attention(), dtype=torch.bfloat16
+    ).eval()
+    capture = CheckedCapture()
+    with fake_cuda() as mode:
+        to_fake_cuda(hf_model, mode)
+        model = Decoder(hf_model, None, LoRAConfig(max_loras=2, max_lora_rank=8, kernel="triton"))
+        graphs = decode_graphs(model, capture, max_num_seqs=4)
+        assert graphs.lora_ids is not None
+        graphs.capture()
+    assert graphs.failed == {} and graphs.captured_sizes == [1, 2, 4]
+    # Per layer: q/k/v's shrink and three expands, attention, o's, gate/up's (two expands), down's.
+    shrink, expand = "_lora_shrink_kernel", "_lora_expand_kernel"
+    attention = ["_kv_write_kernel", "_paged_attention_kernel"]
+    layer = [shrink, *[expand] * 3, *attention, shrink, expand, shrink, expand, expand, shrink, expand]
+    for graph in capture.graphs:
+        assert graph.launches == layer * 2
 
 
 # ---- the sampler's device functions (not captured today; kept capturable) ----------------------------

@@ -146,6 +146,13 @@ def build_parser(compare: bool) -> argparse.ArgumentParser:
     else:
         target.add_argument("--base-url", required=True, help="e.g. http://127.0.0.1:8000")
         target.add_argument("--served-model-name", help="`model` to send (default: first of /v1/models)")
+        target.add_argument(
+            "--lora-modules",
+            nargs="+",
+            default=[],
+            metavar="NAME",
+            help="adapters the requests are spread over",
+        )
     _add_benchmark_args(parser)
     return parser
 
@@ -287,7 +294,14 @@ def main_single(args: argparse.Namespace) -> int:
     parse_goodput(args.goodput)  # fail on a bad SLO before any load is sent
     workload = make_workload(args)
     print(_describe(workload))
-    target = Target("server", args.base_url, args.backend, args.prompt_format, args.served_model_name)
+    target = Target(
+        "server",
+        args.base_url,
+        args.backend,
+        args.prompt_format,
+        args.served_model_name,
+        lora_modules=tuple(args.lora_modules),
+    )
     record, summary = benchmark_one(target, workload, args)
     path = _result_path(args, "serve")
     write_json(path, {"config": config_record(args, workload), **record})
@@ -367,6 +381,7 @@ def main_compare(args: argparse.Namespace) -> int:
                         system.prompt_format,
                         model_name,
                         system.extra_body,
+                        system.lora_modules,
                     )
                     record, summaries[name] = benchmark_one(target, workload, args)
                     records.setdefault(name, record)

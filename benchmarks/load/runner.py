@@ -25,6 +25,9 @@ class Target:
     prompt_format: PromptFormat = "ids"
     model: str | None = None  # the `model` sent; None: the first entry of GET /v1/models
     extra_body: dict[str, Any] = field(default_factory=dict)  # merged into its bodies after --extra-body
+    # vLLM bench's --lora-modules: the adapters the requests are spread over (request i names the
+    # (i mod n)-th as its `model`); empty: every request names `model`.
+    lora_modules: tuple[str, ...] = ()
 
     @property
     def api_url(self) -> str:
@@ -71,7 +74,7 @@ def build_inputs(
     tokenizer: BenchTokenizer | None,
 ) -> list[RequestInput]:
     inputs: list[RequestInput] = []
-    for request in requests:
+    for index, request in enumerate(requests):
         prompt: list[int] | str = request.prompt_token_ids
         prompt_len = request.prompt_len
         if target.prompt_format == "text":
@@ -83,7 +86,7 @@ def build_inputs(
                 prompt=prompt,
                 prompt_len=prompt_len,
                 output_len=request.output_len,
-                model=model,
+                model=target.lora_modules[index % len(target.lora_modules)] if target.lora_modules else model,
                 temperature=options.temperature,
                 ignore_eos=options.ignore_eos,
                 extra_body={**options.extra_body, **target.extra_body},

@@ -17,6 +17,7 @@ reruns a whole comparison:
     [[system]]
     name = "vllm"
     base_url = "http://127.0.0.1:8000"
+    lora_modules = ["sql", "chat"]         # optional: request i names adapter i mod 2 as its `model`
 
 Launch kinds: `static` (benchmarks.baselines.static_server), `inprocess` (our scheduler and model runner in
 one process, no Redis: benchmarks.baselines.static_server --engine inprocess), `cbserve` (redis-server +
@@ -76,6 +77,7 @@ class SystemSpec:
     launch: LaunchSpec | None = None
     # JSON merged into this system's request bodies (e.g. one system's `structured_outputs`).
     extra_body: dict[str, Any] = field(default_factory=dict)
+    lora_modules: tuple[str, ...] = ()  # adapters its requests are spread over (benchmarks/load/runner.py)
 
 
 def _split_name(value: str, flag: str, form: str) -> tuple[str, str]:
@@ -155,6 +157,7 @@ def system_from_dict(raw: dict[str, Any]) -> SystemSpec:
         model=raw.get("model_name"),
         launch=launch,
         extra_body=dict(raw.get("extra_body") or {}),
+        lora_modules=tuple(str(name) for name in raw.get("lora_modules") or ()),
     )
 
 

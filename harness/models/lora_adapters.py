@@ -7,43 +7,13 @@ default starts B at zero: a no-op until trained).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from benchmarks.workloads.make_lora import build_lora_adapter
 from common.lora_adapter import TARGET_MODULES
-
-
-def build_lora_adapter(
-    base_model_dir: Path,
-    path: Path,
-    *,
-    rank: int = 4,
-    alpha: int = 8,
-    target_modules: Sequence[str] = TARGET_MODULES,
-    use_rslora: bool = False,
-    rank_pattern: Mapping[str, int] | None = None,
-    seed: int = 0,
-) -> Path:
-    """An adapter of `base_model_dir` in `path` (adapter_config.json + adapter_model.safetensors)."""
-    import torch
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
-
-    torch.manual_seed(seed)
-    base = AutoModelForCausalLM.from_pretrained(base_model_dir, dtype=torch.float32)
-    config = LoraConfig(
-        r=rank,
-        lora_alpha=alpha,
-        target_modules=list(target_modules),
-        use_rslora=use_rslora,
-        rank_pattern=dict(rank_pattern or {}),
-        init_lora_weights=False,
-        task_type="CAUSAL_LM",
-    )
-    get_peft_model(base, config).save_pretrained(str(path))
-    return path
 
 
 @dataclass(frozen=True)

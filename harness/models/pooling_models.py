@@ -92,11 +92,12 @@ TINY = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4, "in
 def _bert_config(tokenizer: Any, max_len: int, sizes: dict[str, int] | None = None, **kw: Any) -> Any:
     from transformers import BertConfig
 
+    shape: dict[str, Any] = dict(sizes or TINY)  # typed loosely: the config's keywords differ in type
     return BertConfig(
         vocab_size=len(tokenizer),
         max_position_embeddings=max_len,
         pad_token_id=tokenizer.pad_token_id,
-        **(sizes or TINY),
+        **shape,
         **kw,
     )
 
@@ -202,7 +203,7 @@ def build_decoder_reranker(path: Path, *, seed: int = 0) -> Path:
 def _qwen2_config(tok: Any, sizes: dict[str, int] | None = None) -> Any:
     from transformers import Qwen2Config
 
-    shape = sizes or {**TINY, "hidden_size": 64, "intermediate_size": 128}
+    shape: dict[str, Any] = sizes or {**TINY, "hidden_size": 64, "intermediate_size": 128}
     return Qwen2Config(
         vocab_size=tok.get_vocab_size(),
         num_key_value_heads=shape["num_attention_heads"] // 2,

@@ -66,7 +66,10 @@ def stack(
 
             wait_for(joined, 120, "two LoRA workers to join")
             adapters = request.getfixturevalue("lora_adapters")
-            s.start_gateway(GATEWAY_LORA_MODULES=" ".join(f"{n}={p}" for n, p in adapters.items()))
+            s.start_gateway(
+                GATEWAY_LORA_MODULES=" ".join(f"{n}={p}" for n, p in adapters.items()),
+                GATEWAY_ALLOW_RUNTIME_LORA_UPDATING="true",
+            )
             s.wait_ready(num_workers=2)
             yield s
         finally:
@@ -133,6 +136,47 @@ def test_an_adapter_the_workers_cannot_read_fails_its_request(stack: Stack, tmp_
     # The workers live on and serve the next request.
     assert len(list(follow(r, submit_one(r, [5, 6, 7], 2, None), timeout_s=60))) == 2
     stack.check_alive()
+
+
+def test_an_adapter_loaded_and_unloaded_at_run_time_while_others_stream(
+    stack: Stack, tiny_model_dir: Path, lora_adapters: dict[str, Path], expected: list[list[int]]
+) -> None:
+    """The static adapters' and the base model's requests stream throughout; an adapter loaded
+    meanwhile serves PEFT's tokens, and unloading it mid-stream lets its running request finish
+    while a new one naming it is a 404."""
+    models = [tiny_model_dir.name if a is None else a for a in ADAPTER_OF]
+    runtime = {"lora_name": "attn-at-run-time", "lora_path": str(lora_adapters["attn-r4"])}
+    prompt = lora_prompts()[0]  # attn-r4's in ADAPTER_OF: the same adapter under another name
+
+    async def run() -> tuple[list[fault.ClientStream], fault.ClientStream]:
+        seen = [fault.ClientStream() for _ in models]
+        loaded = fault.ClientStream()
+        async with httpx.AsyncClient(base_url=stack.base_url, timeout=httpx.Timeout(120.0)) as client:
+            others = [
+                asyncio.create_task(fault.stream_completion(client, p, LONG_TOKENS, s, model=m))
+                for p, s, m in zip(lora_prompts(), seen, models, strict=True)
+            ]
+            response = await client.post("/v1/load_lora_adapter", json=runtime)
+            assert response.status_code == 200, response.text
+            task = asyncio.create_task(
+                fault.stream_completion(client, prompt, LONG_TOKENS, loaded, model=runtime["lora_name"])
+            )
+            deadline = time.monotonic() + 60
+            while not loaded.token_ids and not task.done():  # unload once it is mid-stream
+                assert time.monotonic() < deadline, "the runtime adapter's first token"
+                await asyncio.sleep(0.01)
+            response = await client.post("/v1/unload_lora_adapter", json={"lora_name": runtime["lora_name"]})
+            assert response.status_code == 200, response.text
+            body = {"model": runtime["lora_name"], "prompt": prompt, "max_tokens": 2}
+            refused = await client.post("/v1/completions", json=body)
+            assert refused.status_code == 404, refused.text
+            await asyncio.gather(task, *others)
+        return seen, loaded
+
+    seen, loaded = asyncio.run(run())
+    assert [s.errors for s in seen] == [[]] * len(models) and loaded.errors == []
+    assert [s.token_ids for s in seen] == expected
+    assert loaded.token_ids == expected[0]
 
 
 def test_a_killed_workers_adapter_requests_resume_elsewhere(

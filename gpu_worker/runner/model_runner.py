@@ -48,6 +48,7 @@ from gpu_worker.runner.profile import (
     kv_cache_budget,
     run_profile_step,
 )
+from gpu_worker.runner.runner_info import worker_info_of
 from gpu_worker.runner.sample.logprobs import SampleLogprobs
 from gpu_worker.runner.sample.prompt_logprobs import collect_prompt_logprobs
 from gpu_worker.runner.sample.sampler import Sampler, SamplerOutput
@@ -178,15 +179,8 @@ class ModelRunner:
 
     def worker_info(self) -> WorkerInfo:
         """What the batcher needs to schedule onto this runner (sent when a worker registers)."""
-        return WorkerInfo(
-            worker_id=self.worker_id,
-            model=self.model_name,
-            num_blocks=self.num_blocks,
-            block_size=self.block_size,
-            max_model_len=self.max_model_len,
-            started_at=time.time(),
-            max_num_seqs=self.max_num_seqs,
-            max_num_batched_tokens=self.max_num_batched_tokens,
+        return worker_info_of(
+            self,
             max_loras=0 if self.lora is None else self.lora.max_loras,
             max_lora_rank=0 if self.lora is None else self.lora.max_lora_rank,
             max_cpu_loras=0 if self.lora is None else self.lora.max_cpu_loras,

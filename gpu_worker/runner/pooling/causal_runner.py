@@ -15,7 +15,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
-import msgspec
 import torch
 
 from common.protocol import ModelRunnerOutput, PoolingParams, SchedulerOutput, WorkerEvent, WorkerInfo
@@ -49,16 +48,7 @@ class PoolingModelRunner(ModelRunner):
         return load_causal_pooling_model(settings, self.spec)
 
     def worker_info(self) -> WorkerInfo:
-        spec = self.spec
-        return msgspec.structs.replace(
-            super().worker_info(),
-            runner="pooling",
-            pooling_tasks=spec.tasks,
-            prefix_caching=spec.pooling_type == "last",
-            embed_dim=0 if spec.classifier else int(spec.config.hidden_size),
-            is_matryoshka=spec.is_matryoshka,
-            matryoshka_dimensions=list(spec.matryoshka_dimensions),
-        )
+        return self.spec.worker_info(super().worker_info())
 
     def reset(self) -> None:
         super().reset()

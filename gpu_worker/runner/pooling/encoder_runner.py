@@ -27,6 +27,7 @@ from common.protocol import (
 )
 from gpu_worker.runner.pooling.model_files import PoolingSpec, encoder_max_len
 from gpu_worker.runner.pooling.pooled_output import pooled_values, pooling_event
+from gpu_worker.runner.runner_info import worker_info_of
 from gpu_worker.settings import WorkerSettings
 
 logger = logging.getLogger(__name__)
@@ -62,24 +63,7 @@ class EncoderRunner:
         self._done: dict[str, tuple[NewRequestData, torch.Tensor]] = {}  # until published
 
     def worker_info(self) -> WorkerInfo:
-        spec = self.spec
-        return WorkerInfo(
-            worker_id=self.worker_id,
-            model=self.model_name,
-            num_blocks=self.num_blocks,
-            block_size=self.block_size,
-            max_model_len=self.max_model_len,
-            started_at=time.time(),
-            max_num_seqs=self.max_num_seqs,
-            max_num_batched_tokens=self.max_num_batched_tokens,
-            runner="pooling",
-            pooling_tasks=spec.tasks,
-            chunked_prefill=False,
-            prefix_caching=False,
-            embed_dim=0 if spec.classifier else int(spec.config.hidden_size),
-            is_matryoshka=spec.is_matryoshka,
-            matryoshka_dimensions=list(spec.matryoshka_dimensions),
-        )
+        return self.spec.worker_info(worker_info_of(self))
 
     def reset(self) -> None:
         self._done.clear()

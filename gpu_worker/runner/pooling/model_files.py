@@ -19,9 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+import msgspec
 from transformers import AutoConfig, PretrainedConfig
 
-from common.protocol import PoolingParams, PoolingTask
+from common.protocol import PoolingParams, PoolingTask, WorkerInfo
 from gpu_worker.runner.model_support import UnsupportedModelError, unsupported_features
 from gpu_worker.settings import WorkerSettings
 
@@ -78,6 +79,20 @@ class PoolingSpec:
         if not self.classifier:
             return ["embed"]
         return ["classify", "score"] if self.num_labels == 1 else ["classify"]
+
+    def worker_info(self, info: WorkerInfo) -> WorkerInfo:
+        """A runner's `info` as a pooling worker of this model announces it."""
+        return msgspec.structs.replace(
+            info,
+            runner="pooling",
+            pooling_tasks=self.tasks,
+            # An encoder computes a prompt whole; only last-token pooling can reuse a cached prefix.
+            chunked_prefill=not self.encoder,
+            prefix_caching=not self.encoder and self.pooling_type == "last",
+            embed_dim=0 if self.classifier else int(self.config.hidden_size),
+            is_matryoshka=self.is_matryoshka,
+            matryoshka_dimensions=list(self.matryoshka_dimensions),
+        )
 
 
 def resolve_runner(settings: WorkerSettings) -> Runner:

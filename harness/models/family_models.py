@@ -26,18 +26,9 @@ from transformers import (
     SiglipVisionConfig,
 )
 
+from harness.models.tiny_model import SMALL
+
 WINDOW = 7  # tokens: shorter than most test prompts, not a multiple of the block size
-SMALL = {
-    "vocab_size": 512,
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "max_position_embeddings": 512,
-    "initializer_range": 0.05,
-    "tie_word_embeddings": False,
-}
 
 FAMILIES: dict[str, Callable[[], PretrainedConfig]] = {
     # Local and global layers alternating, logit softcapping (large enough to bend the scores), the

@@ -21,6 +21,19 @@ from benchmarks.workloads.chatml_tokenizer import (
 # Chat templates in model families' formats, on ChatML turns (tool calls, thoughts): `<name>.jinja`.
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 
+# The tiny models' sizes (their configs' fields): the Llama here, the other families in family_models.py.
+SMALL: dict[str, Any] = {
+    "vocab_size": 512,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 512,
+    "initializer_range": 0.05,
+    "tie_word_embeddings": False,
+}
+
 
 def byte_token_id(tokenizer: Any, byte: int) -> int:
     """The id of the token for one raw byte, spelled as byte-level BPE spells it (GPT-2's table:
@@ -73,18 +86,8 @@ def build_tiny_model(
         fast.chat_template = chat_template
 
     torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=tok.get_vocab_size(),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=max_len,
-        initializer_range=0.05,
-        **config_token_ids(tok),
-        tie_word_embeddings=False,
-    )
+    sizes = {**SMALL, "vocab_size": tok.get_vocab_size(), "max_position_embeddings": max_len}
+    config = LlamaConfig(**sizes, **config_token_ids(tok))
     model = LlamaForCausalLM(config)
     model.generation_config = generation_config(tok)
     path.mkdir(parents=True, exist_ok=True)

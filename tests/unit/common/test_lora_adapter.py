@@ -5,6 +5,7 @@ is refused with the reason."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import shutil
@@ -78,24 +79,13 @@ def test_rank_above_max_lora_rank(lora_adapters: dict[str, Path], base: BaseMode
 
 
 def test_another_base_models_shapes(lora_adapters: dict[str, Path], base: BaseModelShapes) -> None:
-    wider = BaseModelShapes(
-        hidden_size=128,
-        intermediate_size=256,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=32,
-        num_hidden_layers=2,
-    )
+    wider = dataclasses.replace(base, hidden_size=128, intermediate_size=256, head_dim=32)
     message = refusal(lora_adapters["attn-r4"], wider)
     assert "layers.0.q_proj" in message and "another base model" in message and "[4, 64]" in message
-    shallower = BaseModelShapes(**{**_fields(base), "num_hidden_layers": 1})
+    shallower = dataclasses.replace(base, num_hidden_layers=1)
     assert "past the base model's 1 layers" in refusal(lora_adapters["attn-r4"], shallower)
-    fewer_kv = BaseModelShapes(**{**_fields(base), "num_key_value_heads": 1})
+    fewer_kv = dataclasses.replace(base, num_key_value_heads=1)
     assert "v_proj" in refusal(lora_adapters["attn-r4"], fewer_kv)
-
-
-def _fields(base: BaseModelShapes) -> dict[str, int]:
-    return {name: getattr(base, name) for name in BaseModelShapes.__slots__}
 
 
 def test_missing_files(lora_adapters: dict[str, Path], base: BaseModelShapes, tmp_path: Path) -> None:

@@ -106,19 +106,23 @@ def create_app(settings: GatewaySettings) -> FastAPI:
 
     app = FastAPI(title="cbserve gateway", lifespan=lifespan)
     install_error_handlers(app)
-    app.include_router(routes_generation.router)
-    app.include_router(routes_pooling.router)
-    app.include_router(routes_responses.router)
-    app.include_router(routes_requests.router)
-    app.include_router(routes_models.router)
-    app.include_router(routes_lora.router)
-    app.include_router(routes_tokenizer.router)
-    app.include_router(routes_stored_chat.router)
-    app.include_router(routes_messages.router)
-    app.include_router(routes_metrics.router)
-    app.include_router(routes_dashboard.router)
-    app.include_router(routes_files.router)
-    app.include_router(routes_batches.router)
+    routes = (
+        routes_generation,
+        routes_pooling,
+        routes_responses,
+        routes_requests,
+        routes_models,
+        routes_lora,
+        routes_tokenizer,
+        routes_stored_chat,
+        routes_messages,
+        routes_metrics,
+        routes_dashboard,
+        routes_files,
+        routes_batches,
+    )
+    for route in routes:
+        app.include_router(route.router)
     # Added last runs first: keys are checked before a byte of the body is read. An upload may be
     # as large as a file may be, plus its multipart framing.
     upload_limit = settings.max_file_bytes + _MULTIPART_OVERHEAD

@@ -57,22 +57,21 @@ def expected(tiny_model_dir: Path, lora_adapters: dict[str, Path]) -> list[list[
     return expected_tokens(tiny_model_dir, lora_adapters, lora_prompts())
 
 
-def mixed_llm(model_dir: Path) -> LLM:
+def mixed_llm(model_dir: Path, **overrides: Any) -> LLM:
     """Two slots for three adapters: requests wait for a slot while the base model's go on; a
     24-token budget chunks the long prompts."""
     torch.set_num_threads(1)
-    return LLM(
-        str(model_dir),
-        device="cpu",
-        num_blocks=96,
-        block_size=4,
-        max_num_seqs=8,
-        max_num_batched_tokens=24,
-        enable_lora=True,
-        max_loras=2,
-        max_lora_rank=16,
-        max_cpu_loras=3,
-    )
+    settings: dict[str, Any] = {
+        "num_blocks": 96,
+        "block_size": 4,
+        "max_num_seqs": 8,
+        "max_num_batched_tokens": 24,
+        "enable_lora": True,
+        "max_loras": 2,
+        "max_lora_rank": 16,
+        "max_cpu_loras": 3,
+    }
+    return LLM(str(model_dir), device="cpu", **{**settings, **overrides})
 
 
 def generate_mixed(llm: LLM, adapters: dict[str, Path]) -> list[list[int]]:
@@ -104,24 +103,10 @@ def test_mixed_adapters_in_one_batch_equal_peft_alone(
 def test_preempted_adapter_requests_keep_their_tokens(
     tiny_model_dir: Path, lora_adapters: dict[str, Path], expected: list[list[int]]
 ) -> None:
-    small = LLM(
-        str(tiny_model_dir),
-        device="cpu",
-        num_blocks=20,  # 80 tokens of KV for 8 requests of up to 50: requests are preempted
-        block_size=4,
-        max_num_seqs=8,
-        max_num_batched_tokens=24,
-        enable_lora=True,
-        max_loras=3,
-    )
-    outputs = small.generate(
-        [{"prompt_token_ids": p} for p in lora_prompts()],
-        greedy(),
-        use_tqdm=False,
-        lora_request=requests_of(lora_adapters),
-    )
+    # 80 tokens of KV for 8 requests of up to 50: requests are preempted.
+    small = mixed_llm(tiny_model_dir, num_blocks=20, max_loras=3)
+    assert generate_mixed(small, lora_adapters) == expected
     assert small.llm_engine.stats.num_preemptions > 0
-    assert [o.outputs[0].token_ids for o in outputs] == expected
 
 
 def test_adapters_are_refused_before_anything_runs(

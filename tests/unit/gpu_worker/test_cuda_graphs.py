@@ -15,7 +15,6 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
 from transformers import AutoModelForCausalLM, LlamaConfig, PreTrainedModel
 
-from gpu_worker.runner.attention.backend import AttentionContext
 from gpu_worker.runner.attention.transformers_interface import register_paged_attention
 from gpu_worker.runner.cuda_graphs import DecodeGraphs
 from gpu_worker.runner.forward.decoder import Decoder, DecoderOutput
@@ -32,12 +31,12 @@ class HostIndexDecoder(Decoder):
         input_ids: torch.Tensor,
         position_ids: torch.Tensor,
         logits_to_keep: torch.Tensor | int,
-        attn_metadata: AttentionContext,
-        use_cache: bool = False,
+        *args: Any,  # the step's context and the rest, passed on as they came
+        **kwargs: Any,
     ) -> DecoderOutput:
         if input_ids.shape[1] > 2:
             logits_to_keep = torch.arange(input_ids.shape[1]).to(input_ids.device)
-        return super().forward(input_ids, position_ids, logits_to_keep, attn_metadata, use_cache)
+        return super().forward(input_ids, position_ids, logits_to_keep, *args, **kwargs)
 
 
 class BrokenDecoder(Decoder):

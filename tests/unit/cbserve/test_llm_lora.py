@@ -7,7 +7,7 @@ tests/stack/test_lora.py."""
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -48,8 +48,8 @@ def requests_of(adapters: dict[str, Path]) -> list[LoRARequest | None]:
     return [None if a is None else LoRARequest(a, ids[a], str(adapters[a])) for a in ADAPTER_OF]
 
 
-def greedy() -> SamplingParams:
-    return SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+def greedy(max_tokens: int = MAX_TOKENS) -> SamplingParams:
+    return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
 
 
 @pytest.fixture(scope="module")
@@ -74,13 +74,20 @@ def mixed_llm(model_dir: Path, **overrides: Any) -> LLM:
     return LLM(str(model_dir), device="cpu", **{**settings, **overrides})
 
 
-def generate_mixed(llm: LLM, adapters: dict[str, Path]) -> list[list[int]]:
-    """Every prompt with its adapter (or the base model), in one call: their greedy tokens."""
+def generate_mixed(
+    llm: LLM,
+    adapters: dict[str, Path],
+    picked: Sequence[int] = range(len(PROMPT_LENS)),
+    max_tokens: int = MAX_TOKENS,
+) -> list[list[int]]:
+    """The `picked` prompts (all by default), each with its adapter (or the base model), in one call:
+    their greedy tokens."""
+    prompts, requests = lora_prompts(), requests_of(adapters)
     outputs = llm.generate(
-        [{"prompt_token_ids": p} for p in lora_prompts()],
-        greedy(),
+        [{"prompt_token_ids": prompts[i]} for i in picked],
+        greedy(max_tokens),
         use_tqdm=False,
-        lora_request=requests_of(adapters),
+        lora_request=[requests[i] for i in picked],
     )
     return [o.outputs[0].token_ids for o in outputs]
 
@@ -156,13 +163,8 @@ def test_the_triton_kernels_in_the_decoder_equal_peft(
     assert isinstance(decoder, Decoder) and decoder.lora_config is not None
     assert decoder.lora_config.kernel == "triton"
     picked = [0, 2, 3, 7]  # three adapters and the base model, in one batch
-    outputs = llm.generate(
-        [{"prompt_token_ids": lora_prompts()[i]} for i in picked],
-        SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True),
-        use_tqdm=False,
-        lora_request=[requests_of(lora_adapters)[i] for i in picked],
-    )
-    assert [o.outputs[0].token_ids for o in outputs] == [expected[i][:4] for i in picked]
+    tokens = generate_mixed(llm, lora_adapters, picked, max_tokens=4)
+    assert tokens == [expected[i][:4] for i in picked]
 
 
 def test_decode_graph_buffers_carry_each_rows_slot(
@@ -187,11 +189,6 @@ def test_decode_graph_buffers_carry_each_rows_slot(
     graphs = llm.llm_engine.runner.decode_graphs
     assert graphs is not None and graphs.lora_ids is not None
     picked = [0, 3, 7]  # two adapters and the base model: 3 rows, padded to a graph of 4
-    outputs = llm.generate(
-        [{"prompt_token_ids": lora_prompts()[i]} for i in picked],
-        SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True),
-        use_tqdm=False,
-        lora_request=[requests_of(lora_adapters)[i] for i in picked],
-    )
+    tokens = generate_mixed(llm, lora_adapters, picked, max_tokens=4)
     assert graphs.num_replays > 0
-    assert [o.outputs[0].token_ids for o in outputs] == [expected[i][:4] for i in picked]
+    assert tokens == [expected[i][:4] for i in picked]

@@ -57,7 +57,15 @@ def _chat(**fields: Any) -> Body:
 
 
 # (schema, body holding the value, the param the refusal names, the cap)
-SCHEMA_CASES: dict[str, tuple[type[BaseModel], Body, str, int]] = {
+Case = tuple[type[BaseModel], Body, str, int]
+
+
+def _top_level(schema: type[BaseModel], base: dict[str, Any], name: str, cap: int) -> Case:
+    """A case of a top-level string field `name` of `base`, which the refusal names as it is."""
+    return schema, _with(base, **{name: str}), name, cap
+
+
+SCHEMA_CASES: dict[str, Case] = {
     "chat message name": (
         ChatCompletionRequest,
         lambda v: {"messages": [{"role": "user", "content": "hi", "name": v}]},
@@ -82,22 +90,12 @@ SCHEMA_CASES: dict[str, tuple[type[BaseModel], Body, str, int]] = {
         "messages[0].content[0].type",
         MAX_WORD_CHARS,
     ),
-    "chat model": (ChatCompletionRequest, _chat(model=str), "model", MAX_ID_CHARS),
-    "chat prompt_cache_key": (
-        ChatCompletionRequest,
-        _chat(prompt_cache_key=str),
-        "prompt_cache_key",
-        MAX_ID_CHARS,
-    ),
-    "chat service_tier": (ChatCompletionRequest, _chat(service_tier=str), "service_tier", MAX_WORD_CHARS),
-    "chat tool_choice": (ChatCompletionRequest, _chat(tool_choice=str), "tool_choice", MAX_WORD_CHARS),
-    "chat reasoning_effort": (
-        ChatCompletionRequest,
-        _chat(reasoning_effort=str),
-        "reasoning_effort",
-        MAX_WORD_CHARS,
-    ),
-    "chat verbosity": (ChatCompletionRequest, _chat(verbosity=str), "verbosity", MAX_WORD_CHARS),
+    "chat model": _top_level(ChatCompletionRequest, CHAT, "model", MAX_ID_CHARS),
+    "chat prompt_cache_key": _top_level(ChatCompletionRequest, CHAT, "prompt_cache_key", MAX_ID_CHARS),
+    "chat service_tier": _top_level(ChatCompletionRequest, CHAT, "service_tier", MAX_WORD_CHARS),
+    "chat tool_choice": _top_level(ChatCompletionRequest, CHAT, "tool_choice", MAX_WORD_CHARS),
+    "chat reasoning_effort": _top_level(ChatCompletionRequest, CHAT, "reasoning_effort", MAX_WORD_CHARS),
+    "chat verbosity": _top_level(ChatCompletionRequest, CHAT, "verbosity", MAX_WORD_CHARS),
     "chat modalities": (
         ChatCompletionRequest,
         _chat(modalities=lambda v: [v]),
@@ -135,14 +133,11 @@ SCHEMA_CASES: dict[str, tuple[type[BaseModel], Body, str, int]] = {
         "response_format.json_schema.description",
         MAX_DESCRIPTION_CHARS,
     ),
-    "completion model": (CompletionRequest, _with(PROMPT, model=str), "model", MAX_ID_CHARS),
-    "tokenize model": (TokenizeCompletionRequest, _with(PROMPT, model=str), "model", MAX_ID_CHARS),
-    "responses model": (ResponsesRequest, _with(INPUT, model=str), "model", MAX_ID_CHARS),
-    "responses previous_response_id": (
-        ResponsesRequest,
-        _with(INPUT, previous_response_id=str),
-        "previous_response_id",
-        MAX_ID_CHARS,
+    "completion model": _top_level(CompletionRequest, PROMPT, "model", MAX_ID_CHARS),
+    "tokenize model": _top_level(TokenizeCompletionRequest, PROMPT, "model", MAX_ID_CHARS),
+    "responses model": _top_level(ResponsesRequest, INPUT, "model", MAX_ID_CHARS),
+    "responses previous_response_id": _top_level(
+        ResponsesRequest, INPUT, "previous_response_id", MAX_ID_CHARS
     ),
     "responses call_id": (
         ResponsesRequest,
@@ -168,14 +163,9 @@ SCHEMA_CASES: dict[str, tuple[type[BaseModel], Body, str, int]] = {
         "text.format.description",
         MAX_DESCRIPTION_CHARS,
     ),
-    "responses tool_choice": (ResponsesRequest, _with(INPUT, tool_choice=str), "tool_choice", 64),
-    "responses prompt_cache_key": (
-        ResponsesRequest,
-        _with(INPUT, prompt_cache_key=str),
-        "prompt_cache_key",
-        MAX_ID_CHARS,
-    ),
-    "anthropic model": (MessagesRequest, _with(MESSAGES, model=str), "model", MAX_ID_CHARS),
+    "responses tool_choice": _top_level(ResponsesRequest, INPUT, "tool_choice", 64),
+    "responses prompt_cache_key": _top_level(ResponsesRequest, INPUT, "prompt_cache_key", MAX_ID_CHARS),
+    "anthropic model": _top_level(MessagesRequest, MESSAGES, "model", MAX_ID_CHARS),
     "anthropic tool name": (
         MessagesRequest,
         _with(MESSAGES, tools=lambda v: [{"name": v, "input_schema": SCHEMA}]),

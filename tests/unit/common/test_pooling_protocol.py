@@ -62,13 +62,9 @@ def test_a_pooling_request_round_trips_and_a_generation_leaves_the_fields_out() 
 
 
 def test_a_worker_says_which_runner_it_is_and_an_old_one_generates() -> None:
-    info = WorkerInfo(
-        worker_id="w",
-        model="m",
-        num_blocks=8,
-        block_size=16,
-        max_model_len=128,
-        started_at=1.0,
+    old = WorkerInfo(worker_id="w", model="m", num_blocks=8, block_size=16, max_model_len=128, started_at=1.0)
+    info = msgspec.structs.replace(
+        old,
         runner="pooling",
         pooling_tasks=["embed"],
         chunked_prefill=False,
@@ -78,7 +74,6 @@ def test_a_worker_says_which_runner_it_is_and_an_old_one_generates() -> None:
         matryoshka_dimensions=[8, 16],
     )
     assert decode_worker(encode(info)) == info
-    old = WorkerInfo(worker_id="w", model="m", num_blocks=8, block_size=16, max_model_len=128, started_at=1.0)
     assert decode_worker(encode(old)).runner == "generate"
 
 

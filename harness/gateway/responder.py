@@ -2,11 +2,13 @@
 
 A thread reads each GenerateRequest from the requests stream and writes `num_tokens` token events to
 its token stream (with logprobs when asked, as the worker would), the last one finishing it (a
-finishing prompt event for max_tokens 0), and keeps a worker heartbeat fresh so /health says 200.
+finishing prompt event for max_tokens 0; a pooling request's one result), and keeps a worker heartbeat
+fresh so /health says 200.
 """
 
 from __future__ import annotations
 
+import struct
 import threading
 import time
 from collections.abc import Iterator
@@ -15,7 +17,15 @@ from typing import Any
 
 import redis
 
-from common.protocol import FIELD, GenerateRequest, PromptEvent, TokenEvent, decode_request, encode
+from common.protocol import (
+    FIELD,
+    GenerateRequest,
+    PoolingEvent,
+    PromptEvent,
+    TokenEvent,
+    decode_request,
+    encode,
+)
 from common.streams import REQUESTS_STREAM, WORKERS_HEARTBEAT, token_stream
 
 TOKEN_ID = 300
@@ -41,6 +51,15 @@ class Responder:
 
     def _answer(self, request: GenerateRequest) -> None:
         self.requests.append(request)
+        if request.pooling_params is not None:
+            result = PoolingEvent(
+                req_id=request.req_id,
+                attempt=1,
+                data=struct.pack("<4f", 0.5, 0.5, 0.5, 0.5),
+                num_prompt_tokens=len(request.prompt_token_ids),
+            )
+            self.redis.xadd(token_stream(request.req_id), {FIELD: encode(result)})
+            return
         params = request.sampling_params
         n = min(self._num_tokens, params.max_tokens)
         k = params.logprobs

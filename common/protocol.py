@@ -91,6 +91,33 @@ class PoolingParams(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tru
     truncate_prompt_tokens: int | None = None
 
 
+class TensorData(msgspec.Struct, frozen=True, kw_only=True):
+    """A tensor on the wire: its raw bytes (little-endian, C order), dtype name and shape."""
+
+    dtype: str  # torch's name without the prefix: "float32", "int64", ...
+    shape: list[int]
+    data: bytes
+
+
+class PlaceholderRange(msgspec.Struct, frozen=True, kw_only=True):
+    """vLLM's PlaceholderRange: where an image's embeddings go in the prompt."""
+
+    offset: int  # index in prompt_token_ids of its first placeholder token
+    length: int  # placeholder tokens it fills, one embedding each
+
+
+class MultiModalFeature(msgspec.Struct, frozen=True, kw_only=True):
+    """vLLM's MultiModalFeatureSpec: one image of a request as the model's own processor made it (in
+    the gateway); the worker runs the vision encoder on `data` and puts its output at `mm_position`."""
+
+    modality: Literal["image"] = "image"
+    # Content hash (hex) of the processed inputs: keys the worker's encoder cache and the prefix-cache
+    # blocks its placeholders fall in (the same text with another image is not a hit).
+    identifier: str
+    mm_position: PlaceholderRange
+    data: dict[str, TensorData]  # the processor's outputs for this image: pixel_values, image_grid_thw, ...
+
+
 class GenerateRequest(msgspec.Struct, tag="request", kw_only=True):
     """One entry on the requests stream: what any client (gateway, Celery, raw) submits."""
 
@@ -107,6 +134,7 @@ class GenerateRequest(msgspec.Struct, tag="request", kw_only=True):
     pooling_params: PoolingParams | None = None  # None: generation; else a pooling request (no tokens)
     # Pooling requests of a cross-encoder (vLLM's TokensPrompt field): each prompt token's segment.
     token_type_ids: list[int] | None = None
+    mm_features: list[MultiModalFeature] | None = None  # its images, in prompt order; None: text only
 
 
 class AbortRequest(msgspec.Struct, tag="abort", kw_only=True):
@@ -167,6 +195,7 @@ class NewRequestData(msgspec.Struct, kw_only=True):
     lora_request: LoRARequest | None = None  # None: the base model
     pooling_params: PoolingParams | None = None  # set: pool its prompt, sample nothing
     token_type_ids: list[int] | None = None  # segments of a cross-encoder's pair
+    mm_features: list[MultiModalFeature] | None = None  # its images; re-encoded by whichever worker runs it
 
 
 class CachedRequestData(msgspec.Struct, kw_only=True):

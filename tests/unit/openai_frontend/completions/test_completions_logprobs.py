@@ -12,7 +12,7 @@ from common.protocol import PromptEvent, TokenEvent
 from openai_frontend.completions.logprobs import LogprobsFormatter, joined
 from openai_frontend.completions.schemas import CompletionLogprobs
 from openai_frontend.model.served_model import ServedModel
-from tests.unit.openai_frontend.completions_inputs import events, logprob
+from tests.unit.openai_frontend.completions.completions_inputs import events, logprob
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ from openai_frontend.anthropic.schemas import CountTokensRequest, MessagesReques
 from openai_frontend.follow.stream_out import StreamEvent
 from openai_frontend.protocol.errors import OpenAIError, invalid_request
 from openai_frontend.responses.items import CallItem, output_items
-from tests.unit.openai_frontend.test_responses_items import _meta
+from tests.unit.openai_frontend.responses.test_responses_items import _meta
 
 CALL = '<tool_call>\n{"name": "%s", "arguments": %s}\n</tool_call>'
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}}}

@@ -16,7 +16,7 @@ from openai_frontend.generate.request import PreparedRequest
 from openai_frontend.generate.request_builder import prepare_choices
 from openai_frontend.model.served_model import ServedModel
 from openai_frontend.protocol.openai_schemas import ChatCompletionRequest
-from tests.unit.openai_frontend.completions_inputs import body, logprob, outputs, stream
+from tests.unit.openai_frontend.completions.completions_inputs import body, logprob, outputs, stream
 
 USER = [{"role": "user", "content": "What is the weather in Paris?"}]
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'

@@ -6,7 +6,7 @@ from __future__ import annotations
 from batcher.core.request import Request
 from batcher.core.scheduler import Scheduler, SchedulerConfig
 from common.protocol import ModelRunnerOutput
-from tests.unit.batcher.test_kv_cache_manager import hold_blocks
+from tests.unit.batcher.kv.test_kv_cache_manager import hold_blocks
 from tests.unit.batcher.test_scheduler import complete, request, step, worker
 
 PREFIX = list(range(1000, 1016))  # 4 blocks of 4 tokens

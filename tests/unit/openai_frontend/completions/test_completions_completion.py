@@ -17,7 +17,13 @@ from openai_frontend.generate.request import PreparedRequest
 from openai_frontend.generate.request_builder import prepare_choices
 from openai_frontend.model.served_model import ServedModel
 from openai_frontend.protocol.openai_schemas import CompletionRequest
-from tests.unit.openai_frontend.completions_inputs import body, logprob, outputs, prompt_output, stream
+from tests.unit.openai_frontend.completions.completions_inputs import (
+    body,
+    logprob,
+    outputs,
+    prompt_output,
+    stream,
+)
 
 PROMPT = "Once upon a time"
 

@@ -17,7 +17,7 @@ from common.settings import (
     redis_url_field,
     retention_field,
 )
-from common.speculative_config import SpeculativeConfig, speculative_config_field
+from common.spec_decode.speculative_config import SpeculativeConfig, speculative_config_field
 
 
 def _default_batcher_id() -> str:

@@ -36,8 +36,8 @@ from cbserve.restarts import RestartBudget
 from cbserve.run_state import RunState
 from cbserve.stack import ServiceArgs, Stack, celery_installed, joined_workers, start_services
 from cbserve.startup_progress import StartupProgress
-from common.lora_modules import parse_lora_modules
-from common.speculative_config import SpeculativeConfig
+from common.lora.lora_modules import parse_lora_modules
+from common.spec_decode.speculative_config import SpeculativeConfig
 
 
 class LaunchError(RuntimeError):

@@ -19,7 +19,7 @@ from common.settings import (
     redis_url_field,
     retention_field,
 )
-from common.speculative_config import SpeculativeConfig, speculative_config_field
+from common.spec_decode.speculative_config import SpeculativeConfig, speculative_config_field
 from gpu_worker.pooling_settings import PoolingSettings
 
 Device = Literal["cpu", "cuda"]

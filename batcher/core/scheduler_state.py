@@ -11,7 +11,7 @@ from batcher.core.spec_decode.drafting import make_suffix_cache
 from batcher.core.waiting_queue import WaitingQueue
 from batcher.core.worker_state import WorkerState
 from common.protocol import FinishReason
-from common.speculative_config import SpeculativeConfig
+from common.spec_decode.speculative_config import SpeculativeConfig
 
 SchedulingPolicyName = Literal["fused", "tgi"]
 WaitingOrder = Literal["fcfs", "lpm"]

@@ -14,7 +14,7 @@ from benchmarks.load.client import Backend, PromptFormat, RequestInput, RequestO
 from benchmarks.load.spec_decode import counted_during, read_spec_counters
 from benchmarks.workloads.datasets import SampleRequest
 from benchmarks.workloads.tokenizer import BenchTokenizer
-from common.spec_decode_stats import SpecDecodeCounts
+from common.spec_decode.spec_decode_stats import SpecDecodeCounts
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,7 +8,7 @@ import re
 
 import aiohttp
 
-from common.spec_decode_stats import SpecDecodeCounts
+from common.spec_decode.spec_decode_stats import SpecDecodeCounts
 
 # `<prefix>:spec_decode_<name>_total{labels} <value>`; per position, the label `position`.
 _SAMPLE = re.compile(r"^(?:cbserve|vllm):spec_decode_(\w+?)_total(?:\{([^}]*)\})?\s+(\S+)")

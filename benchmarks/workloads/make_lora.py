@@ -14,7 +14,7 @@ import argparse
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from common.lora_adapter import TARGET_MODULES
+from common.lora.lora_adapter import TARGET_MODULES
 
 
 def build_lora_adapter(

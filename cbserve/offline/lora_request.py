@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from common import protocol
-from common.lora_adapter import BaseModelShapes, read_lora_adapter
+from common.lora.lora_adapter import BaseModelShapes, read_lora_adapter
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,7 +52,7 @@ def per_prompt(lora_request: LoRARequests, num_prompts: int) -> list[protocol.Lo
 def check_adapters(
     loras: Sequence[protocol.LoRARequest | None], model_dir: Path, enabled: bool, max_lora_rank: int
 ) -> None:
-    """Each adapter named, read and checked against the base model (common/lora_adapter.py)."""
+    """Each adapter named, read and checked against the base model (common/lora/lora_adapter.py)."""
     named = {lora.cache_key: lora for lora in loras if lora is not None}
     if named and not enabled:
         raise ValueError("a LoRA adapter was given but the LLM was made without enable_lora=True")

@@ -1,6 +1,6 @@
 """Whether an adapter may be loaded, and on which base model: every refusal a 400 naming the reason.
 
-The adapter's files are checked against its base model's config (common/lora_adapter.py) under the
+The adapter's files are checked against its base model's config (common/lora/lora_adapter.py) under the
 lowest rank limit known: GATEWAY_MAX_LORA_RANK and the max_lora_rank each worker of the base model's
 cells announced (WorkerInfo in the cell's workers hash). A base model whose workers all serve no
 adapters (max_loras 0) refuses them; one whose workers have not registered yet is checked against
@@ -18,7 +18,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from common.lora_adapter import CONFIG_FILE, check_adapter
+from common.lora.lora_adapter import CONFIG_FILE, check_adapter
 from common.protocol import LoRARequest, WorkerInfo, decode_worker
 from common.streams import cell_keys
 from openai_frontend.model.lora_registry import LoadedAdapter

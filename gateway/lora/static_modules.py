@@ -15,7 +15,7 @@ import logging
 
 import redis.exceptions
 
-from common.lora_modules import parse_lora_modules, split_lora_modules
+from common.lora.lora_modules import parse_lora_modules, split_lora_modules
 from common.redis_io.retry import Backoff
 from gateway.lora.adapter_check import base_model_of, checked_files
 from gateway.settings import GatewaySettings

@@ -14,7 +14,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from common.metrics_schema import ACCEPTED_PER_POS, HistogramData, MetricsSnapshot
-from common.spec_decode_stats import counts_from_stats
+from common.spec_decode.spec_decode_stats import counts_from_stats
 
 # stats hash field -> (metric name, kind, help); counters get `_total` from prometheus_client.
 _STATS: dict[str, tuple[str, str, str]] = {

@@ -21,7 +21,7 @@ from common.metrics_schema import MetricsSnapshot
 from common.protocol import FIELD
 from common.redis_io.redis_conn import MAX_BLOCK_MS
 from common.redis_io.retry import REDIS_DOWN, Backoff
-from common.spec_decode_stats import counts_from_stats
+from common.spec_decode.spec_decode_stats import counts_from_stats
 from common.streams import CellKeys
 from gateway.observability.batcher_snapshot import read_batcher_snapshot
 from gateway.streaming.sse import sse_event

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import torch
 
-from common.lora_adapter import BaseModelShapes
+from common.lora.lora_adapter import BaseModelShapes
 from common.protocol import (
     FinishReason,
     LoRARequest,

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.workloads.make_lora import build_lora_adapter
-from common.lora_adapter import TARGET_MODULES
+from common.lora.lora_adapter import TARGET_MODULES
 
 
 @dataclass(frozen=True)

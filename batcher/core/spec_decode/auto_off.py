@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from common.speculative_config import SpeculativeConfig
+from common.spec_decode.speculative_config import SpeculativeConfig
 
 WINDOW = 32  # drafted decodes judged while on: 2 steps at 16 in flight, 32 at one
 PROBE_INTERVAL = 16  # while off, one step of this many drafts for one request: ~1.5% more tokens at 16

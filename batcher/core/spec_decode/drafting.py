@@ -10,7 +10,7 @@ from batcher.core.request import Request
 from batcher.core.spec_decode.ngram_proposer import propose_ngram
 from batcher.core.spec_decode.suffix_cache import SuffixCache
 from common.finish import num_samples_left
-from common.speculative_config import SpeculativeConfig
+from common.spec_decode.speculative_config import SpeculativeConfig
 
 
 def adapt_num_spec_tokens(config: SpeculativeConfig, req: Request, num_accepted: int) -> None:

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Sequence
 
 import torch
 
-from common.lora_adapter import BaseModelShapes, LoRAAdapterError
+from common.lora.lora_adapter import BaseModelShapes, LoRAAdapterError
 from common.protocol import LoRARequest
 from gpu_worker.runner.lora.layers import LoRALayer
 from gpu_worker.runner.lora.weights import LoRAWeights, read_lora_weights

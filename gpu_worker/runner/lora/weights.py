@@ -1,4 +1,4 @@
-"""An adapter's factors read into host memory, checked first by common/lora_adapter.py."""
+"""An adapter's factors read into host memory, checked first by common/lora/lora_adapter.py."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 from safetensors.torch import load_file
 
-from common.lora_adapter import BaseModelShapes, LoRAAdapter, read_lora_adapter
+from common.lora.lora_adapter import BaseModelShapes, LoRAAdapter, read_lora_adapter
 from gpu_worker.runner.lora.layers import Factors
 
 

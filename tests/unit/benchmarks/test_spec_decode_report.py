@@ -15,8 +15,8 @@ from benchmarks.load.client import RequestOutput
 from benchmarks.load.runner import RunResult, Target
 from benchmarks.load.spec_decode import counted_during, parse_spec_counters, summary_fields
 from benchmarks.serve import parse_args, resolve_systems
-from common.spec_decode_stats import SpecDecodeCounts, counts_from_stats
-from common.speculative_config import SpeculativeConfig
+from common.spec_decode.spec_decode_stats import SpecDecodeCounts, counts_from_stats
+from common.spec_decode.speculative_config import SpeculativeConfig
 from gateway.observability.batcher_collector import BatcherCollector
 from gateway.observability.dashboard_events import dashboard_stats
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from cbserve import LLM, LoRARequest, SamplingParams
-from common.lora_adapter import LoRAAdapterError
+from common.lora.lora_adapter import LoRAAdapterError
 from gpu_worker.runner.forward.decoder import Decoder
 from harness.models.lora_adapters import peft_greedy
 

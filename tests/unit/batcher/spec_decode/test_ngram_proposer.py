@@ -9,7 +9,7 @@ from batcher.core.request import Request
 from batcher.core.spec_decode.drafting import propose_drafts
 from batcher.core.spec_decode.ngram_proposer import propose_ngram
 from common.protocol import SamplingParams, StructuredOutput
-from common.speculative_config import SpeculativeConfig
+from common.spec_decode.speculative_config import SpeculativeConfig
 
 NGRAM = SpeculativeConfig(method="ngram", num_speculative_tokens=3, prompt_lookup_min=1, prompt_lookup_max=3)
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from batcher.core.request import Request
 from batcher.core.scheduler import Scheduler, SchedulerConfig
 from common.protocol import FinishReason, ModelRunnerOutput, SamplingParams, SchedulerOutput, WorkerInfo
-from common.speculative_config import SpeculativeConfig
+from common.spec_decode.speculative_config import SpeculativeConfig
 
 NGRAM = SpeculativeConfig(method="ngram", num_speculative_tokens=3, prompt_lookup_max=3)
 

@@ -6,7 +6,7 @@ from batcher.core.request import Request
 from batcher.core.scheduler import Scheduler, SchedulerConfig
 from batcher.core.spec_decode.auto_off import PROBE_INTERVAL, PROBES, WINDOW, AutoOff
 from common.protocol import SchedulerOutput, WorkerInfo
-from common.speculative_config import SpeculativeConfig
+from common.spec_decode.speculative_config import SpeculativeConfig
 from tests.unit.batcher.spec_decode.test_spec_scheduling import add, answer, prefill
 
 PROMPT = [7, 8, 9, 7, 8, 9]  # every later token is one of these, so the lookup always drafts

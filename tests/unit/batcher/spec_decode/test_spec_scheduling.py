@@ -6,7 +6,7 @@ from batcher.core.request import Request
 from batcher.core.scheduler import Scheduler, SchedulerConfig
 from batcher.service.step_trace import step_trace
 from common.protocol import ModelRunnerOutput, SamplingParams, SchedulerOutput, WorkerInfo
-from common.speculative_config import SpeculativeConfig
+from common.spec_decode.speculative_config import SpeculativeConfig
 
 PROMPT = [7, 8, 9, 10, 11, 7, 8, 9]  # with a first output 10, [9, 10] came before: drafts 11, 7, 8
 

@@ -6,7 +6,7 @@ from batcher.core.request import Request
 from batcher.core.scheduler import Scheduler, SchedulerConfig
 from batcher.core.spec_decode.suffix_cache import SuffixCache
 from common.protocol import ModelRunnerOutput, SamplingParams, WorkerInfo
-from common.speculative_config import SpeculativeConfig
+from common.spec_decode.speculative_config import SpeculativeConfig
 
 
 def test_a_match_in_the_request_itself() -> None:

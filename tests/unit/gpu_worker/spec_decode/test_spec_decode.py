@@ -14,7 +14,7 @@ from batcher.core.scheduler import SchedulerConfig, SchedulerStats
 from benchmarks.gpu.gpu_parity import reference_greedy
 from cbserve.offline.engine import LLMEngine
 from common.protocol import SamplingParams, StructuredOutput, TokenEvent
-from common.speculative_config import SpeculativeConfig
+from common.spec_decode.speculative_config import SpeculativeConfig
 from gpu_worker.runner.sample.sampler import Sampler
 from gpu_worker.runner.sample.sampling_state import SamplingState
 from gpu_worker.runner.spec_decode.verify import accept_drafts

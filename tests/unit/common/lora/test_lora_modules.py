@@ -1,4 +1,4 @@
-"""vLLM's --lora-modules, as flags and as GATEWAY_LORA_MODULES (common/lora_modules.py)."""
+"""vLLM's --lora-modules, as flags and as GATEWAY_LORA_MODULES (common/lora/lora_modules.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from common.lora_modules import LoRAModulePath, parse_lora_modules, split_lora_modules
+from common.lora.lora_modules import LoRAModulePath, parse_lora_modules, split_lora_modules
 
 
 def test_both_of_vllms_forms_in_one_setting() -> None:

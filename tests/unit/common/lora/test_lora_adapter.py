@@ -1,4 +1,4 @@
-"""The adapter reader (common/lora_adapter.py) on real PEFT adapters: what it reads from them, and each
+"""The adapter reader (common/lora/lora_adapter.py) on real PEFT adapters: what it reads from them, and each
 refusal naming what is wrong (shapes of another base, rank, missing files, options it cannot serve),
 without torch; then the gateway's check of an adapter (`check_adapter`), what fits runs and the rest
 is refused with the reason."""
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from common.lora_adapter import (
+from common.lora.lora_adapter import (
     TARGET_MODULES,
     WEIGHTS_FILE,
     BaseModelShapes,
@@ -26,7 +26,7 @@ from common.lora_adapter import (
 )
 from harness.models.lora_adapters import build_lora_adapter
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 
 
 @pytest.fixture(scope="module")
@@ -173,7 +173,7 @@ def test_reading_imports_no_torch(lora_adapters: dict[str, Path], tiny_model_dir
     """The gateway checks adapters with it, and the gateway never loads torch."""
     check = (
         "import sys\n"
-        "from common.lora_adapter import BaseModelShapes, read_lora_adapter\n"
+        "from common.lora.lora_adapter import BaseModelShapes, read_lora_adapter\n"
         "read_lora_adapter(sys.argv[1], BaseModelShapes.read(sys.argv[2]), 16)\n"
         "print(sorted(m for m in ('torch', 'safetensors', 'transformers') if m in sys.modules))\n"
     )

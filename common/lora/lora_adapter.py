@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from common.safetensors_header import SafetensorsError, TensorInfo, read_header
+from common.lora.safetensors_header import SafetensorsError, TensorInfo, read_header
 
 CONFIG_FILE: Final = "adapter_config.json"
 WEIGHTS_FILE: Final = "adapter_model.safetensors"

@@ -22,8 +22,8 @@ from harness.models.lora_adapters import peft_greedy
 from harness.processes.celery_thread import celery_in_thread
 from harness.processes.redis_server import redis_server
 from harness.processes.services import Stack
-from tests.stack.test_batch_api import file_lines, run_batch
-from tests.stack.test_e2e_spec_decode import NGRAM, PATTERN, complete
+from tests.stack.batch.test_batch_api import file_lines, run_batch
+from tests.stack.e2e.test_e2e_spec_decode import NGRAM, PATTERN, complete
 
 MAX_TOKENS = 24
 # Repeated text (drafts get accepted) and a prompt with nothing repeated, each under every adapter.

@@ -76,6 +76,22 @@ def tool_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny_model(tmp_path_factory.mktemp("tool-models") / "tiny-llama", max_len=2048)
 
 
+@pytest.fixture(scope="session")
+def vision_model_dirs(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """The tiny vision-language model of a family (harness/models/vision.py VISION_FAMILIES), with its
+    processor, built on first use."""
+    from harness.models.vision import build_vision_model
+
+    built: dict[str, Path] = {}
+
+    def model_dir(family: str) -> Path:
+        if family not in built:
+            built[family] = build_vision_model(tmp_path_factory.mktemp("vision-models") / family, family)
+        return built[family]
+
+    return model_dir
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisCluster]:
     """A Redis Cluster of the test module's own: 3 masters, 3 replicas

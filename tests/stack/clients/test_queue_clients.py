@@ -7,7 +7,6 @@ docs/protocol.md's examples run verbatim, and a real Celery worker on the test's
 from __future__ import annotations
 
 import asyncio
-import gc
 import json
 import os
 import subprocess
@@ -22,13 +21,12 @@ import pytest
 import redis
 import redis.asyncio as aioredis
 from celery import Celery
-from celery.contrib.testing.worker import start_worker
 
-from cbserve_celery.app import GENERATE_TASK, make_app
-from cbserve_celery.settings import CelerySettings
+from cbserve_celery.app import GENERATE_TASK
 from common.protocol import FIELD, GenerateRequest, SamplingParams, decode_request
 from common.stream_client import follow, follow_async, new_req_id, submit, submit_async
 from common.streams import REQUESTS_STREAM, submitted_key
+from harness.processes.celery_thread import celery_in_thread
 from harness.processes.services import ROOT, Stack, running_stack
 from harness.user.readme_examples import example
 from harness.user.readme_examples import run_example as run_readme_example
@@ -116,14 +114,8 @@ def test_readme_stream_client_example_runs_verbatim(stack: Stack) -> None:
 @pytest.fixture(scope="module")
 def celery_app(stack: Stack) -> Iterator[Celery]:
     """A real Celery worker (in a thread of this process) consuming from the stack's Redis."""
-    settings = CelerySettings(redis_url=stack.redis_url, model=stack.model_dir, request_timeout_s=60)
-    app = make_app(settings)
-    with start_worker(app, pool="threads", concurrency=4, perform_ping_check=False, shutdown_timeout=30):
+    with celery_in_thread(stack.redis_url, stack.model_dir) as app:
         yield app
-    # The tests' AsyncResults unsubscribe when collected; collected after the stack's Redis is gone,
-    # each retries for 20 s in whatever thread the collector ran in (a later test's gateway loop).
-    gc.collect()
-    app.close()
 
 
 def test_celery_task_returns_the_tokens_http_gets(stack: Stack, celery_app: Celery) -> None:

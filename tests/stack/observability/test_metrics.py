@@ -9,6 +9,7 @@ import signal
 from collections.abc import Callable
 
 import httpx
+import msgspec
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
@@ -267,3 +268,19 @@ def test_a_cells_kv_usage_counts_blocks_over_all_its_workers() -> None:
         ("vllm:kv_cache_usage_perc", "a", 10 / 400),
     }
     assert kv_cache_usage(None) == 0.0
+
+    # A cell whose workers serve adapters also says which run and wait (vLLM's lora_requests_info).
+    lora = msgspec.structs.replace(
+        snapshot, max_lora=4, running_lora_adapters=["x", "y"], waiting_lora_adapters=["z"], updated_at=7.0
+    )
+    registry = CollectorRegistry()
+    registry.register(CellCollector([CellReading("a", {"num_waiting": 1.0}, lora, "m")]))
+    families = {f.name: f for f in text_string_to_metric_families(generate_latest(registry).decode())}
+    [info] = families["vllm:lora_requests_info"].samples
+    assert info.value == 7.0 and info.labels == {
+        "model_name": "m",
+        "cell": "a",
+        "max_lora": "4",
+        "waiting_lora_adapters": "z",
+        "running_lora_adapters": "x,y",
+    }

@@ -1,8 +1,9 @@
 """The byte-level BPE tokenizer with ChatML special tokens that every locally built model ships.
 
-The benchmark models (benchmarks/workloads/make_model.py), the test suite's model
-(harness/models/tiny_model.py) and the demo model (scripts/train_demo_model.py) train it on their own
-text and wrap it the same way, so the gateway reads each of them like a hub model's tokenizer files.
+The benchmark models (benchmarks/workloads/make_model.py), the test suite's models
+(harness/models/tiny_model.py, and the vision-language ones of harness/models/vision.py) and the demo
+model (scripts/train_demo_model.py) train it on their own text and wrap it the same way, so the
+gateway reads each of them like a hub model's tokenizer files.
 """
 
 from __future__ import annotations
@@ -34,18 +35,31 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int) -> Tokenizer:
     return tok
 
 
-def fast_tokenizer(tok: Tokenizer, max_len: int) -> PreTrainedTokenizerFast:
-    """`tok` as transformers saves and loads it: EOS doubles as BOS and padding, ChatML template."""
+def fast_tokenizer(
+    tok: Tokenizer,
+    max_len: int,
+    chat_template: str = CHAT_TEMPLATE,
+    model_specific_special_tokens: dict[str, str] | None = None,
+) -> PreTrainedTokenizerFast:
+    """`tok` as transformers saves and loads it: EOS doubles as BOS and padding, ChatML template (or a
+    family's own, with the tokens its processor reads as the tokenizer's attributes, e.g. image_token)."""
     from transformers import PreTrainedTokenizerFast
 
+    # Passed only when given: transformers saves any keyword it gets, None too, in tokenizer_config.json.
+    family_tokens = (
+        {"model_specific_special_tokens": model_specific_special_tokens}
+        if model_specific_special_tokens
+        else {}
+    )
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         eos_token=EOS,
         bos_token=EOS,
         pad_token=EOS,
-        additional_special_tokens=[IM_START, IM_END],
+        extra_special_tokens=[IM_START, IM_END],
+        **family_tokens,
     )
-    fast.chat_template = CHAT_TEMPLATE
+    fast.chat_template = chat_template
     fast.model_max_length = max_len
     return fast
 

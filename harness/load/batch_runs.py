@@ -4,7 +4,7 @@ done, check that each line's request was submitted exactly once (its id derives 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import openai
@@ -12,6 +12,7 @@ import redis
 
 from common.protocol import FIELD, decode_request
 from common.streams import REQUESTS_STREAM, batch_outputs, submitted_key
+from harness.load.load_clients import completion_body
 
 
 def jsonl(lines: list[dict[str, Any]]) -> bytes:
@@ -22,6 +23,21 @@ def jsonl(lines: list[dict[str, Any]]) -> bytes:
 def request_line(custom_id: str, body: dict[str, Any], url: str = "/v1/chat/completions") -> dict[str, Any]:
     """One line of a Batch API input file."""
     return {"custom_id": custom_id, "method": "POST", "url": url, "body": body}
+
+
+def completion_lines(
+    models: Iterable[str], prompts: list[list[int]], max_tokens: int
+) -> list[dict[str, Any]]:
+    """Greedy /v1/completions lines of each prompt on each model, custom ids `{model}-{prompt index}`."""
+    return [
+        request_line(
+            f"{model}-{i}",
+            {**completion_body(p, max_tokens, stream=False), "model": model},
+            "/v1/completions",
+        )
+        for model in models
+        for i, p in enumerate(prompts)
+    ]
 
 
 def submit_batch(base_url: str, num_lines: int, max_tokens: int) -> tuple[openai.OpenAI, str, list[str]]:

@@ -21,15 +21,28 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks.workloads.chatml_tokenizer import config_token_ids, generation_config, train_tokenizer
+from benchmarks.workloads.chatml_tokenizer import (
+    config_token_ids,
+    fast_tokenizer,
+    generation_config,
+    train_tokenizer,
+)
 from harness.models.tiny_model import SMALL, TEMPLATES, _corpus
-from openai_frontend.model.chatml import EOS, IM_END, IM_START
 from openai_frontend.model.vision_processor import images_only
 
 VISION_FAMILIES = ("llava", "gemma3", "qwen2_5_vl")
 
 # The text model's sizes inside each family (the vocabulary is the tokenizer's).
 _TEXT = {k: v for k, v in SMALL.items() if k != "vocab_size"}
+# LLaVA's CLIP and Gemma 3's SigLIP tower: images of 32 px in patches of 8.
+_VISION_TOWER = {
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "image_size": 32,
+    "patch_size": 8,
+}
 
 TEMPLATE_FILES = {"llava": "llava.jinja", "gemma3": "gemma3_vision.jinja", "qwen2_5_vl": "qwen2_5_vl.jinja"}
 
@@ -63,22 +76,11 @@ def _tokenizer(family: str, max_len: int) -> tuple[Any, Any]:
     """The ChatML BPE plus the family's image tokens (special), as `tokenizers` and transformers
     objects."""
     from tokenizers import AddedToken
-    from transformers import PreTrainedTokenizerFast
 
     tok = train_tokenizer(_corpus(), 512)
     names = _IMAGE_TOKENS[family]
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in names.values()])
-    # The processor reads its tokens as the tokenizer's attributes (tokenizer.image_token, ...).
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        eos_token=EOS,
-        bos_token=EOS,
-        pad_token=EOS,
-        extra_special_tokens=[IM_START, IM_END],
-        model_specific_special_tokens=dict(names),
-        model_max_length=max_len,
-    )
-    fast.chat_template = chat_template(family)
+    fast = fast_tokenizer(tok, max_len, chat_template(family), dict(names))
     return tok, fast
 
 
@@ -86,15 +88,8 @@ def _llava(tok: Any, fast: Any) -> tuple[Any, Any]:
     from transformers import CLIPVisionConfig, LlamaConfig, LlavaConfig, LlavaProcessor
     from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
 
-    # 32 px in patches of 8: 16 patches + CLS; "default" drops CLS, so 16 tokens per image.
-    vision = CLIPVisionConfig(
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        image_size=32,
-        patch_size=8,
-    )
+    # 16 patches + CLS; "default" drops CLS, so 16 tokens per image.
+    vision = CLIPVisionConfig(**_VISION_TOWER)
     text = LlamaConfig(**_TEXT, vocab_size=tok.get_vocab_size(), **config_token_ids(tok))
     config = LlavaConfig(
         vision_config=vision,
@@ -120,15 +115,8 @@ def _gemma3(tok: Any, fast: Any) -> tuple[Any, Any]:
     from transformers import Gemma3Config, Gemma3Processor, Gemma3TextConfig, SiglipVisionConfig
     from transformers.models.gemma3.image_processing_pil_gemma3 import Gemma3ImageProcessorPil
 
-    # 32 px in patches of 8 (16), pooled to 4 soft tokens per image.
-    vision = SiglipVisionConfig(
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        image_size=32,
-        patch_size=8,
-    )
+    # 16 patches, pooled to 4 soft tokens per image.
+    vision = SiglipVisionConfig(**_VISION_TOWER)
     text = Gemma3TextConfig(
         **{**_TEXT, "num_hidden_layers": 3},
         vocab_size=tok.get_vocab_size(),

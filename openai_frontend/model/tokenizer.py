@@ -22,7 +22,8 @@ _DECODE_HOLDING_GIL = 4096
 _MAX_LEN_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
 
 
-def _read_json(path: Path) -> dict[str, Any]:
+def read_json_object(path: Path) -> dict[str, Any]:
+    """A model file's JSON object; {} when the file is missing or holds something else."""
     if not path.is_file():
         return {}
     with path.open(encoding="utf-8") as f:
@@ -64,7 +65,7 @@ def _load_chat_template(model_dir: Path, config: dict[str, Any]) -> str | None:
 
 def read_max_model_len(model_dir: Path) -> int | None:
     """The context length config.json declares, or None when it declares none."""
-    config = _read_json(model_dir / "config.json")
+    config = read_json_object(model_dir / "config.json")
     for section in (config, config.get("text_config") or {}):
         for key in _MAX_LEN_KEYS:
             value = section.get(key)
@@ -78,7 +79,7 @@ class ModelTokenizer:
 
     def __init__(self, model_dir: Path) -> None:
         self.tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
-        config = _read_json(model_dir / "tokenizer_config.json")
+        config = read_json_object(model_dir / "tokenizer_config.json")
         # Variables the chat template may use, as transformers passes them.
         self.special_tokens: dict[str, str] = {}
         for name in ("bos_token", "eos_token", "unk_token", "pad_token"):
@@ -105,7 +106,7 @@ class ModelTokenizer:
 
     def _eos_ids(self, model_dir: Path) -> list[int]:
         for name in ("generation_config.json", "config.json"):
-            ids = _as_id_list(_read_json(model_dir / name).get("eos_token_id"))
+            ids = _as_id_list(read_json_object(model_dir / name).get("eos_token_id"))
             if ids:
                 return ids
         eos_text = self.special_tokens.get("eos_token")

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from common.protocol import MultiModalFeature, PlaceholderRange, TensorData
+from openai_frontend.model.tokenizer import read_json_object
 
 # The families served with images, by the architecture config.json names.
 VISION_ARCHITECTURES = (
@@ -34,19 +35,10 @@ class VisionProcessorError(ValueError):
     """The processor refused the prompt and its images (placeholders and images do not match)."""
 
 
-def _config(model_dir: Path) -> dict[str, Any]:
-    path = model_dir / "config.json"
-    if not path.is_file():
-        return {}
-    with path.open(encoding="utf-8") as f:
-        data = json.load(f)
-    return data if isinstance(data, dict) else {}
-
-
 def load_vision_processor(model_dir: Path) -> VisionProcessor | None:
     """The processor of the vision-language model at `model_dir`; None for a text-only model. Raises
     ValueError (the gateway stops, saying why) for a vision model it cannot serve images for."""
-    config = _config(model_dir)
+    config = read_json_object(model_dir / "config.json")
     if "vision_config" not in config:
         return None
     architecture = next(iter(config.get("architectures") or []), config.get("model_type", "?"))

@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from benchmarks.gpu.gpu_parity import reference_greedy
 from gateway.settings import GatewaySettings
 from harness.gateway.gateway_server import start_server
-from harness.load.batch_runs import request_line
+from harness.load.batch_runs import completion_lines, request_line
 from harness.load.load_clients import completion_body
 from harness.models.tiny_model import build_tiny_model
 from harness.processes.redis_server import redis_server
@@ -163,13 +163,7 @@ def test_metrics_are_labelled_by_model(two: TwoModels) -> None:
 def test_a_batch_runs_each_line_on_the_model_it_names(
     two: TwoModels, references: dict[str, list[list[int]]]
 ) -> None:
-    lines = [
-        request_line(
-            f"{name}-{i}", {**completion_body(p, MAX_TOKENS, stream=False), "model": name}, "/v1/completions"
-        )
-        for name in CELLS
-        for i, p in enumerate(PROMPTS)
-    ]
+    lines = completion_lines(CELLS, PROMPTS, MAX_TOKENS)
     lines.append(
         request_line(
             "unknown", {**completion_body([5], 2, stream=False), "model": "model-c"}, "/v1/completions"

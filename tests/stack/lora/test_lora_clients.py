@@ -16,8 +16,7 @@ import pytest
 from celery import Celery
 
 from cbserve_celery.app import GENERATE_TASK
-from harness.load.batch_runs import request_line
-from harness.load.load_clients import completion_body
+from harness.load.batch_runs import completion_lines
 from harness.models.lora_adapters import peft_greedy
 from harness.processes.celery_thread import celery_in_thread
 from harness.processes.redis_server import redis_server
@@ -94,13 +93,7 @@ def test_a_celery_task_names_an_adapter_as_its_model(
 def test_batch_lines_name_adapters(
     stack: Stack, celery_app: Celery, expected: dict[str, list[list[int]]]
 ) -> None:
-    lines = [
-        request_line(
-            f"{name}-{j}", {**completion_body(p, MAX_TOKENS, stream=False), "model": name}, "/v1/completions"
-        )
-        for name in ADAPTERS
-        for j, p in enumerate(PROMPTS)
-    ]
+    lines = completion_lines(ADAPTERS, PROMPTS, MAX_TOKENS)
     with stack.sdk() as sdk:
         batch = run_batch(sdk, lines, "/v1/completions")
         assert batch.status == "completed", batch

@@ -15,7 +15,7 @@ from typing import Any
 import msgspec
 import redis
 
-from common.protocol import GenerateRequest, SamplingParams
+from common.protocol import GenerateRequest, LoRARequest, SamplingParams
 from common.stream_client import abort, follow, submit_once
 from common.streams import placed_req_id
 from common.token_rules import RequestFailed, RequestTimedOut
@@ -51,6 +51,7 @@ def run_generation(
     *,
     timeout_s: float,
     owner: str = "celery",
+    lora_request: LoRARequest | None = None,
 ) -> tuple[list[int], str]:
     """Submit (unless already submitted) and follow to the end: (generated token ids, finish reason)."""
     if not prompt_token_ids:
@@ -61,6 +62,7 @@ def run_generation(
         sampling_params=params,
         arrival_time=time.time(),
         owner=owner,
+        lora_request=lora_request,
     )
     submit_once(r, request)
     token_ids: list[int] = []

@@ -23,9 +23,9 @@ from cbserve_celery.batch_task import add_batch_task
 from cbserve_celery.embedding import add_embed_task
 from cbserve_celery.generation import parse_sampling_params, run_generation, task_req_id
 from cbserve_celery.model_tokenizers import ModelTokenizers
-from cbserve_celery.periodic import Periodic
 from cbserve_celery.settings import CelerySettings
 from cbserve_celery.visibility import DeliveryHeartbeat
+from common.redis_io.periodic import Periodic
 from common.redis_io.redis_conn import connect
 from openai_frontend.model.lora_registry import read_adapter
 

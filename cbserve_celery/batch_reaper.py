@@ -21,7 +21,8 @@ import redis.asyncio as aioredis
 from celery import Celery
 
 from cbserve_celery.broker_scan import batches_in_broker
-from cbserve_celery.periodic import Periodic
+from cbserve_celery.redis_waits import REDIS_FAILED
+from common.redis_io.periodic import Periodic
 from common.redis_io.redis_conn import as_str, connect_async
 from common.streams import ACTIVE_BATCHES, BATCH_REAPER_TURN, ORPHANED_BATCHES, batch_claim
 from openai_frontend.batch.objects import ACTIVE, RUN_BATCH_TASK
@@ -32,7 +33,7 @@ logger = logging.getLogger(__name__)
 
 class BatchReaper(Periodic):
     def __init__(self, app: Celery, redis_url: str, interval_s: float) -> None:
-        super().__init__("batch reaper", interval_s)
+        super().__init__("batch reaper", interval_s, REDIS_FAILED)
         self._app = app
         self._redis_url = redis_url
         self._queues = [str(app.conf.task_default_queue)]

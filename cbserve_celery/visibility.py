@@ -15,7 +15,8 @@ import time
 import redis
 from celery.worker import state
 
-from cbserve_celery.periodic import Periodic
+from cbserve_celery.redis_waits import REDIS_FAILED
+from common.redis_io.periodic import Periodic
 
 # kombu's names for the sorted set and for the hash of the deliveries themselves (its
 # `unacked_index_key` and `unacked_key` transport options).
@@ -32,7 +33,7 @@ def held_delivery_tags() -> list[str]:
 
 class DeliveryHeartbeat(Periodic):
     def __init__(self, client: redis.Redis, interval_s: float, key: str = UNACKED_INDEX_KEY) -> None:
-        super().__init__("delivery-heartbeat", interval_s)
+        super().__init__("delivery-heartbeat", interval_s, REDIS_FAILED)
         self._client = client
         self._key = key
 

@@ -8,13 +8,14 @@ from pathlib import Path
 
 import redis
 
+from common.redis_io.periodic import Periodic
 from common.streams import CellKeys
 from gpu_worker.service.fenced_writes import FencedWrites
 
 logger = logging.getLogger(__name__)
 
 
-class Heartbeat:
+class Heartbeat(Periodic):
     def __init__(
         self,
         client: redis.Redis,
@@ -23,25 +24,15 @@ class Heartbeat:
         keys: CellKeys,
         health_file: str | None = None,
     ) -> None:
+        super().__init__("heartbeat", interval_s)
         self._client = client
         self._fenced_writes = FencedWrites(client, keys)
         # Touched after each beat that reached Redis: a container healthcheck reads its age.
         self._health_file = Path(health_file) if health_file else None
         self._worker_id = worker_id
-        self._interval_s = interval_s
-        self._stopped = threading.Event()
         # Set when a beat finds this worker fenced: the batcher declared it dead (it was paused too
         # long); the worker loop then rejoins under a new id. The thread stops beating for good.
         self.fenced = threading.Event()
-        # Daemon: a wedged Redis call must never keep a stopping process alive.
-        self._thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stopped.set()
-        self._thread.join(timeout=5.0)
 
     def beat(self) -> bool:
         """One fenced beat now; False (and `fenced` set) when the batcher has declared this worker dead."""
@@ -50,19 +41,9 @@ class Heartbeat:
         self.fenced.set()
         return False
 
-    def _run(self) -> None:
-        failing = False
-        while not self._stopped.wait(self._interval_s):
-            try:
-                if not self.beat():
-                    logger.warning("heartbeat refused: worker %s was declared dead", self._worker_id)
-                    return
-                if self._health_file is not None:
-                    self._health_file.touch()
-                if failing:
-                    logger.info("heartbeat restored")
-                failing = False
-            except redis.RedisError as exc:
-                if not failing:  # log the first failure of a run, not one line per beat
-                    logger.warning("heartbeat failed: %s", exc)
-                failing = True
+    def tick(self) -> None:
+        if not self.beat():
+            logger.warning("heartbeat refused: worker %s was declared dead", self._worker_id)
+            self.end()
+        elif self._health_file is not None:
+            self._health_file.touch()

@@ -108,3 +108,29 @@ def test_images_are_refused_by_name_without_a_vision_model() -> None:
         multimodal_prompt("hi <image>", {"image": [image(1)]}, None, str)
     with pytest.raises(ValueError, match='holds "image"'):
         multimodal_prompt("hi", {"audio": []}, None, str)
+
+
+def test_the_compiled_decoder_takes_embeddings_and_mrope(
+    model_dir: Path, reference: ReferenceModel, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """WORKER_COMPILE's forward (compiled ahead, as a file) of the decoder families, taking a step's
+    embeddings and, for Qwen2.5-VL, three position rows per token: `generate`'s tokens still (Gemma 3
+    runs transformers' forward, which is not compiled)."""
+    monkeypatch.setenv("WORKER_COMPILE", "true")
+    monkeypatch.setenv("WORKER_COMPILE_CACHE_DIR", str(tmp_path / "compiled"))
+    compiled = LLM(
+        str(model_dir),
+        device="cpu",
+        num_blocks=64,
+        block_size=8,
+        max_num_seqs=4,
+        max_num_batched_tokens=BUDGET,
+    )
+    decoder = compiled.llm_engine.runner.model.decoder  # type: ignore[union-attr]
+    assert (decoder is None) == (model_dir.name == "gemma3")
+    assert decoder is None or decoder.run is not decoder.logits_of
+    c = case(reference, "Compare them.", [image(2, (64, 48)), image(3)])
+    out = compiled.generate(c, greedy(), use_tqdm=False)[0]
+    assert out.outputs[0].token_ids == reference.greedy(
+        c["prompt"], c["multi_modal_data"]["image"], MAX_TOKENS
+    )

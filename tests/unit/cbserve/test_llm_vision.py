@@ -126,7 +126,7 @@ def test_the_compiled_decoder_takes_embeddings_and_mrope(
         max_num_seqs=4,
         max_num_batched_tokens=BUDGET,
     )
-    decoder = compiled.llm_engine.runner.model.decoder  # type: ignore[union-attr]
+    decoder = compiled.llm_engine.runner.model.decoder  # type: ignore[attr-defined]  # a ModelRunner
     assert (decoder is None) == (model_dir.name == "gemma3")
     assert decoder is None or decoder.run is not decoder.logits_of
     c = case(reference, "Compare them.", [image(2, (64, 48)), image(3)])

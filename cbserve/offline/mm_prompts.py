@@ -2,9 +2,9 @@
 `{"prompt_token_ids": ids, ...}`, run through the model's own processor as the gateway runs a chat's
 image parts (openai_frontend/model/vision_processor.py), so the placeholders expand as the model's do.
 
-The text (or the ids, decoded with their special tokens) holds the family's image placeholder once per
-image, as its chat template writes it: LLaVA's `<image>`, Gemma 3's `<start_of_image>`, Qwen2.5-VL's
-`<|vision_start|><|image_pad|><|vision_end|>`.
+The text (or the ids, decoded with their special tokens, which are then not added again) holds the
+family's image placeholder once per image, as its chat template writes it: LLaVA's `<image>`, Gemma
+3's `<start_of_image>`, Qwen2.5-VL's `<|vision_start|><|image_pad|><|vision_end|>`.
 """
 
 from __future__ import annotations
@@ -31,5 +31,7 @@ def multimodal_prompt(
         raise ValueError("this model takes no images: it is not a vision-language model the worker serves")
     images = data["image"]
     images = list(images) if isinstance(images, Sequence) and not isinstance(images, str) else [images]
-    text = prompt if isinstance(prompt, str) else decode(list(prompt))
-    return processor.process(text, images, add_special_tokens=True)
+    if isinstance(prompt, str):
+        return processor.process(prompt, images, add_special_tokens=True)
+    # The ids hold their special tokens already: read back as text, none is added again.
+    return processor.process(decode(list(prompt)), images, add_special_tokens=False)

@@ -81,6 +81,18 @@ def test_images_batched_with_text_equal_generate_alone(llm: LLM, reference: Refe
         assert out.outputs[0].token_ids == reference.greedy(text, images, MAX_TOKENS), text
 
 
+def test_token_ids_with_images_expand_as_text_does(llm: LLM, reference: ReferenceModel) -> None:
+    """vLLM's {"prompt_token_ids": ..., "multi_modal_data": ...}: each image's one placeholder in
+    the ids is expanded by the processor, as in a text prompt."""
+    text = chat_text(reference.processor, "What is in the picture?", 1)
+    ids = reference.processor.tokenizer(text)["input_ids"]
+    out = llm.generate(
+        {"prompt_token_ids": ids, "multi_modal_data": {"image": image(1)}}, greedy(), use_tqdm=False
+    )
+    assert out[0].prompt_token_ids == reference.processor(text=[text], images=[[image(1)]])["input_ids"][0]
+    assert out[0].outputs[0].token_ids == reference.greedy(text, [image(1)], MAX_TOKENS)
+
+
 def test_an_image_sent_again_is_not_encoded_again(llm: LLM, reference: ReferenceModel) -> None:
     before = encoder_runs(llm)
     first = llm.generate(case(reference, "Look.", [image(11)]), greedy(), use_tqdm=False)[0]

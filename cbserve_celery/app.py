@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 import zlib
-from typing import Any
+from typing import Any, cast
 
 import redis
 from celery import Celery, Task
@@ -20,6 +20,7 @@ from celery.signals import worker_ready, worker_shutdown
 
 from cbserve_celery.batch_reaper import BatchReaper
 from cbserve_celery.batch_task import add_batch_task
+from cbserve_celery.conversation import conversation_prompt, is_conversation
 from cbserve_celery.generation import parse_sampling_params, req_id_for_task, run_generation
 from cbserve_celery.model_tokenizers import ModelTokenizers
 from cbserve_celery.periodic import Periodic
@@ -105,24 +106,32 @@ def make_app(settings: CelerySettings) -> Celery:
     @app.task(name=GENERATE_TASK, bind=True)
     def generate(
         self: Task,
-        prompt: list[int] | str,
+        prompt: list[int] | str | list[dict[str, Any]],
         sampling_params: dict[str, Any] | None = None,
         model: str | None = None,
     ) -> dict[str, Any]:
-        """Generate for `prompt` (token ids, or text when the worker has the model's tokenizer) with
-        `model`, a base model of the worker's models config (None: the worker's one, or first).
+        """Generate for `prompt` (token ids; text, or a conversation of chat messages, images among
+        them for a vision-language model, when the worker has the model's files) with `model`, a base
+        model of the worker's models config (None: the worker's one, or first).
 
         Returns {"req_id", "token_ids", "text" (None without a tokenizer), "finish_reason"}.
         """
         if model is not None and not resources.tokenizers.knows(model):
             raise ValueError(f"model {model!r} is not in this worker's CBSERVE_CELERY_MODELS_CONFIG")
         tokenizer = resources.tokenizers.tokenizer(model)
-        if isinstance(prompt, str):
-            if tokenizer is None:
+        mm_features = None
+        if isinstance(prompt, str) or is_conversation(prompt):
+            model_dir = resources.tokenizers.model_dir(model)
+            if tokenizer is None or model_dir is None:
                 raise ValueError("text prompts need CBSERVE_CELERY_MODEL (or MODEL) on the worker")
-            prompt_token_ids = tokenizer.encode(prompt, add_special_tokens=True)
+            if isinstance(prompt, str):
+                prompt_token_ids = tokenizer.encode(prompt, add_special_tokens=True)
+            else:
+                vision = resources.tokenizers.vision(model_dir)
+                chat = conversation_prompt(cast(list[dict[str, Any]], prompt), model_dir, tokenizer, vision)
+                prompt_token_ids, mm_features = chat.token_ids, chat.mm_features
         else:
-            prompt_token_ids = [int(t) for t in prompt]
+            prompt_token_ids = [int(t) for t in cast(list[int], prompt)]
         task_id = str(self.request.id)
         # A model's cells (the first model's without `model`); each run of the task places it alike.
         cells = resources.tokenizers.cells(model) or [settings.cell]
@@ -133,6 +142,7 @@ def make_app(settings: CelerySettings) -> Celery:
             prompt_token_ids,
             parse_sampling_params(sampling_params),
             timeout_s=settings.request_timeout_s,
+            mm_features=mm_features,
         )
         text = output_text(tokenizer, prompt_token_ids, token_ids, finish_reason) if tokenizer else None
         return {"req_id": req_id, "token_ids": token_ids, "text": text, "finish_reason": finish_reason}

@@ -14,7 +14,7 @@ from typing import Any
 import msgspec
 import redis
 
-from common.protocol import GenerateRequest, SamplingParams
+from common.protocol import GenerateRequest, MultiModalFeature, SamplingParams
 from common.stream_client import abort, follow, submit_once
 from common.token_rules import RequestFailed, RequestTimedOut
 
@@ -44,6 +44,7 @@ def run_generation(
     *,
     timeout_s: float,
     owner: str = "celery",
+    mm_features: list[MultiModalFeature] | None = None,
 ) -> tuple[list[int], str]:
     """Submit (unless already submitted) and follow to the end: (generated token ids, finish reason)."""
     if not prompt_token_ids:
@@ -54,6 +55,7 @@ def run_generation(
         sampling_params=params,
         arrival_time=time.time(),
         owner=owner,
+        mm_features=mm_features,
     )
     submit_once(r, request)
     token_ids: list[int] = []

@@ -28,6 +28,7 @@ from cbserve_celery.settings import CelerySettings
 from cbserve_celery.visibility import DeliveryHeartbeat
 from common.redis_io.redis_conn import connect
 from common.streams import placed_req_id
+from openai_frontend.model.lora_registry import read_adapter
 
 GENERATE_TASK = "cbserve.generate"
 
@@ -111,13 +112,22 @@ def make_app(settings: CelerySettings) -> Celery:
         model: str | None = None,
     ) -> dict[str, Any]:
         """Generate for `prompt` (token ids; text, or a conversation of chat messages, images among
-        them for a vision-language model, when the worker has the model's files) with `model`, a base
-        model of the worker's models config (None: the worker's one, or first).
+        them for a vision-language model, when the worker has the model's files) with `model`: a base
+        model of the worker's models config (None: the worker's one, or first), or a LoRA adapter the
+        gateways serve (`--lora-modules`, /v1/load_lora_adapter), on its base model.
 
         Returns {"req_id", "token_ids", "text" (None without a tokenizer), "finish_reason"}.
         """
+        adapter = None
         if model is not None and not resources.tokenizers.knows(model):
-            raise ValueError(f"model {model!r} is not in this worker's CBSERVE_CELERY_MODELS_CONFIG")
+            adapter = read_adapter(resources.redis(), model)
+            if adapter is None:
+                known = "in this worker's CBSERVE_CELERY_MODELS_CONFIG nor a loaded adapter"
+                raise ValueError(f"model {model!r} is neither {known}")
+            base = adapter.base_model_name
+            if not resources.tokenizers.runs(base):
+                raise ValueError(f"adapter {model!r} runs on {base!r}, not in CBSERVE_CELERY_MODELS_CONFIG")
+            model = base if resources.tokenizers.knows(base) else None
         tokenizer = resources.tokenizers.tokenizer(model)
         mm_features = None
         if isinstance(prompt, str) or is_conversation(prompt):
@@ -143,6 +153,7 @@ def make_app(settings: CelerySettings) -> Celery:
             parse_sampling_params(sampling_params),
             timeout_s=settings.request_timeout_s,
             mm_features=mm_features,
+            lora_request=None if adapter is None else adapter.lora_request,
         )
         text = output_text(tokenizer, prompt_token_ids, token_ids, finish_reason) if tokenizer else None
         return {"req_id": req_id, "token_ids": token_ids, "text": text, "finish_reason": finish_reason}

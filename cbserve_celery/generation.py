@@ -14,7 +14,7 @@ from typing import Any
 import msgspec
 import redis
 
-from common.protocol import GenerateRequest, MultiModalFeature, SamplingParams
+from common.protocol import GenerateRequest, LoRARequest, MultiModalFeature, SamplingParams
 from common.stream_client import abort, follow, submit_once
 from common.token_rules import RequestFailed, RequestTimedOut
 
@@ -45,6 +45,7 @@ def run_generation(
     timeout_s: float,
     owner: str = "celery",
     mm_features: list[MultiModalFeature] | None = None,
+    lora_request: LoRARequest | None = None,
 ) -> tuple[list[int], str]:
     """Submit (unless already submitted) and follow to the end: (generated token ids, finish reason)."""
     if not prompt_token_ids:
@@ -56,6 +57,7 @@ def run_generation(
         arrival_time=time.time(),
         owner=owner,
         mm_features=mm_features,
+        lora_request=lora_request,
     )
     submit_once(r, request)
     token_ids: list[int] = []

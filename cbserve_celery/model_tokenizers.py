@@ -70,6 +70,10 @@ class ModelTokenizers:
     def knows(self, model: str) -> bool:
         return model in self._dirs
 
+    def runs(self, model: str) -> bool:
+        """A worker of one model runs whatever base model it is named; one of a config, its models."""
+        return not self._dirs or model in self._dirs
+
     def for_batch(self, models: Sequence[ModelRules]) -> tuple[ServedModels | None, frozenset[str]]:
         """The batch's models this worker can render, and the names of those it cannot; None for the
         first when it can render none of them."""

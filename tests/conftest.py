@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from harness.processes.services import Stack
 
 # Workers run their decoder eagerly here (as by default on the CPU, but also with quantized weights):
-# compiling costs seconds to minutes per process. tests/stack/test_compiled_forward.py compiles.
+# compiling costs seconds to minutes per process. tests/stack/services/test_compiled_forward.py compiles.
 os.environ.setdefault("WORKER_COMPILE", "false")
 # Triton kernels run under Triton's interpreter on CPU tensors unless the kernel tests are pointed at
 # a GPU (CBSERVE_TEST_DEVICE=cuda, as benchmarks/gpu/gpu_check.sh does). Triton reads this when a kernel

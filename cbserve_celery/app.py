@@ -1,4 +1,5 @@
-"""The Celery app: cbserve's Redis as broker and result backend, JSON only, a `generate` task.
+"""The Celery app: cbserve's Redis as broker and result backend, JSON only, a `generate` task, an
+`embed` task (cbserve_celery/embedding.py) and the Batch API's `run_batch` (batch_task.py).
 
 Worker crashes: `task_acks_late` acknowledges a task only when it returns, and
 `task_reject_on_worker_lost` puts it back on the queue when the process running it dies (instead of
@@ -11,7 +12,6 @@ that *fails* (the request failed or timed out) is acknowledged and not retried: 
 from __future__ import annotations
 
 import threading
-import zlib
 from typing import Any, cast
 
 import redis
@@ -21,13 +21,13 @@ from celery.signals import worker_ready, worker_shutdown
 from cbserve_celery.batch_reaper import BatchReaper
 from cbserve_celery.batch_task import add_batch_task
 from cbserve_celery.conversation import conversation_prompt, is_conversation
-from cbserve_celery.generation import parse_sampling_params, req_id_for_task, run_generation
+from cbserve_celery.embedding import add_embed_task
+from cbserve_celery.generation import parse_sampling_params, run_generation, task_req_id
 from cbserve_celery.model_tokenizers import ModelTokenizers
 from cbserve_celery.periodic import Periodic
 from cbserve_celery.settings import CelerySettings
 from cbserve_celery.visibility import DeliveryHeartbeat
 from common.redis_io.redis_conn import connect
-from common.streams import placed_req_id
 from openai_frontend.model.lora_registry import read_adapter
 
 GENERATE_TASK = "cbserve.generate"
@@ -142,10 +142,8 @@ def make_app(settings: CelerySettings) -> Celery:
                 prompt_token_ids, mm_features = chat.token_ids, chat.mm_features
         else:
             prompt_token_ids = [int(t) for t in cast(list[int], prompt)]
-        task_id = str(self.request.id)
         # A model's cells (the first model's without `model`); each run of the task places it alike.
-        cells = resources.tokenizers.cells(model) or [settings.cell]
-        req_id = placed_req_id(cells[zlib.crc32(task_id.encode()) % len(cells)], req_id_for_task(task_id))
+        req_id = task_req_id(str(self.request.id), resources.tokenizers.cells(model) or [settings.cell])
         token_ids, finish_reason = run_generation(
             resources.redis(),
             req_id,
@@ -158,5 +156,6 @@ def make_app(settings: CelerySettings) -> Celery:
         text = output_text(tokenizer, prompt_token_ids, token_ids, finish_reason) if tokenizer else None
         return {"req_id": req_id, "token_ids": token_ids, "text": text, "finish_reason": finish_reason}
 
+    add_embed_task(app, settings, resources.tokenizers, resources.redis)
     add_batch_task(app, settings, resources.tokenizers)
     return app

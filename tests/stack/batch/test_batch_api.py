@@ -285,7 +285,7 @@ def test_uploads_and_batch_creation_are_checked(stack: Stack, alice: openai.Open
         file=("a.jsonl", jsonl([request_line("x", {"prompt": "a"})])), purpose="batch"
     )
     with pytest.raises(openai.BadRequestError, match="endpoint"):
-        alice.batches.create(input_file_id=upload.id, endpoint="/v1/embeddings", completion_window="24h")
+        alice.batches.create(input_file_id=upload.id, endpoint="/v1/moderations", completion_window="24h")  # type: ignore[arg-type]
     with pytest.raises(openai.BadRequestError, match="completion_window"):
         alice.batches.create(input_file_id=upload.id, endpoint="/v1/completions", completion_window="1h")  # type: ignore[arg-type]
     with pytest.raises(openai.NotFoundError):

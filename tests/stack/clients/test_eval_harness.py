@@ -230,7 +230,7 @@ def test_model_by_id_and_openai_errors_for_unknown_paths(
         assert error["type"] == "invalid_request_error" and error["code"] == "not_found"
         assert path in error["message"]
     # Served by pooling models: a generation model says it is not one (docs/api.md).
-    with pytest.raises(openai.BadRequestError, match="generates text: embed requests need a pooling model"):
+    with pytest.raises(openai.BadRequestError, match="does not serve embeddings: embed requests"):
         client.embeddings.create(model=name, input="hi")
     wrong = http.get("/v1/completions")
     assert wrong.status_code == 405

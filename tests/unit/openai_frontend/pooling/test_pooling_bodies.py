@@ -4,13 +4,17 @@ the rerank order and its options, and refusals by field."""
 from __future__ import annotations
 
 import base64
+import json
 import struct
+from pathlib import Path
 
 import pytest
 
 from common.protocol import PoolingEvent
 from openai_frontend.model.served_model import ServedModel
 from openai_frontend.pooling.bodies import (
+    classification_answer,
+    classification_job,
     embedding_answer,
     embedding_job,
     pair_job,
@@ -19,7 +23,7 @@ from openai_frontend.pooling.bodies import (
     score_answer,
     scores,
 )
-from openai_frontend.pooling.schemas import EmbeddingRequest, RerankRequest
+from openai_frontend.pooling.schemas import ClassificationRequest, EmbeddingRequest, RerankRequest
 from openai_frontend.protocol.errors import OpenAIError
 
 
@@ -53,7 +57,7 @@ def test_every_input_form_is_one_prompt_each(tiny_served: ServedModel) -> None:
 def test_refusals_name_the_field(tiny_served: ServedModel) -> None:
     for body, param in (
         (EmbeddingRequest(input=[]), "input"),
-        (EmbeddingRequest(input=[[]]), "input"),
+        (EmbeddingRequest.model_validate({"input": [[]]}), "input"),
         (EmbeddingRequest(input=[10**9]), "input"),
         (EmbeddingRequest(input="a", dimensions=0), "dimensions"),
     ):
@@ -99,6 +103,32 @@ def test_an_embedding_models_scores_are_cosines_one_against_all_or_pairwise() ->
     assert scores(pairwise, "embed", 2) == pytest.approx([0.0, 1.0])
     assert scores([event(0.75)], "score", 1) == [0.75]
     assert score_answer("r", 5, [0.75], "m", 3)["data"] == [{"index": 0, "object": "score", "score": 0.75}]
+
+
+def test_classify_reads_texts_with_special_tokens_and_names_the_likeliest_label(
+    tiny_served: ServedModel, tmp_path: Path
+) -> None:
+    body = ClassificationRequest(input=["hello world", "hi"], activation=False, truncate_prompt_tokens=8)
+    job = classification_job(body, tiny_served)
+    expected = [tiny_served.tokenizer.encode(t, add_special_tokens=True) for t in ("hello world", "hi")]
+    assert [ids for ids, _ in job.prompts] == expected
+    params = job.params
+    assert (params.task, params.activation, params.truncate_prompt_tokens) == ("classify", False, 8)
+    (tmp_path / "config.json").write_text(json.dumps({"id2label": {"0": "neg", "1": "pos"}}))
+    events = [event(0.2, 0.8, num_prompt_tokens=2), event(0.9, 0.1, num_prompt_tokens=5)]
+    answer = classification_answer("r", 7, events, "m", tmp_path)
+    assert {k: answer[k] for k in ("id", "object", "created", "model")} == {
+        "id": "classify-r",
+        "object": "list",
+        "created": 7,
+        "model": "m",
+    }
+    labels = [(d["index"], d["label"], d["num_classes"]) for d in answer["data"]]
+    assert labels == [(0, "pos", 2), (1, "neg", 2)]
+    assert answer["data"][0]["probs"] == pytest.approx([0.2, 0.8])
+    assert answer["usage"] == {"prompt_tokens": 7, "total_tokens": 7}
+    unnamed = classification_answer("r", 7, [event(0.1, 0.2, 0.7)], "m", tmp_path / "elsewhere")
+    assert unnamed["data"][0]["label"] == "LABEL_2"  # transformers' name for a label saved without one
 
 
 def _json(given: object) -> object:

@@ -189,6 +189,7 @@ class RequestFollower:
             self.follow_deadlines.hold(request.req_id)
         token_ids: list[int] = []
         events: list[TokenEvent] = []
+        texts: list[str] = []  # with final_only: the text so far, handed over in one Output at the end
         num_cached_tokens = 0
         final_only = final_only and not request.stop
         try:
@@ -222,11 +223,14 @@ class RequestFollower:
                         delta = processor.process(event.token_id, event.finish_reason)
                         if delta.stop_string_hit and follow.may_abort:
                             self.abort_later(request.req_id, "stop")
-                        if delta.text or delta.finish_reason is not None:
+                        if final_only and delta.finish_reason is None:
+                            texts.append(delta.text)  # one Output for the answer, not one per token
+                        elif delta.text or delta.finish_reason is not None:
+                            texts.append(delta.text)
                             ready.append(
                                 Output(
                                     entry_id,
-                                    delta.text,
+                                    "".join(texts),
                                     delta.finish_reason,
                                     processor.num_output_tokens,
                                     num_cached_tokens,
@@ -234,7 +238,7 @@ class RequestFollower:
                                     events,
                                 )
                             )
-                            token_ids, events = [], []
+                            token_ids, events, texts = [], [], []
                         if delta.finish_reason is not None:
                             done = True
                             break

@@ -27,10 +27,7 @@ def streams(reply: list[Any] | None) -> list[tuple[str, list[Any]]]:
 def raw_reply(parsed: Any) -> list[Any]:
     """redis-py's parsed XREAD reply (RESP2: `[[stream, [(id, {field: value})]]]`) in hiredis' shape,
     for clients the raw commands do not serve (Redis Cluster)."""
-    return [
-        [_as_bytes(key), [[_as_bytes(i), [x for kv in fields.items() for x in kv]] for i, fields in found]]
-        for key, found in parsed or ()
-    ]
+    return [[_as_bytes(key), raw_entries(found)] for key, found in parsed or ()]
 
 
 def raw_entries(parsed: Any) -> list[Any]:

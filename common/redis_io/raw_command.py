@@ -13,6 +13,7 @@ whether a client can be spoken to this way; callers keep redis-py's commands for
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import redis
@@ -30,17 +31,7 @@ def execute(client: redis.Redis, packed: bytes, num_replies: int = 1) -> list[An
     conn: Any = pool.get_connection()
     try:
         conn.send_packed_command(packed)
-        replies: list[Any] = []
-        error: redis.ResponseError | None = None
-        for _ in range(num_replies):
-            try:
-                replies.append(conn.read_response())
-            except redis.ResponseError as exc:  # read the others first: the connection stays in step
-                error = error or exc
-                replies.append(exc)
-        if error is not None:
-            raise error
-        return replies
+        return _raise_first([_reply(conn.read_response) for _ in range(num_replies)])
     except redis.ResponseError:
         raise
     except BaseException:
@@ -56,17 +47,7 @@ async def execute_async(client: aioredis.Redis, packed: bytes, num_replies: int 
     conn: Any = await pool.get_connection()
     try:
         await conn.send_packed_command(packed)
-        replies: list[Any] = []
-        error: redis.ResponseError | None = None
-        for _ in range(num_replies):
-            try:
-                replies.append(await conn.read_response())
-            except redis.ResponseError as exc:
-                error = error or exc
-                replies.append(exc)
-        if error is not None:
-            raise error
-        return replies
+        return _raise_first([await _reply_async(conn.read_response) for _ in range(num_replies)])
     except redis.ResponseError:
         raise
     except BaseException:
@@ -74,3 +55,25 @@ async def execute_async(client: aioredis.Redis, packed: bytes, num_replies: int 
         raise
     finally:
         await pool.release(conn)
+
+
+def _reply(read: Callable[[], Any]) -> Any:
+    """One reply; an error reply as its exception, so that the replies after it are read too."""
+    try:
+        return read()
+    except redis.ResponseError as exc:
+        return exc
+
+
+async def _reply_async(read: Callable[[], Awaitable[Any]]) -> Any:
+    try:
+        return await read()
+    except redis.ResponseError as exc:
+        return exc
+
+
+def _raise_first(replies: list[Any]) -> list[Any]:
+    for reply in replies:
+        if isinstance(reply, redis.ResponseError):
+            raise reply
+    return replies

@@ -30,7 +30,7 @@ def execute(client: redis.Redis, packed: bytes, num_replies: int = 1) -> list[An
     pool = client.connection_pool
     conn: Any = pool.get_connection()
     try:
-        conn.send_packed_command(packed)
+        conn.send_packed_command([packed])
         return _raise_first([_reply(conn.read_response) for _ in range(num_replies)])
     except redis.ResponseError:
         raise
@@ -46,7 +46,7 @@ async def execute_async(client: aioredis.Redis, packed: bytes, num_replies: int 
     pool = client.connection_pool
     conn: Any = await pool.get_connection()
     try:
-        await conn.send_packed_command(packed)
+        await conn.send_packed_command([packed])
         return _raise_first([await _reply_async(conn.read_response) for _ in range(num_replies)])
     except redis.ResponseError:
         raise

@@ -1,8 +1,9 @@
-"""Stream replies as hiredis parses them (RESP2), read into tuples: no dict per entry.
+"""Stream replies as hiredis parses them, read into tuples: no dict per entry.
 
-An XRANGE reply is `[[id, [field, value, ...]], ...]`; an XREAD reply `[[stream, entries], ...]`, or
-None when a blocking read timed out. Every cbserve entry holds one field (`m`, or an announcement's
-`s`), so an entry is read as (its id, that field's value).
+An XRANGE reply is `[[id, [field, value, ...]], ...]`; an XREAD reply `{stream: entries}` (RESP3,
+which redis-py 8 speaks by default) or `[[stream, entries], ...]` (RESP2), or None when a blocking read
+timed out. Every cbserve entry holds one field (`m`, or an announcement's `s`), so an entry is read as
+(its id, that field's value).
 """
 
 from __future__ import annotations
@@ -19,14 +20,18 @@ def entries(raw: list[Any], field: bytes = FIELD) -> list[StreamEntry]:
     return [(raw_id.decode(), _value(values, field)) for raw_id, values in raw]
 
 
-def streams(reply: list[Any] | None) -> list[tuple[str, list[Any]]]:
+def streams(reply: dict[bytes, list[Any]] | list[Any] | None) -> list[tuple[str, list[Any]]]:
     """An XREAD reply as (stream key, its raw entries) pairs; [] for a timed-out read."""
-    return [(key.decode(), raw) for key, raw in reply or ()]
+    pairs = reply.items() if isinstance(reply, dict) else reply or ()
+    return [(key.decode(), raw) for key, raw in pairs]
 
 
 def raw_reply(parsed: Any) -> list[Any]:
-    """redis-py's parsed XREAD reply (RESP2: `[[stream, [(id, {field: value})]]]`) in hiredis' shape,
-    for clients the raw commands do not serve (Redis Cluster)."""
+    """redis-py's parsed XREAD reply (RESP3: `{stream: [[(id, {field: value})]]}`, RESP2:
+    `[[stream, [(id, {field: value})]]]`) in hiredis' shape, for clients the raw commands do not serve
+    (Redis Cluster)."""
+    if isinstance(parsed, dict):
+        return [[_as_bytes(key), raw_entries(found[0] if found else [])] for key, found in parsed.items()]
     return [[_as_bytes(key), raw_entries(found)] for key, found in parsed or ()]
 
 

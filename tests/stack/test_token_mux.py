@@ -226,8 +226,10 @@ def test_a_final_only_follower_gets_its_stream_whole_once_it_is_announced_as_end
         async with mux_over(client) as mux:
             key = token_stream("whole")
             sub = await mux.subscribe("whole", final_only=True)
+            async with asyncio.timeout(3 * TICK_S):  # a tick: the stream, empty, was read whole before it
+                assert await sub.queue.get() == []
             ids = [as_str(await client.xadd(key, {b"m": str(i).encode()})) for i in range(3)]
-            async with asyncio.timeout(3 * TICK_S):  # only ticks, however long it waits
+            async with asyncio.timeout(3 * TICK_S):  # only ticks while it runs
                 assert await sub.queue.get() == []
             async with client.pipeline(transaction=True) as pipe:
                 pipe.xadd(key, {b"m": b"3"})

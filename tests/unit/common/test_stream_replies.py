@@ -42,3 +42,12 @@ def test_commands_are_packed_as_redis_reads_them() -> None:
         == b"*5\r\n$4\r\nXADD\r\n$1\r\nk\r\n$1\r\n*\r\n$1\r\n3\r\n$3\r\n0.5\r\n"
     )
     assert pack_all([("PING",), ("GET", "k")]) == b"*1\r\n$4\r\nPING\r\n*2\r\n$3\r\nGET\r\n$1\r\nk\r\n"
+
+
+def test_a_resp3_xread_reply_reads_as_a_resp2_one() -> None:
+    wire = b"%1\r\n$1\r\nk\r\n*1\r\n*2\r\n$3\r\n1-0\r\n*2\r\n$1\r\nm\r\n$2\r\nhi\r\n"
+    reader = hiredis.Reader()  # RESP3 maps need no option: hiredis reads them as dicts
+    reader.feed(wire)
+    [(key, raw)] = streams(reader.gets())
+    assert (key, entries(raw)) == ("k", [("1-0", b"hi")])
+    assert raw_reply({b"k": [[(b"1-0", {b"m": b"hi"})]]}) == [[b"k", [[b"1-0", [b"m", b"hi"]]]]]

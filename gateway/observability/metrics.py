@@ -188,7 +188,7 @@ class RequestTracker:
 def observe_many(histogram: Histogram, amount: float, count: int) -> None:
     """`count` observations of `amount` at the cost of one: the tokens of a read share one gap, and a
     call per token cost the gateway's CPU per token. prometheus_client observes one at a time, so this
-    adds to the child's sum and bucket as its `observe` does (tests/unit/gateway/test_metrics.py
+    adds to the child's sum and bucket as its `observe` does (tests/stack/test_metrics.py
     checks it against `count` calls)."""
     histogram._raise_if_not_observable()  # a parent with labels has no buckets of its own
     histogram._sum.inc(amount * count)

@@ -32,7 +32,7 @@ $(VENV)/.installed: pyproject.toml
 	$(call pip_install,dev)
 	touch $@ $(VENV)/.installed-serve
 
-# What serves and the examples' SDKs, for `make run` (tests/stack/test_readme_examples.py makes a
+# What serves and the examples' SDKs, for `make run` (tests/stack/launcher_cli/test_readme_examples.py makes a
 # venv with this target, VENV=build/readme-venv/<hash>, and runs every example of the docs in it).
 RUN_EXTRAS := serve,clients
 $(VENV)/.installed-serve: pyproject.toml

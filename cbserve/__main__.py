@@ -128,6 +128,18 @@ def build_parser() -> argparse.ArgumentParser:
         '\'{"method": "ngram", "num_speculative_tokens": 4}\' (default: $SPECULATIVE_CONFIG, else off)',
     )
     up.add_argument(
+        "--runner",
+        choices=["auto", "generate", "pooling"],
+        help="vLLM's --runner for every worker: pooling serves embeddings, classification and scores "
+        "instead of generating (default auto: from the model's files; WORKER_RUNNER)",
+    )
+    up.add_argument(
+        "--convert",
+        choices=["auto", "embed", "classify"],
+        help="vLLM's --convert: embed serves a chat model's own last-token hidden states (normalized) "
+        "as an embedding model, classify its classifier head; implies --runner pooling (WORKER_CONVERT)",
+    )
+    up.add_argument(
         "--ready-timeout",
         dest="ready_timeout_s",
         metavar="READY_TIMEOUT",

@@ -61,6 +61,8 @@ class UpOptions:
     celery: bool = True  # a Celery worker for the Batch API and the Celery task, when installed
     max_restarts: int = DEFAULT_MAX_RESTARTS  # per service within DEFAULT_RESTART_WINDOW_S (restarts.py)
     speculative_config: str | None = None  # SPECULATIVE_CONFIG (JSON) for every service
+    runner: str | None = None  # vLLM's --runner for every worker (WORKER_RUNNER)
+    convert: str | None = None  # vLLM's --convert for every worker (WORKER_CONVERT)
 
 
 def say(message: str) -> None:
@@ -395,6 +397,8 @@ def run_up(opts: UpOptions) -> int:
             opts.gateways,
             write_models_file(plans, stack.run_dir),
             list(opts.lora_modules or []),
+            opts.runner,
+            opts.convert,
         )
         start_services(stack, args)
         pids = ", ".join(f"{c.name}={c.pid}" for c in stack.children())

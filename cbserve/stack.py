@@ -89,6 +89,16 @@ class ServiceArgs:
     gateways: int = 1  # gateway processes on the one port
     models_file: Path | None = None  # several models: the models config the gateway and Celery read
     lora_modules: list[str] = field(default_factory=list)  # the gateway's GATEWAY_LORA_MODULES
+    runner: str | None = None  # every worker's WORKER_RUNNER, when given (vLLM's --runner)
+    convert: str | None = None  # every worker's WORKER_CONVERT, when given (vLLM's --convert)
+
+
+def worker_argv(model_dir: Path, args: ServiceArgs) -> list[str]:
+    """`python -m gpu_worker`'s arguments for a worker of `model_dir`."""
+    argv = ["gpu_worker", "--model", str(model_dir), "--device", args.device]
+    for flag, value in (("--runner", args.runner), ("--convert", args.convert)):
+        argv += [flag, value] if value else []
+    return argv
 
 
 def start_services(stack: Stack, args: ServiceArgs) -> None:
@@ -114,7 +124,7 @@ def start_services(stack: Stack, args: ServiceArgs) -> None:
         cell_env = {**env, "CBSERVE_CELL": cell}
         prefix = f"{cell}-" if several else ""  # one cell keeps the names it always had
         start(f"{prefix}batcher", ["batcher"], cell_env)
-        worker = ["gpu_worker", "--model", str(model_dir), "--device", args.device]
+        worker = worker_argv(model_dir, args)
         for i in range(stack.num_workers[cell]):
             start(f"{prefix}worker{i}", worker, cell_env)
     # The gateway and Celery place requests in the first cell; the gateway spreads them over all (with

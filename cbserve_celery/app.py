@@ -1,4 +1,5 @@
-"""The Celery app: cbserve's Redis as broker and result backend, JSON only, a `generate` task.
+"""The Celery app: cbserve's Redis as broker and result backend, JSON only, a `generate` task, an
+`embed` task (cbserve_celery/embedding.py) and the Batch API's `run_batch` (batch_task.py).
 
 Worker crashes: `task_acks_late` acknowledges a task only when it returns, and
 `task_reject_on_worker_lost` puts it back on the queue when the process running it dies (instead of
@@ -11,7 +12,6 @@ that *fails* (the request failed or timed out) is acknowledged and not retried: 
 from __future__ import annotations
 
 import threading
-import zlib
 from typing import Any
 
 import redis
@@ -20,13 +20,14 @@ from celery.signals import worker_ready, worker_shutdown
 
 from cbserve_celery.batch_reaper import BatchReaper
 from cbserve_celery.batch_task import add_batch_task
-from cbserve_celery.generation import parse_sampling_params, req_id_for_task, run_generation
+from cbserve_celery.embedding import add_embed_task
+from cbserve_celery.generation import parse_sampling_params, run_generation, task_req_id
 from cbserve_celery.model_tokenizers import ModelTokenizers
 from cbserve_celery.periodic import Periodic
 from cbserve_celery.settings import CelerySettings
 from cbserve_celery.visibility import DeliveryHeartbeat
 from common.redis_io.redis_conn import connect
-from common.streams import placed_req_id
+from openai_frontend.model.lora_registry import read_adapter
 
 GENERATE_TASK = "cbserve.generate"
 
@@ -110,12 +111,21 @@ def make_app(settings: CelerySettings) -> Celery:
         model: str | None = None,
     ) -> dict[str, Any]:
         """Generate for `prompt` (token ids, or text when the worker has the model's tokenizer) with
-        `model`, a base model of the worker's models config (None: the worker's one, or first).
+        `model`: a base model of the worker's models config (None: the worker's one, or first), or a
+        LoRA adapter the gateways serve (`--lora-modules`, /v1/load_lora_adapter), on its base model.
 
         Returns {"req_id", "token_ids", "text" (None without a tokenizer), "finish_reason"}.
         """
+        adapter = None
         if model is not None and not resources.tokenizers.knows(model):
-            raise ValueError(f"model {model!r} is not in this worker's CBSERVE_CELERY_MODELS_CONFIG")
+            adapter = read_adapter(resources.redis(), model)
+            if adapter is None:
+                known = "in this worker's CBSERVE_CELERY_MODELS_CONFIG nor a loaded adapter"
+                raise ValueError(f"model {model!r} is neither {known}")
+            base = adapter.base_model_name
+            if not resources.tokenizers.runs(base):
+                raise ValueError(f"adapter {model!r} runs on {base!r}, not in CBSERVE_CELERY_MODELS_CONFIG")
+            model = base if resources.tokenizers.knows(base) else None
         tokenizer = resources.tokenizers.tokenizer(model)
         if isinstance(prompt, str):
             if tokenizer is None:
@@ -123,19 +133,19 @@ def make_app(settings: CelerySettings) -> Celery:
             prompt_token_ids = tokenizer.encode(prompt, add_special_tokens=True)
         else:
             prompt_token_ids = [int(t) for t in prompt]
-        task_id = str(self.request.id)
         # A model's cells (the first model's without `model`); each run of the task places it alike.
-        cells = resources.tokenizers.cells(model) or [settings.cell]
-        req_id = placed_req_id(cells[zlib.crc32(task_id.encode()) % len(cells)], req_id_for_task(task_id))
+        req_id = task_req_id(str(self.request.id), resources.tokenizers.cells(model) or [settings.cell])
         token_ids, finish_reason = run_generation(
             resources.redis(),
             req_id,
             prompt_token_ids,
             parse_sampling_params(sampling_params),
             timeout_s=settings.request_timeout_s,
+            lora_request=None if adapter is None else adapter.lora_request,
         )
         text = output_text(tokenizer, prompt_token_ids, token_ids, finish_reason) if tokenizer else None
         return {"req_id": req_id, "token_ids": token_ids, "text": text, "finish_reason": finish_reason}
 
+    add_embed_task(app, settings, resources.tokenizers, resources.redis)
     add_batch_task(app, settings, resources.tokenizers)
     return app

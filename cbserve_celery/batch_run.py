@@ -26,6 +26,7 @@ from cbserve_celery.batch_claim import BatchClaim
 from cbserve_celery.model_tokenizers import ModelTokenizers
 from common.stream_client import abort_async
 from common.streams import DEFAULT_CELL, batch_claim
+from openai_frontend.batch.embedding_lines import EMBEDDINGS_ENDPOINT, run_embedding_line
 from openai_frontend.batch.files_store import FileStore
 from openai_frontend.batch.input import InputLine, parse_input
 from openai_frontend.batch.lines import (
@@ -199,7 +200,8 @@ class _BatchRun:
                 while todo and len(in_flight) < config.max_lines_in_flight:
                     line, submitted = todo.popleft(), Submitted()
                     line_id = line_req_id(params.id, line.index, attempts.get(line.index, 0))
-                    in_flight[asyncio.create_task(run_line(ctx, line, line_id, submitted))] = (
+                    run = run_embedding_line if params.endpoint == EMBEDDINGS_ENDPOINT else run_line
+                    in_flight[asyncio.create_task(run(ctx, line, line_id, submitted))] = (
                         line,
                         submitted,
                     )

@@ -9,13 +9,15 @@ stream keeps for its resume window after the end) instead of generating it again
 from __future__ import annotations
 
 import time
+import zlib
 from typing import Any
 
 import msgspec
 import redis
 
-from common.protocol import GenerateRequest, SamplingParams
+from common.protocol import GenerateRequest, LoRARequest, SamplingParams
 from common.stream_client import abort, follow, submit_once
+from common.streams import placed_req_id
 from common.token_rules import RequestFailed, RequestTimedOut
 
 
@@ -26,6 +28,11 @@ class GenerationFailed(Exception):
 def req_id_for_task(task_id: str) -> str:
     # Celery task ids are random UUIDs unless a caller picks one: as unguessable as the gateway's ids.
     return f"celery-{task_id}"
+
+
+def task_req_id(task_id: str, cells: list[str]) -> str:
+    """The task's request id, placed in one of `cells` by the task id: each run of the task alike."""
+    return placed_req_id(cells[zlib.crc32(task_id.encode()) % len(cells)], req_id_for_task(task_id))
 
 
 def parse_sampling_params(raw: dict[str, Any] | None) -> SamplingParams:
@@ -44,6 +51,7 @@ def run_generation(
     *,
     timeout_s: float,
     owner: str = "celery",
+    lora_request: LoRARequest | None = None,
 ) -> tuple[list[int], str]:
     """Submit (unless already submitted) and follow to the end: (generated token ids, finish reason)."""
     if not prompt_token_ids:
@@ -54,6 +62,7 @@ def run_generation(
         sampling_params=params,
         arrival_time=time.time(),
         owner=owner,
+        lora_request=lora_request,
     )
     submit_once(r, request)
     token_ids: list[int] = []

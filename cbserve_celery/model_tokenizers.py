@@ -44,6 +44,16 @@ class ModelTokenizers:
         model_dir = self._dir(model)
         return None if model_dir is None else self._load(model_dir)
 
+    def served(self, model: str | None = None) -> ServedModel | None:
+        """`model` (None: the worker's one or first) as the pooling bodies read a model: its name,
+        directory and tokenizer; None when the worker has no tokenizer for it."""
+        model_dir = self._dir(model)
+        if model_dir is None:
+            return None
+        # Only the name is read of the rules: the gateway's limits are the batcher's to apply here.
+        rules = ModelRules(name=model or model_dir.name, max_model_len=0)
+        return ServedModel(rules, str(model_dir), self._load(model_dir))
+
     def cells(self, model: str | None) -> list[str]:
         """The cells of a model of the config (None: the first; empty: unknown, or no config)."""
         if model is None and self._single is None:
@@ -52,6 +62,10 @@ class ModelTokenizers:
 
     def knows(self, model: str) -> bool:
         return model in self._dirs
+
+    def runs(self, model: str) -> bool:
+        """A worker of one model runs whatever base model it is named; one of a config, its models."""
+        return not self._dirs or model in self._dirs
 
     def for_batch(self, models: Sequence[ModelRules]) -> tuple[ServedModels | None, frozenset[str]]:
         """The batch's models this worker can render, and the names of those it cannot; None for the

@@ -34,6 +34,11 @@ class MetricsSnapshot(msgspec.Struct, kw_only=True):
     updated_at: float  # unix seconds
     queue_time: HistogramData  # seconds from a request's arrival at the batcher to its first scheduling
     workers: dict[str, WorkerMetrics]  # worker id -> its metrics
+    # vLLM's lora_requests_info: the adapters (names) of running and of waiting requests, and the most
+    # adapters one step of its workers may hold (0: none serves adapters).
+    running_lora_adapters: list[str] = []
+    waiting_lora_adapters: list[str] = []
+    max_lora: int = 0
 
 
 encode_snapshot = msgspec.json.Encoder().encode

@@ -6,7 +6,14 @@ with the same words before queueing it."""
 
 from __future__ import annotations
 
-from common.protocol import PoolingParams, WorkerInfo
+from common.protocol import PoolingParams, PoolingTask, WorkerInfo
+
+# What a generation model does not serve, by the pooling task asked of it.
+_SERVED_BY_TASK: dict[PoolingTask, str] = {
+    "embed": "embeddings",
+    "classify": "classification",
+    "score": "scores",
+}
 
 
 def refusal(
@@ -20,7 +27,10 @@ def refusal(
             return f"model {info.model!r} is a pooling model (runner pooling, {tasks}): it generates no text"
         return None
     if info.runner != "pooling":
-        return f"model {info.model!r} generates text: {params.task} requests need a pooling model"
+        return (
+            f"model {info.model!r} generates text and does not serve {_SERVED_BY_TASK[params.task]}: "
+            f"{params.task} requests need a pooling model"
+        )
     if params.task not in info.pooling_tasks:
         tasks = ", ".join(info.pooling_tasks)
         return f"model {info.model!r} serves {tasks}, not {params.task}"

@@ -25,6 +25,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m gpu_worker", description=__doc__)
     parser.add_argument("--model", help="model directory or hub id (overrides WORKER_MODEL / MODEL)")
     parser.add_argument("--device", choices=["cpu", "cuda"], help="overrides WORKER_DEVICE")
+    # vLLM's pooling flags: a chat model's own hidden states are served only when the operator asks.
+    parser.add_argument(
+        "--runner", choices=["auto", "generate", "pooling"], help="vLLM's --runner (WORKER_RUNNER)"
+    )
+    parser.add_argument(
+        "--convert",
+        choices=["auto", "embed", "classify"],
+        help="vLLM's --convert: serve a causal LM as an embedding model or classifier (WORKER_CONVERT)",
+    )
     # vLLM's LoRA flags.
     parser.add_argument(
         "--enable-lora", action="store_true", default=None, help="serve LoRA adapters (WORKER_ENABLE_LORA)"

@@ -28,7 +28,8 @@ class PoolingSettings(BaseSettings):
         default="auto",
         description="vLLM's --convert: what a causal LM serves under the pooling runner: embed (a pooled "
         "hidden state) or classify (a classifier head: the model's own, or classifier_from_token's). "
-        "auto: classify for *ForSequenceClassification or with classifier_from_token, embed otherwise.",
+        "auto: classify for *ForSequenceClassification or with classifier_from_token, embed otherwise. "
+        "Set, it implies runner pooling: embed serves a chat model's own last-token hidden states.",
     )
     pooling_type: PoolingTypeSetting = Field(
         default="auto",

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from harness.processes.services import Stack
 
 # Workers run their decoder eagerly here (as by default on the CPU, but also with quantized weights):
-# compiling costs seconds to minutes per process. tests/stack/test_compiled_forward.py compiles.
+# compiling costs seconds to minutes per process. tests/stack/services/test_compiled_forward.py compiles.
 os.environ.setdefault("WORKER_COMPILE", "false")
 # Triton kernels run under Triton's interpreter on CPU tensors unless the kernel tests are pointed at
 # a GPU (CBSERVE_TEST_DEVICE=cuda, as benchmarks/gpu/gpu_check.sh does). Triton reads this when a kernel
@@ -74,6 +74,22 @@ def lora_adapters(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
 def tool_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny model with room for a tools system prompt (about 500 of its tokens)."""
     return build_tiny_model(tmp_path_factory.mktemp("tool-models") / "tiny-llama", max_len=2048)
+
+
+@pytest.fixture(scope="session")
+def vision_model_dirs(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """The tiny vision-language model of a family (harness/models/vision.py VISION_FAMILIES), with its
+    processor, built on first use."""
+    from harness.models.vision import build_vision_model
+
+    built: dict[str, Path] = {}
+
+    def model_dir(family: str) -> Path:
+        if family not in built:
+            built[family] = build_vision_model(tmp_path_factory.mktemp("vision-models") / family, family)
+        return built[family]
+
+    return model_dir
 
 
 @pytest.fixture(scope="module")

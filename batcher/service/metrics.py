@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import bisect
 import itertools
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import redis
 
+from batcher.core.request import Request
 from batcher.core.scheduler import Scheduler
 from common import streams
 from common.metrics_schema import HistogramData, MetricsSnapshot, WorkerMetrics, encode_snapshot
@@ -106,4 +108,16 @@ class BatcherMetrics:
                 batch_size=hists.batch_size.data(),
                 num_tokens=hists.num_tokens.data(),
             )
-        return MetricsSnapshot(updated_at=now, queue_time=self.queue_time.data(), workers=workers)
+        running = [r for ws in self._scheduler.workers.values() for r in ws.running]
+        return MetricsSnapshot(
+            updated_at=now,
+            queue_time=self.queue_time.data(),
+            workers=workers,
+            running_lora_adapters=_adapter_names(running),
+            waiting_lora_adapters=_adapter_names(self._scheduler.waiting),
+            max_lora=max((ws.info.max_loras for ws in self._scheduler.workers.values()), default=0),
+        )
+
+
+def _adapter_names(requests: Iterable[Request]) -> list[str]:
+    return sorted({r.lora_request.lora_name for r in requests if r.lora_request is not None})

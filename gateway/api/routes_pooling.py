@@ -1,11 +1,12 @@
 """The pooling endpoints, served by a pooling model's cell (docs/api.md, *Embeddings, rerank and
 score*): POST /v1/embeddings (OpenAI's), /rerank, /v1/rerank and /v2/rerank (the Jina / Cohere shape
-vLLM serves), /score and /v1/score (vLLM's pairs). A generation model asked for any of them answers
-a 400 that says so (gateway/limits/cell_runners.py)."""
+vLLM serves), /score and /v1/score (vLLM's pairs), /classify and /v1/classify (vLLM's). A generation
+model asked for any of them answers a 400 that says so (gateway/limits/cell_runners.py)."""
 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 from fastapi import APIRouter
 from starlette.requests import Request
@@ -18,6 +19,8 @@ from gateway.generation.pooling import run_pooling
 from gateway.limits.cell_runners import cell_runners
 from openai_frontend.model.served_model import ServedModel
 from openai_frontend.pooling.bodies import (
+    classification_answer,
+    classification_job,
     embedding_answer,
     embedding_job,
     pair_job,
@@ -26,7 +29,12 @@ from openai_frontend.pooling.bodies import (
     score_answer,
     scores,
 )
-from openai_frontend.pooling.schemas import EmbeddingRequest, RerankRequest, ScoreRequest
+from openai_frontend.pooling.schemas import (
+    ClassificationRequest,
+    EmbeddingRequest,
+    RerankRequest,
+    ScoreRequest,
+)
 from openai_frontend.protocol.errors import invalid_request
 
 router = APIRouter(route_class=PreparedBodyRoute)
@@ -73,6 +81,17 @@ async def score(body: ScoreRequest, http_request: Request, state: State) -> JSON
     return JSONResponse(score_answer(events[0].req_id, created, values, served.rules.name, num_tokens))
 
 
+@router.post("/classify")
+@router.post("/v1/classify")
+async def classify(body: ClassificationRequest, http_request: Request, state: State) -> JSONResponse:
+    served = state.models.get(body.model)
+    job = await state.prepare.run(None, classification_job, body, served)
+    events = await run_pooling(job, served, http_request, state)
+    created = int(time.time())
+    answer = classification_answer(events[0].req_id, created, events, served.rules.name, Path(served.root))
+    return JSONResponse(answer)
+
+
 async def _pair_task(served: ServedModel, http_request: Request, state: GatewayState) -> PoolingTask:
     """A cross-encoder scores pairs itself ("score"); an embedding model by the cosine ("embed")."""
     cell = state.routers[served.rules.name].cells[0]
@@ -83,5 +102,6 @@ async def _pair_task(served: ServedModel, http_request: Request, state: GatewayS
     if "embed" in tasks:
         return "embed"
     raise invalid_request(
-        f"model {served.rules.name!r} generates text: scoring and reranking need a pooling model"
+        f"model {served.rules.name!r} generates text and does not serve scores: scoring and reranking "
+        "need a pooling model"
     )

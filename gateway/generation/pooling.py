@@ -1,7 +1,7 @@
 """Where a pooling request goes from its prompts to its results (routes_pooling.py): placed in a cell,
 checked against what the cell's workers serve, bounded and counted as generation is (the cell's
 batcher and Redis headroom, the queue bound, the rate limit by prompt tokens), one request per prompt
-queued, and each one's `PoolingEvent` read back."""
+queued, each one's `PoolingEvent` read back, and each counted in the gateway's request metrics."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from gateway.security.auth import request_owner
 from openai_frontend.model.served_model import ServedModel
 from openai_frontend.pooling.bodies import PoolingJob
 from openai_frontend.pooling.results import pooled
+from openai_frontend.protocol.errors import OpenAIError
 
 
 async def run_pooling(
@@ -59,7 +60,17 @@ async def run_pooling(
             await pipe.execute()
     finally:
         state.queue_bound.release(cell, req_ids[0])  # written, the stream counts them; refused, nothing
-    return await pooled(state.follower, req_ids, state.settings.request_timeout_s)
+    reason, num_prompt_tokens = "abort", [len(m.prompt_token_ids) for m in messages]  # abort: the client left
+    try:
+        events = await pooled(state.follower, req_ids, state.settings.request_timeout_s)
+        reason, num_prompt_tokens = "stop", [e.num_prompt_tokens for e in events]
+        return events
+    except OpenAIError as exc:
+        # As generation counts them: a timed-out request as aborted, a failed one as an error.
+        reason = "abort" if exc.code == "timeout" else "error"
+        raise
+    finally:
+        state.metrics.count_pooled(served.rules.name, arrival_time, num_prompt_tokens, reason)
 
 
 def _num_read(num_tokens: int, truncate: int | None) -> int:

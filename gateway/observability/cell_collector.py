@@ -59,6 +59,12 @@ class CellCollector(Collector):
             "Fraction of the cell's KV-cache blocks in use, all its workers together (0-1).",
             labels=LABELS,
         )
+        # vLLM's: which adapters run and wait, as labels; the value is when that was true (unix seconds).
+        lora = GaugeMetricFamily(
+            "vllm:lora_requests_info",
+            "Running and waiting LoRA adapters of the cell (comma-separated) and its max_lora.",
+            labels=[*LABELS, "max_lora", "waiting_lora_adapters", "running_lora_adapters"],
+        )
         for reading in self._readings:
             if not reading.stats:
                 continue  # no batcher of this cell has written yet: nothing true to say
@@ -66,4 +72,10 @@ class CellCollector(Collector):
             waiting.add_metric(labels, reading.stats.get("num_waiting", 0.0))
             running.add_metric(labels, reading.stats.get("num_running", 0.0))
             kv.add_metric(labels, kv_cache_usage(reading.snapshot))
+            snap = reading.snapshot
+            if snap is not None and snap.max_lora > 0:
+                adapters = [",".join(snap.waiting_lora_adapters), ",".join(snap.running_lora_adapters)]
+                lora.add_metric([*labels, str(snap.max_lora), *adapters], snap.updated_at)
         yield from (waiting, running, kv)
+        if lora.samples:  # only where adapters are served, as vLLM registers it only with LoRA on
+            yield lora

@@ -70,7 +70,7 @@ class GatewayMetrics:
             E2E_BUCKETS,
         )
         self._prompt_tokens = self._tokens(
-            "cbserve:prompt_tokens", "Prompt tokens of requests that got a first token."
+            "cbserve:prompt_tokens", "Prompt tokens of requests that got a first token (or were pooled)."
         )
         self._generation_tokens = self._tokens(
             "cbserve:generation_tokens", "Generated tokens (the EOS / stop token included)."
@@ -122,6 +122,20 @@ class GatewayMetrics:
     def _tokens(self, name: str, documentation: str) -> Counter:
         """A count of tokens, per model."""
         return Counter(name, documentation, MODEL, registry=self.registry)
+
+    def count_pooled(
+        self, model_name: str, arrival_time: float, num_prompt_tokens: list[int], finished_reason: str
+    ) -> None:
+        """Pooling requests of one call, ended together (their answer is one): each counted as a
+        request of `model_name` with its end-to-end latency; no TTFT or inter-token latency, as they
+        stream no tokens, and their prompt tokens only when they were pooled."""
+        series = self.series(model_name)
+        e2e = max(0.0, time.time() - arrival_time)
+        for num_tokens in num_prompt_tokens:
+            series.e2e.observe(e2e)
+            series.count_finished(finished_reason)
+            if finished_reason == "stop":
+                series.prompt_tokens.inc(num_tokens)
 
     def track(self, arrival_time: float, num_prompt_tokens: int, model_name: str) -> RequestTracker:
         """A tracker for one request of base model `model_name` that arrived at `arrival_time` (unix
@@ -188,7 +202,7 @@ class RequestTracker:
 def observe_many(histogram: Histogram, amount: float, count: int) -> None:
     """`count` observations of `amount` at the cost of one: the tokens of a read share one gap, and a
     call per token cost the gateway's CPU per token. prometheus_client observes one at a time, so this
-    adds to the child's sum and bucket as its `observe` does (tests/stack/test_metrics.py
+    adds to the child's sum and bucket as its `observe` does (tests/stack/observability/test_metrics.py
     checks it against `count` calls)."""
     histogram._raise_if_not_observable()  # a parent with labels has no buckets of its own
     histogram._sum.inc(amount * count)

@@ -3,7 +3,8 @@ run them: the for-loop form of the key loop that Triton's interpreter never runs
 
 Triton's frontend and the ptxas its wheel ships need no device. Run with TRITON_INTERPRET=0 (under
 the interpreter `@triton.jit` makes functions it cannot compile):
-`TRITON_INTERPRET=0 python -m harness.gpu_worker.triton_compile` (tests/stack/test_triton_compile.py).
+`TRITON_INTERPRET=0 python -m harness.gpu_worker.triton_compile`
+(tests/stack/services/test_triton_compile.py).
 Prints one line per kernel compiled.
 """
 

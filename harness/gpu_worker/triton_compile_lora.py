@@ -1,7 +1,7 @@
 """Compile the LoRA shrink / expand kernels (gpu_worker/kernels/triton/lora.py) for a Hopper GPU on a
 machine without one, as harness/gpu_worker/triton_compile.py does the attention kernels: bfloat16 and
 float32 factors, a Llama-8B-sized layer. Run with TRITON_INTERPRET=0: `TRITON_INTERPRET=0 python -m
-harness.gpu_worker.triton_compile_lora` (tests/stack/test_triton_compile.py). Prints one line per
+harness.gpu_worker.triton_compile_lora` (tests/stack/services/test_triton_compile.py). Prints one line per
 kernel compiled.
 """
 

@@ -1,6 +1,7 @@
 """Tiny random pooling models saved as their users save them: sentence-transformers embedders (a BERT
-with mean pooling and Normalize, a Qwen2 decoder with last-token pooling), a BERT CrossEncoder, and a
-Qwen2 causal LM to serve as a decoder reranker (classifier_from_token "no"/"yes").
+with mean pooling and Normalize, a Qwen2 decoder with last-token pooling), a BERT CrossEncoder, a BERT
+classifier of three labels, and a Qwen2 causal LM to serve as a decoder reranker (classifier_from_token
+"no"/"yes").
 
 Each is built with sentence-transformers' own classes (or transformers') and saved with `.save()` /
 `save_pretrained`, so the worker reads the same files (`modules.json`, `1_Pooling/config.json`,
@@ -183,6 +184,23 @@ def build_cross_encoder(path: Path, *, seed: int = 0) -> Path:
     BertForSequenceClassification(config).save_pretrained(raw)
     tokenizer.save_pretrained(raw)
     CrossEncoder(str(raw)).save(str(path))
+    return path
+
+
+def build_classifier(path: Path, *, labels: tuple[str, ...] = ("negative", "neutral", "positive")) -> Path:
+    """A BertForSequenceClassification over several named labels, saved as transformers saves it: what
+    vLLM's `/classify` serves (the names in config.json's `id2label`)."""
+    import torch
+    from transformers import BertForSequenceClassification
+
+    tokenizer = _bert_tokenizer(128)
+    torch.manual_seed(0)
+    names = dict(enumerate(labels))
+    config = _bert_config(
+        tokenizer, 128, id2label=names, label2id={v: k for k, v in names.items()}, initializer_range=0.5
+    )
+    BertForSequenceClassification(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
     return path
 
 

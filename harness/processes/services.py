@@ -77,8 +77,10 @@ class Stack:
         self.base_url = f"http://127.0.0.1:{port}"
 
     def start_celery_worker(self, name: str = "celery", **env: str) -> subprocess.Popen[bytes]:
-        """A real `celery worker` (threads pool) of cbserve_celery, with the model for batch lines."""
-        env = {"MODEL": str(self.model_dir), **env}
+        """A real `celery worker` (threads pool) of cbserve_celery, with the model for batch lines (or
+        the models config `env` names)."""
+        if "CBSERVE_CELERY_MODELS_CONFIG" not in env:
+            env = {"MODEL": str(self.model_dir), **env}
         args = ["celery", "-A", "cbserve_celery.worker", "worker", "--pool", "threads", "--concurrency", "8"]
         return self._spawn(name, [*args, "--loglevel", "INFO", "--without-gossip", "--without-mingle"], env)
 

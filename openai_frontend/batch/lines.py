@@ -127,7 +127,7 @@ def _body(ctx: LineContext, line: InputLine) -> CompletionRequest | ChatCompleti
     return body
 
 
-async def _target(ctx: LineContext, requested: str | None) -> ModelTarget:
+async def line_target(ctx: LineContext, requested: str | None) -> ModelTarget:
     """The model (or LoRA adapter) the line names; a 500 when it is one this worker has no tokenizer
     for, else the endpoint's 404 for an unknown one."""
     try:
@@ -169,7 +169,7 @@ async def run_line(ctx: LineContext, line: InputLine, line_id: str, submitted: S
     target = None
     try:
         body = _body(ctx, line)
-        target = await _target(ctx, body.model)
+        target = await line_target(ctx, body.model)
         req_id = ctx.place(line_id, line.index, target)
         requests = _prepare(ctx, body, target, req_id)
     except OpenAIError as exc:

@@ -16,7 +16,7 @@ Status = Literal[
 ]
 # Still owed work by a batch task; every other status is final.
 ACTIVE: tuple[Status, ...] = ("validating", "in_progress", "finalizing", "cancelling")
-ENDPOINTS = ("/v1/chat/completions", "/v1/completions")
+ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
 COMPLETION_WINDOWS = {"24h": 24 * 3600}
 # The Celery task that runs a batch: the gateway queues it by this name (gateway/batch_queue.py)
 # and the Celery worker registers it under it (cbserve_celery/batch_task.py).

@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 import msgspec
+import redis
 import redis.asyncio as aioredis
 
 from common.protocol import LoRARequest
@@ -26,6 +27,12 @@ class LoadedAdapter(msgspec.Struct, frozen=True, kw_only=True):
     lora_request: LoRARequest  # what a request for it carries to the workers
     base_model_name: str  # the served base model it runs on (its `parent` in /v1/models)
     created: int  # unix seconds it was loaded
+
+
+def read_adapter(r: redis.Redis, name: str) -> LoadedAdapter | None:
+    """The adapter loaded under `name`, read now (a Celery task's lookup: no cache to go stale)."""
+    raw: Any = r.hget(LORA_ADAPTERS, name)
+    return None if raw is None else msgspec.msgpack.decode(raw, type=LoadedAdapter)
 
 
 class LoRARegistry:

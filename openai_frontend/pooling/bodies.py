@@ -1,14 +1,14 @@
 """A pooling endpoint's body to the prompts it queues (token ids, and a pair's token types), and the
 pooled results back to the endpoint's answer: OpenAI's embedding list (floats, or base64 of the
 little-endian float32 bytes, the OpenAI SDK's default), the rerank results sorted by relevance, vLLM's
-score list. A model serving embeddings but no scores reranks and scores by the embeddings' cosine,
-as vLLM does."""
+score list and classification list. A model serving embeddings but no scores reranks and scores by
+the embeddings' cosine, as vLLM does."""
 
 from __future__ import annotations
 
 import base64
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,8 +17,9 @@ from common.protocol import PoolingEvent, PoolingParams, PoolingTask
 from openai_frontend.generate.validation import check_model
 from openai_frontend.model.served_model import ServedModel
 from openai_frontend.pooling.inputs import EmbeddingTokenizer
+from openai_frontend.pooling.labels import class_labels, label_of
 from openai_frontend.pooling.pairs import PairTokenizer, cosine, score_pairs
-from openai_frontend.pooling.schemas import EmbeddingRequest, RerankRequest
+from openai_frontend.pooling.schemas import ClassificationRequest, EmbeddingRequest, RerankRequest
 from openai_frontend.protocol.errors import OpenAIError, invalid_request
 
 Prompt = tuple[list[int], list[int] | None]  # token ids, token type ids
@@ -48,7 +49,22 @@ def embedding_job(body: EmbeddingRequest, served: ServedModel) -> PoolingJob:
         normalize=body.normalize,
         truncate_prompt_tokens=body.truncate_prompt_tokens,
     )
-    return PoolingJob(_embedding_prompts(body.input, served), params, body.user or "")
+    embedder, _ = _tokenizers(served)
+    return PoolingJob(_prompts(body.input, served, embedder.encode), params, body.user or "")
+
+
+def classification_job(body: ClassificationRequest, served: ServedModel) -> PoolingJob:
+    """vLLM's `/classify`: each text tokenized as the classifier's tokenizer encodes one (its special
+    tokens added), as transformers' pipeline reads it."""
+    check_model(body.model, served)
+    params = PoolingParams(
+        task="classify", activation=body.activation, truncate_prompt_tokens=body.truncate_prompt_tokens
+    )
+
+    def encode(text: str) -> list[int]:
+        return served.tokenizer.encode(text, add_special_tokens=True)
+
+    return PoolingJob(_prompts(body.input, served, encode), params, body.user or "")
 
 
 def pair_job(
@@ -145,8 +161,31 @@ def score_answer(
     }
 
 
-def _embedding_prompts(
-    given: str | list[str] | list[int] | list[list[int]], served: ServedModel
+def classification_answer(
+    req_id: str, created: int, events: Sequence[PoolingEvent], model: str, model_dir: Path
+) -> dict[str, Any]:
+    """vLLM's `/classify` answer: per input its class probabilities and the likeliest class's label."""
+    labels = class_labels(model_dir)
+    data = []
+    for i, e in enumerate(events):
+        probs = e.values()
+        best = max(range(len(probs)), key=probs.__getitem__)
+        data.append({"index": i, "label": label_of(labels, best), "probs": probs, "num_classes": len(probs)})
+    num_tokens = sum(e.num_prompt_tokens for e in events)
+    return {
+        "id": f"classify-{req_id}",
+        "object": "list",
+        "created": created,
+        "model": model,
+        "data": data,
+        "usage": {"prompt_tokens": num_tokens, "total_tokens": num_tokens},
+    }
+
+
+def _prompts(
+    given: str | list[str] | list[int] | list[list[int]],
+    served: ServedModel,
+    encode: Callable[[str], list[int]],
 ) -> list[Prompt]:
     """One prompt per input: a text, a list of texts, one list of token ids, or lists of them."""
     if isinstance(given, str):
@@ -157,10 +196,9 @@ def _embedding_prompts(
         listed = given  # type: ignore[assignment]
     if not listed:
         raise invalid_request("input must not be empty", "input")
-    embedder, _ = _tokenizers(served)
     prompts: list[Prompt] = []
     for item in listed:
-        ids = embedder.encode(item) if isinstance(item, str) else list(item)
+        ids = encode(item) if isinstance(item, str) else list(item)
         if not ids:
             raise invalid_request("an input must hold at least one token", "input")
         bad = [t for t in ids if not 0 <= t < served.tokenizer.vocab_size]

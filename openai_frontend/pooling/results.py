@@ -1,6 +1,7 @@
 """The results of a pooling endpoint's requests: each request's `PoolingEvent`, read from its token
 stream through the follower's shared read (one `XREAD` per cell). A request that fails fails the
-whole answer; one left unfinished (timeout, or the client gone) is aborted in the batcher."""
+whole answer; one left unfinished (timeout, or the client gone) is aborted in the batcher, unless
+its caller leaves it running."""
 
 from __future__ import annotations
 
@@ -14,8 +15,11 @@ from openai_frontend.follow.token_stream import RequestFailed, RequestTimedOut, 
 from openai_frontend.protocol.errors import from_request_error, timed_out_error
 
 
-async def pooled(follower: RequestFollower, req_ids: list[str], timeout_s: float) -> list[PoolingEvent]:
-    """Each request's result, in order; raises OpenAIError when one fails or time runs out."""
+async def pooled(
+    follower: RequestFollower, req_ids: list[str], timeout_s: float, abort: bool = True
+) -> list[PoolingEvent]:
+    """Each request's result, in order; raises OpenAIError when one fails or time runs out. Without
+    `abort` the unfinished ones are left running (a batch task handing its lines on to the next)."""
     deadline = time.monotonic() + timeout_s
     tasks = [asyncio.ensure_future(_one(follower, req_id, deadline)) for req_id in req_ids]
     try:
@@ -28,7 +32,8 @@ async def pooled(follower: RequestFollower, req_ids: list[str], timeout_s: float
         for req_id, task in zip(req_ids, tasks, strict=True):
             if not task.done() or task.cancelled() or task.exception() is not None:
                 task.cancel()
-                follower.abort_later(req_id, "abort")
+                if abort:
+                    follower.abort_later(req_id, "abort")
 
 
 async def _one(follower: RequestFollower, req_id: str, deadline: float) -> PoolingEvent:

@@ -1,6 +1,7 @@
 """Request bodies of the pooling endpoints: OpenAI's `/v1/embeddings`, the Jina / Cohere rerank shape
-vLLM serves at `/rerank`, `/v1/rerank` and `/v2/rerank`, and vLLM's `/score` pairs. Strict as the
-generation bodies are (openai_frontend/protocol/openai_schemas.py): an unknown field is a 400."""
+vLLM serves at `/rerank`, `/v1/rerank` and `/v2/rerank`, vLLM's `/score` pairs and its `/classify`.
+Strict as the generation bodies are (openai_frontend/protocol/openai_schemas.py): an unknown field is
+a 400."""
 
 from __future__ import annotations
 
@@ -44,4 +45,12 @@ class ScoreRequest(_Strict):
     text_1: Text | list[Text]  # one text against each of text_2, or one list pairwise with it
     text_2: Text | list[Text]
     truncate_prompt_tokens: int | None = None
+    user: Text | None = None
+
+
+class ClassificationRequest(_Strict):
+    model: Id | None = None
+    input: Text | list[Text] | list[int] | list[list[int]]  # text(s) or token ids, one result each
+    truncate_prompt_tokens: int | None = None
+    activation: bool | None = None  # vLLM's: the softmax (sigmoid for one label); false: raw logits
     user: Text | None = None

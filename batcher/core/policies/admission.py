@@ -38,8 +38,11 @@ def triage(
         if not hostable_elsewhere(workers, req):
             no_lora = not any(serves_lora(w, req) for w in workers)
             # The reason this worker gives: a request of a kind no worker runs (pooling.py), or too large.
-            why = refusal(ws.info, ws.max_num_batched_tokens, req) or TOO_LARGE
-            fail_waiting(state, req, step, NO_LORA_WORKER if no_lora else why)
+            why = refusal(ws.info, ws.max_num_batched_tokens, req)
+            if why is not None and not no_lora:
+                # The request's own fault (its kind, length or dimensions): a 400, as the gateway's check.
+                req.error_code = "invalid_request_error"
+            fail_waiting(state, req, step, NO_LORA_WORKER if no_lora else why or TOO_LARGE)
             return Verdict.FAILED
         if other_kind(ws.info, req):
             return Verdict.PASS_OVER  # a pooling request in a cell that also generates, or the reverse

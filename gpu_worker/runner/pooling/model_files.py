@@ -99,6 +99,8 @@ def resolve_runner(settings: WorkerSettings) -> Runner:
     """The runner `settings.runner` names, or on auto the one the model's files call for."""
     if settings.runner != "auto":
         return settings.runner
+    if settings.convert != "auto":
+        return "pooling"  # vLLM's --convert embed / classify implies --runner pooling
     root = Path(settings.model)
     if (root / "modules.json").is_file() or settings.classifier_from_token is not None:
         return "pooling"

@@ -196,3 +196,15 @@ def test_priority_preempts_for_an_adapter_only_when_that_frees_a_slot() -> None:
     assert out is not None and [n.req_id for n in out.scheduled_new_reqs] == ["b"]
     assert out.finished_req_ids == ["a"] and "base" in out.num_scheduled_tokens
     assert s.stats.num_preemptions == 1 and [r.req_id for r in s.waiting] == ["a"]
+
+
+def test_the_metrics_snapshot_names_running_and_waiting_adapters() -> None:
+    from batcher.service.metrics import BatcherMetrics
+
+    s = make(lora_worker(max_loras=2))
+    for req_id, adapter in [("a1", "A"), ("b1", "B"), ("c1", "C"), ("base", None)]:
+        s.add_request(lora(req_id, adapter), now=0.0)
+    s.schedule("w0")
+    snapshot = BatcherMetrics(s).snapshot(now=5.0)
+    assert (snapshot.running_lora_adapters, snapshot.waiting_lora_adapters) == (["A", "B"], ["C"])
+    assert snapshot.max_lora == 2

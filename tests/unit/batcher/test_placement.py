@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from batcher.core.placement import best_worker, fair_share, has_room, hostable_elsewhere
 from batcher.core.worker_state import WorkerState
-from tests.unit.batcher.test_kv_cache_manager import hold_blocks
+from tests.unit.batcher.kv.test_kv_cache_manager import hold_blocks
 from tests.unit.batcher.test_scheduler import request, worker
 
 

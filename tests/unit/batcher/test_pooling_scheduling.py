@@ -116,7 +116,10 @@ def test_a_request_no_worker_of_the_cell_serves_fails_with_the_reason() -> None:
     s = scheduler(worker("g0"))
     s.add_request(pooling_request("p", 4), 0.0)
     _, failed = s.schedule("g0")
-    assert failed[0].error == "model 'm' generates text: embed requests need a pooling model"
+    assert failed[0].error == (
+        "model 'm' generates text and does not serve embeddings: embed requests need a pooling model"
+    )
+    assert failed[0].error_code == "invalid_request_error"  # the request's fault: a 400, not a 500
 
     s = scheduler(pooling_worker())
     s.add_request(request("g", 4), 0.0)
@@ -129,6 +132,7 @@ def test_a_request_no_worker_of_the_cell_serves_fails_with_the_reason() -> None:
         "score": "model 'm' serves embed, not score",
         "dims": "model 'm' does not support matryoshka representation: dimensions is not allowed",
     }
+    assert {r.error_code for r in failed} == {"invalid_request_error"}
 
 
 def test_matryoshka_dimensions_are_checked_against_the_models() -> None:

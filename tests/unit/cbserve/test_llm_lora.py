@@ -2,7 +2,7 @@
 PEFT adapters and the base model, batched together (chunked prefill, more adapters than slots),
 greedy tokens equal to PEFT's own unmerged `generate` for each request alone, in float32; preempted
 requests keep their tokens; adapters refused before anything runs. Eager here; compiled in
-tests/stack/test_lora.py."""
+tests/stack/lora/test_lora.py."""
 
 from __future__ import annotations
 

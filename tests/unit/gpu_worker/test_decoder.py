@@ -2,7 +2,7 @@
 
 At fp32 it must give the very tokens transformers' `generate` gives, for each family it serves,
 through batching, chunked prefill and preemption; quantized weights are close, not equal. The
-compiled decoder: tests/stack/test_compiled_forward.py.
+compiled decoder: tests/stack/services/test_compiled_forward.py.
 """
 
 from __future__ import annotations

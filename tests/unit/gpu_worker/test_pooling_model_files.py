@@ -50,6 +50,10 @@ def test_the_runner_follows_the_models_files_unless_set(tmp_path: Path, tiny_mod
     assert resolve_runner(settings(tiny_model_dir)) == "generate"
     assert resolve_runner(settings(tiny_model_dir, runner="pooling")) == "pooling"
     assert resolve_runner(settings(tiny_model_dir, classifier_from_token=["no", "yes"])) == "pooling"
+    # vLLM's --convert embed serves a chat model's own hidden states: it implies the pooling runner.
+    assert resolve_runner(settings(tiny_model_dir, convert="embed")) == "pooling"
+    spec = read_pooling_spec(settings(tiny_model_dir, convert="embed"))
+    assert (spec.encoder, spec.pooling_type, spec.normalize, spec.tasks) == (False, "last", True, ["embed"])
     assert resolve_runner(settings(model_dir(tmp_path / "b", bert()))) == "pooling"
     headless = model_dir(tmp_path / "q", qwen2(["Qwen2Model"]))
     assert resolve_runner(settings(headless)) == "pooling"

@@ -68,6 +68,7 @@ class Responder:
         n = min(self._num_tokens, params.max_tokens)
         k = params.logprobs
         pipe = self.redis.pipeline(transaction=True)
+        event: PromptEvent | TokenEvent
         if n == 0:  # max_tokens 0 ends at the prompt, as the worker ends it
             event = PromptEvent(
                 req_id=request.req_id, attempt=1, token_ids=request.prompt_token_ids, finish_reason="length"

@@ -42,6 +42,11 @@ class BatcherSettings(BaseSettings):
         description="Cap on the token budget of one step (prefill chunks plus decodes); default: the "
         "worker's own.",
     )
+    max_num_encoder_input_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="Image embeddings one step may encode (vLLM's name); default: the step's token budget.",
+    )
     scheduling_policy: Literal["fused", "tgi"] = Field(
         "fused",
         description="fused: decodes and chunked prefills share each step (vLLM); "

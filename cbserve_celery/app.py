@@ -12,7 +12,7 @@ that *fails* (the request failed or timed out) is acknowledged and not retried: 
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import Any, cast
 
 import redis
 from celery import Celery, Task
@@ -20,6 +20,7 @@ from celery.signals import worker_ready, worker_shutdown
 
 from cbserve_celery.batch_reaper import BatchReaper
 from cbserve_celery.batch_task import add_batch_task
+from cbserve_celery.conversation import conversation_prompt, is_conversation
 from cbserve_celery.embedding import add_embed_task
 from cbserve_celery.generation import parse_sampling_params, run_generation, task_req_id
 from cbserve_celery.model_tokenizers import ModelTokenizers
@@ -106,13 +107,14 @@ def make_app(settings: CelerySettings) -> Celery:
     @app.task(name=GENERATE_TASK, bind=True)
     def generate(
         self: Task,
-        prompt: list[int] | str,
+        prompt: list[int] | str | list[dict[str, Any]],
         sampling_params: dict[str, Any] | None = None,
         model: str | None = None,
     ) -> dict[str, Any]:
-        """Generate for `prompt` (token ids, or text when the worker has the model's tokenizer) with
-        `model`: a base model of the worker's models config (None: the worker's one, or first), or a
-        LoRA adapter the gateways serve (`--lora-modules`, /v1/load_lora_adapter), on its base model.
+        """Generate for `prompt` (token ids; text, or a conversation of chat messages, images among
+        them for a vision-language model, when the worker has the model's files) with `model`: a base
+        model of the worker's models config (None: the worker's one, or first), or a LoRA adapter the
+        gateways serve (`--lora-modules`, /v1/load_lora_adapter), on its base model.
 
         Returns {"req_id", "token_ids", "text" (None without a tokenizer), "finish_reason"}.
         """
@@ -127,12 +129,19 @@ def make_app(settings: CelerySettings) -> Celery:
                 raise ValueError(f"adapter {model!r} runs on {base!r}, not in CBSERVE_CELERY_MODELS_CONFIG")
             model = base if resources.tokenizers.knows(base) else None
         tokenizer = resources.tokenizers.tokenizer(model)
-        if isinstance(prompt, str):
-            if tokenizer is None:
+        mm_features = None
+        if isinstance(prompt, str) or is_conversation(prompt):
+            model_dir = resources.tokenizers.model_dir(model)
+            if tokenizer is None or model_dir is None:
                 raise ValueError("text prompts need CBSERVE_CELERY_MODEL (or MODEL) on the worker")
-            prompt_token_ids = tokenizer.encode(prompt, add_special_tokens=True)
+            if isinstance(prompt, str):
+                prompt_token_ids = tokenizer.encode(prompt, add_special_tokens=True)
+            else:
+                vision = resources.tokenizers.vision(model_dir)
+                chat = conversation_prompt(cast(list[dict[str, Any]], prompt), model_dir, tokenizer, vision)
+                prompt_token_ids, mm_features = chat.token_ids, chat.mm_features
         else:
-            prompt_token_ids = [int(t) for t in prompt]
+            prompt_token_ids = [int(t) for t in cast(list[int], prompt)]
         # A model's cells (the first model's without `model`); each run of the task places it alike.
         req_id = task_req_id(str(self.request.id), resources.tokenizers.cells(model) or [settings.cell])
         token_ids, finish_reason = run_generation(
@@ -141,6 +150,7 @@ def make_app(settings: CelerySettings) -> Celery:
             prompt_token_ids,
             parse_sampling_params(sampling_params),
             timeout_s=settings.request_timeout_s,
+            mm_features=mm_features,
             lora_request=None if adapter is None else adapter.lora_request,
         )
         text = output_text(tokenizer, prompt_token_ids, token_ids, finish_reason) if tokenizer else None

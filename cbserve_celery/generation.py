@@ -15,7 +15,7 @@ from typing import Any
 import msgspec
 import redis
 
-from common.protocol import GenerateRequest, LoRARequest, SamplingParams
+from common.protocol import GenerateRequest, LoRARequest, MultiModalFeature, SamplingParams
 from common.stream_client import abort, follow, submit_once
 from common.streams import placed_req_id
 from common.token_rules import RequestFailed, RequestTimedOut
@@ -51,6 +51,7 @@ def run_generation(
     *,
     timeout_s: float,
     owner: str = "celery",
+    mm_features: list[MultiModalFeature] | None = None,
     lora_request: LoRARequest | None = None,
 ) -> tuple[list[int], str]:
     """Submit (unless already submitted) and follow to the end: (generated token ids, finish reason)."""
@@ -62,6 +63,7 @@ def run_generation(
         sampling_params=params,
         arrival_time=time.time(),
         owner=owner,
+        mm_features=mm_features,
         lora_request=lora_request,
     )
     submit_once(r, request)

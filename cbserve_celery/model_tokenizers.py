@@ -17,6 +17,7 @@ from common.models_config import ModelsConfig
 from openai_frontend.model.served_model import ModelRules, ServedModel
 from openai_frontend.model.served_models import ServedModels
 from openai_frontend.model.tokenizer import ModelTokenizer
+from openai_frontend.model.vision_processor import VisionProcessor, load_vision_processor
 
 
 class ModelTokenizers:
@@ -26,6 +27,7 @@ class ModelTokenizers:
         self._cells = {m.name: m.placement_cells for m in config.models} if config is not None else {}
         self._lock = threading.Lock()
         self._loaded: dict[Path, ModelTokenizer] = {}
+        self._processors: dict[Path, VisionProcessor | None] = {}
 
     def _load(self, model_dir: Path) -> ModelTokenizer:
         with self._lock:
@@ -33,11 +35,26 @@ class ModelTokenizers:
                 self._loaded[model_dir] = ModelTokenizer(model_dir)
             return self._loaded[model_dir]
 
+    def _served(self, rules: ModelRules, model_dir: Path) -> ServedModel:
+        """`rules`' model with this worker's tokenizer of it, and its processor when it reads images."""
+        return ServedModel(rules, str(model_dir), self._load(model_dir), vision=self.vision(model_dir))
+
     def _dir(self, model: str | None) -> Path | None:
         """The directory of `model` (None: CBSERVE_CELERY_MODEL's, else the config's first)."""
         if model is None:
             return self._single or next(iter(self._dirs.values()), None)
         return self._dirs.get(model)
+
+    def model_dir(self, model: str | None = None) -> Path | None:
+        """`model`'s directory (None: the worker's one or first); None when it has none for it."""
+        return self._dir(model)
+
+    def vision(self, model_dir: Path) -> VisionProcessor | None:
+        """The processor of the vision-language model at `model_dir` (loaded once); None: text only."""
+        with self._lock:
+            if model_dir not in self._processors:
+                self._processors[model_dir] = load_vision_processor(model_dir)
+            return self._processors[model_dir]
 
     def tokenizer(self, model: str | None = None) -> ModelTokenizer | None:
         """`model`'s tokenizer (None: the worker's one or first); None when it has none for it."""
@@ -73,14 +90,8 @@ class ModelTokenizers:
         if not self._dirs:
             if self._single is None or len(models) != 1:
                 return None, frozenset(m.name for m in models)
-            return ServedModels(
-                [ServedModel(models[0], str(self._single), self._load(self._single))]
-            ), frozenset()
-        served = [
-            ServedModel(r, str(self._dirs[r.name]), self._load(self._dirs[r.name]))
-            for r in models
-            if r.name in self._dirs
-        ]
+            return ServedModels([self._served(models[0], self._single)]), frozenset()
+        served = [self._served(r, self._dirs[r.name]) for r in models if r.name in self._dirs]
         unserved = frozenset(r.name for r in models if r.name not in self._dirs)
         return (ServedModels(served) if served else None), unserved
 

@@ -25,6 +25,8 @@ class WorkerMetrics(msgspec.Struct, kw_only=True):
     prefix_cache_queries: int = 0  # prompt tokens of requests admitted on it (cumulative)
     prefix_cache_hits: int = 0  # of which found in its prefix cache (cumulative)
     num_running: int  # requests holding blocks on it
+    num_encoder_runs: int = 0  # images it ran through its vision encoder (cumulative)
+    num_encoder_cache_hits: int = 0  # images its steps found in its encoder cache (cumulative)
     step_time: HistogramData  # seconds of forward + sample per step, as the worker reported
     batch_size: HistogramData  # requests per step
     num_tokens: HistogramData  # tokens computed per step (prefill chunks + decodes)

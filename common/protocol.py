@@ -169,6 +169,10 @@ class WorkerInfo(msgspec.Struct, tag="hello", kw_only=True):
     embed_dim: int = 0  # length of an "embed" vector (before Matryoshka truncation)
     is_matryoshka: bool = False  # embed vectors may be cut to `dimensions` (vLLM's name)
     matryoshka_dimensions: list[int] = []  # the sizes it was trained for; empty: any up to embed_dim
+    supports_multimodal: bool = False  # a vision-language model: requests may carry images (vLLM's name)
+    # Images attend bidirectionally within themselves (Gemma 3): an image's placeholder run is never
+    # split across prefill chunks (vLLM's name).
+    disable_chunked_mm_input: bool = False
 
 
 class WorkerLost(msgspec.Struct, tag="worker_lost", kw_only=True):
@@ -239,6 +243,8 @@ class ModelRunnerOutput(msgspec.Struct, tag="result", kw_only=True):
     accepted_draft_token_ids: dict[str, list[int]] = {}
     # req_id -> the draft model's drafts after this step's tokens, for its next step (draft_after).
     draft_token_ids: dict[str, list[int]] = {}
+    num_encoder_runs: int = 0  # images this step ran through the vision encoder
+    num_encoder_cache_hits: int = 0  # images this step found in the worker's encoder cache
 
 
 class TokenEvent(msgspec.Struct, tag="token", kw_only=True, omit_defaults=True):

@@ -13,6 +13,7 @@ from openai_frontend.model.path_names import directory_names
 from openai_frontend.model.served_model import ModelRules, ServedModel
 from openai_frontend.model.served_models import ServedModels
 from openai_frontend.model.tokenizer import ModelTokenizer, read_max_model_len
+from openai_frontend.model.vision_processor import load_vision_processor
 
 
 def load_served_models(settings: GatewaySettings) -> ServedModels:
@@ -82,5 +83,7 @@ def _served(
         reasoning_parser=reasoning_parser or settings.reasoning_parser,
         path_names=path_names,
         cells=cells,
+        media=settings.media_rules(),
     )
-    return ServedModel(rules=rules, root=str(model_dir), tokenizer=tokenizer)
+    vision = load_vision_processor(model_dir)  # None: a text model
+    return ServedModel(rules=rules, root=str(model_dir), tokenizer=tokenizer, vision=vision)

@@ -20,6 +20,7 @@ from common.settings import (
 from common.streams import check_cell
 from gateway.cell_router import CellPolicy
 from gateway.key_hashes import parse_key_hashes
+from openai_frontend.media.rules import DEFAULT_MAX_IMAGE_PIXELS, MediaRules
 from openai_frontend.protocol.strings import MAX_ID_CHARS
 
 
@@ -111,6 +112,20 @@ class GatewaySettings(BaseSettings):
     # in the content.
     reasoning_parser: str = "auto"
 
+    # --- images (vision-language models; docs/api.md, Images) -------------------------------------
+    # vLLM's --limit-mm-per-prompt, as JSON: the most images one request may hold.
+    limit_mm_per_prompt: dict[str, int] = {"image": 8}
+    # Width x height of one decoded image, and bytes of one encoded image (inline or fetched).
+    max_image_pixels: int = Field(default=DEFAULT_MAX_IMAGE_PIXELS, gt=0)
+    max_image_bytes: int = Field(default=20 * 1024 * 1024, gt=0)
+    # vLLM's --allowed-media-domains: comma-separated hosts whose http(s) image URLs are fetched; `*`
+    # any host; empty (the default) none, only data: URLs. Hosts resolving to a private, loopback or
+    # link-local address are refused unless media_allow_private_addresses (an internal image store).
+    allowed_media_domains: str = ""
+    media_allow_private_addresses: bool = False
+    # vLLM's VLLM_IMAGE_FETCH_TIMEOUT: one image URL's fetch, redirects included.
+    media_fetch_timeout_s: float = Field(default=5.0, gt=0)
+
     # A stream with nothing to send for this long gets an SSE comment (`: keep-alive`), which every
     # client ignores: a client or proxy waiting on a queued or slow request sees the connection live.
     # 0 sends none.
@@ -186,6 +201,30 @@ class GatewaySettings(BaseSettings):
         if self.cells:
             raise ValueError("GATEWAY_MODELS_CONFIG gives each model its cells: leave GATEWAY_CELLS unset")
         return self
+
+    @field_validator("limit_mm_per_prompt")
+    @classmethod
+    def _check_limit_mm(cls, value: dict[str, int]) -> dict[str, int]:
+        extra = sorted(set(value) - {"image"})
+        if extra:
+            raise ValueError(f'images are the only modality served: use {{"image": N}}, not {extra[0]!r}')
+        if any(n < 0 for n in value.values()):
+            raise ValueError("a limit of images is 0 or more")
+        return value
+
+    def media_rules(self) -> MediaRules:
+        """The images' rules every served model gets."""
+        domains = tuple(
+            d.strip().lower().rstrip(".") for d in self.allowed_media_domains.split(",") if d.strip()
+        )
+        return MediaRules(
+            limit_images=self.limit_mm_per_prompt.get("image", MediaRules().limit_images),
+            max_image_pixels=self.max_image_pixels,
+            max_image_bytes=self.max_image_bytes,
+            allowed_media_domains=domains,
+            allow_private_media_addresses=self.media_allow_private_addresses,
+            fetch_timeout_s=self.media_fetch_timeout_s,
+        )
 
     @field_validator("tool_parser")
     @classmethod

@@ -91,6 +91,12 @@ class WorkerSettings(PoolingSettings):  # its pooling fields: pooling_settings.p
         description="Tokens computed in one step (prefill chunks + decodes), registered with the "
         "batcher and profiled at startup; default 512 on cpu, 8192 on cuda.",
     )
+    encoder_cache_size: int = Field(
+        default=16384,
+        gt=0,
+        description="A vision-language model's encoder cache, in image embeddings (vLLM's "
+        "encoder_cache_size): encoded images kept by content hash, least recently used out first.",
+    )
     block_size: int = Field(default=16, gt=0, description="Tokens per KV-cache block.")
     max_model_len: int | None = Field(
         default=None,

@@ -16,6 +16,8 @@ from common.protocol import WorkerInfo
 
 def refusal(info: WorkerInfo, max_num_batched_tokens: int, req: Request) -> str | None:
     """Why a worker of `info` can never run `req` (None: it can, KV blocks aside)."""
+    if req.mm_features and not info.supports_multimodal:
+        return f"model {info.model!r} takes no images: it is not a vision-language model the worker serves"
     return pooling_refusal(info, max_num_batched_tokens, req.pooling_params, len(req.prompt_token_ids))
 
 

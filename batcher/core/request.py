@@ -10,6 +10,7 @@ from common.protocol import (
     FinishReason,
     GenerateRequest,
     LoRARequest,
+    MultiModalFeature,
     NewRequestData,
     PoolingParams,
     SamplingParams,
@@ -77,6 +78,9 @@ class Request:
     lora_request: LoRARequest | None = None  # the adapter it runs with; None: the base model
     pooling_params: PoolingParams | None = None  # a pooling request: its prompt is computed, nothing sampled
     token_type_ids: list[int] | None = None  # a cross-encoder pair's segments, one per prompt token
+    # Its images (placeholder runs in the prompt, the processor's tensors): sent with it every time it
+    # is scheduled anew, so whichever worker runs it encodes them again.
+    mm_features: list[MultiModalFeature] | None = None
 
     @classmethod
     def from_message(cls, msg: GenerateRequest, entry_id: str) -> Request:
@@ -94,6 +98,7 @@ class Request:
             lora_request=msg.lora_request,
             pooling_params=msg.pooling_params,
             token_type_ids=token_types,
+            mm_features=msg.mm_features,
         )
 
     def to_message(self) -> GenerateRequest:
@@ -108,6 +113,7 @@ class Request:
             lora_request=self.lora_request,
             pooling_params=self.pooling_params,
             token_type_ids=self.token_type_ids,
+            mm_features=self.mm_features,
         )
 
     @property
@@ -149,4 +155,5 @@ class Request:
             lora_request=self.lora_request,
             pooling_params=self.pooling_params,
             token_type_ids=self.token_type_ids,
+            mm_features=self.mm_features,
         )

@@ -41,6 +41,8 @@ class SchedulerConfig:
     prefix_wait: bool = True
     # "fcfs": arrival order; "lpm": most cached tokens on the worker first (waiting_order.py).
     waiting_order: WaitingOrder = "fcfs"
+    # vLLM's name: image embeddings one step may encode (multimodal.py); None: the worker's token budget.
+    max_num_encoder_input_tokens: int | None = None
     # Decodes draft tokens for the worker to verify (spec_decode/); None: never.
     speculative: SpeculativeConfig | None = None
 

@@ -31,7 +31,7 @@ def schedule_step(
     if ws.fenced:
         return None, []
     assert len(ws.in_flight) < state.config.max_steps_in_flight, "too many steps in flight"
-    step = StepDraft()
+    step = StepDraft(encoder_budget=state.config.max_num_encoder_input_tokens or ws.max_num_batched_tokens)
     preempt_for_waiting(state, ws)
     policy.schedule(state, ws, step)
 

@@ -28,6 +28,8 @@ class WorkerState:
     steps_since_admission: int = 0  # tgi policy: TGI's `waiting_tokens`
     prefix_cache_queries: int = 0  # prompt tokens of admitted requests (recomputes included)
     prefix_cache_hits: int = 0  # of which found cached
+    num_encoder_runs: int = 0  # images it encoded, as its results say (multimodal)
+    num_encoder_cache_hits: int = 0  # images its steps found in its encoder cache
     # Declared dead and fenced: nothing more is sent to it; its results already written still count
     # until the WorkerLost marker behind them is read, then it is removed.
     fenced: bool = False

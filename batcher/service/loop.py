@@ -52,6 +52,7 @@ class Batcher:
             SchedulerConfig(
                 max_num_seqs=settings.max_num_seqs,
                 max_num_batched_tokens=settings.max_num_batched_tokens,
+                max_num_encoder_input_tokens=settings.max_num_encoder_input_tokens,
                 scheduling_policy=settings.scheduling_policy,
                 waiting_served_ratio=settings.waiting_served_ratio,
                 max_waiting_tokens=settings.max_waiting_tokens,

@@ -104,6 +104,8 @@ class BatcherMetrics:
                 prefix_cache_queries=ws.prefix_cache_queries,
                 prefix_cache_hits=ws.prefix_cache_hits,
                 num_running=len(ws.running),
+                num_encoder_runs=ws.num_encoder_runs,
+                num_encoder_cache_hits=ws.num_encoder_cache_hits,
                 step_time=hists.step_time.data(),
                 batch_size=hists.batch_size.data(),
                 num_tokens=hists.num_tokens.data(),

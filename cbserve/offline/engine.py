@@ -14,7 +14,14 @@ from dataclasses import dataclass, field
 
 from batcher.core.request import Request
 from batcher.core.scheduler import Scheduler, SchedulerConfig, SchedulerStats
-from common.protocol import GenerateRequest, LoRARequest, PoolingParams, SamplingParams, WorkerEvent
+from common.protocol import (
+    GenerateRequest,
+    LoRARequest,
+    MultiModalFeature,
+    PoolingParams,
+    SamplingParams,
+    WorkerEvent,
+)
 from gpu_worker.runner.step_runner import StepRunner, make_runner
 from gpu_worker.settings import WorkerSettings
 
@@ -56,10 +63,17 @@ class LLMEngine:
         prompt_token_ids: list[int],
         params: SamplingParams,
         lora_request: LoRARequest | None = None,
+        mm_features: list[MultiModalFeature] | None = None,
     ) -> None:
         now = time.time()
         req = Request(
-            req_id, list(prompt_token_ids), params, arrival_time=now, entry_id="", lora_request=lora_request
+            req_id,
+            list(prompt_token_ids),
+            params,
+            arrival_time=now,
+            entry_id="",
+            lora_request=lora_request,
+            mm_features=mm_features,
         )
         self.scheduler.add_request(req, now)
 

@@ -31,6 +31,7 @@ from cbserve.offline.sampling_params import SamplingParams, for_engine, output_o
 from common import protocol
 from openai_frontend.completions.logprobs import LogprobsFormatter
 from openai_frontend.model.tokenizer import ModelTokenizer
+from openai_frontend.model.vision_processor import load_vision_processor
 from openai_frontend.pooling.inputs import EmbeddingTokenizer, transformer_dir
 from openai_frontend.pooling.pairs import PairTokenizer
 
@@ -107,6 +108,10 @@ class LLM(PoolingAPI):
         self._pair_tokenizer = PairTokenizer.load(tokenizer_dir, self._served.tokenizer)
         self._formatter = LogprobsFormatter(self._served.tokenizer.tokenizer)
         self._request_counter = itertools.count()
+        # A vision-language model's processor: prompt dicts with "multi_modal_data" (mm_prompts.py).
+        self._processor = (
+            load_vision_processor(model_dir) if self.llm_engine.info.supports_multimodal else None
+        )
 
     def get_tokenizer(self) -> ModelTokenizer:
         return self._served.tokenizer
@@ -124,7 +129,8 @@ class LLM(PoolingAPI):
         or a list of them; `sampling_params`: one for all, or one per prompt (default
         `SamplingParams()`: temperature 1, 16 tokens, as vLLM's, not the model's generation_config);
         `lora_request`: the adapter (`cbserve.LoRARequest`, vLLM's) for all, or one (or None) per prompt."""
-        return self._run(generate_prompts(prompts, self._served), sampling_params, use_tqdm, lora_request)
+        prompt_list = generate_prompts(prompts, self._served, self._processor)
+        return self._run(prompt_list, sampling_params, use_tqdm, lora_request)
 
     def chat(
         self,
@@ -179,7 +185,11 @@ class LLM(PoolingAPI):
         ]
         for state, lora in zip(states, loras, strict=True):
             self.llm_engine.add_request(
-                state.request_id, state.prompt.token_ids, for_engine(state.params), lora
+                state.request_id,
+                state.prompt.token_ids,
+                for_engine(state.params),
+                lora,
+                mm_features=state.prompt.mm_features,
             )
         self._run_engine({state.request_id: state for state in states}, use_tqdm)
         return [state.output() for state in states]

@@ -14,13 +14,17 @@ import copy
 import dataclasses
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, cast
 
+from cbserve.offline.mm_prompts import multimodal_prompt
+from common.protocol import MultiModalFeature
 from openai_frontend.generate.prompts import completion_prompt_ids
 from openai_frontend.generate.request_builder import prompt_ids_of
 from openai_frontend.model.served_model import ModelRules, ServedModel
 from openai_frontend.model.tokenizer import ModelTokenizer
+from openai_frontend.model.vision_processor import VisionProcessor
 from openai_frontend.protocol.errors import OpenAIError
 from openai_frontend.protocol.openai_schemas import ChatCompletionRequest
 
@@ -33,6 +37,7 @@ Conversation = Sequence[Mapping[str, Any]]
 class Prompt:
     text: str | None  # as given, or a conversation's rendered template; None for token ids
     token_ids: list[int]
+    mm_features: list[MultiModalFeature] | None = None  # its images (a vision-language model's)
 
 
 def served_model(model_dir: Path, tokenizer_dir: Path, max_model_len: int) -> ServedModel:
@@ -40,26 +45,35 @@ def served_model(model_dir: Path, tokenizer_dir: Path, max_model_len: int) -> Se
     return ServedModel(rules=rules, root=str(model_dir), tokenizer=ModelTokenizer(tokenizer_dir))
 
 
-def generate_prompts(prompts: PromptType | Sequence[PromptType], served: ServedModel) -> list[Prompt]:
-    """One prompt or a list of them (text, token ids, or vLLM's prompt dicts)."""
+def generate_prompts(
+    prompts: PromptType | Sequence[PromptType], served: ServedModel, processor: VisionProcessor | None = None
+) -> list[Prompt]:
+    """One prompt or a list of them (text, token ids, or vLLM's prompt dicts, with images through
+    `processor`, a vision-language model's, in "multi_modal_data")."""
     one = isinstance(prompts, str | Mapping) or (
         isinstance(prompts, Sequence) and bool(prompts) and isinstance(prompts[0], int)
     )
     listed = [cast(PromptType, prompts)] if one else cast(Sequence[PromptType], prompts)
     if not listed:
         raise ValueError("no prompts given")
-    return [_prompt(prompt, served) for prompt in listed]
+    return [_prompt(prompt, served, processor) for prompt in listed]
 
 
-def _prompt(prompt: PromptType, served: ServedModel) -> Prompt:
+def _prompt(prompt: PromptType, served: ServedModel, processor: VisionProcessor | None) -> Prompt:
     if isinstance(prompt, Mapping):
-        extra = sorted(set(prompt) - {"prompt", "prompt_token_ids"})
-        if extra or len(prompt) != 1:
+        keys = set(prompt) - {"multi_modal_data"}
+        extra = sorted(keys - {"prompt", "prompt_token_ids"})
+        if extra or len(keys) != 1:
             raise ValueError(
-                'a prompt dict holds one key, "prompt" (text) or "prompt_token_ids" (token ids); '
-                f"got {sorted(prompt)}"
+                'a prompt dict holds one key, "prompt" (text) or "prompt_token_ids" (token ids), and '
+                f'"multi_modal_data" (images) if it has any; got {sorted(prompt)}'
             )
+        data = prompt.get("multi_modal_data")
         prompt = prompt.get("prompt", prompt.get("prompt_token_ids"))
+        if data is not None and isinstance(prompt, str | Sequence):
+            decode = partial(served.tokenizer.decode, skip_special_tokens=False)
+            ids, features = multimodal_prompt(prompt, data, processor, decode)
+            return Prompt(prompt if isinstance(prompt, str) else None, ids, features)
     if not isinstance(prompt, str | Sequence):
         raise ValueError(f"a prompt is text or token ids, not {type(prompt).__name__}")
     with _as_value_error():

@@ -71,4 +71,6 @@ async def count_tokens(body: CountTokensRequest, http_request: Request, state: S
     num_bytes = None if body.tools else body_size(http_request)
     with anthropic_terms():
         served = (await state.target(body.model)).served
+        if served.vision is not None:  # its images are fetched and processed: off the loop too
+            num_bytes = None
         return {"input_tokens": await state.prepare.run(num_bytes, _num_prompt_tokens, body, served)}

@@ -41,7 +41,9 @@ async def tokenize_route(
     body: Annotated[dict[str, Any], Body()], http_request: Request, state: State
 ) -> TokenizeResponse:
     served = (await state.target(_model_of(body))).served  # an adapter tokenizes as its base model
-    return await state.prepare.run(body_size(http_request), _tokenize, body, served)
+    # A vision-language model's conversation may fetch and process images: off the event loop.
+    num_bytes = None if served.vision is not None and "messages" in body else body_size(http_request)
+    return await state.prepare.run(num_bytes, _tokenize, body, served)
 
 
 @router.post("/detokenize")

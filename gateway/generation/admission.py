@@ -20,6 +20,7 @@ from gateway.limits.cell_guard import request_bytes
 from gateway.limits.cell_runners import cell_runners
 from gateway.prepare_pool import body_size
 from gateway.security.auth import request_owner
+from openai_frontend.generate.image_prompts import has_image_parts
 from openai_frontend.generate.request import PreparedRequest, with_message
 from openai_frontend.generate.request_builder import prepare_choices
 from openai_frontend.protocol.openai_schemas import ChatCompletionRequest, CompletionRequest
@@ -80,16 +81,22 @@ async def _checked_requests(
         req_id=new_req_id(),
         lora_request=target.lora_request,
     )
-    # Building a grammar is heavy whatever the size (the first time it imports xgrammar).
-    requests = await state.prepare.run(None if asks_for_grammar(body) else num_bytes, prepare)
+    # Building a grammar is heavy whatever the size (the first time it imports xgrammar), and so are
+    # fetching, decoding and processing images.
+    heavy = asks_for_grammar(body) or (
+        isinstance(body, ChatCompletionRequest) and has_image_parts(body.messages)
+    )
+    requests = await state.prepare.run(None if heavy else num_bytes, prepare)
     # Placed once tokenized (the router weighs the prompt); every choice goes to the first's cell.
     # prompt_cache_key is a placement hint within its API key (gateway/cell_router.py).
     cache_key = f"{owner}\0{body.prompt_cache_key}" if body.prompt_cache_key else ""
     message = requests[0].message
-    # An adapter's prompt blocks are hashed with its key, as the batcher's prefix cache hashes them.
+    # An adapter's prompt blocks are hashed with its key, as the batcher's prefix cache hashes them;
+    # a prompt's images key them too (the same placeholders with another image are another prefix).
     lora_key = b"" if message.lora_request is None else message.lora_request.cache_key
+    image_keys = b"".join(f.identifier.encode() for f in message.mm_features or [])
     router = state.routers[target.served.rules.name]
-    cell = await router.place(state.redis, message.prompt_token_ids, cache_key, lora_key)
+    cell = await router.place(state.redis, message.prompt_token_ids, cache_key, lora_key + image_keys)
     requests = [with_message(r, req_id=placed_req_id(cell, r.req_id)) for r in requests]
     request = requests[0]
     # A pooling model's cell generates nothing: a 400 that says so, not a request that fails there.
@@ -97,7 +104,11 @@ async def _checked_requests(
     # Each prompt once, and every choice's output.
     num_prompt_tokens = sum(r.num_prompt_tokens for r in requests[:: request.n])
     num_output_tokens = sum(r.message.sampling_params.max_tokens for r in requests)
-    num_bytes = request_bytes(len(requests), num_prompt_tokens, num_output_tokens)
+    # Each choice's entry carries its prompt's images.
+    num_image_bytes = sum(
+        len(t.data) for r in requests for f in r.message.mm_features or [] for t in f.data.values()
+    )
+    num_bytes = request_bytes(len(requests), num_prompt_tokens, num_output_tokens, num_image_bytes)
     await state.cell_guard.check(state.redis, cell, num_bytes)
     await state.queue_bound.check(state.redis, cell_keys(cell), request.req_id, [r.req_id for r in requests])
     num_tokens = num_prompt_tokens + num_output_tokens

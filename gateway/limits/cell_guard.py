@@ -33,11 +33,13 @@ BYTES_PER_PROMPT_TOKEN = 8
 BYTES_PER_REQUEST = 2048
 
 
-def request_bytes(num_requests: int, num_prompt_tokens: int, num_output_tokens: int) -> int:
+def request_bytes(
+    num_requests: int, num_prompt_tokens: int, num_output_tokens: int, num_image_bytes: int = 0
+) -> int:
     """The memory requests (the choices of one answer) may come to hold in Redis: what admission
-    reserves for them."""
+    reserves for them. `num_image_bytes`: their images' tensors, which the requests stream carries."""
     num_bytes = num_requests * BYTES_PER_REQUEST + num_prompt_tokens * BYTES_PER_PROMPT_TOKEN
-    return num_bytes + num_output_tokens * BYTES_PER_OUTPUT_TOKEN
+    return num_bytes + num_output_tokens * BYTES_PER_OUTPUT_TOKEN + num_image_bytes
 
 
 def _unavailable(why: str, code: str) -> OpenAIError:

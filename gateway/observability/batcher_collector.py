@@ -134,6 +134,13 @@ class BatcherCollector(Collector):
             "kv_cache_cached_blocks",
             "Free KV-cache blocks still holding a reusable prefix.",
         )
+        # A vision-language model's images: run through the vision encoder, or found in its cache.
+        encoder_runs = _per_worker(
+            CounterMetricFamily, "encoder_runs", "Images the worker ran through its vision encoder."
+        )
+        encoder_hits = _per_worker(
+            CounterMetricFamily, "encoder_cache_hits", "Images a step found in the worker's encoder cache."
+        )
         batch_size = _histogram("cbserve:batch_size", "Requests in one step.", ["worker_id"])
         tokens = _histogram("cbserve:iteration_tokens_total", "Tokens computed in one step.", ["worker_id"])
         for worker_id, w in sorted(snap.workers.items()):
@@ -143,10 +150,23 @@ class BatcherCollector(Collector):
             queries.add_metric([worker_id], float(w.prefix_cache_queries))
             hits.add_metric([worker_id], float(w.prefix_cache_hits))
             cached.add_metric([worker_id], float(w.num_cached_blocks))
+            encoder_runs.add_metric([worker_id], float(w.num_encoder_runs))
+            encoder_hits.add_metric([worker_id], float(w.num_encoder_cache_hits))
             _add(step_time, [worker_id], w.step_time)
             _add(batch_size, [worker_id], w.batch_size)
             _add(tokens, [worker_id], w.num_tokens)
-        yield from (kv, running, queries, hits, cached, step_time, batch_size, tokens)
+        yield from (
+            kv,
+            running,
+            queries,
+            hits,
+            cached,
+            encoder_runs,
+            encoder_hits,
+            step_time,
+            batch_size,
+            tokens,
+        )
 
 
 def _per_worker(

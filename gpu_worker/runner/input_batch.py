@@ -66,11 +66,14 @@ def build_input_batch(
     device: torch.device,
     block_table: BlockTable | None = None,
     lora_slots: Mapping[str, int] | None = None,
+    bidirectional_runs: Mapping[str, Sequence[tuple[int, int]]] | None = None,
 ) -> InputBatch:
     """Decodes (query length 1) go first, longest context first (the torch backend attends them in
     groups of similar length; kernels need only decodes first). The block ids come through
     `block_table`, the runner's, which holds its requests' rows between steps (a one-step table
-    without it). `lora_slots`: on a worker with LoRA, the slot of each request that runs an adapter."""
+    without it). `lora_slots`: on a worker with LoRA, the slot of each request that runs an adapter.
+    `bidirectional_runs`: req_id -> the [start, end) runs of its prompt whose tokens see their whole
+    run (Gemma 3's images), as the step's key limits."""
     block_size = backend.kv_cache.block_size
     decodes = sorted(
         (r for r in requests if r.num_tokens == 1), key=lambda r: r.state.num_computed_tokens, reverse=True
@@ -120,6 +123,7 @@ def build_input_batch(
         for i in range(end - 1 - len(r.spec_token_ids), end - 1)
     ]
     rows, prompt_flat, targets = _prompt_rows(ordered, starts)
+    key_limits = _key_limits(ordered, starts, positions, bidirectional_runs) if bidirectional_runs else None
     lora_ids = None
     if lora_slots is not None:
         slots = torch.tensor([lora_slots.get(r.state.req_id, -1) for r in ordered], dtype=torch.long)
@@ -137,6 +141,7 @@ def build_input_batch(
         num_actual_tokens=num_tokens,
         max_query_len=max(query_lens, default=0),
         max_seq_len=max(seq_lens, default=0),
+        key_limits_cpu=key_limits,
     )
     return InputBatch(
         input_ids=_to_device(torch.tensor([input_ids], dtype=torch.long), device),
@@ -176,6 +181,24 @@ def _prompt_rows(
         flat.extend(range(first, first + end - start))
         targets.extend(state.token_ids[start + 1 : end + 1])
     return rows, flat, targets
+
+
+def _key_limits(
+    ordered: Sequence[ScheduledRequest],
+    starts: Sequence[int],
+    positions: torch.Tensor,
+    runs: Mapping[str, Sequence[tuple[int, int]]],
+) -> torch.Tensor | None:
+    """[T]: each token's last visible key position, its run's last for tokens in a bidirectional run,
+    its own for the rest; None when the step holds no such token."""
+    limits = positions.clone()
+    for r, first in zip(ordered, starts, strict=False):
+        begin = r.state.num_computed_tokens
+        for run_start, run_end in runs.get(r.state.req_id, ()):
+            lo, hi = max(begin, run_start), min(begin + r.num_tokens, run_end)
+            if lo < hi:
+                limits[first + lo - begin : first + hi - begin] = run_end - 1
+    return limits if bool((limits != positions).any()) else None
 
 
 def _run_of_each(ends: torch.Tensor, num_items: int) -> torch.Tensor:

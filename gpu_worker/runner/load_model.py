@@ -18,6 +18,8 @@ from gpu_worker.runner.kv_cache import KVCache
 from gpu_worker.runner.lora.layers import LoRAConfig
 from gpu_worker.runner.lora.step import LoRAKernel
 from gpu_worker.runner.model_support import check_model_supported, head_dim
+from gpu_worker.runner.multimodal.architectures import DECODER_FAMILIES, is_vision_language
+from gpu_worker.runner.multimodal.vision_model import VisionLanguageModel, load_vision_language, vision_family
 from gpu_worker.settings import WorkerSettings
 
 logger = logging.getLogger(__name__)
@@ -31,7 +33,7 @@ class KVShape:
 
 
 # What the runner calls: the worker's own decoder for the families it has one for, else transformers'.
-Model = Decoder | PreTrainedModel
+Model = Decoder | PreTrainedModel | VisionLanguageModel
 
 
 def load_model(settings: WorkerSettings) -> Model:
@@ -43,8 +45,10 @@ def load_model(settings: WorkerSettings) -> Model:
         raise ValueError("WORKER_DEVICE=cuda but torch sees no CUDA device: use --device cpu or a CUDA build")
     config = AutoConfig.from_pretrained(settings.model)
     check_model_supported(config)  # before loading any weight
-    own_decoder = config.model_type in FAMILIES
-    if settings.enable_lora and not own_decoder:
+    vision = is_vision_language(config)
+    # LLaVA's and Qwen2.5-VL's language model runs on the decoder (multimodal/vision_model.py).
+    own_decoder = config.model_type in FAMILIES or (vision and vision_family(config) in DECODER_FAMILIES)
+    if settings.enable_lora and (vision or not own_decoder):
         raise ValueError(
             f"WORKER_ENABLE_LORA serves adapters on {', '.join(sorted(FAMILIES))} (the worker's own "
             f"decoder), not {config.model_type}: unset it to serve this model"
@@ -58,11 +62,20 @@ def load_model(settings: WorkerSettings) -> Model:
     check_quantization(settings.quantization, device)
     attn_implementation = register_paged_attention()
     logger.info("loading the weights of %s", settings.model)
+    dtype = getattr(torch, settings.resolved_dtype)
+    if vision:
+        hf_model = load_vision_language(settings.model, config, dtype, attn_implementation)
+        hf_model.to(device)  # type: ignore[arg-type]
+        hf_model.eval()
+        vlm = VisionLanguageModel(hf_model, settings.quantization)
+        if settings.compile and vlm.decoder is not None:
+            compile_decoder(vlm.decoder, Path(settings.compile_cache_dir), device)
+        return vlm
     model = AutoModelForCausalLM.from_pretrained(
         settings.model,
         config=config,
         attn_implementation=attn_implementation,
-        dtype=getattr(torch, settings.resolved_dtype),
+        dtype=dtype,
     )
     # transformers types `.to` through a decorator that mypy misreads; it is nn.Module.to.
     model.to(device)  # type: ignore[arg-type]

@@ -41,6 +41,8 @@ from gpu_worker.runner.load_model import (
     resolve_num_blocks,
 )
 from gpu_worker.runner.lora.manager import LoRAManager
+from gpu_worker.runner.multimodal.mm_step import MultiModalInputs, add_images
+from gpu_worker.runner.multimodal.vision_model import VisionLanguageModel
 from gpu_worker.runner.profile import (
     MemorySnapshot,
     ProfileStep,
@@ -77,6 +79,12 @@ class ModelRunner:
         memory_at_start = MemorySnapshot.take(self.device)
         self.model: Model = self._load_model(settings) if model is None else model
         config = self.model.config
+        # A vision-language model's images: their tensors, the encoder cache (multimodal/).
+        self.mm = (
+            MultiModalInputs(self.model, settings.encoder_cache_size, self.device)
+            if isinstance(self.model, VisionLanguageModel)
+            else None
+        )
         self.block_size = settings.block_size
         self.max_num_seqs = settings.resolved_max_num_seqs
         self.max_num_batched_tokens = settings.resolved_max_num_batched_tokens
@@ -118,7 +126,8 @@ class ModelRunner:
         self.decode_graphs: DecodeGraphs | None = None  # none during the profiling step
         self._size_kv_cache(settings, profile, memory_at_start)
         # Captured last, over the real pool: graphs hold the addresses of the pool and the weights.
-        if settings.resolved_cuda_graphs and not settings.null_model:
+        # A vision-language model's steps take embeddings, which the decode graphs do not.
+        if settings.resolved_cuda_graphs and not settings.null_model and self.mm is None:
             self.decode_graphs = DecodeGraphs(
                 self.model,
                 self.attn_backend,
@@ -160,13 +169,19 @@ class ModelRunner:
             self._cascade_attention,
             self.model.dtype,
         )
+        # The backend of steps whose queries see past themselves (key limits): the torch one reads them.
+        self.mask_backend = self.attn_backend
+        if self.attn_backend.name != "torch":
+            self.mask_backend = make_attention_backend(
+                "torch", self.kv_cache, self._group_decodes, False, self.model.dtype
+            )
 
     def _size_kv_cache(
         self, settings: WorkerSettings, step: ProfileStep, start: MemorySnapshot | None
     ) -> None:
         """Run the profiling step in the temporary pool, then give the real pool what it leaves."""
         result = run_profile_step(self, step)
-        del self.kv_cache, self.attn_backend  # freed before measuring what is left
+        del self.kv_cache, self.attn_backend, self.mask_backend  # freed before measuring what is left
         budget = kv_cache_budget(settings, self.device, start, result)
         shapes = [kv_shape(self.model.config)]
         if self.draft_model is not None:
@@ -184,6 +199,8 @@ class ModelRunner:
             max_loras=0 if self.lora is None else self.lora.max_loras,
             max_lora_rank=0 if self.lora is None else self.lora.max_lora_rank,
             max_cpu_loras=0 if self.lora is None else self.lora.max_cpu_loras,
+            supports_multimodal=self.mm is not None,
+            disable_chunked_mm_input=self.mm is not None and self.mm.model.bidirectional_images,
         )
 
     # ---- one step -------------------------------------------------------------------------------
@@ -206,6 +223,8 @@ class ModelRunner:
         self.block_table.clear()
         self.sampling_state.clear()
         self.structured_outputs.clear()
+        if self.mm is not None:
+            self.mm.clear()
         if self.draft_model is not None:
             self.draft_model.clear()
 
@@ -213,11 +232,20 @@ class ModelRunner:
         """One step, all or nothing: on an exception its diff is rolled back and _StepFailed raised."""
         req_errors: dict[str, str] = {}
         undo = self._undo_log(scheduler_output)
+        cache = None if self.mm is None else self.mm.encoder_cache
+        encoder_counts = (0, 0) if cache is None else (cache.num_encoder_runs, cache.num_cache_hits)
         try:
             self._apply(scheduler_output, req_errors)
             scheduled = self._scheduled(scheduler_output, req_errors)
+            # Gemma 3's image tokens see their whole image: such steps go through the torch backend's masks.
+            image_runs = None if self.mm is None else self.mm.bidirectional_runs(scheduled)
             batch = build_input_batch(
-                scheduled, self.attn_backend, self.device, self.block_table, self._lora_slots(scheduled)
+                scheduled,
+                self.mask_backend if image_runs else self.attn_backend,
+                self.device,
+                self.block_table,
+                self._lora_slots(scheduled),
+                image_runs,
             )
             sampled = self._forward_and_sample(batch)
         except Exception as exc:
@@ -240,6 +268,8 @@ class ModelRunner:
                 i: run[:-1] for i, run in zip(req_ids, runs, strict=True) if len(run) > 1
             },
             draft_token_ids=drafts,
+            num_encoder_runs=0 if cache is None else cache.num_encoder_runs - encoder_counts[0],
+            num_encoder_cache_hits=0 if cache is None else cache.num_cache_hits - encoder_counts[1],
         )
 
     def _propose_drafts(self, draft_after: dict[str, int], req_ids: list[str]) -> dict[str, list[int]]:
@@ -302,6 +332,8 @@ class ModelRunner:
             merged.accepted_draft_token_ids.update(out.accepted_draft_token_ids)
             merged.draft_token_ids.update(out.draft_token_ids)
             merged.num_scheduled_tokens += out.num_scheduled_tokens
+            merged.num_encoder_runs += out.num_encoder_runs
+            merged.num_encoder_cache_hits += out.num_encoder_cache_hits
         self._step_logprobs = logprobs
         return merged
 
@@ -337,6 +369,8 @@ class ModelRunner:
             structured = new.sampling_params.structured_output
             if error is None and new.lora_request is not None:
                 error = self._add_lora(new.lora_request)
+            if error is None and new.mm_features:
+                error = add_images(self.mm, new, self.model_name)
             if error is None and structured is not None:
                 error = self.structured_outputs.add(
                     new.req_id, structured, new.output_token_ids, new.sampling_params.ignore_eos
@@ -383,6 +417,8 @@ class ModelRunner:
         self.block_table.remove(req_id)
         self.sampling_state.remove(req_id)
         self.structured_outputs.remove(req_id)
+        if self.mm is not None:
+            self.mm.remove(req_id)
         if self.draft_model is not None:
             self.draft_model.free(req_id)
 
@@ -410,14 +446,18 @@ class ModelRunner:
         if self.decode_graphs is not None and self.decode_graphs.can_run(batch):
             return self.decode_graphs.run(batch)
         # Only the worker's decoder takes slots (WORKER_ENABLE_LORA refuses any other model).
-        lora = {} if batch.lora_ids is None else {"lora_ids": batch.lora_ids}
+        extra: dict[str, torch.Tensor] = {} if batch.lora_ids is None else {"lora_ids": batch.lora_ids}
+        position_ids = batch.position_ids
+        if self.mm is not None:  # images encoded (or found cached) and merged; M-RoPE positions
+            extra["inputs_embeds"] = self.mm.inputs_embeds(batch)
+            position_ids = self.mm.positions(batch)
         outputs = self.model(
             input_ids=batch.input_ids,
-            position_ids=batch.position_ids,
+            position_ids=position_ids,
             use_cache=False,  # the paged pool is the cache; no DynamicCache
             logits_to_keep=batch.kept_indices,  # logits only where a token is sampled (or scored)
             attn_metadata=batch.attn_metadata,
-            **lora,
+            **extra,
         )
         logits = outputs.logits[0]
         if batch.prompt_rows:

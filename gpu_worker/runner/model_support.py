@@ -27,6 +27,8 @@ from typing import Any
 from transformers import PretrainedConfig, PreTrainedModel
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
+from gpu_worker.runner.multimodal.architectures import is_vision_language, unsupported_vision
+
 # Models that add a learned relative-position bias to the scores (transformers passes `position_bias`).
 _POSITION_BIAS_MODELS = frozenset({"cpmant", "inkling", "inkling2", "inkling2_loop"})
 # Models whose attention reads only the KV positions an indexer picks (transformers passes `indices`).
@@ -54,7 +56,7 @@ def check_model_supported(config: PretrainedConfig) -> None:
     problems = unsupported_features(config)
     if problems:
         model_type = config.get_text_config().model_type or config.model_type
-        model_class = causal_lm_class(config)
+        model_class = None if is_vision_language(config) else causal_lm_class(config)
         named = f"{model_type!r}" + ("" if model_class is None else f" ({model_class.__name__})")
         raise UnsupportedModelError(
             f"model type {named} is not supported: {'; '.join(problems)}. cbserve's worker runs only "
@@ -71,6 +73,9 @@ def unsupported_features(config: PretrainedConfig) -> list[str]:
 
 def unsupported_architecture(config: PretrainedConfig) -> str | None:
     """Why the step's attention context cannot reach the model's attention; None when it can."""
+    vision = unsupported_vision(config)
+    if vision is not None or is_vision_language(config):
+        return vision  # a vision-language model's language model runs on the worker's decoder
     model_class = causal_lm_class(config)
     if model_class is None:
         return "transformers has no causal language model for it"

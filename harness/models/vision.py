@@ -221,6 +221,12 @@ def build_vision_model(path: Path, family: str, *, seed: int = 0, max_len: int =
     config.text_config.max_position_embeddings = max_len
     torch.manual_seed(seed)
     model = AutoModelForImageTextToText.from_config(config)
+    # Matrices transformers initializes to zero (Gemma 3's image projection) drawn at random: else every
+    # image would embed alike, and a test could not tell one image, or a misplaced one, from another.
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.dim() == 2 and not bool(param.any()):
+                param.normal_(std=0.5)
     model.generation_config = generation_config(tok)
     path.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(path)

@@ -23,24 +23,32 @@ from typing import Any
 from openai_frontend.anthropic.schemas import ContentBlock, CountTokensRequest, MessagesRequest
 from openai_frontend.anthropic.tools import chat_tool_choice, chat_tools
 from openai_frontend.protocol.errors import OpenAIError, invalid_request
-from openai_frontend.protocol.openai_schemas import ChatCompletionRequest, ChatMessage, ResponseFormat
+from openai_frontend.protocol.openai_schemas import (
+    ChatCompletionRequest,
+    ChatMessage,
+    ContentPart,
+    ResponseFormat,
+)
 
 # The fields each kind of block may carry besides `type` and `cache_control` (a caching hint).
 _BLOCK_FIELDS = {
     "text": {"text", "citations"},
+    "image": {"source"},
     "tool_use": {"id", "name", "input", "caller"},
     "tool_result": {"tool_use_id", "content", "is_error"},
     "thinking": {"thinking", "signature"},
     "redacted_thinking": {"data"},
 }
 _ROLE_BLOCKS = {
-    "user": ("text", "tool_result"),
+    "user": ("text", "image", "tool_result"),
     "assistant": ("text", "tool_use", "thinking", "redacted_thinking"),
 }
 # An earlier answer's thoughts, sent back with it: left out of the prompt, as Anthropic leaves out
 # earlier turns' thinking and chat templates of thinking models drop earlier thoughts.
 _DROPPED_BLOCKS = ("thinking", "redacted_thinking")
 ERROR_PREFIX = "Error: "  # starts the text of a tool_result with is_error
+# The image types Anthropic accepts in a base64 source.
+IMAGE_MEDIA_TYPES = ("image/jpeg", "image/png", "image/gif", "image/webp")
 
 
 def _unsupported(message: str) -> OpenAIError:
@@ -77,6 +85,37 @@ def _texts(content: str | list[ContentBlock], param: str) -> str:
     return "\n".join(texts)
 
 
+def _image_part(block: ContentBlock, param: str) -> ContentPart:
+    """An image block as chat's image_url part: a base64 source as a data: URL, a url source as is."""
+    source = block.source or {}
+    kind = source.get("type")
+    if kind == "base64":
+        media_type, data = source.get("media_type"), source.get("data")
+        if media_type not in IMAGE_MEDIA_TYPES:
+            raise invalid_request(
+                f"{param}.source.media_type must be one of {', '.join(IMAGE_MEDIA_TYPES)}, got {media_type!r}"
+            )
+        if not isinstance(data, str):
+            raise invalid_request(f"{param}.source.data: Field required")
+        url = f"data:{media_type};base64,{data}"
+    elif kind == "url":
+        if not isinstance(source.get("url"), str):
+            raise invalid_request(f"{param}.source.url: Field required")
+        url = source["url"]
+    else:
+        raise _unsupported(
+            f"{param}.source: image sources of type {kind!r} are not supported; send base64 or url"
+        )
+    return ContentPart(type="image_url", image_url={"url": url})
+
+
+def _content(texts: list[str | ContentPart]) -> str | list[ContentPart]:
+    """Text blocks joined as chat joins text parts; with images among them, chat's parts in order."""
+    if all(isinstance(t, str) for t in texts):
+        return "\n".join(t for t in texts if isinstance(t, str))
+    return [ContentPart(type="text", text=t) if isinstance(t, str) else t for t in texts]
+
+
 def _blocks(content: str | list[ContentBlock]) -> list[ContentBlock]:
     return [ContentBlock(type="text", text=content)] if isinstance(content, str) else content
 
@@ -102,16 +141,26 @@ def _tool_call(block: ContentBlock, param: str) -> dict[str, Any]:
     return {"id": block.id, "type": "function", "function": {"name": block.name, "arguments": arguments}}
 
 
-def _turn(messages: list[ChatMessage], role: str, text: str | None, calls: list[dict[str, Any]]) -> None:
+def _turn(
+    messages: list[ChatMessage], role: str, text: str | list[ContentPart] | None, calls: list[dict[str, Any]]
+) -> None:
     """Adds a user or assistant turn, joined to the one before when that has the same role."""
     last = messages[-1] if messages else None
     if last is not None and last.role == role:
-        if text:
+        if isinstance(text, list) or isinstance(last.content, list):
+            last.content = [*_as_parts(last.content), *_as_parts(text)]
+        elif text:
             last.content = f"{last.content}\n{text}" if last.content else text
         if calls:
             last.tool_calls = [*(last.tool_calls or []), *calls]
         return
     messages.append(ChatMessage(role=role, content=text, tool_calls=calls or None))
+
+
+def _as_parts(content: str | list[ContentPart] | None) -> list[ContentPart]:
+    if isinstance(content, list):
+        return content
+    return [ContentPart(type="text", text=content)] if content else []
 
 
 def chat_messages(body: CountTokensRequest) -> list[ChatMessage]:
@@ -126,7 +175,7 @@ def chat_messages(body: CountTokensRequest) -> list[ChatMessage]:
         kinds = _ROLE_BLOCKS.get(message.role)
         if kinds is None:
             raise invalid_request(f"messages[{i}].role must be user or assistant, got {message.role!r}")
-        texts: list[str] = []
+        texts: list[str | ContentPart] = []  # text blocks, and image blocks as chat's image parts
         calls: list[dict[str, Any]] = []
         for j, block in enumerate(_blocks(message.content)):
             param = f"messages[{i}].content[{j}]"
@@ -137,16 +186,18 @@ def chat_messages(body: CountTokensRequest) -> list[ChatMessage]:
                 if block.text is None:
                     raise invalid_request(f"{param}.text: Field required")
                 texts.append(block.text)
+            elif block.type == "image":
+                texts.append(_image_part(block, param))
             elif block.type == "tool_use":
                 calls.append(_tool_call(block, param))
                 call_ids.add(str(block.id))
             else:  # a tool_result: the text before it is a turn of its own, then the tool's answer
                 if texts:
-                    _turn(messages, "user", "\n".join(texts), [])
+                    _turn(messages, "user", _content(texts), [])
                     texts = []
                 messages.append(_tool_message(block, call_ids, param))
         if texts or calls or message.role == "assistant":
-            _turn(messages, message.role, "\n".join(texts) if texts else None, calls)
+            _turn(messages, message.role, _content(texts) if texts else None, calls)
     return messages
 
 
@@ -245,6 +296,7 @@ _CHAT_TERMS = [
     (re.compile(r"\bstop strings\b"), "stop sequences"),
     (re.compile(r"\btool_choice must be none, auto, required or a function\b"), "tool_choice is invalid"),
     (re.compile(r"\buser must be\b"), "metadata.user_id must be"),
+    (re.compile(r"'image_url'"), "'image'"),
 ]
 
 

@@ -20,7 +20,7 @@ class _Strict(BaseModel):
 
 
 class ContentBlock(BaseModel):
-    """One block of a message, `system` or a tool result: text, tool_use or tool_result here."""
+    """One block of a message, `system` or a tool result: text, image, tool_use or tool_result here."""
 
     model_config = ConfigDict(extra="allow", strict=True)
 
@@ -32,6 +32,9 @@ class ContentBlock(BaseModel):
     tool_use_id: Id | None = None  # tool_result: the call it answers
     content: Text | list[ContentBlock] | None = None  # tool_result: the tool's output
     is_error: bool | None = None  # tool_result: the tool failed (its output says how)
+    source: JSONObject | None = (
+        None  # image: {"type": "base64", "media_type", "data"} or {"type": "url", "url"}
+    )
     # A prompt-caching breakpoint: our prefix cache is automatic, so it changes nothing.
     cache_control: JSONObject | None = None
 

@@ -13,6 +13,7 @@ lacks gets a 500 saying so.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from dataclasses import dataclass, field
@@ -30,6 +31,7 @@ from openai_frontend.completions.endpoints import ENDPOINTS
 from openai_frontend.completions.logprobs import LogprobsFormatter
 from openai_frontend.follow.collect import collect
 from openai_frontend.follow.request_follower import FollowPolicy, RequestFollower
+from openai_frontend.generate.image_prompts import has_image_parts
 from openai_frontend.generate.request import Kind, PreparedRequest, response_id
 from openai_frontend.generate.request_builder import prepare_choices
 from openai_frontend.model.lora_registry import LoRARegistry
@@ -171,7 +173,11 @@ async def run_line(ctx: LineContext, line: InputLine, line_id: str, submitted: S
         body = _body(ctx, line)
         target = await line_target(ctx, body.model)
         req_id = ctx.place(line_id, line.index, target)
-        requests = _prepare(ctx, body, target, req_id)
+        if isinstance(body, ChatCompletionRequest) and has_image_parts(body.messages):
+            # Fetching, decoding and processing images would hold up the batch's other lines.
+            requests = await asyncio.to_thread(_prepare, ctx, body, target, req_id)
+        else:
+            requests = _prepare(ctx, body, target, req_id)
     except OpenAIError as exc:
         req_id = ctx.place(line_id, line.index, target)
         return result_line(line, req_id, exc.status, exc.body())

@@ -9,7 +9,7 @@ from openai_frontend.generate.validation import check_token_ids
 from openai_frontend.model.chat_template import ChatRender, ChatTemplateError, render_chat
 from openai_frontend.model.served_model import ServedModel
 from openai_frontend.protocol.errors import invalid_request
-from openai_frontend.protocol.openai_schemas import ChatMessage
+from openai_frontend.protocol.openai_schemas import ChatMessage, ContentPart
 from openai_frontend.reasoning.history import thought_fields
 from openai_frontend.tools.history import client_tool_texts, tool_fields
 
@@ -50,29 +50,51 @@ def completion_prompt_ids(prompt: Prompt, served: ServedModel, add_special_token
     return token_ids
 
 
-def _message_dict(i: int, message: ChatMessage) -> dict[str, Any]:
+def _check_role(i: int, message: ChatMessage) -> None:
     if message.role not in CHAT_ROLES:
         raise invalid_request(
             f"role {message.role!r} is not supported; use one of {', '.join(CHAT_ROLES)}",
             f"messages[{i}].role",
         )
+
+
+def _message_dict(i: int, message: ChatMessage, served: ServedModel) -> dict[str, Any]:
+    _check_role(i, message)
     content = message.content
     if isinstance(content, list):
         texts = []
         for j, part in enumerate(content):
-            if part.type != "text" or part.text is None:
+            if part.type == "image_url":
                 raise invalid_request(
-                    f"content part type {part.type!r} is not supported; only text parts are",
-                    f"messages[{i}].content",
+                    f"model {served.rules.name!r} reads text only: content parts of type 'image_url' need a "
+                    "vision-language model",
+                    f"messages[{i}].content[{j}]",
+                    "image_input_not_supported",
                 )
-            extra = next((f for f in _NON_TEXT_PART_FIELDS if getattr(part, f) is not None), None)
-            if extra is not None:
-                raise invalid_request(
-                    f"a text content part cannot carry {extra}", f"messages[{i}].content[{j}].{extra}"
-                )
-            texts.append(part.text)
+            texts.append(text_part(i, j, part))
         # Templates expect a string; vLLM joins text parts the same way.
         content = "\n".join(texts)
+    return message_dict(i, message, content)
+
+
+def text_part(i: int, j: int, part: ContentPart) -> str:
+    """A text part's text; any other kind is refused by name."""
+    if part.type != "text" or part.text is None:
+        raise invalid_request(
+            f"content part type {part.type!r} is not supported; only text parts are", f"messages[{i}].content"
+        )
+    extra = next((f for f in _NON_TEXT_PART_FIELDS if getattr(part, f) is not None), None)
+    if extra is not None:
+        raise invalid_request(
+            f"a text content part cannot carry {extra}", f"messages[{i}].content[{j}].{extra}"
+        )
+    return part.text
+
+
+def message_dict(i: int, message: ChatMessage, content: str | list[dict[str, Any]] | None) -> dict[str, Any]:
+    """The message as the chat template reads it, with `content` (text, or parts for a template that
+    reads images)."""
+    _check_role(i, message)
     if content is None:
         if message.role != "assistant":
             raise invalid_request(f"a {message.role} message needs content", f"messages[{i}].content")
@@ -98,7 +120,7 @@ def chat_prompt_ids(
         raise invalid_request("this model has no chat template; use /v1/completions", "messages")
     if not messages:
         raise invalid_request("messages must not be empty", "messages")
-    chat = [_message_dict(i, m) for i, m in enumerate(messages)]
+    chat = [_message_dict(i, m, served) for i, m in enumerate(messages)]
     try:
         if served.rules.special_tokens_in_content:  # the operator trusts clients with control tokens
             text = render_chat(

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import msgspec
 
-from common.protocol import GenerateRequest, LoRARequest
+from common.protocol import GenerateRequest, LoRARequest, MultiModalFeature
 from common.stream_client import new_req_id
+from openai_frontend.generate.image_prompts import ChatPrompt, image_chat_prompt
 from openai_frontend.generate.options import (
     checked_metadata,
     num_prompt_logprobs,
@@ -89,8 +90,13 @@ def prepare_choices(
     req_id = req_id or new_req_id()
     tools = tool_use(body, served) if isinstance(body, ChatCompletionRequest) else ToolUse()
     choices: list[PreparedRequest] = []
-    for prompt_token_ids, echo_text in _prompts(body, n, served, tools):
+    for prompt_token_ids, echo_text, mm_features in _prompts(body, n, served, tools):
+        whole = len(prompt_token_ids)
         prompt_token_ids = truncated(prompt_token_ids, body, served.rules.max_model_len)
+        if mm_features and len(prompt_token_ids) != whole:
+            raise invalid_request(
+                "truncate_prompt_tokens cannot cut a prompt that holds images", "truncate_prompt_tokens"
+            )
         prompt_param = "messages" if isinstance(body, ChatCompletionRequest) else "prompt"
         check_prompt_length(len(prompt_token_ids), served, prompt_param)
         max_tokens = resolve_max_tokens(body, len(prompt_token_ids), served)
@@ -110,6 +116,7 @@ def prepare_choices(
             queue_deadline=queue_deadline,
             priority=level,
             lora_request=lora_request,
+            mm_features=mm_features,
         )
         include_usage = bool(body.stream and body.stream_options and body.stream_options.include_usage)
         request = PreparedRequest(
@@ -148,28 +155,35 @@ def prepare_choices(
 
 def _prompts(
     body: CompletionRequest | ChatCompletionRequest, n: int, served: ServedModel, tools: ToolUse
-) -> list[tuple[list[int], str | None]]:
-    """Each prompt's token ids, and with echo the text each of its choices starts with."""
+) -> list[tuple[list[int], str | None, list[MultiModalFeature] | None]]:
+    """Each prompt's token ids, with echo the text each of its choices starts with, and its images."""
     if isinstance(body, ChatCompletionRequest):
-        return [
-            (
-                chat_prompt_ids(
-                    body.messages, served, tools.tools, _render(body, served), bool(body.add_special_tokens)
-                ),
-                None,
-            )
-        ]
+        chat = _chat_prompt(body, served, tools)
+        return [(chat.token_ids, None, chat.mm_features)]
     prompts = split_prompts(body.prompt)
     if len(prompts) * n > MAX_PROMPTS:
         raise invalid_request(f"at most {MAX_PROMPTS} choices (prompts x n) per request", "prompt")
-    result = []
+    result: list[tuple[list[int], str | None, list[MultiModalFeature] | None]] = []
     for prompt in prompts:
         token_ids = completion_prompt_ids(prompt, served, body.add_special_tokens is not False)
         echo_text = None
         if body.echo:  # as the client wrote it; token ids decoded (special tokens left out)
             echo_text = prompt if isinstance(prompt, str) else served.tokenizer.decode(token_ids)
-        result.append((token_ids, echo_text))
+        result.append((token_ids, echo_text, None))
     return result
+
+
+def _chat_prompt(body: ChatCompletionRequest, served: ServedModel, tools: ToolUse) -> ChatPrompt:
+    """A chat body's prompt: through the model's processor for a vision-language model (images
+    allowed), through the tokenizer for a text model (images refused by name)."""
+    render = _render(body, served)
+    if served.vision is not None:
+        return image_chat_prompt(
+            body.messages, served, served.vision, tools.tools, render, body.add_special_tokens
+        )
+    return ChatPrompt(
+        chat_prompt_ids(body.messages, served, tools.tools, render, bool(body.add_special_tokens))
+    )
 
 
 def _render(body: ChatCompletionRequest, served: ServedModel) -> ChatRender:
@@ -191,6 +205,12 @@ def _render(body: ChatCompletionRequest, served: ServedModel) -> ChatRender:
     )
 
 
+def chat_prompt_of(body: ChatCompletionRequest, served: ServedModel) -> ChatPrompt:
+    """The prompt a chat body queues (template controls and tools included): its token ids, for
+    /tokenize, and its images (the offline LLM's chat)."""
+    return _chat_prompt(body, served, tool_use(body, served))
+
+
 def prompt_ids_of(body: ChatCompletionRequest, served: ServedModel) -> list[int]:
-    """The prompt a chat body queues (template controls and tools included), for /tokenize."""
-    return _prompts(body, 1, served, tool_use(body, served))[0][0]
+    """The token ids a chat body queues, for /tokenize and count_tokens."""
+    return chat_prompt_of(body, served).token_ids

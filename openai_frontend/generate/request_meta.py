@@ -23,10 +23,11 @@ _META, _ATTACH = b"m", b"attach"
 
 
 def kept(request: PreparedRequest) -> PreparedRequest:
-    """The record as stored: the prompt's last tokens only (all the detokenizer looks at) and no
-    sampling params (a structured output's grammar can be large; nothing replayed needs them)."""
+    """The record as stored: the prompt's last tokens only (all the detokenizer looks at), no
+    sampling params (a structured output's grammar can be large; nothing replayed needs them) and no
+    images (their tensors travel on the requests stream)."""
     tail = request.message.prompt_token_ids[-NUM_CONTEXT_TOKENS:]
-    return with_message(request, prompt_token_ids=tail, sampling_params=SamplingParams())
+    return with_message(request, prompt_token_ids=tail, sampling_params=SamplingParams(), mm_features=None)
 
 
 def save_meta(pipe: Any, request: PreparedRequest, ttl_s: int) -> None:

@@ -143,6 +143,8 @@ def _cut_after_final(text: str, chat: list[dict[str, Any]]) -> str:
     """The rendering cut right after the last message's content, as transformers'
     `continue_final_message` cuts it: the model then continues that message."""
     final = chat[-1].get("content") if chat else None
+    if isinstance(final, list):  # a vision-language model's parts: its last text part is continued
+        final = next((p.get("text") for p in reversed(final) if p.get("type") == "text"), None)
     if not isinstance(final, str) or not final.strip() or final.strip() not in text:
         raise ChatTemplateError("continue_final_message needs a last message whose text the template writes")
     at = text.rindex(final.strip())

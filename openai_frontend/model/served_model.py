@@ -9,10 +9,15 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import msgspec
 
+from openai_frontend.media.rules import MediaRules
 from openai_frontend.model.tokenizer import ModelTokenizer
+
+if TYPE_CHECKING:
+    from openai_frontend.model.vision_processor import VisionProcessor
 
 
 class ModelRules(msgspec.Struct, frozen=True, kw_only=True):
@@ -32,6 +37,8 @@ class ModelRules(msgspec.Struct, frozen=True, kw_only=True):
     # The cells whose workers serve it (GATEWAY_MODELS_CONFIG); empty: the placing process's own
     # (a gateway's GATEWAY_CELLS or CBSERVE_CELL, a Celery worker's CBSERVE_CELL), as with one model.
     cells: tuple[str, ...] = ()
+    # Images: how many, how large, which URLs are fetched (GATEWAY_LIMIT_MM_PER_PROMPT, ...).
+    media: MediaRules = msgspec.field(default_factory=MediaRules)
 
 
 @dataclass(slots=True, frozen=True)
@@ -39,4 +46,5 @@ class ServedModel:
     rules: ModelRules
     root: str  # model directory
     tokenizer: ModelTokenizer
+    vision: VisionProcessor | None = None  # a vision-language model's processor; None: text only
     created: int = field(default_factory=lambda: int(time.time()))

@@ -17,7 +17,7 @@ from typing import Any
 
 from openai_frontend.generate.validation import _refuse_unsupported
 from openai_frontend.protocol.errors import OpenAIError, invalid_request
-from openai_frontend.protocol.openai_schemas import ChatCompletionRequest, ChatMessage
+from openai_frontend.protocol.openai_schemas import ChatCompletionRequest, ChatMessage, ContentPart
 from openai_frontend.responses.schemas import InputItem, InputPart, ResponsesRequest
 from openai_frontend.responses.store import StoredCall, Turn
 from openai_frontend.responses.text import check_text, in_responses_terms, response_format
@@ -160,17 +160,50 @@ def _text(content: str | list[InputPart] | None, param: str) -> str:
     if not isinstance(content, list):
         assert content is not None
         return content
-    texts = []
-    for j, part in enumerate(content):
-        if part.type not in _TEXT_PARTS:
-            raise _unsupported(f"{param}[{j}].type")
-        extra = set(part.model_extra or {}) - _PART_EXTRAS
-        if extra:
-            raise _unsupported(f"{param}[{j}].{sorted(extra)[0]}")
-        if part.text is None:
-            raise invalid_request("a text part needs text", f"{param}[{j}].text")
-        texts.append(part.text)
-    return "\n".join(texts)
+    return "\n".join(_part_text(part, f"{param}[{j}]") for j, part in enumerate(content))
+
+
+def _part_text(part: InputPart, param: str) -> str:
+    if part.type not in _TEXT_PARTS:
+        raise _unsupported(f"{param}.type")
+    extra = set(part.model_extra or {}) - _PART_EXTRAS
+    if extra:
+        raise _unsupported(f"{param}.{sorted(extra)[0]}")
+    if part.text is None:
+        raise invalid_request("a text part needs text", f"{param}.text")
+    return part.text
+
+
+def _image_part(part: InputPart, param: str) -> ContentPart:
+    """An input_image part as chat's image_url part (a data: URL, or a URL the server may fetch)."""
+    fields = dict(part.model_extra or {})
+    if fields.get("file_id") is not None:
+        raise _unsupported(f"{param}.file_id")
+    extra = set(fields) - {"image_url", "detail", "file_id"} - _PART_EXTRAS
+    if extra or part.text is not None:
+        raise _unsupported(f"{param}.{sorted(extra)[0] if extra else 'text'}")
+    url = fields.get("image_url")
+    if not isinstance(url, str):
+        raise invalid_request(
+            "an input_image part needs image_url (a data: or http(s) URL)", f"{param}.image_url"
+        )
+    detail = fields.get("detail")
+    return ContentPart(
+        type="image_url", image_url={"url": url, **({"detail": detail} if detail is not None else {})}
+    )
+
+
+def _content(content: str | list[InputPart], param: str) -> str | list[ContentPart]:
+    """A message's content: text parts joined as chat joins them, or, with input_image parts among
+    them, chat's content parts in their order."""
+    if isinstance(content, str) or not any(p.type == "input_image" for p in content):
+        return _text(content, param)
+    return [
+        _image_part(part, f"{param}[{j}]")
+        if part.type == "input_image"
+        else ContentPart(type="text", text=_part_text(part, f"{param}[{j}]"))
+        for j, part in enumerate(content)
+    ]
 
 
 def _message(i: int, item: InputItem) -> ChatMessage:
@@ -181,7 +214,7 @@ def _message(i: int, item: InputItem) -> ChatMessage:
         )
     if item.content is None:
         raise invalid_request("a message item needs content", f"input[{i}].content")
-    return ChatMessage(role=role, content=_text(item.content, f"input[{i}].content"))
+    return ChatMessage(role=role, content=_content(item.content, f"input[{i}].content"))
 
 
 def turn_of(message: ChatMessage) -> Turn:
@@ -190,7 +223,12 @@ def turn_of(message: ChatMessage) -> Turn:
         StoredCall(c["id"], c["function"]["name"], c["function"]["arguments"])
         for c in message.tool_calls or []
     ]
-    return Turn(message.role, str(message.content or ""), calls or None, message.tool_call_id)
+    content = message.content
+    if isinstance(content, list):  # with images: kept as parts, for the next turn's prompt
+        parts = [p.model_dump(exclude_none=True) for p in content]
+        text = "\n".join(p.text for p in content if p.text is not None)
+        return Turn(message.role, text, calls or None, message.tool_call_id, parts)
+    return Turn(message.role, str(content or ""), calls or None, message.tool_call_id)
 
 
 def message_of(turn: Turn) -> ChatMessage:
@@ -198,8 +236,9 @@ def message_of(turn: Turn) -> ChatMessage:
         {"id": c.call_id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
         for c in turn.tool_calls or []
     ]
+    content = [ContentPart.model_validate(p) for p in turn.parts] if turn.parts else turn.content
     return ChatMessage(
-        role=turn.role, content=turn.content, tool_calls=calls or None, tool_call_id=turn.tool_call_id
+        role=turn.role, content=content, tool_calls=calls or None, tool_call_id=turn.tool_call_id
     )
 
 

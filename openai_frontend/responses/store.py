@@ -56,6 +56,7 @@ class Turn(msgspec.Struct, frozen=True):
     content: str
     tool_calls: list[StoredCall] | None = None  # an assistant's calls
     tool_call_id: str | None = None  # a tool turn: the call it answers (a `function_call_output`)
+    parts: list[dict[str, Any]] | None = None  # a message with images: chat's content parts, in order
 
 
 class ResponseParams(msgspec.Struct, kw_only=True, frozen=True):

@@ -47,6 +47,7 @@ REDIS_FREE = ("batcher.core", "gpu_worker.runner", "gpu_worker.kernels")
 # openai_frontend's job folders, lowest first: each may import those before it, never one after.
 FRONTEND_LAYERS = (
     "protocol",  # OpenAI's schemas and error bodies
+    "media",  # images a request carries: fetched, decoded, checked
     "model",  # the served model: tokenizer, chat template
     "text",  # tokens back to text
     "structured",  # response_format / structured_outputs to the worker's constraint

@@ -9,7 +9,7 @@ reference counts and eviction order are block_manager.py's; the block hashes pre
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from batcher.core.kv.block_manager import BlockManager
@@ -66,11 +66,16 @@ class KVCacheManager:
             return []
         return self._pool.cached_prefix(block_hashes(req, self.block_size), max_blocks)
 
-    def plan_admission(self, req: Request, budget: int) -> Admission:
-        """Admitting waiting `req` with up to `budget` tokens computed in this step."""
+    def plan_admission(
+        self, req: Request, budget: int, fit: Callable[[int, int], int] | None = None
+    ) -> Admission:
+        """Admitting waiting `req` with up to `budget` tokens computed in this step; `fit` cuts the
+        (start, number) of tokens to compute further (its images: batcher/core/multimodal.py)."""
         cached = self.get_computed_blocks(req)
         num_cached = len(cached) * self.block_size
         num_new = min(req.num_tokens - num_cached, budget)
+        if fit is not None:
+            num_new = fit(num_cached, num_new)
         return Admission(cached, num_cached, num_new, self._num_needed(0, num_cached + num_new, cached))
 
     def cache_blocks(self, req: Request, num_computed_tokens: int) -> None:

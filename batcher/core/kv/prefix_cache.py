@@ -2,7 +2,8 @@
 
 Each full block of a sequence is named by a hash chained on its parent block's hash and its own
 token ids, plus the extra keys that change its KV (a LoRA adapter's `cache_key`: an adapter's KV
-is not the base model's; multimodal inputs will add theirs), so equal hashes mean equal KV. A
+is not the base model's; the identifiers of the images whose placeholder tokens fall in the block:
+the same text with another image is not a hit), so equal hashes mean equal KV. A
 request admitted on a worker takes the blocks of its longest cached prefix, always leaving at least
 one token to compute (its logits give the next token); the cached length is whole blocks, so new
 KV never lands in a shared block. Blocks become findable as soon as a step that computes them is
@@ -26,11 +27,22 @@ def block_hashes(req: Request, block_size: int) -> list[bytes]:
     num_full = req.num_tokens // block_size
     if len(hashes) < num_full:
         tokens = req.prompt_token_ids + req.output_token_ids
-        extra_keys = req.lora_key or b""
         for i in range(len(hashes), num_full):
             parent = hashes[i - 1] if i else None
+            extra_keys = block_extra_keys(req, i * block_size, (i + 1) * block_size)
             hashes.append(hash_block(parent, tokens[i * block_size : (i + 1) * block_size], extra_keys))
     return hashes
+
+
+def block_extra_keys(req: Request, start: int, end: int) -> bytes:
+    """What besides its tokens shapes the KV of `req`'s tokens [start, end): its adapter, and the
+    images whose placeholder tokens fall there (vLLM's `_gen_mm_extra_hash_keys`)."""
+    keys = req.lora_key or b""
+    for feature in req.mm_features or ():
+        offset, length = feature.mm_position.offset, feature.mm_position.length
+        if offset < end and offset + length > start:
+            keys += b"|image:" + feature.identifier.encode()
+    return keys
 
 
 def max_cached_blocks(req: Request, block_size: int) -> int:

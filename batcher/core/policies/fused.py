@@ -8,6 +8,9 @@ blocks run out, running requests are preempted (preemption.py) and no new one is
 
 from __future__ import annotations
 
+from functools import partial
+
+from batcher.core.multimodal import fit_mm_chunk
 from batcher.core.placement import fair_share, takes_next
 from batcher.core.policies.admission import Verdict, admit, triage
 from batcher.core.policies.interface import SchedulingPolicy, StepDraft
@@ -56,7 +59,9 @@ def schedule_waiting(
             continue
         if not takes_next(workers, ws, req, admitted, share, weight):
             break  # placement.py sends it elsewhere
-        plan = kv.plan_admission(req, budget)
+        plan = kv.plan_admission(req, budget, partial(fit_mm_chunk, ws, req, step=step, anew=True))
+        if plan.num_new_tokens <= 0:
+            break  # its next image waits for a step with encoder budget (multimodal.py)
         if plan.num_free_blocks_needed > kv.num_free_blocks:
             break
         if not ws.info.chunked_prefill and plan.num_cached_tokens + plan.num_new_tokens < req.num_tokens:

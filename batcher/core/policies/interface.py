@@ -24,6 +24,8 @@ class StepDraft:
     new: list[NewRequestData] = field(default_factory=list)  # admitted now
     spec_token_ids: dict[str, list[int]] = field(default_factory=dict)  # req_id -> its drafts
     draft_after: dict[str, int] = field(default_factory=dict)  # req_id -> drafts its worker makes next
+    encoder_budget: int = 0  # image embeddings the worker may encode in this step (multimodal.py)
+    num_encoder_tokens: int = 0  # of which the step's chunks use
     failed: list[Request] = field(default_factory=list)
 
 

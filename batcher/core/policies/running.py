@@ -8,6 +8,7 @@ never preempt anything.
 
 from __future__ import annotations
 
+from batcher.core.multimodal import fit_mm_chunk
 from batcher.core.policies.interface import StepDraft
 from batcher.core.preemption import preempt, preemption_victim
 from batcher.core.request import Request, RequestStatus
@@ -40,6 +41,7 @@ def schedule_running(
         if req.spec_token_ids:
             continue  # async scheduling: its drafts are in flight, and how many it accepts decides its next
         num_new = min(req.num_tokens_with_placeholders - req.num_computed_tokens, budget)
+        num_new = fit_mm_chunk(ws, req, req.num_computed_tokens, num_new, step, anew=False)
         if num_new <= 0 or req.is_finishing(max_model_len):
             continue
         if num_drafting > 0 and waits_to_draft(state, req, num_new):

@@ -38,6 +38,10 @@ class CommonAttentionMetadata:
     num_actual_tokens: int  # T
     max_query_len: int
     max_seq_len: int
+    # [T] host int64: the last key position each query sees, where some see past themselves (Gemma 3's
+    # image tokens see their whole image); None: causal. Only the torch backend reads it (the runner
+    # hands such steps to it).
+    key_limits_cpu: torch.Tensor | None = None
 
     @property
     def num_reqs(self) -> int:

@@ -63,6 +63,9 @@ class PrefillChunk:
     # [q, context_len] bool, True = may attend; None when the chunk starts at position 0 (plain causal)
     causal_mask: torch.Tensor | None
     kernel: KernelRead | None  # where the CPU kernel attends a later chunk's few queries
+    # [q] host: the last key each query sees, where some see past themselves (an image attended
+    # bidirectionally); None: causal.
+    key_limits: torch.Tensor | None = None
 
 
 @dataclass(slots=True)
@@ -107,7 +110,8 @@ class TorchAttentionMetadata:
             for c in self.prefills:
                 # A first chunk (nothing cached) attends over its own K/V, all of which its first query reads.
                 first = max(c.cached - window + 1, 0) // block_size
-                allowed = allowed_positions(torch.arange(c.cached, c.context_len), c.context_len, window)
+                query_pos = torch.arange(c.cached, c.context_len)
+                allowed = allowed_positions(query_pos, c.context_len, window, c.key_limits)
                 prefills.append((first, allowed[:, first * block_size :].to(c.block_table.device)))
             self.window_reads[window] = (decodes, prefills)
         return self.window_reads[window]
@@ -163,14 +167,15 @@ class TorchAttentionBackend(AttentionBackend[TorchAttentionMetadata]):
             start, end, context_len = starts[seq], starts[seq + 1], seq_lens[seq]
             cached = context_len - (end - start)
             causal: torch.Tensor | None = None
-            if cached > 0:
-                query_pos = torch.arange(cached, context_len).unsqueeze(1)
-                causal = (torch.arange(context_len).unsqueeze(0) <= query_pos).to(device)
+            limits = _past_causal(common.key_limits_cpu, start, end, cached)
+            if cached > 0 or limits is not None:
+                query_pos = torch.arange(cached, context_len) if limits is None else limits
+                causal = (torch.arange(context_len).unsqueeze(0) <= query_pos.unsqueeze(1)).to(device)
             table = common.block_tables[seq, : _ceil_div(context_len, block_size)]
             kernel = None
-            if self.decode_kernel and cached > 0 and end - start <= KERNEL_MAX_QUERIES:
+            if self.decode_kernel and cached > 0 and end - start <= KERNEL_MAX_QUERIES and limits is None:
                 kernel = _kernel_read(common, seq, seq + 1)
-            chunks.append(PrefillChunk(start, end, table, context_len, cached, causal, kernel))
+            chunks.append(PrefillChunk(start, end, table, context_len, cached, causal, kernel, limits))
         native = self.decode_kernel and cascade is None
         return TorchAttentionMetadata(
             common.slot_mapping, groups, chunks, cascade, common.max_seq_len, native
@@ -322,6 +327,14 @@ class TorchAttentionBackend(AttentionBackend[TorchAttentionMetadata]):
             out, query, self.kv_cache.k_pools[layer], self.kv_cache.v_pools[layer],
             read.block_tables, read.seq_lens, read.query_start_loc, scale,
         )  # fmt: skip
+
+
+def _past_causal(key_limits: torch.Tensor | None, start: int, end: int, cached: int) -> torch.Tensor | None:
+    """A chunk's rows of the step's key limits when some query sees past itself; None when causal."""
+    if key_limits is None:
+        return None
+    limits = key_limits[start:end]
+    return limits if bool((limits > torch.arange(cached, cached + end - start)).any()) else None
 
 
 def _kernel_read(common: CommonAttentionMetadata, first: int, end: int) -> KernelRead:

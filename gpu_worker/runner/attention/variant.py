@@ -46,12 +46,14 @@ class AttentionVariant:
 PLAIN = AttentionVariant()
 
 
-def allowed_positions(query_pos: torch.Tensor, num_keys: int, window: int | None) -> torch.Tensor:
+def allowed_positions(
+    query_pos: torch.Tensor, num_keys: int, window: int | None, key_limits: torch.Tensor | None = None
+) -> torch.Tensor:
     """[..., num_keys] bool: which key positions 0 .. num_keys - 1 each query at `query_pos` [...]
-    sees (causal, and within the window)."""
+    sees (causal, or up to its `key_limits` [...] where given, and within the window)."""
     keys = torch.arange(num_keys, device=query_pos.device)
     pos = query_pos.unsqueeze(-1)
-    allowed = keys <= pos
+    allowed = keys <= (pos if key_limits is None else key_limits.unsqueeze(-1))
     if window is not None:
         allowed &= keys > pos - window
     return allowed

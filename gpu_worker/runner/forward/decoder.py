@@ -155,10 +155,20 @@ class Decoder(nn.Module):
     `lora_ids=[T]`, each token's slot (-1: the base model)."""
 
     def __init__(
-        self, hf_model: PreTrainedModel, quantization: Quantization | None, lora: LoRAConfig | None = None
+        self,
+        hf_model: PreTrainedModel,
+        quantization: Quantization | None,
+        lora: LoRAConfig | None = None,
+        language_model: nn.Module | None = None,
     ) -> None:
+        """`language_model`: the text model inside a vision-language model (multimodal/vision_model.py),
+        which then calls it with the step's input embeddings; by default `hf_model.model`, called with ids."""
         super().__init__()
-        inner: Any = hf_model.model
+        inner: Any = hf_model.model if language_model is None else language_model
+        # A vision-language model's decoder takes embeddings (images merged in), not token ids.
+        self.takes_embeds = language_model is not None
+        # Qwen2.5-VL's M-RoPE: three position rows (temporal, height, width) per token.
+        self.mrope = hasattr(inner.rotary_emb, "mrope_section")
         self.config = hf_model.config
         self.dtype = hf_model.dtype
         self.embed_tokens = inner.embed_tokens
@@ -188,10 +198,12 @@ class Decoder(nn.Module):
         kept: torch.Tensor,
         lora_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """input_ids [T], positions [T], kept [N] (and lora_ids [T] with LoRA slots) -> logits
-        [N, vocab]: the part that is compiled."""
-        hidden = self.embed_tokens(input_ids)
-        cos, sin = self.rotary_emb(hidden, positions.unsqueeze(0))
+        """input_ids [T] (embeddings [T, hidden] when `takes_embeds`), positions [T] ([T, 3] with
+        M-RoPE), kept [N] (and lora_ids [T] with LoRA slots) -> logits [N, vocab]: what is compiled."""
+        hidden = input_ids if self.takes_embeds else self.embed_tokens(input_ids)
+        # M-RoPE's rotary module takes [3, 1, T] and merges its sections itself: cos/sin come out [1, T, d].
+        rope_positions = positions.t().unsqueeze(1) if self.mrope else positions.unsqueeze(0)
+        cos, sin = self.rotary_emb(hidden, rope_positions)
         cos, sin = cos[0].unsqueeze(1), sin[0].unsqueeze(1)  # [T, 1, head_dim]: broadcast over heads
         lora = None
         if lora_ids is not None and self.lora_config is not None:
@@ -211,10 +223,14 @@ class Decoder(nn.Module):
         attn_metadata: AttentionContext,
         use_cache: bool = False,
         lora_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
     ) -> DecoderOutput:
+        """`inputs_embeds` [1, T, hidden]: a vision-language model's step (images merged), in place of
+        `input_ids`; `position_ids` [1, T, 3] with M-RoPE."""
         del use_cache  # the paged pool is the cache
         # Copies, not views of [1, T]: the compiled graph would guard on the base's size too.
-        ids, positions = input_ids[0].clone(), position_ids[0].clone()
+        tokens = input_ids if inputs_embeds is None else inputs_embeds
+        ids, positions = tokens[0].clone(), position_ids[0].clone()
         if isinstance(logits_to_keep, int):  # 0: every row (transformers' meaning)
             # Made on the device: a decode graph captures this (gpu_worker/runner/cuda_graphs.py), and a
             # capture refuses a copy from the host (tests/unit/gpu_worker/test_capture_rules.py).

@@ -89,11 +89,16 @@ def _changed_source(compiled: Any) -> str | None:
     return None
 
 
-def _example_inputs(device: torch.device, lora: bool) -> list[torch.Tensor]:
-    """Tensors of the kinds every step passes (int64 ids, positions and kept rows; with LoRA slots,
-    each token's slot), marked so that no count, 0 and 1 included, gets a graph of its own."""
-    tensors = [torch.zeros(4, dtype=torch.long), torch.arange(4), torch.tensor([1, 3])]
-    if lora:
+def _example_inputs(device: torch.device, decoder: Decoder) -> list[torch.Tensor]:
+    """Tensors of the kinds every step passes (int64 ids, or a vision-language model's embeddings;
+    positions, three rows each with M-RoPE; kept rows; with LoRA slots, each token's slot), marked so
+    that no count, 0 and 1 included, gets a graph of its own."""
+    first = torch.zeros(4, dtype=torch.long)
+    if decoder.takes_embeds:
+        first = torch.zeros(4, decoder.embed_tokens.embedding_dim, dtype=decoder.dtype)
+    positions = torch.arange(4).unsqueeze(-1).repeat(1, 3) if decoder.mrope else torch.arange(4)
+    tensors = [first, positions, torch.tensor([1, 3])]
+    if decoder.lora_config is not None:
         tensors.append(torch.tensor([-1, 0, 0, -1]))
     tensors = [tensor.to(device) for tensor in tensors]
     for tensor in tensors:
@@ -158,7 +163,7 @@ class PrecompiledForward:
         )
         # Floats (eps, scales) as constants: a symbolic float made dynamo trace everything twice.
         with torch.inference_mode(), torch._dynamo.config.patch(specialize_float=True):
-            inputs = _example_inputs(device, self.decoder.lora_config is not None)
+            inputs = _example_inputs(device, self.decoder)
             compiled = compiler.aot_compile(((self.decoder, *inputs), {}))
         seconds = time.perf_counter() - started
         try:

@@ -75,8 +75,8 @@ CASES: list[tuple[str, Any, int, str | None, str | None]] = [
         CHAT,
         {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
         400,
-        "messages[0].content",
-        None,
+        "messages[0].content[0]",
+        "image_input_not_supported",
     ),
     (CHAT, {"messages": USER, "model": "nope"}, 404, "model", "model_not_found"),
     # Malformed bodies: wrong types (never coerced) or missing fields, 400 as OpenAI answers.

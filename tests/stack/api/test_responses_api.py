@@ -202,10 +202,6 @@ REFUSED_SHAPES: list[tuple[dict[str, Any], str]] = [
     ({"text": {"verbosity": "low"}}, "text.verbosity"),
     ({"input": [{"type": "reasoning", "summary": []}]}, "input[0].type"),
     ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
-    (
-        {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "http://x"}]}]},
-        "input[0].content[0].type",
-    ),
 ]
 
 
@@ -224,6 +220,18 @@ def test_unsupported_parameters_are_refused_by_name(stack: Stack, extra: dict[st
     assert answer.status_code == 400, answer.text
     error = answer.json()["error"]
     assert (error["param"], error["code"]) == (param, "unsupported_parameter")
+
+
+def test_a_text_model_refuses_input_image_by_name(stack: Stack) -> None:
+    """input_image parts are read (tests/stack/api/test_image_inputs.py); the tiny model reads text only."""
+    body = {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "http://x"}]}]}
+    answer = httpx.post(
+        f"{stack.base_url}/v1/responses", json=body, headers={"Authorization": f"Bearer {KEY_A}"}, timeout=30
+    )
+    assert answer.status_code == 400, answer.text
+    error = answer.json()["error"]
+    assert (error["param"], error["code"]) == ("input", "image_input_not_supported")
+    assert "reads text only" in error["message"]
 
 
 def test_refusals_name_the_responses_parameters(client: openai.OpenAI, model_name: str) -> None:

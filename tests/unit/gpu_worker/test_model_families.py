@@ -23,6 +23,7 @@ from gpu_worker.runner.attention.torch_attn import TorchAttentionMetadata
 from gpu_worker.runner.forward.decoder import FAMILIES as DECODER_FAMILIES
 from gpu_worker.runner.forward.decoder import Decoder
 from gpu_worker.runner.model_runner import ModelRunner
+from gpu_worker.runner.multimodal.vision_model import VisionLanguageModel
 from harness.gpu_worker.worker_steps import new_request, scheduler_output
 from harness.models.family_models import FAMILIES, WINDOW, save_family
 from tests.unit.gpu_worker.test_decoder import greedy_requests_equal_generate
@@ -50,7 +51,8 @@ def family_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 def test_each_family_equals_generate(family: str, family_dirs: dict[str, Path]) -> None:
     runner = make_runner(family_dirs[family])
     own = AutoConfig.from_pretrained(family_dirs[family]).model_type in DECODER_FAMILIES
-    assert isinstance(runner.model, Decoder if own else PreTrainedModel)
+    # Gemma 3's image-text checkpoint is served as a vision-language model (multimodal/).
+    assert isinstance(runner.model, Decoder if own else (PreTrainedModel, VisionLanguageModel))
     greedy_requests_equal_generate(runner, family_dirs[family])
 
 

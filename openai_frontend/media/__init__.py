@@ -1,0 +1,1 @@
+"""Images a request carries: fetched (data: URLs, allowed http(s) hosts), decoded and checked."""

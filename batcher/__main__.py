@@ -11,6 +11,7 @@ import time
 from batcher.service.leader import serve
 from batcher.settings import BatcherSettings
 from common import streams
+from common.gc_tuning import tune_gc
 from common.logging_setup import configure_logging
 from common.redis_io.redis_conn import connect
 
@@ -48,6 +49,7 @@ def main(argv: list[str] | None = None) -> None:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     client = connect(settings.redis_url, settings.redis_cluster)
+    tune_gc()  # startup is over: what it made is never walked again
     try:
         serve(settings, client, stop)
     finally:

@@ -74,6 +74,9 @@ class CellKeys:
     lease: str
     # Incremented on every takeover: the epoch stamped on steps (and echoed in results) of that leader.
     epoch: str
+    # One entry per token stream that got its last event (field `s`: the stream's key), appended in
+    # the same write: gateways wake a non-streaming follower only at its end (vLLM's FINAL_ONLY).
+    ended_streams: str
 
     def worker_steps(self, worker_id: str) -> str:
         """Per-worker stream of SchedulerOutput, written by the batcher, read by that worker only."""
@@ -104,6 +107,7 @@ def cell_keys(cell: str = DEFAULT_CELL) -> CellKeys:
         follow_deadlines=f"{t}:follow:deadlines",
         lease=f"{t}:batcher:lease",
         epoch=f"{t}:batcher:epoch",
+        ended_streams=f"{t}:ended-streams",
     )
 
 
@@ -121,6 +125,7 @@ BATCHER_TRACE: Final = _DEFAULT.trace
 FOLLOW_DEADLINES: Final = _DEFAULT.follow_deadlines
 BATCHER_LEASE: Final = _DEFAULT.lease
 BATCHER_EPOCH: Final = _DEFAULT.epoch
+ENDED_STREAMS: Final = _DEFAULT.ended_streams
 
 
 def worker_steps(worker_id: str) -> str:

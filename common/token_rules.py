@@ -60,21 +60,38 @@ def decode_entry(
     req_id: str, fields: dict[bytes, bytes]
 ) -> TokenEvent | PromptEvent | PoolingEvent | RequestError:
     """One token stream entry; an unreadable one reads as the error it is."""
+    return decode_message(req_id, fields.get(FIELD))
+
+
+def decode_message(
+    req_id: str, message: bytes | None
+) -> TokenEvent | PromptEvent | PoolingEvent | RequestError:
+    """One token stream entry's message (its `m` field, None if it has none); an unreadable one reads
+    as the error it is."""
+    if message is None:
+        return RequestError(req_id=req_id, message="unreadable token stream entry: no message field")
     try:
-        return decode_event(fields[FIELD])
-    except (KeyError, msgspec.DecodeError, msgspec.ValidationError) as exc:
+        return decode_event(message)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         return RequestError(req_id=req_id, message=f"unreadable token stream entry: {exc}")
 
 
 def accept_entry(
     event_filter: EventFilter, req_id: str, entry_id: str, fields: dict[bytes, bytes]
 ) -> TokenEvent | PromptEvent | PoolingEvent | None:
+    """`accept_message` of the entry's message."""
+    return accept_message(event_filter, req_id, entry_id, fields.get(FIELD))
+
+
+def accept_message(
+    event_filter: EventFilter, req_id: str, entry_id: str, message: bytes | None
+) -> TokenEvent | PromptEvent | PoolingEvent | None:
     """The entry's token if the reader rules keep it, None if they drop it.
 
     Raises RequestFailed on a RequestError, and on a finish the server chose ("abort", "error"), which a
     client must never take for a normal end.
     """
-    event = decode_entry(req_id, fields)
+    event = decode_message(req_id, message)
     if isinstance(event, RequestError):
         raise RequestFailed(event, entry_id)
     if not event_filter.accept(event):
@@ -82,6 +99,6 @@ def accept_entry(
     if isinstance(event, PoolingEvent):
         return event  # a pooling request's one result: it always ends the stream
     if event.finish_reason in ("abort", "error"):
-        message = f"request ended by the server ({event.finish_reason})"
-        raise RequestFailed(RequestError(req_id=req_id, message=message), entry_id)
+        why = f"request ended by the server ({event.finish_reason})"
+        raise RequestFailed(RequestError(req_id=req_id, message=why), entry_id)
     return event

@@ -17,6 +17,7 @@ from typing import Any
 
 import uvicorn
 
+from common.gc_tuning import tune_gc
 from common.logging_setup import configure_logging
 from gateway.app import create_app
 from gateway.security import key_cli
@@ -74,6 +75,7 @@ def main(argv: list[str] | None = None) -> None:
         **uvicorn_options(settings),  # header, body and keep-alive timeouts, the connection cap
     )
     server = uvicorn.Server(config)
+    tune_gc()  # the app and its tokenizers are built: what startup made is never walked again
     server.run(sockets=[shared_socket(args.host, args.port)] if args.reuse_port else None)
 
 

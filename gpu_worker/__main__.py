@@ -12,6 +12,7 @@ import torch
 from pydantic import ValidationError
 from transformers.utils import logging as transformers_logging
 
+from common.gc_tuning import tune_gc
 from common.logging_setup import configure_logging
 from gpu_worker.runner.step_runner import make_runner
 from gpu_worker.service.worker import Worker
@@ -74,6 +75,7 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    tune_gc()  # the model is loaded: its modules and tensors are never walked again
     worker.run()
     return 0
 

@@ -7,7 +7,6 @@ and every scheduling decision batcher/core/scheduler.py.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import threading
 import time
@@ -235,7 +234,7 @@ class Batcher:
 
     def _stats(self) -> dict[str, Any]:
         s = self.scheduler
-        stats: dict[str, Any] = dataclasses.asdict(s.stats)
+        stats: dict[str, Any] = s.stats.as_dict()
         stats.update(
             num_waiting=len(s.waiting),
             # What delays a new interactive request: batch lines (priority 1) wait behind it.

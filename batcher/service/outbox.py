@@ -10,6 +10,7 @@ import redis
 from batcher.core.request import Request
 from common import streams
 from common.protocol import FIELD, RequestError, encode
+from common.redis_io.ended_streams import announce_end
 from common.redis_io.redis_conn import min_id
 
 log = logging.getLogger("batcher")
@@ -46,8 +47,9 @@ class Outbox:
             self.stats_dirty = True
 
     def _last_event(self, req: Request, event: RequestError) -> None:
-        """To its token stream (expire_request_keys gives it the resume window)."""
+        """To its token stream (expire_request_keys gives it the resume window), announced as its end."""
         self.pipe.xadd(streams.token_stream(req.req_id), {FIELD: encode(event)})
+        announce_end(self.pipe, req.req_id)
 
     def expire_request_keys(self, req_id: str) -> None:
         """The request is over: its token stream (the worker sets its TTL with a last token; an aborted

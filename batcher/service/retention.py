@@ -9,7 +9,8 @@ stream is appended to without trimming, and trimmed here:
 - `llm:requests`: entries older than the retention window, never from the oldest pending entry on
   (a long request keeps the entries after it until it ends: bounded by the request timeout);
 - `llm:batcher:inbox`: older than the window, never past what this batcher has read;
-- `llm:requests:dead`: older than the window.
+- `llm:requests:dead`: older than the window;
+- `llm:ended-streams`: older than its own short window (common/redis_io/ended_streams.py).
 
 Exact trims (no `~`), so an idle Redis ends with empty streams, not up to a node's worth of entries.
 """
@@ -22,6 +23,7 @@ from typing import Any
 import redis
 
 from common import streams
+from common.redis_io.ended_streams import ended_min_id
 from common.redis_io.redis_conn import as_str, entry_key
 
 # How often the active batcher trims.
@@ -39,7 +41,7 @@ class StreamTrimmer:
     def trim(
         self, client: redis.Redis, keys: streams.CellKeys, inbox_read_id: str, now: float | None = None
     ) -> None:
-        """Two round trips: where the oldest pending request is, then the three trims."""
+        """Two round trips: where the oldest pending request is, then the four trims."""
         now = time.time() if now is None else now
         self._next_at = now + TRIM_INTERVAL_S
         cutoff = (max(int((now - self.retention_s) * 1000), 0), 0)
@@ -53,6 +55,7 @@ class StreamTrimmer:
         pipe.xtrim(keys.requests, minid=_id(requests_floor), approximate=False)
         pipe.xtrim(keys.inbox, minid=_id(inbox_floor), approximate=False)
         pipe.xtrim(keys.dead_letter, minid=_id(cutoff), approximate=False)
+        pipe.xtrim(keys.ended_streams, minid=ended_min_id(now), approximate=False)
         pipe.execute()
 
 

@@ -9,24 +9,33 @@ stale token after the batcher moved its requests, and cannot look alive again un
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
 
 import redis
+from redis.exceptions import NoScriptError
 
 from common.protocol import FIELD
+from common.redis_io.command_packer import Arg, pack
+from common.redis_io.ended_streams import ENDED_FIELD, ended_min_id
+from common.redis_io.raw_command import execute, raw_capable
 from common.streams import CellKeys
 
-# KEYS: workers hash, inbox, steps stream, then the n token streams.
-# ARGV: worker id, field, result, inbox MINID, steps MINID, token TTL, n, then per token stream:
-# event, "1" if last.
+# KEYS: workers hash, inbox, steps stream, ended-streams stream, then the n token streams.
+# ARGV: worker id, field, result, inbox MINID, steps MINID, token TTL, n, ended MINID, ended field, then
+# per token stream: event, "1" if last. A last event is announced on the ended-streams stream
+# (common/redis_io/ended_streams.py) in the same script: a gateway that waits for the end sees both or
+# neither.
 _PUBLISH = """
 if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then return 0 end
 local n = tonumber(ARGV[7])
 for i = 1, n do
-  local j = 8 + (i - 1) * 2
-  redis.call('XADD', KEYS[3 + i], '*', ARGV[2], ARGV[j])
-  if ARGV[j + 1] == '1' then redis.call('EXPIRE', KEYS[3 + i], ARGV[6]) end
+  local j = 10 + (i - 1) * 2
+  local stream = KEYS[4 + i]
+  redis.call('XADD', stream, '*', ARGV[2], ARGV[j])
+  if ARGV[j + 1] == '1' then
+    redis.call('EXPIRE', stream, ARGV[6])
+    redis.call('XADD', KEYS[4], 'MINID', '~', ARGV[8], '*', ARGV[9], stream)
+  end
 end
 redis.call('XADD', KEYS[2], 'MINID', '~', ARGV[4], '*', ARGV[2], ARGV[3])
 redis.call('XTRIM', KEYS[3], 'MINID', '~', ARGV[5])
@@ -42,10 +51,17 @@ return 1
 
 
 @dataclass(slots=True)
-class TokenWrite:
-    stream: str  # the request's token stream
-    event: bytes  # encoded TokenEvent, PromptEvent or PoolingEvent
-    last: bool  # the request finished: the stream starts its resume-window TTL
+class TokenWrites:
+    """A step's token events, flat, in the publish script's order (no object per token)."""
+
+    streams: list[str] = field(default_factory=list)  # per event, its request's token stream
+    # Per event: the encoded TokenEvent, PromptEvent or PoolingEvent, then b"1" if it is the request's
+    # last (the stream starts its resume-window TTL and is announced as ended), else b"0".
+    args: list[bytes] = field(default_factory=list)
+
+    def add(self, stream: str, event: bytes, last: bool) -> None:
+        self.streams.append(stream)
+        self.args += (event, b"1" if last else b"0")
 
 
 class FencedWrites:
@@ -62,7 +78,7 @@ class FencedWrites:
         client: redis.Redis,
         worker_id: str,
         steps_stream: str,
-        tokens: list[TokenWrite],
+        tokens: TokenWrites,
         result: bytes,
         *,
         inbox_min_id: str,
@@ -71,11 +87,20 @@ class FencedWrites:
     ) -> bool:
         """Append the token events (each to its token stream) and the step result atomically; False
         when this worker is fenced."""
-        keys = [self._keys.workers, self._keys.inbox, steps_stream, *(t.stream for t in tokens)]
-        args: list[Any] = [worker_id, FIELD, result, inbox_min_id, steps_min_id, token_ttl_s, len(tokens)]
-        for t in tokens:
-            args += [t.event, "1" if t.last else "0"]
-        return bool(self._publish(keys=keys, args=args, client=client))
+        k = self._keys
+        keys = [k.workers, k.inbox, steps_stream, k.ended_streams, *tokens.streams]
+        num_tokens = len(tokens.streams)
+        args: list[Arg] = [worker_id, FIELD, result, inbox_min_id, steps_min_id, token_ttl_s, num_tokens]
+        args += [ended_min_id(), ENDED_FIELD, *tokens.args]
+        if not raw_capable(client):
+            return bool(self._publish(keys=keys, args=args, client=client))
+        # Packed at once (three arguments per token), not through redis-py's encoder.
+        command = pack("EVALSHA", self._publish.sha, len(keys), *keys, *args)
+        try:
+            return bool(execute(client, command)[0])
+        except NoScriptError:  # a restarted or flushed Redis: load it again, as redis-py's Script does
+            client.script_load(_PUBLISH)
+            return bool(execute(client, command)[0])
 
     def beat(self, client: redis.Redis, worker_id: str) -> bool:
         """Record a heartbeat; False when this worker is fenced (it must not look alive again)."""

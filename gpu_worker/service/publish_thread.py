@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from gpu_worker.service.fenced_writes import TokenWrite
+from gpu_worker.service.fenced_writes import TokenWrites
 
 logger = logging.getLogger(__name__)
 
@@ -23,7 +23,7 @@ logger = logging.getLogger(__name__)
 class PublishJob:
     worker_id: str
     step_id: int
-    tokens: list[TokenWrite]
+    tokens: TokenWrites
     result: bytes  # the encoded ModelRunnerOutput
     steps_min_id: str  # the steps stream is consumed up to here
 

@@ -26,12 +26,16 @@ from common.protocol import (
     encode,
     ends_stream,
 )
+from common.redis_io import stream_replies
+from common.redis_io.command_packer import pack
+from common.redis_io.raw_command import execute, raw_capable
 from common.redis_io.redis_conn import MAX_BLOCK_MS, connect, min_id
 from common.redis_io.redis_refusal import refuses_writes
 from common.redis_io.retry import REDIS_DOWN, Backoff
+from common.redis_io.stream_replies import raw_reply
 from common.streams import cell_keys, token_stream
 from gpu_worker.runner.step_runner import StepRunner
-from gpu_worker.service.fenced_writes import FencedWrites, TokenWrite
+from gpu_worker.service.fenced_writes import FencedWrites, TokenWrites
 from gpu_worker.service.heartbeat import Heartbeat
 from gpu_worker.service.publish_thread import PublishJob, PublishThread
 from gpu_worker.settings import WorkerSettings
@@ -117,18 +121,25 @@ class Worker:
     # ---- the three calls of the loop ------------------------------------------------------------
 
     def receive(self) -> SchedulerOutput | None:
-        reply: Any = self.redis.xread({self.steps_stream: self._last_id}, count=1, block=MAX_BLOCK_MS)
-        if not reply:
+        reply = self._read_step()
+        found = stream_replies.streams(reply)
+        if not found:
             return None
-        # RESP2 answers [[stream, [(id, fields)]]], RESP3 {stream: [[(id, fields)]]}.
-        entries = reply[0][1] if isinstance(reply, list) else next(iter(reply.values()))[0]
-        entry_id, fields = entries[0]
-        self._last_id = entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
+        self._last_id, message = stream_replies.entries(found[0][1])[0]
         try:
-            return decode_step(fields[FIELD])
+            assert message is not None, "no message field"
+            return decode_step(message)
         except Exception:  # a malformed message cannot be answered (no step id); skip it loudly
             logger.exception("undecodable step message %s", self._last_id)
             return None
+
+    def _read_step(self) -> Any:
+        """The next step, as hiredis parses an XREAD reply: packed once, no per-command layers."""
+        block, last_id = MAX_BLOCK_MS, self._last_id
+        if not raw_capable(self.redis):  # Redis Cluster: redis-py routes it
+            return raw_reply(self.redis.xread({self.steps_stream: last_id}, count=1, block=block))
+        command = pack("XREAD", "COUNT", 1, "BLOCK", block, "STREAMS", self.steps_stream, last_id)
+        return execute(self.redis, command)[0]
 
     def execute(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         output = self.runner.execute_model(scheduler_output)
@@ -137,9 +148,9 @@ class Worker:
 
     def publish_job_for(self, output: ModelRunnerOutput) -> PublishJob:
         """The writes of a step result, taken now: token events read request state the next step frees."""
-        tokens = []
+        tokens = TokenWrites()
         for e in self.runner.token_events(output):
-            tokens.append(TokenWrite(token_stream(e.req_id), encode(e), ends_stream(e)))
+            tokens.add(token_stream(e.req_id), encode(e), ends_stream(e))
         return PublishJob(self.worker_id, output.step_id, tokens, encode(output), self._last_id)
 
     def publish_job(self, job: PublishJob) -> bool:

@@ -26,6 +26,7 @@ from common.protocol import (
     decode_request,
     encode,
 )
+from common.redis_io.ended_streams import announce_end
 from common.streams import REQUESTS_STREAM, WORKERS_HEARTBEAT, token_stream
 
 TOKEN_ID = 300
@@ -58,12 +59,16 @@ class Responder:
                 data=struct.pack("<4f", 0.5, 0.5, 0.5, 0.5),
                 num_prompt_tokens=len(request.prompt_token_ids),
             )
-            self.redis.xadd(token_stream(request.req_id), {FIELD: encode(result)})
+            pipe = self.redis.pipeline(transaction=True)
+            pipe.xadd(token_stream(request.req_id), {FIELD: encode(result)})
+            announce_end(pipe, request.req_id)
+            pipe.execute()
             return
         params = request.sampling_params
         n = min(self._num_tokens, params.max_tokens)
         k = params.logprobs
-        pipe = self.redis.pipeline(transaction=False)
+        pipe = self.redis.pipeline(transaction=True)
+        event: PromptEvent | TokenEvent
         if n == 0:  # max_tokens 0 ends at the prompt, as the worker ends it
             event = PromptEvent(
                 req_id=request.req_id, attempt=1, token_ids=request.prompt_token_ids, finish_reason="length"
@@ -81,6 +86,7 @@ class Responder:
                 top_logprobs=[] if k is None else [-0.5 - i for i in range(k)],
             )
             pipe.xadd(token_stream(request.req_id), {FIELD: encode(event)})
+        announce_end(pipe, request.req_id)
         pipe.execute()
 
     def start(self) -> None:

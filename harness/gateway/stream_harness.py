@@ -23,8 +23,11 @@ from common.protocol import (
     decode_inbox,
     decode_request,
     encode,
+    ends_stream,
 )
+from common.redis_io.ended_streams import announce_end
 from common.streams import BATCHER_INBOX, REQUESTS_STREAM, WORKERS_HEARTBEAT, token_stream
+from common.token_rules import decode_entry
 
 BLOCK_MS = 200
 
@@ -36,8 +39,14 @@ class StreamHarness:
         self._last_read = {REQUESTS_STREAM: "0-0", BATCHER_INBOX: "0-0"}  # stream -> last entry id read
 
     def append(self, req_id: str, event: bytes) -> str:
-        """XADD one encoded event to `req_id`'s token stream as a writer does; its entry id."""
-        return self.redis.xadd(token_stream(req_id), {FIELD: event}).decode()
+        """XADD one encoded event to `req_id`'s token stream as a writer does (a last one announced
+        as its end, in the same write); its entry id."""
+        decoded = decode_entry(req_id, {FIELD: event})  # an unreadable one ends the stream too
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.xadd(token_stream(req_id), {FIELD: event})
+        if isinstance(decoded, RequestError) or ends_stream(decoded):
+            announce_end(pipe, req_id)
+        return pipe.execute()[0].decode()
 
     def close(self) -> None:
         self.redis.close()

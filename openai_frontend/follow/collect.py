@@ -60,11 +60,12 @@ async def collect(
     """Every choice whole; checks between reads that the client is still waiting, and aborts if not.
 
     A non-streaming client learns the request id only with the answer, so it cannot resume: the
-    default `follow` aborts at once when it leaves.
+    default `follow` aborts at once when it leaves. Each choice is read once, when it ended (vLLM's
+    FINAL_ONLY outputs), not handed its tokens at every step.
     """
     choices = [Completed() for _ in requests]
     try:
-        async with aclosing(merged_outputs(follower, requests, follow)) as outputs:
+        async with aclosing(merged_outputs(follower, requests, follow, final_only=True)) as outputs:
             async for index, out in outputs:
                 if out is not None:
                     choices[index].add(out)

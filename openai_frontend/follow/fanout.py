@@ -13,14 +13,18 @@ _END = object()  # a choice's outputs are exhausted
 
 
 async def merged_outputs(
-    follower: RequestFollower, requests: Sequence[PreparedRequest], follow: FollowPolicy | None = None
+    follower: RequestFollower,
+    requests: Sequence[PreparedRequest],
+    follow: FollowPolicy | None = None,
+    final_only: bool = False,
 ) -> AsyncGenerator[tuple[int, Output | None], None]:
     """Outputs of every choice in arrival order, tagged with the choice index; a failure of any choice
     is raised here. Closing this generator (or failing) closes every choice, which aborts unfinished ones.
     `follow` applies to a single choice; several choices cannot be resumed, so they abort at once.
+    `final_only`: each choice's tokens are read once it ended (RequestFollower.outputs).
     """
     if len(requests) == 1:  # the common case needs no tasks
-        async with aclosing(follower.outputs(requests[0], follow)) as outputs:
+        async with aclosing(follower.outputs(requests[0], follow, final_only)) as outputs:
             async for out in outputs:
                 yield 0, out
         return
@@ -28,7 +32,7 @@ async def merged_outputs(
 
     async def follow_choice(index: int, request: PreparedRequest) -> None:
         try:
-            async with aclosing(follower.outputs(request)) as outputs:
+            async with aclosing(follower.outputs(request, final_only=final_only)) as outputs:
                 async for out in outputs:
                     queue.put_nowait((index, out))
         except Exception as exc:  # handed to the consumer, which raises it

@@ -16,7 +16,7 @@ import redis.exceptions
 
 from common.logging_setup import bind_request_id
 from common.protocol import GenerateRequest, PoolingEvent, PromptEvent, TokenEvent
-from common.redis_io.redis_conn import RETENTION_S
+from common.redis_io.redis_conn import RETENTION_S, entry_key
 from common.redis_io.retry import retry_async
 from common.stream_client import abort_async, submit_once_on
 from openai_frontend.follow.deadlines import FollowDeadlines
@@ -152,7 +152,7 @@ class RequestFollower:
         await self._mux.close()
 
     async def outputs(
-        self, request: PreparedRequest, follow: FollowPolicy | None = None
+        self, request: PreparedRequest, follow: FollowPolicy | None = None, final_only: bool = False
     ) -> AsyncGenerator[Output | None, None]:
         """Text deltas until the request finishes; None after a read that brought no token.
 
@@ -162,6 +162,9 @@ class RequestFollower:
         deadline passes `follow.grace_s` later unless a client resumed (openai_frontend/follow/deadlines.py).
         Replaying a stream from its start (a resume) goes through exactly this code, so the text,
         its split into deltas and the stop-string cut are the same.
+        `final_only` (a caller that wants the answer whole): its tokens are read once, when it ended
+        (token_mux.py), unless it has stop strings, which are matched as the tokens come so that a
+        hit aborts the request at once.
         """
         follow = follow or FollowPolicy()
         bind_request_id(request.req_id)  # this task's log lines are about this request from now on
@@ -186,14 +189,19 @@ class RequestFollower:
             self.follow_deadlines.hold(request.req_id)
         token_ids: list[int] = []
         events: list[TokenEvent] = []
+        texts: list[str] = []  # with final_only: the text so far, handed over in one Output at the end
         num_cached_tokens = 0
+        final_only = final_only and not request.stop
         try:
-            batches = follow_token_stream(self._mux, request.req_id, deadline=deadline, submitted=True)
+            batches = follow_token_stream(
+                self._mux, request.req_id, deadline=deadline, submitted=True, final_only=final_only
+            )
             async with aclosing(batches):
                 async for batch in batches:
                     read_at = time.monotonic()
                     ready: list[Output] = []
                     num_read = 0
+                    first_entry_id = ""  # of the batch's first token
                     for entry_id, event in batch:
                         if isinstance(event, PromptEvent):
                             num_cached_tokens = event.num_cached_tokens
@@ -207,6 +215,7 @@ class RequestFollower:
                         if isinstance(event, PoolingEvent):
                             continue  # a pooling request's result: never on a generation's stream
                         num_read += 1
+                        first_entry_id = first_entry_id or entry_id
                         token_ids.append(event.token_id)
                         events.append(event)
                         if event.index == 0:
@@ -214,11 +223,14 @@ class RequestFollower:
                         delta = processor.process(event.token_id, event.finish_reason)
                         if delta.stop_string_hit and follow.may_abort:
                             self.abort_later(request.req_id, "stop")
-                        if delta.text or delta.finish_reason is not None:
+                        if final_only and delta.finish_reason is None:
+                            texts.append(delta.text)  # one Output for the answer, not one per token
+                        elif delta.text or delta.finish_reason is not None:
+                            texts.append(delta.text)
                             ready.append(
                                 Output(
                                     entry_id,
-                                    delta.text,
+                                    "".join(texts),
                                     delta.finish_reason,
                                     processor.num_output_tokens,
                                     num_cached_tokens,
@@ -226,13 +238,15 @@ class RequestFollower:
                                     events,
                                 )
                             )
-                            token_ids, events = [], []
+                            token_ids, events, texts = [], [], []
                         if delta.finish_reason is not None:
                             done = True
                             break
                     # Metrics first: a caller may stop iterating right after the last output.
                     if tracker is not None:
-                        tracker.on_tokens(num_read, read_at)
+                        # Read whole at the end: its tokens are timed by when Redis took them.
+                        first_at = _taken_at(first_entry_id, read_at) if final_only and num_read else None
+                        tracker.on_tokens(num_read, read_at, first_at)
                         if done:
                             self._log_finished(tracker, ready[-1].finish_reason or "stop", read_at)
                     for out in ready:
@@ -278,3 +292,8 @@ class RequestFollower:
             tracker.ttft or 0.0,
             e2e,
         )
+
+
+def _taken_at(entry_id: str, now: float) -> float:
+    """When Redis took a stream entry (its id is its time in unix ms), on the monotonic clock `now` is on."""
+    return now - max(0.0, time.time() - entry_key(entry_id)[0] / 1000)

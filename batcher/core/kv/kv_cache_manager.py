@@ -109,6 +109,8 @@ class KVCacheManager:
         the blocks its KV needs for `num_new_tokens` more tokens, appended to `req.block_ids`; returns
         the newly allocated ones, or None, with nothing taken, when the pool is short."""
         held = len(req.block_ids)
+        if not new_computed_blocks and req.num_computed_tokens + num_new_tokens <= held * self.block_size:
+            return []  # a running decode whose blocks hold its next tokens: most steps of most requests
         end = req.num_computed_tokens + len(new_computed_blocks) * self.block_size + num_new_tokens
         if self._num_needed(held, end, new_computed_blocks) > self.num_free_blocks:
             return None

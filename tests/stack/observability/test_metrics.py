@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 import httpx
 import msgspec
+import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
@@ -18,7 +19,7 @@ from batcher.service.metrics import Histogram
 from common.metrics_schema import HistogramData, MetricsSnapshot, WorkerMetrics
 from gateway.observability.batcher_collector import BatcherCollector
 from gateway.observability.cell_collector import CellCollector, CellReading, kv_cache_usage
-from gateway.observability.metrics import GatewayMetrics, RequestTracker
+from gateway.observability.metrics import GatewayMetrics, RequestTracker, observe_many
 from harness.processes.services import Stack, wait_for
 
 PROMPTS = [[5, 6, 7], [8, 9, 10, 11, 12], [13, 14]]
@@ -225,6 +226,42 @@ def test_tokens_read_with_the_first_count_as_inter_token_gaps_of_zero() -> None:
     # One observation per token after the first, however the tokens were read.
     assert value(samples, "cbserve:inter_token_latency_seconds_count") == 3
     assert value(samples, "cbserve:inter_token_latency_seconds_sum") == 0.5
+
+
+def test_an_answer_read_whole_is_timed_by_when_its_first_token_was_made() -> None:
+    metrics = GatewayMetrics("m")
+    tracker = RequestTracker(metrics.series("m"), start=10.0, num_prompt_tokens=7)
+    tracker.on_tokens(4, now=12.0, first_at=10.5)  # read at its end; the first token made at 10.5
+    assert tracker.ttft == 0.5
+    samples = [
+        s
+        for f in text_string_to_metric_families(generate_latest(metrics.registry).decode())
+        for s in f.samples
+    ]
+    assert value(samples, "cbserve:time_to_first_token_seconds_sum") == 0.5
+    assert value(samples, "cbserve:inter_token_latency_seconds_count") == 3
+    assert value(samples, "cbserve:inter_token_latency_seconds_sum") == 1.5
+    assert bucket(samples, "cbserve:inter_token_latency_seconds", "0.5") == 3
+
+
+@pytest.mark.parametrize("amount", [0.0, 0.01, 0.3, 7.0, 1e6])
+def test_observe_many_equals_as_many_observes(amount: float) -> None:
+    one_by_one, batched = GatewayMetrics("m"), GatewayMetrics("m")
+    for _ in range(5):
+        one_by_one.series("m").itl.observe(amount)
+    observe_many(batched.series("m").itl, amount, 5)
+
+    def itl_samples(metrics: GatewayMetrics) -> list[tuple[str, dict[str, str], float]]:
+        text = generate_latest(metrics.registry).decode()
+        samples = [s for f in text_string_to_metric_families(text) for s in f.samples]
+        # `_created` is when each was made, not what was observed
+        return [
+            (s.name, s.labels, s.value)
+            for s in samples
+            if "inter_token" in s.name and "created" not in s.name
+        ]
+
+    assert itl_samples(batched) == itl_samples(one_by_one)
 
 
 def test_batcher_part_without_redis_is_only_redis_up() -> None:

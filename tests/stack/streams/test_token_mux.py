@@ -13,7 +13,8 @@ import pytest
 import redis
 import redis.asyncio as aioredis
 
-from common.redis_io.redis_conn import connect_async
+from common.redis_io.ended_streams import announce_end
+from common.redis_io.redis_conn import as_str, connect_async
 from common.streams import token_stream
 from harness.processes.redis_process import RedisProcess
 from harness.processes.redis_server import free_port
@@ -65,7 +66,7 @@ def test_every_follower_gets_its_own_entries_from_one_shared_read(redis_url: str
                 await pipe.execute()
             received = await asyncio.gather(*(collect(sub, 1) for sub in subs))
             for sub, entries in zip(subs, received, strict=True):
-                assert [fields[b"m"] for _, fields in entries] == [sent[sub.req_id][step]]
+                assert [message for _, message in entries] == [sent[sub.req_id][step]]
         calls = await _xread_calls(client) - before
         # One read per step, plus a few when a step's writes straddle a read; never one per stream.
         assert calls < NUM_REQUESTS, calls
@@ -86,7 +87,7 @@ def test_a_late_subscriber_reads_from_its_resume_point(redis_url: str) -> None:
             ids = [await client.xadd(token_stream("late"), {b"m": str(i).encode()}) for i in range(3)]
             late = await mux.subscribe("late", last_id=ids[0].decode())
             entries = await collect(late, 2)
-            assert [fields[b"m"] for _, fields in entries] == [b"1", b"2"]
+            assert [message for _, message in entries] == [b"1", b"2"]
             # Nothing of late's reached busy: at most the reader's tick, an empty batch.
             while not busy.queue.empty():
                 assert busy.queue.get_nowait() == []
@@ -182,7 +183,7 @@ def test_a_follower_resumes_after_redis_restarts(tmp_path: Path) -> None:
         async with mux_over(client) as mux:
             sub = await mux.subscribe("req")
             await client.xadd(token_stream("req"), {b"m": b"0"})
-            assert [f[b"m"] for _, f in await collect(sub, 1)] == [b"0"]
+            assert [m for _, m in await collect(sub, 1)] == [b"0"]
             server.stop(signal.SIGTERM)
             async with asyncio.timeout(10):
                 while not mux.redis_down:
@@ -190,7 +191,7 @@ def test_a_follower_resumes_after_redis_restarts(tmp_path: Path) -> None:
             await asyncio.to_thread(server.start)
             for i in (1, 2):
                 await client.xadd(token_stream("req"), {b"m": str(i).encode()})
-            assert [f[b"m"] for _, f in await collect(sub, 2)] == [b"1", b"2"]
+            assert [m for _, m in await collect(sub, 2)] == [b"1", b"2"]
             assert not mux.redis_down
 
     try:
@@ -212,5 +213,57 @@ def test_a_follower_with_nothing_to_read_is_handed_an_empty_batch_each_tick(redi
                 async with asyncio.timeout(3 * TICK_S):
                     assert await quiet.queue.get() == []
             assert time.monotonic() - started >= TICK_S  # ticks, not a busy loop
+
+    asyncio.run(scenario())
+
+
+def test_a_final_only_follower_gets_its_stream_whole_once_it_is_announced_as_ended(redis_url: str) -> None:
+    """A non-streaming answer's follower is not fed step by step: the shared read never names its
+    stream, and it gets every entry in one batch after the writer announced the end."""
+
+    async def scenario() -> None:
+        client = aioredis.Redis.from_url(redis_url)
+        async with mux_over(client) as mux:
+            key = token_stream("whole")
+            sub = await mux.subscribe("whole", final_only=True)
+            async with asyncio.timeout(3 * TICK_S):  # a tick: the stream, empty, was read whole before it
+                assert await sub.queue.get() == []
+            ids = [as_str(await client.xadd(key, {b"m": str(i).encode()})) for i in range(3)]
+            async with asyncio.timeout(3 * TICK_S):  # only ticks while it runs
+                assert await sub.queue.get() == []
+            async with client.pipeline(transaction=True) as pipe:
+                pipe.xadd(key, {b"m": b"3"})
+                announce_end(pipe, "whole")
+                last_id = (await pipe.execute())[0].decode()
+            got = await collect(sub, 4)
+            assert [entry_id for entry_id, _ in got] == [*ids, last_id]
+            assert [m for _, m in got] == [b"0", b"1", b"2", b"3"]
+
+    asyncio.run(scenario())
+
+
+def test_a_final_only_follower_of_a_stream_that_already_ended_reads_it_whole(redis_url: str) -> None:
+    """The end was announced before the follower subscribed (a fetch of a finished request, or one
+    that ended at once): it is read whole when it subscribes, beside a follower already waiting."""
+
+    async def scenario() -> None:
+        client = aioredis.Redis.from_url(redis_url)
+        lister = redis.Redis.from_url(redis_url)
+        async with mux_over(client) as mux:
+            waiting = await mux.subscribe("waiting", final_only=True)  # the reader runs, blocked
+            async with client.pipeline(transaction=True) as pipe:
+                pipe.xadd(token_stream("done"), {b"m": b"0"})
+                pipe.xadd(token_stream("done"), {b"m": b"1"})
+                announce_end(pipe, "done")
+                await pipe.execute()
+            # The announcement ended the reader's blocked read; blocked again, it has passed it by.
+            async with asyncio.timeout(10):
+                while _blocked_xreads(lister) == 0:
+                    await asyncio.sleep(0.01)
+            lister.close()
+            late = await mux.subscribe("done", final_only=True)
+            assert [m for _, m in await collect(late, 2)] == [b"0", b"1"]
+            while not waiting.queue.empty():
+                assert waiting.queue.get_nowait() == []
 
     asyncio.run(scenario())

@@ -104,7 +104,9 @@ def make_app(settings: CelerySettings) -> Celery:
     resources = _Resources(settings)
     _start_worker_threads(app, settings)
 
-    @app.task(name=GENERATE_TASK, bind=True)
+    # shared=False: Celery's default registers a task in every app made later in the process, and the
+    # first app's closure (its Redis, its tokenizers) would then run for all of them.
+    @app.task(name=GENERATE_TASK, bind=True, shared=False)
     def generate(
         self: Task,
         prompt: list[int] | str | list[dict[str, Any]],

@@ -36,7 +36,7 @@ def add_batch_task(app: Celery, settings: CelerySettings, tokenizers: ModelToken
         redis = connect_async(settings.redis_url, settings.redis_cluster)
         return asyncio.run(run_batch(redis, batch_id, tokenizers, config, claim_token))
 
-    @app.task(name=RUN_BATCH_TASK, bind=True)
+    @app.task(name=RUN_BATCH_TASK, bind=True, shared=False)
     def run_batch_task(self: Task, batch_id: str) -> str:
         claim_token = new_claim_token()  # every run of this task's shares it: see batch_claim.py
         within_s = settings.batch_redis_wait_s

@@ -63,7 +63,7 @@ def run_embedding(
 def add_embed_task(
     app: Celery, settings: CelerySettings, tokenizers: ModelTokenizers, redis_of: Callable[[], redis.Redis]
 ) -> None:
-    @app.task(name=EMBED_TASK, bind=True)
+    @app.task(name=EMBED_TASK, bind=True, shared=False)
     def embed(
         self: Task,
         input: str | list[str] | list[int] | list[list[int]],

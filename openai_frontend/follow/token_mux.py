@@ -210,7 +210,9 @@ class CellStreamMux:
             try:
                 if self._finals:
                     await self._catch_up()
-                    assert self._ends.position is not None
+                # The last follower-to-the-end may leave while the catch-up reads (forgetting the
+                # position); a new one is caught up by the next turn.
+                if self._finals and self._ends.position is not None:
                     streams[self._ends.key] = self._ends.position
                 # Bounded BLOCK (MAX_BLOCK_MS): closing and failures are noticed within a second.
                 ended = self._dispatch(await self._read(streams), read_from)

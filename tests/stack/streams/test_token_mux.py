@@ -18,7 +18,7 @@ from common.redis_io.redis_conn import as_str, connect_async
 from common.streams import token_stream
 from harness.processes.redis_process import RedisProcess
 from harness.processes.redis_server import free_port
-from openai_frontend.follow.token_mux import TICK_S, Entry, Subscription, TokenStreamMux
+from openai_frontend.follow.token_mux import TICK_S, CellStreamMux, Entry, Subscription, TokenStreamMux
 from openai_frontend.follow.token_stream import RequestTimedOut, follow_token_stream
 
 NUM_REQUESTS = 40
@@ -265,5 +265,42 @@ def test_a_final_only_follower_of_a_stream_that_already_ended_reads_it_whole(red
             assert [m for _, m in await collect(late, 2)] == [b"0", b"1"]
             while not waiting.queue.empty():
                 assert waiting.queue.get_nowait() == []
+
+    asyncio.run(scenario())
+
+
+def test_the_last_final_only_follower_leaving_during_a_catch_up_stops_no_reader(redis_url: str) -> None:
+    """Leaving forgets the announcements' position while the catch-up still reads the follower's
+    stream; the reader goes on (it used to die of it, failing every follower it had)."""
+    caught_up = asyncio.Event()
+
+    class LeavingMux(CellStreamMux):
+        leaving: Subscription | None = None
+
+        async def _read_ended(self, keys: set[str]) -> None:
+            if self.leaving is not None:  # the follower's client hangs up at this very moment
+                self.unsubscribe(self.leaving)
+                self.leaving = None
+            await super()._read_ended(keys)
+            caught_up.set()
+
+    async def scenario() -> None:
+        client = aioredis.Redis.from_url(redis_url)
+        mux = LeavingMux(client)
+        try:
+            mux.leaving = await mux.subscribe("leaving", final_only=True)  # its catch-up: the next turn
+            async with asyncio.timeout(10):
+                while not caught_up.is_set():
+                    assert mux._task is not None
+                    if mux._task.done():
+                        raise AssertionError(f"the reader died: {mux._task.exception()!r}")
+                    await asyncio.sleep(0.01)
+            assert mux._task is not None and not mux._task.done()
+            live = await mux.subscribe("live")
+            await client.xadd(token_stream("live"), {b"m": b"0"})
+            assert [m for _, m in await collect(live, 1)] == [b"0"]
+        finally:
+            await mux.close()
+            await client.aclose()
 
     asyncio.run(scenario())

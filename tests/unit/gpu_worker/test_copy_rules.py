@@ -52,15 +52,8 @@ def test_the_rules_fail_on_blocking_copies() -> None:
 def test_step_inputs_are_one_pinned_copy_per_buffer_and_wait_only_for_the_last_step() -> None:
     steps = [[_request(0, 9, 1), _request(1, 4, 1), _request(2, 0, 6)], [_request(0, 10, 1)]]
     with copy_rules() as rules:
-        pool = KVCache.allocate(
-            num_layers=1,
-            num_blocks=32,
-            block_size=BLOCK_SIZE,
-            num_kv_heads=1,
-            head_dim=2,
-            dtype=torch.float32,
-            device=DEVICE,
-        )
+        sizes = {"num_layers": 1, "num_blocks": 32, "num_kv_heads": 1, "head_dim": 2}
+        pool = KVCache.allocate(**sizes, block_size=BLOCK_SIZE, dtype=torch.float32, device=DEVICE)
         backend = make_attention_backend("triton", pool, group_decodes=False, dtype=torch.float32)
         buffers = StepInputBuffers(4, 16, 8, DEVICE)
         table = BlockTable(4, 8)

@@ -108,11 +108,9 @@ def build_input_batch(
     buf.seq_lens.np[:num_reqs] = seq_lens
     table = BlockTable(num_reqs, width) if block_table is None else block_table
     table_rows = table.sync([r.state for r in ordered])
-    block_tables = buf.block_tables.np[: num_reqs * width].reshape(num_reqs, width)
-    block_tables[:] = table.table.numpy()[table_rows, :width]
-    # Padded with block 0: what a row holds past its blocks may be blocks another request holds now.
     num_table_blocks = -(-np.asarray(seq_lens, dtype=np.int64) // block_size)
-    block_tables[buf.arange[:width] >= num_table_blocks[:, None]] = 0
+    block_tables = buf.block_tables.np[: num_reqs * width].reshape(num_reqs, width)
+    table.gather(table_rows, num_table_blocks, out=block_tables)
 
     # Each token's sequence, position and slot.
     token_seq = np.repeat(buf.arange[:num_reqs], query_lens)

@@ -12,10 +12,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
+import numpy as np
 import torch
 
 from gpu_worker.runner.cached_request_state import CachedRequestState
+
+Blocks = np.ndarray[Any, np.dtype[Any]]
 
 
 @dataclass(slots=True)
@@ -43,13 +47,19 @@ class BlockTable:
             rows.append(row.index)
         return rows
 
-    def gather(self, rows: list[int], num_blocks: list[int]) -> torch.Tensor:
-        """[len(rows), max(num_blocks)] int32: each row's first `num_blocks` ids, padded with block 0
-        (what the row holds past them may be blocks another request holds now)."""
-        width = max(num_blocks, default=0)
-        tables = self.table[:, :width].index_select(0, torch.tensor(rows, dtype=torch.long))
-        past_end = torch.arange(width) >= torch.tensor(num_blocks).unsqueeze(1)
-        return tables.masked_fill_(past_end, 0)
+    def gather(
+        self, rows: list[int], num_blocks: Sequence[int] | Blocks, out: Blocks | None = None
+    ) -> Blocks:
+        """[len(rows), max(num_blocks)] int32 numpy: each row's first `num_blocks` ids, padded with
+        block 0 (what the row holds past them may be blocks another request holds now); written into
+        `out` (a step's persistent buffer) when given."""
+        counts = np.asarray(num_blocks, dtype=np.int64)
+        width = int(counts.max(initial=0))
+        if out is None:
+            out = np.empty((len(rows), width), dtype=np.int32)
+        out[:] = self.table.numpy()[rows, :width]
+        out[np.arange(width) >= counts[:, None]] = 0
+        return out
 
     def truncate(self, req_id: str, num_blocks: int) -> None:
         row = self._rows.get(req_id)

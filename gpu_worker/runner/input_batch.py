@@ -1,7 +1,8 @@
 """Turns the requests scheduled in one step into one flattened ragged batch plus attention metadata.
 
-Token-level fields (slot mapping, positions) come from tensor ops over per-request values, never a
-Python loop over tokens. On CUDA every field is copied from pinned host memory without blocking.
+Token-level fields (slot mapping, positions) come from numpy ops over per-request values, never a
+Python loop over tokens, written into the runner's persistent buffers (step_input_buffers.py); on
+CUDA each field is one non-blocking copy from pinned host memory.
 """
 
 from __future__ import annotations
@@ -11,12 +12,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 from gpu_worker.runner.attention.backend import AttentionBackend, AttentionContext, CommonAttentionMetadata
 from gpu_worker.runner.block_table import BlockTable
 from gpu_worker.runner.cached_request_state import CachedRequestState
 from gpu_worker.runner.sample.prompt_logprobs import PromptRows
+from gpu_worker.runner.step_input_buffers import StepInputBuffers
 
 
 @dataclass(slots=True)
@@ -67,13 +70,15 @@ def build_input_batch(
     block_table: BlockTable | None = None,
     lora_slots: Mapping[str, int] | None = None,
     bidirectional_runs: Mapping[str, Sequence[tuple[int, int]]] | None = None,
+    buffers: StepInputBuffers | None = None,
 ) -> InputBatch:
     """Decodes (query length 1) go first, longest context first (the torch backend attends them in
     groups of similar length; kernels need only decodes first). The block ids come through
     `block_table`, the runner's, which holds its requests' rows between steps (a one-step table
     without it). `lora_slots`: on a worker with LoRA, the slot of each request that runs an adapter.
     `bidirectional_runs`: req_id -> the [start, end) runs of its prompt whose tokens see their whole
-    run (Gemma 3's images), as the step's key limits."""
+    run (Gemma 3's images), as the step's key limits. `buffers`: the runner's, which the batch's
+    tensors are views of until the next step (buffers of this step's size without them)."""
     block_size = backend.kv_cache.block_size
     decodes = sorted(
         (r for r in requests if r.num_tokens == 1), key=lambda r: r.state.num_computed_tokens, reverse=True
@@ -83,37 +88,40 @@ def build_input_batch(
     computed = [r.state.num_computed_tokens for r in ordered]
     query_lens = [r.num_tokens for r in ordered]
     seq_lens = [c + n for c, n in zip(computed, query_lens, strict=True)]
-    num_table_blocks = [-(-n // block_size) for n in seq_lens]
-    input_ids = list(
+    samples = [s == r.num_tokens_with_drafts for r, s in zip(ordered, seq_lens, strict=True)]
+    sampling = [r for r, sample in zip(ordered, samples, strict=True) if sample]
+    num_reqs, num_tokens = len(ordered), sum(query_lens)
+    width = -(-max(seq_lens, default=0) // block_size)
+    if buffers is None:
+        buffers = StepInputBuffers(num_reqs, num_tokens, width, device)
+    buffers.begin(num_reqs, num_tokens, width)
+    buf = buffers
+
+    buf.input_ids.np[:num_tokens] = list(
         itertools.chain.from_iterable(
             r.token_ids[c:s] for r, c, s in zip(ordered, computed, seq_lens, strict=True)
         )
     )
-    sampling = [r for r, s in zip(ordered, seq_lens, strict=True) if s == r.num_tokens_with_drafts]
-
-    num_reqs, num_tokens = len(ordered), len(input_ids)
-    query_lens_t = torch.tensor(query_lens, dtype=torch.int32)
-    query_start_loc = torch.zeros(num_reqs + 1, dtype=torch.int32)
-    torch.cumsum(query_lens_t, 0, out=query_start_loc[1:])
-    seq_lens_t = torch.tensor(seq_lens, dtype=torch.int32)
-    table = BlockTable(num_reqs, max(num_table_blocks, default=0)) if block_table is None else block_table
+    query_start_loc = buf.query_start_loc.np[: num_reqs + 1]
+    query_start_loc[0] = 0
+    np.cumsum(query_lens, out=query_start_loc[1:])
+    buf.seq_lens.np[:num_reqs] = seq_lens
+    table = BlockTable(num_reqs, width) if block_table is None else block_table
     table_rows = table.sync([r.state for r in ordered])
-    block_tables = table.gather(table_rows, num_table_blocks)
+    num_table_blocks = -(-np.asarray(seq_lens, dtype=np.int64) // block_size)
+    block_tables = buf.block_tables.np[: num_reqs * width].reshape(num_reqs, width)
+    table.gather(table_rows, num_table_blocks, out=block_tables)
 
     # Each token's sequence, position and slot.
-    token_seq = _run_of_each(query_start_loc[1:].long(), num_tokens)
-    positions = (
-        torch.arange(num_tokens)
-        - query_start_loc[token_seq].long()
-        + torch.tensor(computed, dtype=torch.long)[token_seq]
-    )
-    slot_mapping = (
-        block_tables[token_seq, positions // block_size].long() * block_size + positions % block_size
-    )
-    sampled_seqs = torch.tensor(
-        [s == r.num_tokens_with_drafts for r, s in zip(ordered, seq_lens, strict=True)], dtype=torch.bool
-    )
-    logits_indices = (query_start_loc[1:].long() - 1)[sampled_seqs]
+    token_seq = np.repeat(buf.arange[:num_reqs], query_lens)
+    positions = buf.positions.np[:num_tokens]
+    np.subtract(buf.arange[:num_tokens], query_start_loc[token_seq], out=positions)
+    positions += np.asarray(computed, dtype=np.int64)[token_seq]
+    slot_mapping = buf.slot_mapping.np[:num_tokens]
+    np.multiply(block_tables[token_seq, positions // block_size], block_size, out=slot_mapping)
+    slot_mapping += positions % block_size
+    logits_indices = (query_start_loc[1:] - 1)[samples]
+    buf.logits_indices.np[: len(logits_indices)] = logits_indices
     starts = query_start_loc.tolist()
     spec_reqs = [r for r in ordered if r.spec_token_ids]
     spec_flat = [
@@ -123,42 +131,50 @@ def build_input_batch(
         for i in range(end - 1 - len(r.spec_token_ids), end - 1)
     ]
     rows, prompt_flat, targets = _prompt_rows(ordered, starts)
-    key_limits = _key_limits(ordered, starts, positions, bidirectional_runs) if bidirectional_runs else None
+    positions_cpu = buf.positions.cpu[:num_tokens]
+    key_limits = (
+        _key_limits(ordered, starts, positions_cpu, bidirectional_runs) if bidirectional_runs else None
+    )
     lora_ids = None
     if lora_slots is not None:
-        slots = torch.tensor([lora_slots.get(r.state.req_id, -1) for r in ordered], dtype=torch.long)
-        lora_ids = _to_device(slots[token_seq], device)
+        slots = np.asarray([lora_slots.get(r.state.req_id, -1) for r in ordered], dtype=np.int64)
+        buf.lora_ids.np[:num_tokens] = slots[token_seq]
+        lora_ids = buf.lora_ids.copy_to_gpu(num_tokens)
 
+    block_tables_cpu = buf.block_tables.cpu[: num_reqs * width].view(num_reqs, width)
+    block_tables_gpu = buf.block_tables.copy_to_gpu(num_reqs * width).view(num_reqs, width)
     common = CommonAttentionMetadata(
-        slot_mapping=_to_device(slot_mapping, device),
-        query_start_loc=_to_device(query_start_loc, device),
-        seq_lens=_to_device(seq_lens_t, device),
-        block_tables=_to_device(block_tables, device),
-        query_start_loc_cpu=query_start_loc,
-        seq_lens_cpu=seq_lens_t,
-        block_tables_cpu=block_tables,
+        slot_mapping=buf.slot_mapping.copy_to_gpu(num_tokens),
+        query_start_loc=buf.query_start_loc.copy_to_gpu(num_reqs + 1),
+        seq_lens=buf.seq_lens.copy_to_gpu(num_reqs),
+        block_tables=block_tables_gpu,
+        query_start_loc_cpu=buf.query_start_loc.cpu[: num_reqs + 1],
+        seq_lens_cpu=buf.seq_lens.cpu[:num_reqs],
+        block_tables_cpu=block_tables_cpu,
         num_decodes=len(decodes),
         num_actual_tokens=num_tokens,
         max_query_len=max(query_lens, default=0),
         max_seq_len=max(seq_lens, default=0),
         key_limits_cpu=key_limits,
     )
-    return InputBatch(
-        input_ids=_to_device(torch.tensor([input_ids], dtype=torch.long), device),
-        position_ids=_to_device(positions.unsqueeze(0), device),
-        logits_indices=_to_device(logits_indices, device),
+    batch = InputBatch(
+        input_ids=buf.input_ids.copy_to_gpu(num_tokens).unsqueeze(0),
+        position_ids=buf.positions.copy_to_gpu(num_tokens).unsqueeze(0),
+        logits_indices=buf.logits_indices.copy_to_gpu(len(logits_indices)),
         sampling_reqs=sampling,
         scheduled=ordered,
         attn_metadata=AttentionContext(
             backend=backend, metadata=backend.build_metadata(common), common=common
         ),
         prompt_rows=rows,
-        prompt_indices=_to_device(torch.tensor(prompt_flat, dtype=torch.long), device) if rows else None,
-        prompt_targets=_to_device(torch.tensor(targets, dtype=torch.long), device) if rows else None,
+        prompt_indices=buf.upload(buf.prompt_indices, prompt_flat) if rows else None,
+        prompt_targets=buf.upload(buf.prompt_targets, targets) if rows else None,
         spec_reqs=spec_reqs,
-        spec_indices=_to_device(torch.tensor(spec_flat, dtype=torch.long), device) if spec_flat else None,
+        spec_indices=buf.upload(buf.spec_indices, spec_flat) if spec_flat else None,
         lora_ids=lora_ids,
     )
+    buffers.end()
+    return batch
 
 
 def _prompt_rows(
@@ -199,19 +215,3 @@ def _key_limits(
             if lo < hi:
                 limits[first + lo - begin : first + hi - begin] = run_end - 1
     return limits if bool((limits != positions).any()) else None
-
-
-def _run_of_each(ends: torch.Tensor, num_items: int) -> torch.Tensor:
-    """For items laid out in runs that end (exclusive, cumulative) at `ends`, each item's run:
-    `repeat_interleave(arange(len(ends)), counts)`, whose kernel hands each run to the thread pool and
-    waits on it when other processes share the cores; a search is serial at these sizes."""
-    return torch.searchsorted(ends, torch.arange(num_items), right=True)
-
-
-def _to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """A host tensor on `device`: on CUDA through pinned memory, so the copy does not block the host
-    (the pinned staging buffer comes from torch's caching host allocator, which keeps it alive until
-    the copy is done)."""
-    if device.type != "cuda":
-        return host.to(device)
-    return host.pin_memory().to(device, non_blocking=True)

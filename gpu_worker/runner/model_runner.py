@@ -53,14 +53,15 @@ from gpu_worker.runner.profile import (
 from gpu_worker.runner.runner_info import worker_info_of
 from gpu_worker.runner.sample.logprobs import SampleLogprobs
 from gpu_worker.runner.sample.prompt_logprobs import collect_prompt_logprobs
-from gpu_worker.runner.sample.sampler import Sampler, SamplerOutput
+from gpu_worker.runner.sample.sampler import Sampler
 from gpu_worker.runner.sample.sampling_state import SamplingState
 from gpu_worker.runner.spec_decode.draft_model import DraftModelProposer
-from gpu_worker.runner.spec_decode.verify import accept_drafts, run_logprobs
+from gpu_worker.runner.spec_decode.verify import accept_drafts, run_logprobs, sample_drafts
 from gpu_worker.runner.step_checks import check_cached, check_new, check_scheduled
 from gpu_worker.runner.step_hooks import with_step_hooks
+from gpu_worker.runner.step_input_buffers import StepInputBuffers
 from gpu_worker.runner.step_output import advance, token_events
-from gpu_worker.runner.structured_output.matchers import GrammarMask, StructuredOutputs
+from gpu_worker.runner.structured_output.matchers import StructuredOutputs
 from gpu_worker.settings import WorkerSettings
 
 logger = logging.getLogger(__name__)
@@ -120,6 +121,10 @@ class ModelRunner:
         # The adapters in host memory and in the decoder's slots (WORKER_ENABLE_LORA); None without.
         self.lora = self._lora_manager(settings)
         self.block_table = BlockTable(self.max_num_seqs, -(-self.max_model_len // self.block_size))
+        # The step's input tensors, written in place each step (step_input_buffers.py).
+        self.step_inputs = StepInputBuffers(
+            self.max_num_seqs, self.max_num_batched_tokens, self.block_table.table.shape[1], self.device
+        )
         # Logprobs of the last step's samples, by req_id, for its token events (only requests that asked).
         self._step_logprobs: dict[str, list[SampleLogprobs]] = {}  # per token of each run
         self.num_isolated_steps = 0  # steps that raised and were rerun request by request
@@ -246,6 +251,7 @@ class ModelRunner:
                 self.block_table,
                 self._lora_slots(scheduled),
                 image_runs,
+                self.step_inputs,
             )
             sampled = self._forward_and_sample(batch)
         except Exception as exc:
@@ -487,7 +493,7 @@ class ModelRunner:
         spec = [(r.state.req_id, r.spec_token_ids) for r in batch.spec_reqs]
         grammar, draft_grammar = self.structured_outputs.masks(req_ids, spec)
         # Before `sample`, which records the step's tokens in the sampling state.
-        drafted = self._sample_drafts(batch, kept[num_sampling:], draft_grammar)
+        drafted = sample_drafts(self.sampler, self.sampling_state, batch, kept[num_sampling:], draft_grammar)
         # A drafting request's sampling row comes after its drafts.
         earlier = [r.spec_token_ids for r in batch.sampling_reqs] if batch.spec_reqs else None
         result = self.sampler.sample(logits, self.sampling_state, req_ids, grammar, earlier)
@@ -501,14 +507,6 @@ class ModelRunner:
             if req_id in self._step_accepted:
                 self._step_accepted[req_id] = runs[i][:-1]
         return tokens
-
-    def _sample_drafts(
-        self, batch: InputBatch, draft_logits: torch.Tensor, grammar: GrammarMask | None
-    ) -> SamplerOutput:
-        """What the model samples at each draft's position, drafts of every request in order."""
-        req_ids = [r.state.req_id for r in batch.spec_reqs for _ in r.spec_token_ids]
-        earlier = [r.spec_token_ids[:n] for r in batch.spec_reqs for n in range(len(r.spec_token_ids))]
-        return self.sampler.sample_drafts(draft_logits, self.sampling_state, req_ids, earlier, grammar)
 
     def _verify_drafts(self, batch: InputBatch, draft_samples: list[int], sampled: list[int]) -> list[int]:
         """The step's tokens with each drafting request's replaced by the last of its verified run;

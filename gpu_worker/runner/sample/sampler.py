@@ -14,7 +14,8 @@ no sort, top-k rows use topk, and only top-p rows sort the vocabulary.
 A seeded request's uniform is a hash of (seed, output index) (`seeded_uniform.py`), so its token
 depends only on its own logits and that pair: never on the other requests in the batch, nor on
 preemption and resume (which recompute the same logits). Others share one device generator.
-The sampled tokens, and logprobs when a row asked, come back to the host in one transfer.
+The sampled tokens, and logprobs when a row asked, come back to the host in one transfer: on CUDA
+into pinned memory on a side stream behind an event, which the host waits on only when it reads them.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
+from gpu_worker.runner.host_copies import DeviceToHost, HostValues
 from gpu_worker.runner.sample.logits_processors import (
     apply_logit_bias,
     apply_min_tokens,
@@ -64,6 +66,7 @@ class Sampler:
     def __init__(self, seed: int | None = None, device: torch.device | str = "cpu") -> None:
         self.device = torch.device(device)
         self._generator = torch.Generator(device=self.device)
+        self._copies = DeviceToHost(self.device)  # sampled ids to pinned memory on a side stream
         if seed is None:
             self._generator.seed()
         else:
@@ -87,8 +90,9 @@ class Sampler:
         if earlier is not None:
             _take_as_output(batch, earlier)
         tokens = self._pick(self._processed(logits, batch, grammar), batch)
-        state.record(batch, tokens)
-        return self._to_host(logits, tokens, batch)
+        host = self._start_to_host(logits, tokens, batch)
+        state.record(batch, tokens)  # queued while the tokens travel
+        return self._output(host, batch)
 
     def sample_drafts(
         self,
@@ -107,7 +111,8 @@ class Sampler:
             return SamplerOutput([], [])
         batch = state.prepare(req_ids)
         _take_as_output(batch, earlier)
-        return self._to_host(logits, self._pick(self._processed(logits, batch, grammar), batch), batch)
+        tokens = self._pick(self._processed(logits, batch, grammar), batch)
+        return self._output(self._start_to_host(logits, tokens, batch), batch)
 
     def _processed(
         self, logits: torch.Tensor, batch: SamplingBatch, grammar: GrammarMask | None
@@ -179,18 +184,27 @@ class Sampler:
         seeded = seeded_uniforms(ints[:, SEED], ints[:, OUTPUT_INDEX])
         return torch.where(ints[:, SEEDED].bool(), seeded, drawn)
 
-    def _to_host(self, raw_logits: torch.Tensor, tokens: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
-        num_rows = batch.num_rows
+    def _start_to_host(
+        self, raw_logits: torch.Tensor, tokens: torch.Tensor, batch: SamplingBatch
+    ) -> HostValues:
+        """The tokens, then the logprobs of the rows that asked, on their way to the host in one
+        copy (pinned, behind an event: host_copies.py); the host waits only in `_output`."""
         rows, ks = batch.logprob_rows, batch.logprob_ks
         if rows is None:
-            return SamplerOutput(tokens.tolist(), [None] * num_rows)
-        max_k = max(ks)
-        chosen, top_values, top_ids = compute_logprobs(raw_logits, rows, tokens, max_k)
+            return self._copies.start(tokens)
+        chosen, top_values, top_ids = compute_logprobs(raw_logits, rows, tokens, max(ks))
         # float32 bits travel as int64 so that everything comes back in one copy.
-        packed = torch.cat([tokens, _bits(chosen), top_ids.flatten(), _bits(top_values.flatten())]).cpu()
-        num_logprobs = len(ks)
+        return self._copies.start(
+            torch.cat([tokens, _bits(chosen), top_ids.flatten(), _bits(top_values.flatten())])
+        )
+
+    def _output(self, host: HostValues, batch: SamplingBatch) -> SamplerOutput:
+        num_rows, ks = batch.num_rows, batch.logprob_ks
+        if batch.logprob_rows is None:
+            return SamplerOutput(host.tolist(), [None] * num_rows)
+        max_k, num_logprobs = max(ks), len(ks)
         sizes = [num_rows, num_logprobs, num_logprobs * max_k, num_logprobs * max_k]
-        token_part, chosen_part, ids_part, values_part = packed.split(sizes)
+        token_part, chosen_part, ids_part, values_part = host.wait().split(sizes)
         records = to_sample_logprobs(
             _floats(chosen_part).tolist(),
             _floats(values_part).view(num_logprobs, max_k).tolist(),

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from common.protocol import SamplingParams
+from gpu_worker.runner.host_copies import PinnedRing
 from gpu_worker.runner.sample.seeded_uniform import mix64
 
 # Columns of the per-slot parameter tables.
@@ -103,8 +104,9 @@ class SamplingState:
         self.prompt_mask = torch.zeros(0, vocab_size, dtype=torch.bool, device=device)
         self.output_counts = torch.zeros(0, vocab_size, device=device)
         self._free_penalty_rows: list[int] = []
-        # Staging for the step's index tensor: pinned, so its copy does not wait on the host.
-        self._staging = torch.zeros(0, dtype=torch.long)
+        # Staging for the step's index tensor: pinned, so its copy does not wait on the host, and
+        # double-buffered behind events, so a step never overwrites a buffer still being copied.
+        self._staging = PinnedRing(torch.long, device)
 
     # ---- add / remove ---------------------------------------------------------------------------
 
@@ -287,7 +289,7 @@ class SamplingState:
                 logprob_ks.append(info.logprobs)
         num_rows = len(slots)
         groups = [slots, *paths, penalty_rows, table_rows, logprob_rows]
-        index = self._to_device([i for group in groups for i in group])
+        index = self._staging.to_device([i for group in groups for i in group])
         views: list[torch.Tensor | None] = []
         offset = 0
         for group in groups:
@@ -353,15 +355,6 @@ class SamplingState:
         until the copy is done)."""
         host = torch.tensor(values, dtype=dtype)
         return host if self.device.type == "cpu" else host.pin_memory().to(self.device, non_blocking=True)
-
-    def _to_device(self, values: list[int]) -> torch.Tensor:
-        if self.device.type == "cpu":
-            return torch.tensor(values, dtype=torch.long)
-        if self._staging.shape[0] < len(values):
-            self._staging = torch.zeros(max(256, 2 * len(values)), dtype=torch.long, pin_memory=True)
-        staged = self._staging[: len(values)]
-        staged.numpy()[:] = values
-        return staged.to(self.device, non_blocking=True)
 
 
 def _signed64(value: int) -> int:

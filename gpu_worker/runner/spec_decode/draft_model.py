@@ -25,8 +25,10 @@ from common.protocol import SamplingParams
 from gpu_worker.runner.attention.selector import make_attention_backend
 from gpu_worker.runner.block_table import BlockTable
 from gpu_worker.runner.cached_request_state import CachedRequestState
+from gpu_worker.runner.host_copies import DeviceToHost
 from gpu_worker.runner.input_batch import ScheduledRequest, build_input_batch
 from gpu_worker.runner.load_model import KVShape, allocate_kv_cache, kv_shape, load_model, model_max_len
+from gpu_worker.runner.step_input_buffers import StepInputBuffers
 from gpu_worker.settings import WorkerSettings
 
 logger = logging.getLogger(__name__)
@@ -63,6 +65,11 @@ class DraftModelProposer:
         self._kv_cache_dtype: torch.dtype = getattr(torch, settings.resolved_kv_cache_dtype)
         self.requests: dict[str, CachedRequestState] = {}
         self.block_table = BlockTable()
+        blocks = -(-self.max_len // self.block_size) if self.max_len else 1
+        self._copies = DeviceToHost(self.device)  # the drafts, read back through pinned memory
+        self.step_inputs = StepInputBuffers(
+            settings.resolved_max_num_seqs, settings.resolved_max_num_batched_tokens, blocks, self.device
+        )
         self.free_blocks: list[int] = []
         self.num_blocks = 0
         logger.info("draft model %s loaded (%d tokens)", model_dir, draft_vocab)
@@ -139,7 +146,9 @@ class DraftModelProposer:
 
     def _forward(self, step: list[ScheduledRequest]) -> list[tuple[ScheduledRequest, int]]:
         """One forward over `step`: each request's greedy next token, in the batch's order."""
-        batch = build_input_batch(step, self.attn_backend, self.device, self.block_table)
+        batch = build_input_batch(
+            step, self.attn_backend, self.device, self.block_table, buffers=self.step_inputs
+        )
         logits = self.model(
             input_ids=batch.input_ids,
             position_ids=batch.position_ids,
@@ -147,7 +156,7 @@ class DraftModelProposer:
             logits_to_keep=batch.logits_indices,
             attn_metadata=batch.attn_metadata,
         ).logits[0]
-        tokens = logits.max(dim=-1).indices.tolist()
+        tokens = self._copies.start(logits.max(dim=-1).indices).tolist()
         return list(zip(batch.sampling_reqs, tokens, strict=True))
 
     def free(self, req_id: str) -> None:

@@ -13,8 +13,26 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+import torch
+
 from gpu_worker.runner.input_batch import InputBatch
 from gpu_worker.runner.sample.logprobs import SampleLogprobs
+from gpu_worker.runner.sample.sampler import Sampler, SamplerOutput
+from gpu_worker.runner.sample.sampling_state import SamplingState
+from gpu_worker.runner.structured_output.matchers import GrammarMask
+
+
+def sample_drafts(
+    sampler: Sampler,
+    state: SamplingState,
+    batch: InputBatch,
+    draft_logits: torch.Tensor,
+    grammar: GrammarMask | None,
+) -> SamplerOutput:
+    """What the model samples at each draft's position, drafts of every request in order."""
+    req_ids = [r.state.req_id for r in batch.spec_reqs for _ in r.spec_token_ids]
+    earlier = [r.spec_token_ids[:n] for r in batch.spec_reqs for n in range(len(r.spec_token_ids))]
+    return sampler.sample_drafts(draft_logits, state, req_ids, earlier, grammar)
 
 
 def accept_drafts(

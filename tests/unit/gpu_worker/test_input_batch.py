@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from common.protocol import SamplingParams
 from gpu_worker.runner.attention.torch_attn import TorchAttentionBackend
 from gpu_worker.runner.cached_request_state import CachedRequestState
-from gpu_worker.runner.input_batch import ScheduledRequest, build_input_batch
+from gpu_worker.runner.input_batch import InputBatch, ScheduledRequest, build_input_batch
 from gpu_worker.runner.kv_cache import KVCache
+from gpu_worker.runner.step_input_buffers import StepInputBuffers
 
 BLOCK_SIZE = 4
 
@@ -129,3 +132,35 @@ def test_empty_step() -> None:
     assert batch.input_ids.shape == (1, 0) and batch.position_ids.dtype == torch.long
     assert common.query_start_loc.tolist() == [0] and common.num_reqs == 0
     assert batch.logits_indices.numel() == 0 and batch.scheduled == []
+
+
+def _tensors(batch: InputBatch) -> dict[str, list[Any]]:
+    common = batch.attn_metadata.common
+    fields = {
+        "input_ids": batch.input_ids,
+        "position_ids": batch.position_ids,
+        "logits_indices": batch.logits_indices,
+        "slot_mapping": common.slot_mapping,
+        "query_start_loc": common.query_start_loc,
+        "seq_lens": common.seq_lens,
+        "block_tables": common.block_tables,
+    }
+    return {name: t.tolist() for name, t in fields.items()}
+
+
+def test_persistent_buffers_hold_each_step_exactly() -> None:
+    """Steps written over the last one's buffers (a long request's rows, then shorter ones and a
+    chunk in its place) read as the same step built alone."""
+    steps = [
+        [_decode("a", 40, 0), _decode("b", 8, 10)],
+        [_decode("b", 9, 10), _prompt_chunk("p", computed=0, num_tokens=5, blocks=[7, 3, 9])],
+        [_decode("c", 3, 30)],
+        [],
+        [_prompt_chunk("q", computed=6, num_tokens=3, blocks=[30, 12, 5]), _decode("a", 41, 0)],
+    ]
+    backend = _backend(group_decodes=True)
+    buffers = StepInputBuffers(2, 6, 3, torch.device("cpu"))  # grown by the first step
+    for requests in steps:
+        alone = _tensors(build_input_batch(requests, backend, torch.device("cpu")))
+        kept = _tensors(build_input_batch(requests, backend, torch.device("cpu"), buffers=buffers))
+        assert kept == alone

@@ -17,17 +17,22 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from gpu_worker.kernels.triton import paged_attention
+from gpu_worker.kernels.triton import paged_attention, paged_decode
 
 TARGET = GPUTarget("cuda", 90, 32)  # Hopper
 INT_POINTERS = ("block_tables_ptr", "seq_lens_ptr", "query_start_loc_ptr")
+FLOAT_POINTERS = ("part_out_ptr", "part_m_ptr", "part_l_ptr")  # the split decode's scratch
 FLOATS = ("qk_scale", "softcap")
 SHARED = {"QUERIES_PER_KV": 4, "HEAD_DIM": 64, "BLOCK_SIZE": 16, "HEAD_DIM_PAD": 64, "TILE": 32}
-# The attention kernel as the decode and the prefill launches size it.
+# The decode kernel as a 4-way GQA model with 8 kv heads gets it (4 kv heads a program).
+DECODE = {"NUM_HEADS": 32, "GROUPS": 4, "BLOCK_M": 16}
+# The prefill launch of the attention kernel, and the decode kernel over one segment and over eight.
 KERNELS: dict[str, tuple[Any, dict[str, Any]]] = {
-    "decode": (paged_attention._paged_attention_kernel, {"BLOCK_M": 16, "BLOCK_Q": 4}),
     "prefill": (paged_attention._paged_attention_kernel, {"BLOCK_M": 64, "BLOCK_Q": 16}),
+    "decode": (paged_decode._paged_decode_kernel, {**DECODE, "NUM_SEGMENTS": 1}),
+    "decode_split": (paged_decode._paged_decode_kernel, {**DECODE, "NUM_SEGMENTS": 8}),
 }
+MERGE = {"NUM_HEADS": 32, "HEAD_DIM": 64, "HEAD_DIM_PAD": 64, "NUM_SEGMENTS": 8, "SEGMENTS_PAD": 8}
 
 
 def signature(kernel: Any, constants: dict[str, Any]) -> dict[str, str]:
@@ -37,7 +42,7 @@ def signature(kernel: Any, constants: dict[str, Any]) -> dict[str, str]:
         if name in constants:
             return "constexpr"
         if name.endswith("_ptr"):
-            return "*i32" if name in INT_POINTERS else "*bf16"
+            return "*i32" if name in INT_POINTERS else "*fp32" if name in FLOAT_POINTERS else "*bf16"
         return "fp32" if name in FLOATS else "i32"
 
     return {name: kind(name) for name in kernel.arg_names}
@@ -60,6 +65,9 @@ def main() -> None:
         compiled = triton.compile(ASTSource(kernel, signature(kernel, constants), constants), target=TARGET)
         assert compiled.asm["cubin"], name
         print(f"compiled {name} window={window} softcap={softcap} sinks={sinks}")
+    merge = paged_decode._merge_kernel
+    assert triton.compile(ASTSource(merge, signature(merge, MERGE), MERGE), target=TARGET).asm["cubin"]
+    print("compiled merge")
 
 
 if __name__ == "__main__":

@@ -8,9 +8,10 @@ reads K/V once, with an online softmax over tiles up to each block's last query,
 never pay for the longest one. Programs past a sequence's query length exit at once: the grid is
 sized by the step's longest chunk, and every sequence of the step is served by one launch.
 
-The backend launches it twice a layer: once for the step's decodes (chunks of one token: one program
-per sequence and kv head, its query heads as the rows) and once for its prefill chunks. A padding
-row (seq_len 0, as CUDA graphs replay a padded batch) gets zeros.
+The backend launches it once a layer, for the step's prefill chunks; its decodes go to the decode
+kernel (paged_decode.py), which packs GQA heads and splits long contexts. A one-token chunk given
+here takes its query heads as the rows, padded to 16. A padding row (seq_len 0, as CUDA graphs
+replay a padded batch) gets zeros.
 """
 
 from __future__ import annotations

@@ -154,3 +154,28 @@ def test_kv_groups_fill_sixteen_rows() -> None:
     assert [kv_groups(8, q) for q in (1, 2, 4, 8, 16, 32)] == [8, 8, 4, 2, 1, 1]
     assert kv_groups(6, 1) == 2  # a power of two that divides the kv heads
     assert kv_groups(4, 3) == 4  # 12 rows
+
+
+def _tf32(x: torch.Tensor) -> torch.Tensor:
+    """float32 rounded to tf32's 10 mantissa bits, to nearest (as the GPU's cvt.rna.tf32.f32)."""
+    bits = x.contiguous().view(torch.int32)
+    return ((bits + 0x1000) & ~0x1FFF).view(torch.float32)
+
+
+def test_three_tf32_passes_keep_the_probabilities_float32() -> None:
+    """P·V on a 16-bit pool (`dot_precision`: "tf32", and three passes for P·V in paged_tile.py):
+    the values are exact in tf32, so the products lose only the bits of p past 21, where one tf32
+    pass (what tl.dot does by default) rounds p to 11 bits. Bounded here against float64 on the
+    GPU's arithmetic, emulated (the interpreter computes the dot in float32 whatever it is told)."""
+    generator = torch.Generator().manual_seed(2)
+    p = torch.softmax(4 * torch.randn(64, 2048, generator=generator), dim=-1)
+    v = torch.randn(2048, 128, generator=generator).bfloat16().float()
+    assert torch.equal(_tf32(v), v)  # bf16 (and fp16) values pass through tf32 unchanged
+    exact = p.double() @ v.double()
+    scale = p.double() @ v.double().abs()  # the size of the sum each output is
+    big = _tf32(p)
+    one_pass = big.double() @ v.double()
+    three_passes = (big.double() + _tf32(p - big).double()) @ v.double()  # + tf32(p_small) * v_small = 0
+    assert ((one_pass - exact).abs() / scale).max() > 2**-13
+    # Here 2^-23.4: below the float32 sum's own rounding (2^-20.2 for p @ v in float32); one pass 2^-11.6.
+    assert ((three_passes - exact).abs() / scale).max() < 2**-21

@@ -1,9 +1,9 @@
 """Paged attention for a step's decodes (one query token per sequence), split over the context.
 
-Grid: (sequence, kv-head group, segment). GQA packing: one program takes GROUPS kv heads side by
-side, so that their GROUPS x QUERIES_PER_KV query heads fill the 16 rows a dot needs instead of one
-kv head's heads padded to 16 (4-way GQA: 4 kv heads, no idle row); its key tiles hold the GROUPS kv
-heads' keys side by side and each row sees only its own kv head's (paged_tile.py). Split-KV
+Grid: (sequence, kv-head group, segment). GQA packing: one program takes GROUPS kv heads (up to 4),
+so that their query heads fill the 16 rows a dot needs instead of one kv head's heads padded to 16
+(4-way GQA: 4 kv heads, no idle row); its key tiles hold 32 keys, 32 / GROUPS of each kv head, and
+each row sees only its own kv head's (paged_tile.py). Split-KV
 (flash-decoding, vLLM's segmented "3D" decode): with NUM_SEGMENTS > 1 each program attends one
 segment of the context and writes its unnormalized float32 state (values, max, sum of exponentials) to
 a scratch buffer, and `_merge_kernel` combines a row's segments by log-sum-exp; with 1 segment the
@@ -33,8 +33,12 @@ from gpu_worker.kernels.triton.paged_tile import (
     sink_logits,
 )
 
-TILE_N = 32  # keys per softmax step, per kv head
+# Keys per softmax step, all of a program's kv heads together (TILE_N // GROUPS each): the register
+# footprint of the old one-head decode, 0 spills on Hopper at head_dim 128 (64 spilled, 128 spilled
+# 8 KB: ptxas -v, harness/gpu_worker/triton_compile.py's target).
+TILE_N = 32
 ROWS = 16  # the query heads one program takes where they fit (a dot's smallest side)
+MAX_GROUPS = 4  # kv heads a program takes at most: each keeps 8 keys a step
 SEGMENT_FLOOR = 64  # fewest keys a segment is given: a shorter one costs more to merge than it saves
 MAX_SEGMENTS = 64
 PROGRAMS_PER_SM = 4  # programs a launch aims for, per streaming multiprocessor
@@ -123,9 +127,9 @@ def _merge_kernel(
 
 def kv_groups(num_kv_heads: int, queries_per_kv: int) -> int:
     """How many kv heads one program takes: as many as fill ROWS rows with their query heads (a
-    power of two dividing num_kv_heads), 1 where one kv head's heads fill them already."""
+    power of two dividing num_kv_heads, MAX_GROUPS at most), 1 where one kv head's heads fill them."""
     groups = 1
-    while groups * 2 * queries_per_kv <= ROWS and num_kv_heads % (groups * 2) == 0:
+    while groups < MAX_GROUPS and groups * 2 * queries_per_kv <= ROWS and num_kv_heads % (groups * 2) == 0:
         groups *= 2
     return groups
 
@@ -199,7 +203,7 @@ def paged_decode(
     _paged_decode_kernel[(num_seqs, programs // num_seqs, segments)](
         out, *parts, *batch.tensors(), qk_scale=scale * LOG2E, segment_floor=segment_floor,
         QUERIES_PER_KV=queries_per_kv, GROUPS=groups, BLOCK_M=pad16(groups * queries_per_kv),
-        TILE=TILE_N, **common, **batch.args(), **variant.args(batch.seq_lens),
+        TILE=TILE_N // groups, **common, **batch.args(), **variant.args(batch.seq_lens),
     )  # fmt: skip
     if segments > 1:
         _merge_kernel[(num_seqs, num_heads)](

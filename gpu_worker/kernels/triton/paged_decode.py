@@ -22,16 +22,8 @@ import torch
 import triton
 import triton.language as tl
 
-from gpu_worker.kernels.triton.paged_tile import (
-    LOG2E,
-    PLAIN_KERNEL,
-    KernelVariant,
-    PagedBatch,
-    attend_state,
-    normalized,
-    pad16,
-    sink_logits,
-)
+from gpu_worker.kernels.triton import paged_tile as tile
+from gpu_worker.kernels.triton.paged_tile import PagedBatch, attend_state, normalized, sink_logits
 
 # Keys per softmax step, all of a program's kv heads together (TILE_N // GROUPS each): the register
 # footprint of the old one-head decode, 0 spills on Hopper at head_dim 128 (64 spilled, 128 spilled
@@ -178,7 +170,7 @@ def paged_decode(
     max_seq_len: int,
     scale: float,
     scratch: DecodeScratch,
-    variant: KernelVariant = PLAIN_KERNEL,
+    variant: tile.KernelVariant = tile.PLAIN_KERNEL,
     segments: int | None = None,
     segment_floor: int = SEGMENT_FLOOR,
 ) -> None:
@@ -201,13 +193,13 @@ def paged_decode(
         parts = scratch.take(num_seqs * num_heads * segments, head_dim, bound, out.device)
     common = {"NUM_HEADS": num_heads, "NUM_SEGMENTS": segments}
     _paged_decode_kernel[(num_seqs, programs // num_seqs, segments)](
-        out, *parts, *batch.tensors(), qk_scale=scale * LOG2E, segment_floor=segment_floor,
-        QUERIES_PER_KV=queries_per_kv, GROUPS=groups, BLOCK_M=pad16(groups * queries_per_kv),
+        out, *parts, *batch.tensors(), qk_scale=scale * tile.LOG2E, segment_floor=segment_floor,
+        QUERIES_PER_KV=queries_per_kv, GROUPS=groups, BLOCK_M=tile.pad16(groups * queries_per_kv),
         TILE=TILE_N // groups, **common, **batch.args(), **variant.args(batch.seq_lens),
     )  # fmt: skip
     if segments > 1:
         _merge_kernel[(num_seqs, num_heads)](
             out, *parts, batch.query_start_loc, out.stride(0), out.stride(1),
-            HEAD_DIM=head_dim, HEAD_DIM_PAD=pad16(head_dim),
+            HEAD_DIM=head_dim, HEAD_DIM_PAD=tile.pad16(head_dim),
             SEGMENTS_PAD=triton.next_power_of_2(segments), **common,
         )  # fmt: skip

@@ -85,7 +85,10 @@ def _paged_decode_kernel(
         tl.store(out_ptr + o_offsets, normalized(l_i, acc).to(out_ptr.dtype.element_ty), mask=q_mask)
     else:
         part = (seq.to(tl.int64) * NUM_HEADS + head) * NUM_SEGMENTS + segment
-        tl.store(part_out_ptr + part[:, None] * HEAD_DIM + dims[None, :], acc, mask=q_mask)
+        # A segment past the context (a graph's count over a short one) writes only its max and sum:
+        # the merge reads no values where the sum is 0. The first always writes (a sink's zeros).
+        wrote = (kv_start < kv_end) | (segment == 0)
+        tl.store(part_out_ptr + part[:, None] * HEAD_DIM + dims[None, :], acc, mask=q_mask & wrote)
         tl.store(part_m_ptr + part, m_i, mask=row_valid)
         tl.store(part_l_ptr + part, l_i, mask=row_valid)
 
@@ -109,7 +112,7 @@ def _merge_kernel(
     weight = tl.exp2(m - tl.where(m_max == float("-inf"), 0.0, m_max))
     total = tl.sum(l_s * weight, axis=0)
     dims = tl.arange(0, HEAD_DIM_PAD)
-    mask = present[:, None] & (dims[None, :] < HEAD_DIM)
+    mask = (present & (l_s > 0.0))[:, None] & (dims[None, :] < HEAD_DIM)
     acc = tl.load(part_out_ptr + part[:, None] * HEAD_DIM + dims[None, :], mask=mask, other=0.0)
     out = tl.sum(acc * weight[:, None], axis=0) / tl.where(total == 0.0, 1.0, total)
     token = tl.load(query_start_loc_ptr + seq).to(tl.int64)

@@ -51,7 +51,7 @@ def _step(num_kv_heads: int, queries_per_kv: int, dtype: torch.dtype) -> PagedBa
 def _reference(batch: PagedBatch, variant: AttentionVariant) -> torch.Tensor:
     """Each decode by eager attention (transformers' arithmetic, float32) over its gathered context."""
     rows = []
-    for b, length in enumerate(LENGTHS):
+    for b, length in enumerate(batch.seq_lens.tolist()):
         blocks = batch.block_tables[b].long()
 
         def gather(pool: torch.Tensor, blocks: torch.Tensor = blocks, length: int = length) -> torch.Tensor:
@@ -135,6 +135,20 @@ def test_scratch_is_allocated_once_at_its_largest() -> None:
     for segments in (2, 5):
         _decode(batch, AttentionVariant(), segments, scratch)
         assert scratch.take(1, HEAD_DIM, 0, DEVICE)[0].data_ptr() == first
+
+
+def test_segments_past_a_short_context_read_nothing() -> None:
+    """A graph captured for long contexts replays its segment count over short ones: the segments
+    past the context write no values, and the merge reads none of theirs (here NaN, which would
+    spread through any weighted sum)."""
+    scratch = DecodeScratch()
+    batch = _step(2, 4, torch.float32)
+    _decode(batch, AttentionVariant(), 8, scratch)  # allocates the scratch
+    scratch.take(len(LENGTHS) * batch.query.shape[1] * 8, HEAD_DIM, 0, DEVICE)[0].fill_(float("nan"))
+    batch.seq_lens.copy_(torch.tensor([20, 7, 0, 1, 3]))
+    variant = _variant("sinks", batch.query.shape[1])
+    _decode(batch, variant, 8, scratch)
+    torch.testing.assert_close(batch.out, _reference(batch, variant), atol=1e-5, rtol=1e-5)
 
 
 def test_num_segments_from_host_sizes() -> None:

@@ -87,8 +87,8 @@ def _paged_decode_kernel(
         part = (seq.to(tl.int64) * NUM_HEADS + head) * NUM_SEGMENTS + segment
         # A segment past the context (a graph's count over a short one) writes only its max and sum:
         # the merge reads no values where the sum is 0. The first always writes (a sink's zeros).
-        wrote = (kv_start < kv_end) | (segment == 0)
-        tl.store(part_out_ptr + part[:, None] * HEAD_DIM + dims[None, :], acc, mask=q_mask & wrote)
+        if (kv_start < kv_end) | (segment == 0):
+            tl.store(part_out_ptr + part[:, None] * HEAD_DIM + dims[None, :], acc, mask=q_mask)
         tl.store(part_m_ptr + part, m_i, mask=row_valid)
         tl.store(part_l_ptr + part, l_i, mask=row_valid)
 

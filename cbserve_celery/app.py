@@ -99,6 +99,10 @@ def make_app(settings: CelerySettings) -> Celery:
         # With late acks a worker should not hold tasks it has not started: another worker may be idle.
         worker_prefetch_multiplier=1,
         result_expires=settings.result_expires_s,
+        # A result written while Redis is away waits for it: raised instead, it escapes the pool, the
+        # request is never finished, and the delivery heartbeat would keep its message held for good.
+        result_backend_always_retry=True,
+        result_backend_max_sleep_between_retries_ms=2000,
         broker_connection_retry_on_startup=True,
     )
     resources = _Resources(settings)

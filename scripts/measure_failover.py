@@ -23,8 +23,7 @@ from harness.load.cluster_failover import run_failover, start_cell
 from harness.load.fault_clients import random_cases
 from harness.processes.redis_cluster import redis_cluster
 from harness.processes.services import cluster_stack
-
-ROOT = Path(__file__).resolve().parent.parent
+from harness.processes.stack_script import stack_script_parser
 
 CELL = "a"
 
@@ -44,10 +43,7 @@ def measure_once(args: argparse.Namespace, prompts: list[list[int]], expected: l
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--model", type=Path, default=ROOT / "models" / "demo")
+    parser = stack_script_parser(__doc__)
     parser.add_argument("--lose-writes", action="store_true", help="cut the replica off before the kill")
     parser.add_argument("--lost-tokens", type=int, default=6, help="tokens per stream the replica misses")
     parser.add_argument("--streams", type=int, default=8)

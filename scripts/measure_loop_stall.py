@@ -17,7 +17,6 @@ Prints one JSON object.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import statistics
@@ -33,8 +32,7 @@ import httpx
 from harness.load.leftovers import rss_kib
 from harness.processes.redis_server import redis_server
 from harness.processes.services import Stack, wait_for
-
-ROOT = Path(__file__).resolve().parent.parent
+from harness.processes.stack_script import stack_script_parser
 
 
 def _text(num_bytes: int) -> str:
@@ -127,10 +125,7 @@ async def burst(base_url: str, made: dict[str, tuple[str, bytes]], num: int) -> 
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--model", type=Path, default=ROOT / "models" / "demo")
+    parser = stack_script_parser(__doc__)
     parser.add_argument("--mib", type=float, default=3.0, help="size of each large body, MiB")
     parser.add_argument("--burst", type=int, default=20, help="large requests sent at once")
     parser.add_argument("--idle", type=float, default=5.0, help="seconds after the burst to read RSS again")

@@ -25,8 +25,7 @@ from pathlib import Path
 from harness.load.fault_clients import longest_wait, run_with_fault
 from harness.processes.redis_server import redis_server
 from harness.processes.services import Stack, wait_for
-
-ROOT = Path(__file__).resolve().parent.parent
+from harness.processes.stack_script import stack_script_parser
 
 
 def measure_once(args: argparse.Namespace, prompts: list[list[int]]) -> str:
@@ -77,10 +76,7 @@ def measure_once(args: argparse.Namespace, prompts: list[list[int]]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--model", type=Path, default=ROOT / "models" / "demo")
+    parser = stack_script_parser(__doc__)
     parser.add_argument("--heartbeat-timeout", type=float, default=5.0, help="BATCHER_HEARTBEAT_TIMEOUT_S")
     parser.add_argument("--heartbeat-interval", type=float, default=1.0, help="WORKER_HEARTBEAT_INTERVAL_S")
     parser.add_argument("--check-interval", type=float, default=0.5, help="BATCHER_WORKER_CHECK_INTERVAL_S")

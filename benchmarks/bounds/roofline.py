@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import subprocess
 import sys
@@ -33,42 +34,28 @@ from typing import Any
 from benchmarks.baselines.llama_launch import LlamaServerOptions
 from benchmarks.load.specs import SystemSpec
 from benchmarks.workloads.datasets import SampleRequest
+from common.lora.lora_adapter import TARGET_MODULES, BaseModelShapes
 
 DTYPE_BYTES = {"float32": 4.0, "bfloat16": 2.0, "float16": 2.0}
 
 
 @dataclass(frozen=True, slots=True)
 class ModelShape:
-    hidden: int
-    layers: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    intermediate: int
+    decoder: BaseModelShapes  # layers, heads, linears (read as for LoRA, common/lora/lora_adapter.py)
     vocab: int
     dtype: str  # the checkpoint's
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> ModelShape:
-        hidden, heads = int(config["hidden_size"]), int(config["num_attention_heads"])
-        return cls(
-            hidden=hidden,
-            layers=int(config["num_hidden_layers"]),
-            heads=heads,
-            kv_heads=int(config.get("num_key_value_heads") or heads),
-            head_dim=int(config.get("head_dim") or hidden // heads),
-            intermediate=int(config["intermediate_size"]),
-            vocab=int(config["vocab_size"]),
-            dtype=str(config.get("dtype") or config.get("torch_dtype") or "float32"),
-        )
+        dtype = str(config.get("dtype") or config.get("torch_dtype") or "float32")
+        return cls(BaseModelShapes.from_config(config), int(config["vocab_size"]), dtype)
 
     @property
     def weights_read(self) -> int:
         """Weights a decode step reads: every layer's projections and MLP, and the LM head."""
-        query_out = 2 * self.hidden * self.heads * self.head_dim
-        key_value = 2 * self.hidden * self.kv_heads * self.head_dim
-        attention = query_out + key_value
-        return self.layers * (attention + 3 * self.hidden * self.intermediate) + self.vocab * self.hidden
+        decoder = self.decoder
+        per_layer = sum(math.prod(decoder.features(module)) for module in TARGET_MODULES)
+        return decoder.num_hidden_layers * per_layer + self.vocab * decoder.hidden_size
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,12 +131,14 @@ def bound_for(
     num_requests: int = 0,
     measured_tok_s: float | None = None,
 ) -> Bound:
-    weights = shape.weights_read
-    kv_elements = batch * context * 2 * shape.layers * shape.kv_heads * shape.head_dim
+    weights, decoder = shape.weights_read, shape.decoder
+    kv_per_token = decoder.num_hidden_layers * decoder.num_key_value_heads * decoder.head_dim
+    kv_elements = batch * context * 2 * kv_per_token
     step_bytes = weights * precision.weight_bytes + kv_elements * precision.kv_bytes
-    step_flops = 2 * weights * batch + 4 * shape.layers * shape.heads * shape.head_dim * context * batch
+    q_per_token = decoder.num_hidden_layers * decoder.num_attention_heads * decoder.head_dim
+    step_flops = 2 * weights * batch + 4 * q_per_token * context * batch
     step_s = max(step_bytes / (machine.copy_gb_s * 1e9), step_flops / (machine.gemm_gflop_s * 1e9))
-    lm_head = shape.vocab * shape.hidden  # a prompt needs the logits of its last token only
+    lm_head = shape.vocab * decoder.hidden_size  # a prompt needs the logits of its last token only
     prompt_flops = 2 * (weights - lm_head) * prompt_tokens + 2 * lm_head * num_requests
     prompt_s = prompt_flops / (machine.gemm_gflop_s * 1e9)
     # Each request's first token comes out of its prefill; the rest take a decode step's share each.

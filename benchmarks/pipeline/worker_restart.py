@@ -34,8 +34,8 @@ from benchmarks.load.sse import SSEParser
 from common import streams
 from harness.processes.redis_server import redis_server
 from harness.processes.services import Stack, wait_for
+from harness.processes.stack_script import stack_script_parser
 
-ROOT = Path(__file__).resolve().parents[2]
 # The worker's log lines that mark its start-up (gpu_worker/runner/: load_model.py, forward/,
 # profile.py; gpu_worker/service/worker.py): the weights' start, the compiled forward ready (or its
 # compile's start), profiling's start, registered.
@@ -128,10 +128,7 @@ def restart_once(stack: Stack, run: int, args: argparse.Namespace, worker_env: d
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--model", type=Path, default=ROOT / "models" / "demo")
+    parser = stack_script_parser(__doc__)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--heartbeat-timeout", type=float, default=1.0, help="BATCHER_HEARTBEAT_TIMEOUT_S")
     parser.add_argument("--cache-dir", help="WORKER_COMPILE_CACHE_DIR (default: the worker's own default)")

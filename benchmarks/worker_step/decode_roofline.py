@@ -31,6 +31,7 @@ import torch
 from transformers import PretrainedConfig, PreTrainedModel
 
 from benchmarks.worker_step.forward_timer import ForwardTimer
+from benchmarks.workloads.make_model import PRESETS, Preset
 from common.protocol import CachedRequestData, NewRequestData, SamplingParams, SchedulerOutput
 from gpu_worker.runner import load_model
 from gpu_worker.runner.forward.decoder import Decoder
@@ -38,11 +39,11 @@ from gpu_worker.runner.forward.linear import check_quantization
 from gpu_worker.runner.load_model import Model
 from gpu_worker.settings import WorkerSettings
 
-# name -> (hidden, layers, heads, kv_heads, mlp, vocab)
-SHAPES: dict[str, tuple[int, int, int, int, int, int]] = {
-    "llama3-8b": (4096, 32, 32, 8, 14336, 128256),
-    "llama-1b": (2048, 22, 32, 4, 5632, 32000),
-    "tiny": (64, 2, 4, 2, 128, 512),
+# The benchmark models' shapes (make_model.py), and Llama 3 8B's (no tokenizer: never saved).
+SHAPES: dict[str, Preset] = {
+    "llama3-8b": Preset(128256, 4096, 14336, 32, 32, 8, 8192, corpus_files=0),
+    "llama-1b": PRESETS["llama-1b"],
+    "tiny": PRESETS["tiny"],
 }
 
 
@@ -65,17 +66,8 @@ def build_model(shape: str, device: torch.device, dtype: torch.dtype) -> PreTrai
 
     from gpu_worker.runner.attention.transformers_interface import register_paged_attention
 
-    hidden, layers, heads, kv_heads, mlp, vocab = SHAPES[shape]
-    config = LlamaConfig(
-        hidden_size=hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        num_key_value_heads=kv_heads,
-        intermediate_size=mlp,
-        vocab_size=vocab,
-        max_position_embeddings=8192,
-        tie_word_embeddings=False,
-    )
+    sizes = {**SHAPES[shape].config_sizes(), "max_position_embeddings": 8192}
+    config = LlamaConfig(**sizes, tie_word_embeddings=False)
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(
             config, dtype=dtype, attn_implementation=register_paged_attention()

@@ -23,6 +23,7 @@ from types import SimpleNamespace
 import torch
 
 from batcher.core.scheduler import SchedulerConfig
+from benchmarks.worker_step.batch_options import add_batch_options
 from cbserve.offline.engine import LLMEngine
 from common.protocol import SamplingParams, TokenEvent
 from gpu_worker.runner.attention import torch_attn
@@ -156,16 +157,10 @@ def text_prompts(args: argparse.Namespace) -> list[list[int]]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.worker_step.forward_ab", description=__doc__)
-    parser.add_argument("--model", required=True)
+    add_batch_options(parser, decode_steps=8, num_threads=2)
     parser.add_argument("--variants", default="eager,compiled")
-    parser.add_argument("--num-requests", type=int, default=16)
-    parser.add_argument("--prompt-len", type=int, default=144)
     parser.add_argument("--text-prompts", action="store_true", help="prompts of real text, not random ids")
     parser.add_argument("--rounds", type=int, default=6)
-    parser.add_argument("--decode-steps", type=int, default=8)
-    parser.add_argument("--num-threads", type=int, default=2)
-    parser.add_argument("--kv-cache-mb", type=int, default=512)
-    parser.add_argument("--max-num-batched-tokens", type=int, default=512)
     args = parser.parse_args(argv)
     args.output_len = args.rounds * args.decode_steps + 1
     torch.set_num_threads(args.num_threads)

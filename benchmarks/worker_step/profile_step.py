@@ -42,6 +42,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from batcher.core.scheduler import SchedulerConfig
+from benchmarks.worker_step.batch_options import add_batch_options
 from cbserve.offline.engine import LLMEngine
 from common.protocol import SamplingParams
 from gpu_worker.runner.attention.torch_attn import TorchAttentionBackend
@@ -98,15 +99,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.worker_step.profile_step", description=__doc__
     )
-    parser.add_argument("--model", required=True)
-    parser.add_argument("--num-requests", type=int, default=16)
-    parser.add_argument("--prompt-len", type=int, default=144)
+    add_batch_options(parser, decode_steps=16, num_threads=0)
     parser.add_argument("--output-len", type=int, default=64)
-    parser.add_argument("--decode-steps", type=int, default=16)
-    parser.add_argument("--max-num-batched-tokens", type=int, default=512)
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--num-threads", type=int, default=0)
-    parser.add_argument("--kv-cache-mb", type=int, default=512)
     parser.add_argument(
         "--prompt-len-max", type=int, default=0, help="prompts uniform in [--prompt-len, this] (seeded)"
     )

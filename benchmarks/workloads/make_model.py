@@ -30,8 +30,9 @@ import argparse
 import json
 import sysconfig
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from benchmarks.workloads.chatml_tokenizer import (
     config_token_ids,
@@ -43,6 +44,7 @@ from benchmarks.workloads.chatml_tokenizer import (
 
 @dataclass(frozen=True, slots=True)
 class Preset:
+    # LlamaConfig's fields, under its names (`config_sizes`).
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -52,6 +54,12 @@ class Preset:
     max_position_embeddings: int
     corpus_files: int  # standard-library source files read for tokenizer training (0: none)
     dtype: str = "float32"  # the dtype the weights are saved in
+
+    def config_sizes(self) -> dict[str, Any]:
+        """The preset's LlamaConfig fields: all but `corpus_files` and `dtype`."""
+        sizes = asdict(self)
+        del sizes["corpus_files"], sizes["dtype"]
+        return sizes
 
 
 PRESETS: dict[str, Preset] = {
@@ -83,16 +91,7 @@ def build_model(out_dir: Path, preset_name: str, seed: int = 0, device: str = "c
 
     torch.manual_seed(seed)
     config = LlamaConfig(
-        vocab_size=preset.vocab_size,
-        hidden_size=preset.hidden_size,
-        intermediate_size=preset.intermediate_size,
-        num_hidden_layers=preset.num_hidden_layers,
-        num_attention_heads=preset.num_attention_heads,
-        num_key_value_heads=preset.num_key_value_heads,
-        max_position_embeddings=preset.max_position_embeddings,
-        **config_token_ids(tok),
-        tie_word_embeddings=False,
-        dtype=preset.dtype,
+        **preset.config_sizes(), **config_token_ids(tok), tie_word_embeddings=False, dtype=preset.dtype
     )
     # Initialised in fp32 (the seed fixes the weights), on `device` because a 1B-parameter init is
     # minutes on one CPU thread and seconds on a GPU; then cast to the preset's dtype for saving.

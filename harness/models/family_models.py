@@ -26,7 +26,7 @@ from transformers import (
     SiglipVisionConfig,
 )
 
-from harness.models.tiny_model import SMALL
+from harness.models.tiny_model import SMALL, VISION_TOWER
 
 WINDOW = 7  # tokens: shorter than most test prompts, not a multiple of the block size
 
@@ -54,14 +54,7 @@ FAMILIES: dict[str, Callable[[], PretrainedConfig]] = {
     # vision tower, never given an image here).
     "gemma3_vlm": lambda: Gemma3Config(
         text_config=FAMILIES["gemma3"]().to_dict(),
-        vision_config=SiglipVisionConfig(
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=1,
-            num_attention_heads=2,
-            image_size=28,
-            patch_size=14,
-        ).to_dict(),
+        vision_config=SiglipVisionConfig(**VISION_TOWER).to_dict(),
         mm_tokens_per_image=4,
         boi_token_index=509,
         eoi_token_index=510,

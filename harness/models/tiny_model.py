@@ -34,6 +34,17 @@ SMALL: dict[str, Any] = {
     "tie_word_embeddings": False,
 }
 
+# The vision-language models' vision tower (LLaVA's CLIP, Gemma 3's SigLIP): images of 32 px in
+# patches of 8.
+VISION_TOWER: dict[str, Any] = {
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "image_size": 32,
+    "patch_size": 8,
+}
+
 
 def byte_token_id(tokenizer: Any, byte: int) -> int:
     """The id of the token for one raw byte, spelled as byte-level BPE spells it (GPT-2's table:

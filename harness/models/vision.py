@@ -27,22 +27,13 @@ from benchmarks.workloads.chatml_tokenizer import (
     generation_config,
     train_tokenizer,
 )
-from harness.models.tiny_model import SMALL, TEMPLATES, _corpus
+from harness.models.tiny_model import SMALL, TEMPLATES, VISION_TOWER, _corpus
 from openai_frontend.model.vision_processor import images_only
 
 VISION_FAMILIES = ("llava", "gemma3", "qwen2_5_vl")
 
 # The text model's sizes inside each family (the vocabulary is the tokenizer's).
 _TEXT = {k: v for k, v in SMALL.items() if k != "vocab_size"}
-# LLaVA's CLIP and Gemma 3's SigLIP tower: images of 32 px in patches of 8.
-_VISION_TOWER = {
-    "hidden_size": 32,
-    "intermediate_size": 64,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 2,
-    "image_size": 32,
-    "patch_size": 8,
-}
 
 TEMPLATE_FILES = {"llava": "llava.jinja", "gemma3": "gemma3_vision.jinja", "qwen2_5_vl": "qwen2_5_vl.jinja"}
 
@@ -89,7 +80,7 @@ def _llava(tok: Any, fast: Any) -> tuple[Any, Any]:
     from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
 
     # 16 patches + CLS; "default" drops CLS, so 16 tokens per image.
-    vision = CLIPVisionConfig(**_VISION_TOWER)
+    vision = CLIPVisionConfig(**VISION_TOWER)
     text = LlamaConfig(**_TEXT, vocab_size=tok.get_vocab_size(), **config_token_ids(tok))
     config = LlavaConfig(
         vision_config=vision,
@@ -116,7 +107,7 @@ def _gemma3(tok: Any, fast: Any) -> tuple[Any, Any]:
     from transformers.models.gemma3.image_processing_pil_gemma3 import Gemma3ImageProcessorPil
 
     # 16 patches, pooled to 4 soft tokens per image.
-    vision = SiglipVisionConfig(**_VISION_TOWER)
+    vision = SiglipVisionConfig(**VISION_TOWER)
     text = Gemma3TextConfig(
         **{**_TEXT, "num_hidden_layers": 3},
         vocab_size=tok.get_vocab_size(),

@@ -28,7 +28,7 @@ def _request(prompt_len: int, output_len: int) -> SampleRequest:
 
 def test_a_decode_step_reads_every_layer_and_the_lm_head_but_not_the_embedding() -> None:
     shape = ModelShape.from_config(CONFIG)
-    assert shape.head_dim == 16
+    assert shape.decoder.head_dim == 16
     # Per layer: q and o 64x64 each, k and v 64x32 each, gate/up/down 64x128 each; then the 512x64 head.
     per_layer = 2 * 64 * 64 + 2 * 64 * 32 + 3 * 64 * 128
     assert shape.weights_read == 2 * per_layer + 512 * 64

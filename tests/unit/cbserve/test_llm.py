@@ -9,12 +9,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import torch
 
 from benchmarks.gpu.gpu_parity import reference_greedy
 from cbserve import LLM, SamplingParams
 from cbserve.offline.outputs import Logprob, RequestOutput
 from harness.processes.fresh_python import heavy_imports
+from tests.unit.cbserve.cpu_llm import cpu_llm
 
 BUDGET = 32  # tokens per step: the 70-token prompt is prefilled in three chunks
 PROMPT_LENS = [3, 9, 21, 70, 5]
@@ -26,15 +26,7 @@ QUESTION = [{"role": "user", "content": "What does the import statement do?"}]
 
 @pytest.fixture(scope="module")
 def llm(tiny_model_dir: Path) -> Iterator[LLM]:
-    torch.set_num_threads(1)
-    yield LLM(
-        str(tiny_model_dir),
-        device="cpu",
-        num_blocks=64,
-        block_size=8,
-        max_num_seqs=8,
-        max_num_batched_tokens=BUDGET,
-    )
+    yield cpu_llm(tiny_model_dir, num_blocks=64, block_size=8, max_num_seqs=8, max_num_batched_tokens=BUDGET)
 
 
 def greedy(max_tokens: int, **extra: object) -> SamplingParams:

@@ -18,6 +18,7 @@ from cbserve import LLM, LoRARequest, SamplingParams
 from common.lora.lora_adapter import LoRAAdapterError
 from gpu_worker.runner.forward.decoder import Decoder
 from harness.models.lora_adapters import peft_greedy
+from tests.unit.cbserve.cpu_llm import cpu_llm
 
 MAX_TOKENS = 10
 PROMPT_LENS = [5, 40, 9, 17, 3, 26, 12, 7]
@@ -60,7 +61,6 @@ def expected(tiny_model_dir: Path, lora_adapters: dict[str, Path]) -> list[list[
 def mixed_llm(model_dir: Path, **overrides: Any) -> LLM:
     """Two slots for three adapters: requests wait for a slot while the base model's go on; a
     24-token budget chunks the long prompts."""
-    torch.set_num_threads(1)
     settings: dict[str, Any] = {
         "num_blocks": 96,
         "block_size": 4,
@@ -71,7 +71,7 @@ def mixed_llm(model_dir: Path, **overrides: Any) -> LLM:
         "max_lora_rank": 16,
         "max_cpu_loras": 3,
     }
-    return LLM(str(model_dir), device="cpu", **{**settings, **overrides})
+    return cpu_llm(model_dir, **{**settings, **overrides})
 
 
 def generate_mixed(
@@ -121,7 +121,7 @@ def test_adapters_are_refused_before_anything_runs(
 ) -> None:
     prompt = [{"prompt_token_ids": [5, 6, 7]}]
     with pytest.raises(LoRAAdapterError, match="greater than max_lora_rank 8"):
-        small_rank = LLM(str(tiny_model_dir), device="cpu", num_blocks=16, enable_lora=True, max_lora_rank=8)
+        small_rank = cpu_llm(tiny_model_dir, num_blocks=16, enable_lora=True, max_lora_rank=8)
         small_rank.generate(
             prompt, greedy(), lora_request=LoRARequest("big", 1, str(lora_adapters["all-r16"]))
         )
@@ -137,7 +137,7 @@ def test_adapters_are_refused_before_anything_runs(
 def test_an_llm_without_enable_lora_refuses_an_adapter(
     tiny_model_dir: Path, lora_adapters: dict[str, Path]
 ) -> None:
-    plain = LLM(str(tiny_model_dir), device="cpu", num_blocks=16)
+    plain = cpu_llm(tiny_model_dir, num_blocks=16)
     assert plain.llm_engine.runner.worker_info().max_loras == 0
     with pytest.raises(ValueError, match="without enable_lora=True"):
         plain.generate([[5, 6]], greedy(), lora_request=LoRARequest("a", 1, str(lora_adapters["attn-r4"])))
@@ -158,7 +158,7 @@ def test_the_triton_kernels_in_the_decoder_equal_peft(
         return LoRAConfig(settings.max_loras, settings.max_lora_rank, "triton")
 
     monkeypatch.setattr(load_model, "lora_config", triton_lora)
-    llm = LLM(str(tiny_model_dir), device="cpu", num_blocks=64, block_size=4, enable_lora=True, max_loras=3)
+    llm = cpu_llm(tiny_model_dir, num_blocks=64, block_size=4, enable_lora=True, max_loras=3)
     decoder = llm.llm_engine.runner.model
     assert isinstance(decoder, Decoder) and decoder.lora_config is not None
     assert decoder.lora_config.kernel == "triton"
@@ -177,15 +177,7 @@ def test_decode_graph_buffers_carry_each_rows_slot(
     the triton attention backend it needs): each row's slot copied in, padding rows the base model's."""
     monkeypatch.setenv("WORKER_CUDA_GRAPHS", "true")
     monkeypatch.setenv("WORKER_ATTENTION_BACKEND", "triton")
-    llm = LLM(
-        str(tiny_model_dir),
-        device="cpu",
-        num_blocks=64,
-        block_size=4,
-        max_num_seqs=3,
-        enable_lora=True,
-        max_loras=2,
-    )
+    llm = cpu_llm(tiny_model_dir, num_blocks=64, block_size=4, max_num_seqs=3, enable_lora=True, max_loras=2)
     graphs = llm.llm_engine.runner.decode_graphs
     assert graphs is not None and graphs.lora_ids is not None
     picked = [0, 3, 7]  # two adapters and the base model: 3 rows, padded to a graph of 4

@@ -12,11 +12,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 
 from cbserve import LLM, SamplingParams
 from cbserve.offline.mm_prompts import multimodal_prompt
 from harness.models.vision_reference import ReferenceModel, build_model, chat_text, image
+from tests.unit.cbserve.cpu_llm import cpu_llm
 
 FAMILIES = ("llava", "qwen2_5_vl", "gemma3")
 BUDGET = 8  # tokens per step: each image's placeholder run (4 to 16 tokens) spans chunks
@@ -36,10 +36,8 @@ def reference(model_dir: Path) -> ReferenceModel:
 
 @pytest.fixture(scope="module")
 def llm(model_dir: Path) -> Iterator[LLM]:
-    torch.set_num_threads(1)
-    yield LLM(
-        str(model_dir),
-        device="cpu",
+    yield cpu_llm(
+        model_dir,
         enforce_eager=True,
         num_blocks=128,
         block_size=8,
@@ -135,14 +133,7 @@ def test_the_compiled_decoder_takes_embeddings_and_mrope(
     runs transformers' forward, which is not compiled)."""
     monkeypatch.setenv("WORKER_COMPILE", "true")
     monkeypatch.setenv("WORKER_COMPILE_CACHE_DIR", str(tmp_path / "compiled"))
-    compiled = LLM(
-        str(model_dir),
-        device="cpu",
-        num_blocks=64,
-        block_size=8,
-        max_num_seqs=4,
-        max_num_batched_tokens=BUDGET,
-    )
+    compiled = cpu_llm(model_dir, num_blocks=64, block_size=8, max_num_seqs=4, max_num_batched_tokens=BUDGET)
     decoder = compiled.llm_engine.runner.model.decoder  # type: ignore[attr-defined]  # a ModelRunner
     assert (decoder is None) == (model_dir.name == "gemma3")
     assert decoder is None or decoder.run is not decoder.logits_of

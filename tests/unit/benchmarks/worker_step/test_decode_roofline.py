@@ -78,5 +78,6 @@ def test_main_reports_the_worker_forward_and_both_times(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("name", ["llama3-8b", "llama-1b"])
 def test_the_gpu_shapes_are_llama_family_decoders(name: str) -> None:
-    hidden, layers, heads, kv_heads, _mlp, _vocab = decode_roofline.SHAPES[name]
-    assert hidden % heads == 0 and heads % kv_heads == 0 and layers > 0
+    shape = decode_roofline.SHAPES[name]
+    heads, kv_heads = shape.num_attention_heads, shape.num_key_value_heads
+    assert shape.hidden_size % heads == 0 and heads % kv_heads == 0 and shape.num_hidden_layers > 0

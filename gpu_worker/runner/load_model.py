@@ -11,7 +11,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
 
 from gpu_worker.runner.attention.transformers_interface import register_paged_attention
-from gpu_worker.runner.forward.compile import compile_decoder
+from gpu_worker.runner.forward.compile import compile_decoder, pool_layout
 from gpu_worker.runner.forward.decoder import FAMILIES, Decoder
 from gpu_worker.runner.forward.linear import check_quantization
 from gpu_worker.runner.kv_cache import KVCache
@@ -69,6 +69,7 @@ def load_model(settings: WorkerSettings) -> Model:
         hf_model.eval()
         vlm = VisionLanguageModel(hf_model, settings.quantization)
         if settings.compile and vlm.decoder is not None:
+            vlm.decoder.pool_layout = pool_layout(settings)
             compile_decoder(vlm.decoder, Path(settings.compile_cache_dir), device)
         return vlm
     model = AutoModelForCausalLM.from_pretrained(
@@ -90,6 +91,7 @@ def worker_forward(model: PreTrainedModel, settings: WorkerSettings, device: tor
     if model.config.model_type not in FAMILIES:
         return model
     decoder = Decoder(model, settings.quantization, lora_config(settings, device))
+    decoder.pool_layout = pool_layout(settings)
     if settings.compile:
         compile_decoder(decoder, Path(settings.compile_cache_dir), device)
     return decoder

@@ -76,22 +76,29 @@ void attend_chunk(const StepPlan& p, at::Tensor& out, const at::Tensor& q, const
 }
 
 at::Tensor python_attention(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
-                            int64_t layer, double scale, std::optional<int64_t> window) {
+                            at::Tensor& k_cache, at::Tensor& v_cache, int64_t layer, double scale,
+                            std::optional<int64_t> window) {
     static const auto op = c10::Dispatcher::singleton()
                                .findSchemaOrThrow("cbserve::paged_attention", "")
                                .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                                 int64_t, double, std::optional<int64_t>)>();
-    return op.call(query, key, value, layer, scale, window);
+                                                 at::Tensor&, at::Tensor&, int64_t, double,
+                                                 std::optional<int64_t>)>();
+    return op.call(query, key, value, k_cache, v_cache, layer, scale, window);
 }
 
-// query [T, H, D], key/value [T, KVH, D] (after RoPE) -> [T, H, D]; the Python op's contract.
+// query [T, H, D], key/value [T, KVH, D] (after RoPE), the layer's pools (written) -> [T, H, D]; the
+// Python op's contract.
 at::Tensor paged_attention(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
-                           int64_t layer, double scale, std::optional<int64_t> window) {
-    if (!plan.has_value() || window.has_value()) return python_attention(query, key, value, layer, scale, window);
+                           at::Tensor& k_cache, at::Tensor& v_cache, int64_t layer, double scale,
+                           std::optional<int64_t> window) {
+    if (!plan.has_value() || window.has_value())
+        return python_attention(query, key, value, k_cache, v_cache, layer, scale, window);
     const StepPlan& p = *plan;
     TORCH_CHECK(layer >= 0 && layer < static_cast<int64_t>(p.k_pools.size()), "paged_attention: no pool for layer ", layer);
-    const at::Tensor& k_pool = p.k_pools[layer];
-    const at::Tensor& v_pool = p.v_pools[layer];
+    TORCH_CHECK(k_cache.data_ptr() == p.k_pools[layer].data_ptr() && v_cache.data_ptr() == p.v_pools[layer].data_ptr(),
+                "paged_attention: the pools given are not the step's pools of layer ", layer);
+    const at::Tensor& k_pool = k_cache;
+    const at::Tensor& v_pool = v_cache;
     const at::Tensor q = query.contiguous();
     for (const auto& [pool, x] : {std::pair{k_pool, key}, std::pair{v_pool, value}})
         pool.view({-1, pool.size(2), pool.size(3)}).index_copy_(0, p.slot_mapping, x.to(pool.scalar_type()));
@@ -127,7 +134,10 @@ TORCH_LIBRARY_FRAGMENT(cbserve_cpu, m) {
           "Tensor seq_lens, Tensor query_start_loc, int num_decodes, int kernel_max_queries) -> ()",
           &set_attention_step);
     m.def("clear_attention_step() -> ()", &clear_attention_step);
-    m.def("paged_attention(Tensor query, Tensor key, Tensor value, int layer, float scale, int? window=None) -> Tensor");
+    // The layer's pools are arguments, declared written (a!, b!), so a compiled graph orders this op
+    // before anything that reads them.
+    m.def("paged_attention(Tensor query, Tensor key, Tensor value, Tensor(a!) k_cache, Tensor(b!) v_cache, "
+          "int layer, float scale, int? window=None) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(cbserve_cpu, CPU, m) { m.impl("paged_attention", &paged_attention); }

@@ -8,23 +8,25 @@ reads K/V once, with an online softmax over tiles up to each block's last query,
 never pay for the longest one. Programs past a sequence's query length exit at once: the grid is
 sized by the step's longest chunk, and every sequence of the step is served by one launch.
 
-The backend launches it twice a layer: once for the step's decodes (chunks of one token: one program
-per sequence and kv head, its query heads as the rows) and once for its prefill chunks. A padding
-row (seq_len 0, as CUDA graphs replay a padded batch) gets zeros.
+The backend launches it once a layer, for the step's prefill chunks; its decodes go to the decode
+kernel (paged_decode.py), which packs GQA heads and splits long contexts. A one-token chunk given
+here takes its query heads as the rows, padded to 16. A padding row (seq_len 0, as CUDA graphs
+replay a padded batch) gets zeros.
 """
 
 from __future__ import annotations
 
-import torch
 import triton
 import triton.language as tl
 
 from gpu_worker.kernels.triton.paged_tile import (
     LOG2E,
+    PLAIN_KERNEL,
     KernelVariant,
-    attend_context,
+    PagedBatch,
+    attend_state,
+    normalized,
     pad16,
-    shared_args,
     sink_logits,
 )
 
@@ -96,61 +98,45 @@ def _paged_attention_kernel(
             # Keys before this block's first query's window are masked for all of its rows: skip them.
             kv_start = tl.maximum(context_start + q_block * BLOCK_Q - window + 1, 0)
         m_init = sink_logits(sinks_ptr, head, row_valid, HAS_SINKS)
-        out = attend_context(
-            q, q_pos, kv_start, kv_end, window, softcap, m_init,
+        _, l_i, acc = attend_state(
+            q, q_pos, rows, kv_start, kv_end, window, softcap, m_init,
             k_cache_ptr, v_cache_ptr, table, kv_head, dims, stride_cache_slot, stride_cache_head, qk_scale,
-            BLOCK_SIZE, HEAD_DIM, TILE, DOT_PRECISION, WHILE_LOOP, HAS_WINDOW, HAS_SOFTCAP,
+            BLOCK_SIZE, HEAD_DIM, TILE, 1, DOT_PRECISION, WHILE_LOOP, HAS_WINDOW, HAS_SOFTCAP,
         )  # fmt: skip
+        out = normalized(l_i, acc)
         # A row that sees no key (a padding row, seq_len 0) gets zeros, never NaN.
         o_offsets = (q_start + token).to(tl.int64)[:, None] * stride_ot + head[:, None] * stride_oh
         tl.store(out_ptr + o_offsets + dims[None, :], out.to(out_ptr.dtype.element_ty), mask=q_mask)
 
 
 def paged_attention(
-    out: torch.Tensor,
-    query: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    seq_lens: torch.Tensor,
-    query_start_loc: torch.Tensor,
+    batch: PagedBatch,
     first_seq: int,
     num_seqs: int,
     max_query_len: int,
     scale: float,
-    window: int | None = None,
-    softcap: float | None = None,
-    sinks: torch.Tensor | None = None,
+    variant: KernelVariant = PLAIN_KERNEL,
 ) -> None:
-    """Attend sequences first_seq .. first_seq + num_seqs - 1 of the step.
-
-    out/query [T, heads, head_dim] of the whole step (each sequence's tokens at query_start_loc [B+1]
-    int32); pools [num_blocks, block_size, kv_heads, head_dim] contiguous, already holding this step's
-    K/V; block_tables [B, max_blocks] int32; seq_lens [B] int32 (cached + this step's tokens; 0: a
-    padding row, output zeros)."""
+    """Attend sequences first_seq .. first_seq + num_seqs - 1 of the step (`PagedBatch`), whose
+    longest chunk is `max_query_len` tokens."""
     if num_seqs == 0:
         return
-    num_kv_heads = k_cache.shape[2]
-    queries_per_kv = query.shape[1] // num_kv_heads
-    # One-token chunks (decodes) take their query heads as the rows, padded to a dot's size; longer
-    # chunks as many of their tokens' heads as BLOCK_M rows hold.
+    queries_per_kv = batch.queries_per_kv
+    # One-token chunks take their query heads as the rows, padded to a dot's size (the decodes'
+    # own kernel packs them better: paged_decode.py); longer chunks as many of their tokens' heads
+    # as BLOCK_M rows hold.
     block_m = pad16(queries_per_kv) if max_query_len == 1 else max(BLOCK_M, pad16(queries_per_kv))
     block_q = block_m // queries_per_kv
-    grid = (num_seqs, triton.cdiv(max_query_len, block_q), num_kv_heads)
+    grid = (num_seqs, triton.cdiv(max_query_len, block_q), batch.k_cache.shape[2])
     _paged_attention_kernel[grid](
-        out,
-        query,
-        k_cache,
-        v_cache,
-        block_tables,
-        seq_lens,
-        query_start_loc,
+        batch.out,
+        *batch.tensors(),
         first_seq,
         qk_scale=scale * LOG2E,
         QUERIES_PER_KV=queries_per_kv,
         BLOCK_M=block_m,
         BLOCK_Q=block_q,
         TILE=TILE_N,
-        **shared_args(out, query, k_cache, block_tables),
-        **KernelVariant.of(window, softcap, sinks).args(seq_lens),
+        **batch.args(),
+        **variant.args(batch.seq_lens),
     )

@@ -39,7 +39,8 @@ def load_kv_tiles(
     BLOCK_SIZE: tl.constexpr,
     HEAD_DIM: tl.constexpr,
 ):
-    """K and V, [TILE, HEAD_DIM_PAD] float32 each, of one sequence's tokens at `positions`, one kv head.
+    """K and V, [TILE, HEAD_DIM_PAD] float32 each, of one sequence's tokens at `positions` [TILE], of
+    kv head `kv_head` (one, or [TILE, 1]: each position's own).
 
     A tile may span several blocks or part of one, so any power-of-two block size works with any
     tile size: each position looks up its own block in the table."""
@@ -60,16 +61,20 @@ def _tanh(x):
 
 @triton.jit
 def _attend_tile(
-    q, q_pos, m_i, l_i, acc, start, kv_end, window, softcap,
+    q, q_pos, row_group, m_i, l_i, acc, start, kv_end, window, softcap,
     k_cache_ptr, v_cache_ptr, table_ptr, kv_head, dims, stride_slot, stride_head, qk_scale,
-    BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, TILE: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, TILE: tl.constexpr, GROUPS: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
 ):  # fmt: skip
-    positions = start + tl.arange(0, TILE)
+    # GROUPS kv heads side by side: column c is position start + c % TILE of kv head
+    # kv_head + c // TILE, and row r sees only the columns of its own `row_group[r]`.
+    cols = tl.arange(0, GROUPS * TILE)
+    col_group = cols // TILE
+    positions = start + cols % TILE
     valid = positions < kv_end
     k, v = load_kv_tiles(
-        k_cache_ptr, v_cache_ptr, table_ptr, positions, valid, kv_head, dims, stride_slot, stride_head,
-        BLOCK_SIZE, HEAD_DIM,
+        k_cache_ptr, v_cache_ptr, table_ptr, positions, valid, kv_head + col_group[:, None], dims,
+        stride_slot, stride_head, BLOCK_SIZE, HEAD_DIM,
     )  # fmt: skip
     s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
     if HAS_SOFTCAP:
@@ -78,6 +83,8 @@ def _attend_tile(
     allowed = valid[None, :] & (positions[None, :] <= q_pos[:, None])
     if HAS_WINDOW:
         allowed = allowed & (positions[None, :] > q_pos[:, None] - window)
+    if GROUPS > 1:
+        allowed = allowed & (row_group[:, None] == col_group[None, :])
     s = tl.where(allowed, s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, axis=1))
     # A row with nothing allowed yet keeps m = -inf, and exp2(-inf - -inf) would be NaN.
@@ -96,17 +103,20 @@ def _attend_tile(
 
 
 @triton.jit
-def attend_context(
-    q, q_pos, kv_start, kv_end, window, softcap, m_init,
+def attend_state(
+    q, q_pos, row_group, kv_start, kv_end, window, softcap, m_init,
     k_cache_ptr, v_cache_ptr, table_ptr, kv_head, dims, stride_slot, stride_head, qk_scale,
-    BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, TILE: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    WHILE_LOOP: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, TILE: tl.constexpr, GROUPS: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, WHILE_LOOP: tl.constexpr, HAS_WINDOW: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr,
 ):  # fmt: skip
-    """Softmax attention of the float32 rows `q` [M, HEAD_DIM_PAD] over key positions [kv_start,
-    kv_end) of one sequence, each row seeing the positions up to its own `q_pos` [M] (causal by
-    absolute position) and, with HAS_WINDOW, after q_pos - window. `m_init` [M]: each row's sink
-    logit in log2 units, or -inf for none. Returns [M, HEAD_DIM_PAD] float32; a row that sees nothing
-    (and has no sink) gets zeros."""
+    """The online softmax of the float32 rows `q` [M, HEAD_DIM_PAD] over key positions [kv_start,
+    kv_end) of one sequence, unnormalized: (running max [M] in log2 units, sum of exponentials [M],
+    weighted values [M, HEAD_DIM_PAD]). Each row sees the positions up to its own `q_pos` [M] (causal
+    by absolute position) and, with HAS_WINDOW, after q_pos - window; with GROUPS > 1 the key tiles
+    hold GROUPS kv heads from `kv_head` on and row r reads kv head kv_head + row_group[r] (_attend_tile).
+    `m_init` [M]: each row's sink logit in log2 units, or -inf for none. A row that sees nothing (and
+    has no sink) ends with -inf, 0 and zeros."""
     m_i = m_init
     l_i = tl.where(m_init == float("-inf"), 0.0, 1.0)  # the sink's own term exp(sink - m) = 1
     acc = tl.zeros(q.shape, dtype=tl.float32)
@@ -115,19 +125,25 @@ def attend_context(
         start = kv_start
         while start < kv_end:
             m_i, l_i, acc = _attend_tile(
-                q, q_pos, m_i, l_i, acc, start, kv_end, window, softcap,
+                q, q_pos, row_group, m_i, l_i, acc, start, kv_end, window, softcap,
                 k_cache_ptr, v_cache_ptr, table_ptr, kv_head, dims, stride_slot, stride_head, qk_scale,
-                BLOCK_SIZE, HEAD_DIM, TILE, DOT_PRECISION, HAS_WINDOW, HAS_SOFTCAP,
+                BLOCK_SIZE, HEAD_DIM, TILE, GROUPS, DOT_PRECISION, HAS_WINDOW, HAS_SOFTCAP,
             )  # fmt: skip
             start += TILE
     else:
         # A for loop, which the compiler software-pipelines (the next tile loads during this one's math).
         for start in range(kv_start, kv_end, TILE):
             m_i, l_i, acc = _attend_tile(
-                q, q_pos, m_i, l_i, acc, start, kv_end, window, softcap,
+                q, q_pos, row_group, m_i, l_i, acc, start, kv_end, window, softcap,
                 k_cache_ptr, v_cache_ptr, table_ptr, kv_head, dims, stride_slot, stride_head, qk_scale,
-                BLOCK_SIZE, HEAD_DIM, TILE, DOT_PRECISION, HAS_WINDOW, HAS_SOFTCAP,
+                BLOCK_SIZE, HEAD_DIM, TILE, GROUPS, DOT_PRECISION, HAS_WINDOW, HAS_SOFTCAP,
             )  # fmt: skip
+    return m_i, l_i, acc
+
+
+@triton.jit
+def normalized(l_i, acc):
+    """The attention output [M, HEAD_DIM_PAD] of an online softmax's state: zeros where l_i is 0."""
     return acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
 
 
@@ -173,24 +189,58 @@ class KernelVariant:
         }
 
 
-def shared_args(
-    out: torch.Tensor, query: torch.Tensor, k_cache: torch.Tensor, block_tables: torch.Tensor
-) -> dict[str, Any]:
-    """The arguments the decode and prefill kernels take alike: strides, pool layout, dot precision."""
-    return {
-        "stride_ot": out.stride(0),
-        "stride_oh": out.stride(1),
-        "stride_qt": query.stride(0),
-        "stride_qh": query.stride(1),
-        "stride_bt": block_tables.stride(0),
-        "stride_cache_slot": k_cache.stride(1),
-        "stride_cache_head": k_cache.stride(2),
-        "HEAD_DIM": query.shape[2],
-        "BLOCK_SIZE": k_cache.shape[1],
-        "HEAD_DIM_PAD": pad16(query.shape[2]),
-        "DOT_PRECISION": dot_precision(k_cache.dtype),
-        "WHILE_LOOP": INTERPRETED,
-    }
+PLAIN_KERNEL = KernelVariant(0, 0.0, None)
+
+
+@dataclass(frozen=True, slots=True)
+class PagedBatch:
+    """One step's tensors as the decode and prefill kernels take them alike.
+
+    out/query [T, heads, head_dim] of the whole step (sequence b's tokens at query_start_loc[b] ..
+    query_start_loc[b + 1], [B + 1] int32); pools [num_blocks, block_size, kv_heads, head_dim]
+    contiguous, already holding this step's K/V; block_tables [B, max_blocks] int32; seq_lens [B]
+    int32 (cached + this step's tokens; 0: a padding row, whose output is zeros)."""
+
+    out: torch.Tensor
+    query: torch.Tensor
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+    block_tables: torch.Tensor
+    seq_lens: torch.Tensor
+    query_start_loc: torch.Tensor
+
+    @property
+    def queries_per_kv(self) -> int:
+        return int(self.query.shape[1] // self.k_cache.shape[2])
+
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        """The kernels' first pointer arguments after `out`, in their order."""
+        return (
+            self.query,
+            self.k_cache,
+            self.v_cache,
+            self.block_tables,
+            self.seq_lens,
+            self.query_start_loc,
+        )
+
+    def args(self) -> dict[str, Any]:
+        """Strides, pool layout and dot precision."""
+        out, query, k_cache = self.out, self.query, self.k_cache
+        return {
+            "stride_ot": out.stride(0),
+            "stride_oh": out.stride(1),
+            "stride_qt": query.stride(0),
+            "stride_qh": query.stride(1),
+            "stride_bt": self.block_tables.stride(0),
+            "stride_cache_slot": k_cache.stride(1),
+            "stride_cache_head": k_cache.stride(2),
+            "HEAD_DIM": query.shape[2],
+            "BLOCK_SIZE": k_cache.shape[1],
+            "HEAD_DIM_PAD": pad16(query.shape[2]),
+            "DOT_PRECISION": dot_precision(k_cache.dtype),
+            "WHILE_LOOP": INTERPRETED,
+        }
 
 
 def pad16(n: int) -> int:

@@ -1,8 +1,9 @@
 """The Triton attention backend (the CUDA default): K/V read through block tables in place.
 
-Per layer and step: one KV-write launch for all tokens, then one launch of the attention kernel
-(gpu_worker/kernels/triton/paged_attention.py) for all decodes and one for all prefill chunks,
-whatever their lengths; no gather copy, no Python loop over sequences; a layer's window, softcapping
+Per layer and step: one KV-write launch for all tokens, then one launch of the decode kernel
+(gpu_worker/kernels/triton/paged_decode.py) for all decodes, split over long contexts (and its merge),
+and one of the attention kernel (gpu_worker/kernels/triton/paged_attention.py) for all prefill
+chunks, whatever their lengths; no gather copy, no Python loop over sequences; a layer's window, softcapping
 and sinks are the kernels' arguments. Its metadata is the common metadata itself (fixed-shape tensors
 plus three ints), which is what CUDA graphs need: padding rows are seq_len 0 and slot -1.
 """
@@ -13,6 +14,8 @@ import torch
 
 from gpu_worker.kernels.triton.kv_write import kv_write
 from gpu_worker.kernels.triton.paged_attention import paged_attention
+from gpu_worker.kernels.triton.paged_decode import DecodeScratch, paged_decode
+from gpu_worker.kernels.triton.paged_tile import KernelVariant, PagedBatch
 from gpu_worker.runner.attention.backend import AttentionBackend, CommonAttentionMetadata
 from gpu_worker.runner.attention.variant import PLAIN, AttentionVariant
 from gpu_worker.runner.kv_cache import KVCache
@@ -32,6 +35,7 @@ class TritonAttentionBackend(AttentionBackend[CommonAttentionMetadata]):
         if not kv_cache.k_pools[0].is_contiguous():
             raise ValueError("the triton attention backend needs contiguous KV pools")
         super().__init__(kv_cache)
+        self.scratch = DecodeScratch()  # split decodes' partial results, reused by every layer
 
     def build_metadata(self, common: CommonAttentionMetadata) -> CommonAttentionMetadata:
         return common
@@ -53,12 +57,15 @@ class TritonAttentionBackend(AttentionBackend[CommonAttentionMetadata]):
         kv_write(key, value, k_cache, v_cache, metadata.slot_mapping)
         out = torch.empty(query.shape, dtype=query.dtype, device=query.device)  # [T, H, D] contiguous
         num_decodes, num_reqs = metadata.num_decodes, metadata.num_reqs
-        # The decodes (one-token chunks, first in the batch), then the prefill chunks: a launch each.
-        launches = [(0, num_decodes, 1), (num_decodes, num_reqs - num_decodes, metadata.max_query_len)]
-        for first_seq, num_seqs, max_query_len in launches:
-            paged_attention(
-                out, query, k_cache, v_cache, metadata.block_tables, metadata.seq_lens,
-                metadata.query_start_loc, first_seq, num_seqs, max_query_len, scale,
-                variant.window, variant.softcap, variant.sinks,
-            )  # fmt: skip
+        batch = PagedBatch(
+            out, query, k_cache, v_cache, metadata.block_tables, metadata.seq_lens, metadata.query_start_loc
+        )
+        kernel_variant = KernelVariant.of(variant.window, variant.softcap, variant.sinks)
+        # The decodes (one-token chunks, first in the batch), split over their contexts as the step's
+        # host-known longest context asks (a CUDA graph's: the longest the worker admits).
+        paged_decode(batch, num_decodes, metadata.max_seq_len, scale, self.scratch, kernel_variant)
+        # Then the prefill chunks, whatever their lengths: one launch.
+        paged_attention(
+            batch, num_decodes, num_reqs - num_decodes, metadata.max_query_len, scale, kernel_variant
+        )
         return out

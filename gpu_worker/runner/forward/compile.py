@@ -24,11 +24,12 @@ from typing import Any
 import torch
 
 from gpu_worker.runner.forward.decoder import Decoder
-from gpu_worker.runner.forward.precompiled import PrecompiledForward
+from gpu_worker.runner.forward.precompiled import PrecompiledForward, mark_unbacked
+from gpu_worker.settings import WorkerSettings
 
 logger = logging.getLogger(__name__)
 
-# (input_ids, positions, kept rows[, lora_ids]) -> logits: Decoder.logits_of's tensors.
+# (input_ids, positions, kept rows, K pools, V pools[, lora_ids]) -> logits: Decoder.logits_of's inputs.
 Forward = Callable[..., torch.Tensor]
 
 
@@ -57,10 +58,8 @@ class CompiledForward:
         )
         self.compile_seconds = 0.0  # set by the first call, which compiles
 
-    def __call__(self, *inputs: torch.Tensor) -> torch.Tensor:
-        for tensor in inputs:
-            # Token and row counts of 0 or 1 get no graph of their own (dynamo specializes them).
-            torch._dynamo.decorators.mark_unbacked(tensor, 0)
+    def __call__(self, *inputs: Any) -> torch.Tensor:
+        mark_unbacked(inputs)
         if self.compile_seconds:
             return self.compiled(*inputs)
         started = time.perf_counter()  # the first call compiles (the runner's profiling step)
@@ -79,6 +78,11 @@ class CompiledForward:
 
 def _cache_dir() -> str:
     return os.environ.get("TORCHINDUCTOR_CACHE_DIR", "inductor's default")
+
+
+def pool_layout(settings: WorkerSettings) -> tuple[int, torch.dtype]:
+    """The block size and dtype of the KV pools the worker will allocate (`Decoder.pool_layout`)."""
+    return settings.block_size, getattr(torch, settings.resolved_kv_cache_dtype)
 
 
 def compile_decoder(

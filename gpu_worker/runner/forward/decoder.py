@@ -22,7 +22,7 @@ from torch import nn
 from transformers import PreTrainedModel
 
 from gpu_worker.runner.attention.backend import AttentionContext
-from gpu_worker.runner.forward.attention_op import native_attention, step_context
+from gpu_worker.runner.forward.attention_op import layer_pools, native_attention, step_context
 from gpu_worker.runner.forward.linear import Linear
 from gpu_worker.runner.lora.layers import LoRAConfig, LoRALayer
 from gpu_worker.runner.lora.step import LoRAStep, make_lora_step
@@ -111,9 +111,15 @@ class DecoderLayer(nn.Module):
         )
 
     def forward(
-        self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, lora: LoRAStep | None = None
+        self,
+        hidden: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        pools: tuple[torch.Tensor, torch.Tensor],
+        lora: LoRAStep | None = None,
     ) -> torch.Tensor:
-        """hidden [T, hidden], cos/sin [T, 1, head_dim] -> [T, hidden]; `lora`: the step's adapters."""
+        """hidden [T, hidden], cos/sin [T, 1, head_dim], this layer's K and V pools (written) ->
+        [T, hidden]; `lora`: the step's adapters."""
         residual = hidden
         normed = self.input_layernorm(hidden)
         qkv = self.qkv_proj(normed)
@@ -127,10 +133,12 @@ class DecoderLayer(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q = q * cos + _rotate_half(q) * sin
         k = k * cos + _rotate_half(k) * sin
-        if self.native_attention:
-            attn = torch.ops.cbserve_cpu.paged_attention(q, k, v, self.layer_idx, self.scale, self.window)
-        else:
-            attn = torch.ops.cbserve.paged_attention(q, k, v, self.layer_idx, self.scale, self.window)
+        op = (
+            torch.ops.cbserve_cpu.paged_attention
+            if self.native_attention
+            else torch.ops.cbserve.paged_attention
+        )
+        attn = op(q, k, v, *pools, self.layer_idx, self.scale, self.window)
         attn = attn.flatten(1)
         out = self.o_proj(attn)
         if lora is not None and self.lora is not None:
@@ -182,6 +190,9 @@ class Decoder(nn.Module):
         lm_head = hf_model.lm_head
         self.lm_head = Linear(lm_head.weight, lm_head.bias, quantization)
         self.generation_config = hf_model.generation_config
+        # The KV pools' block size and dtype, as the worker will allocate them: the compiled forward
+        # takes the pools as inputs (attention_op.py), and is compiled before they exist.
+        self.pool_layout: tuple[int, torch.dtype] = (16, self.dtype)
         # The compiled callable of `logits_of` (compile.py); `logits_of` itself until then.
         self.run: Callable[..., torch.Tensor] = self.logits_of
 
@@ -196,10 +207,13 @@ class Decoder(nn.Module):
         input_ids: torch.Tensor,
         positions: torch.Tensor,
         kept: torch.Tensor,
+        k_pools: list[torch.Tensor],
+        v_pools: list[torch.Tensor],
         lora_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """input_ids [T] (embeddings [T, hidden] when `takes_embeds`), positions [T] ([T, 3] with
-        M-RoPE), kept [N] (and lora_ids [T] with LoRA slots) -> logits [N, vocab]: what is compiled."""
+        M-RoPE), kept [N], each layer's K and V pool (and lora_ids [T] with LoRA slots) -> logits
+        [N, vocab]: what is compiled."""
         hidden = input_ids if self.takes_embeds else self.embed_tokens(input_ids)
         # M-RoPE's rotary module takes [3, 1, T] and merges its sections itself: cos/sin come out [1, T, d].
         rope_positions = positions.t().unsqueeze(1) if self.mrope else positions.unsqueeze(0)
@@ -211,8 +225,8 @@ class Decoder(nn.Module):
             torch._check(lora_ids.shape[0] == input_ids.shape[0])
             config = self.lora_config
             lora = make_lora_step(lora_ids, config.max_loras, config.kernel, self.dtype)
-        for layer in self.layers:
-            hidden = layer(hidden, cos, sin, lora)
+        for layer, pools in zip(self.layers, zip(k_pools, v_pools, strict=True), strict=True):
+            hidden = layer(hidden, cos, sin, pools, lora)
         return self.lm_head(self.norm(hidden.index_select(0, kept)))
 
     def forward(
@@ -241,7 +255,7 @@ class Decoder(nn.Module):
         # outside it (a decode step's) and inside it (with drafts) differ in dispatch keys, which
         # the graph guards on: the first step with drafts recompiled it (~2 s).
         kept = logits_to_keep.clone()
-        inputs = [ids, positions, kept]
+        inputs: list[Any] = [ids, positions, kept, *layer_pools(attn_metadata)]
         if self.lora_config is not None:
             # Every call passes the slots, -1 (the base model) when the caller names none (the profiling
             # step, a draft model's, a benchmark's), so one graph serves them all.

@@ -22,7 +22,7 @@ import json
 import logging
 import platform
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +38,7 @@ KEY_VERSION = "1"  # bumped when what the key covers, or the file's format, chan
 _PLAIN = (bool, int, float, str, type(None), torch.dtype)
 
 
-def _logits(decoder: Decoder, *inputs: torch.Tensor) -> torch.Tensor:
+def _logits(decoder: Decoder, *inputs: Any) -> torch.Tensor:
     """What is compiled: the decoder is an argument, so its weights (and LoRA slots) are inputs, not
     part of the file."""
     return decoder.logits_of(*inputs)
@@ -89,10 +89,20 @@ def _changed_source(compiled: Any) -> str | None:
     return None
 
 
-def _example_inputs(device: torch.device, decoder: Decoder) -> list[torch.Tensor]:
-    """Tensors of the kinds every step passes (int64 ids, or a vision-language model's embeddings;
-    positions, three rows each with M-RoPE; kept rows; with LoRA slots, each token's slot), marked so
-    that no count, 0 and 1 included, gets a graph of its own."""
+def mark_unbacked(inputs: Sequence[torch.Tensor | list[torch.Tensor]]) -> None:
+    """Every input's first size unbacked: token and row counts of 0 or 1 get no graph of their own
+    (dynamo specializes them), and no pool's number of blocks enters a guard (`inputs`: logits_of's,
+    the lists being the layers' pools)."""
+    for value in inputs:
+        for tensor in value if isinstance(value, list) else [value]:
+            torch._dynamo.decorators.mark_unbacked(tensor, 0)
+
+
+def _example_inputs(device: torch.device, decoder: Decoder) -> list[Any]:
+    """Inputs of the kinds every step passes (int64 ids, or a vision-language model's embeddings;
+    positions, three rows each with M-RoPE; kept rows; each layer's K and V pools, of the layout the
+    worker will allocate; with LoRA slots, each token's slot), marked so that no count, 0 and 1
+    included, gets a graph of its own."""
     first = torch.zeros(4, dtype=torch.long)
     if decoder.takes_embeds:
         first = torch.zeros(4, decoder.embed_tokens.embedding_dim, dtype=decoder.dtype)
@@ -101,9 +111,13 @@ def _example_inputs(device: torch.device, decoder: Decoder) -> list[torch.Tensor
     if decoder.lora_config is not None:
         tensors.append(torch.tensor([-1, 0, 0, -1]))
     tensors = [tensor.to(device) for tensor in tensors]
-    for tensor in tensors:
-        torch._dynamo.decorators.mark_unbacked(tensor, 0)
-    return tensors
+    block_size, dtype = decoder.pool_layout
+    layers: list[Any] = list(decoder.layers)  # nn.ModuleList
+    shapes = [(3, block_size, layer.kv_size // layer.head_dim, layer.head_dim) for layer in layers]
+    k_pools, v_pools = ([torch.zeros(shape, dtype=dtype, device=device) for shape in shapes] for _ in "kv")
+    inputs: list[Any] = [*tensors[:3], k_pools, v_pools, *tensors[3:]]
+    mark_unbacked(inputs)
+    return inputs
 
 
 class PrecompiledForward:
@@ -123,7 +137,7 @@ class PrecompiledForward:
         loaded = self._load() if self.path.exists() else None
         self.fn: Any = loaded if loaded is not None else self._compile(device, options, backend)
 
-    def __call__(self, *inputs: torch.Tensor) -> torch.Tensor:
+    def __call__(self, *inputs: Any) -> torch.Tensor:
         return self.fn(self.decoder, *inputs)
 
     def _load(self) -> Any:

@@ -29,7 +29,7 @@ from transformers import (
 
 from gpu_worker.runner.attention.backend import AttentionContext
 from gpu_worker.runner.attention.transformers_interface import register_paged_attention
-from gpu_worker.runner.forward.compile import compile_decoder
+from gpu_worker.runner.forward.compile import compile_decoder, pool_layout
 from gpu_worker.runner.forward.decoder import FAMILIES, Decoder, DecoderOutput
 from gpu_worker.runner.forward.linear import check_quantization
 from gpu_worker.runner.load_model import Model
@@ -94,6 +94,7 @@ def load_causal_pooling_model(settings: WorkerSettings, spec: PoolingSpec) -> Mo
     decoder = Decoder(cast(Any, shim), settings.quantization)
     if head is None:
         decoder.lm_head = cast(Any, nn.Identity())  # embeddings: the final norm's output itself
+    decoder.pool_layout = pool_layout(settings)
     if settings.compile:
         compile_decoder(decoder, Path(settings.compile_cache_dir), device)
     return decoder

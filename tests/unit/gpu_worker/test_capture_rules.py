@@ -127,6 +127,8 @@ CONFIGS: dict[str, Callable[[], PretrainedConfig]] = {
     **{name: FAMILIES[name] for name in ("gpt_oss", "qwen3_moe")},
 }
 NUM_LAYERS = {"gemma3": 3}
+# A layer's attention in a decode graph: the KV write, the decode kernel and its merge.
+DECODE_ATTENTION = ["_kv_write_kernel", "_paged_decode_kernel", "_merge_kernel"]
 
 
 @pytest.mark.parametrize("family", list(CONFIGS))
@@ -144,10 +146,11 @@ def test_decode_graphs_capture_every_size(family: str) -> None:
     assert graphs.failed == {}
     assert graphs.captured_sizes == [1, 2, 4, 6]
     assert capture.num_warm_ups == capture.num_captures == 4
-    # The attention inside was traversed, not faked: each layer writes K/V and attends the decodes.
+    # The attention inside was traversed, not faked: each layer writes K/V and attends the decodes,
+    # split in two (128-token contexts) and merged.
     layers = NUM_LAYERS.get(family, 2)
     for graph in capture.graphs:
-        assert graph.launches == ["_kv_write_kernel", "_paged_attention_kernel"] * layers
+        assert graph.launches == DECODE_ATTENTION * layers
 
 
 def test_decode_graphs_capture_lora_slots() -> None:
@@ -167,8 +170,7 @@ def test_decode_graphs_capture_lora_slots() -> None:
     assert graphs.failed == {} and graphs.captured_sizes == [1, 2, 4]
     # Per layer: q/k/v's shrink and three expands, attention, o's, gate/up's (two expands), down's.
     shrink, expand = "_lora_shrink_kernel", "_lora_expand_kernel"
-    attention = ["_kv_write_kernel", "_paged_attention_kernel"]
-    layer = [shrink, *[expand] * 3, *attention, shrink, expand, shrink, expand, expand, shrink, expand]
+    layer = [shrink, *[expand] * 3, *DECODE_ATTENTION, shrink, expand, shrink, expand, expand, shrink, expand]
     for graph in capture.graphs:
         assert graph.launches == layer * 2
 

@@ -161,7 +161,8 @@ def _step_attention(
     pools_before = [p.clone() for p in (*kv_cache.k_pools, *kv_cache.v_pools)]
     assert native_attention(torch.device("cpu"))
     with step_context(context):
-        out = torch.ops.cbserve_cpu.paged_attention(query, key, value, 0, head_dim**-0.5, window)
+        pools = (kv_cache.k_pools[0], kv_cache.v_pools[0])
+        out = torch.ops.cbserve_cpu.paged_attention(query, key, value, *pools, 0, head_dim**-0.5, window)
     native_pools = [p.clone() for p in (*kv_cache.k_pools, *kv_cache.v_pools)]
     for p, before in zip((*kv_cache.k_pools, *kv_cache.v_pools), pools_before, strict=True):
         p.copy_(before)
@@ -200,3 +201,21 @@ def test_the_cpp_op_passes_a_windowed_layer_to_the_python_op() -> None:
     out, expected, native = _step_attention(requests, 2, torch.float32, window=20)
     assert native  # the step is the C++ op's, but not this layer
     assert torch.equal(out, expected)  # the same Python code ran
+
+
+def test_both_ops_declare_the_pools_they_write() -> None:
+    """The Python op and its C++ twin take the layer's pools as arguments marked written, so that a
+    compiled graph knows of the write (tests/stack/services/test_compiled_forward.py compiles them)."""
+    assert cpu_kernels.load()
+    for op in (torch.ops.cbserve.paged_attention.default, torch.ops.cbserve_cpu.paged_attention.default):
+        arguments = op._schema.arguments
+        assert [a.name for a in arguments if a.alias_info is not None and a.alias_info.is_write] == [
+            "k_cache",
+            "v_cache",
+        ]
+    # The C++ op attends the step it was handed: other pools than the layer's are refused.
+    step = _random_step([scheduled_request(0, [3, 4], BS + 2, 1)], 2, torch.float32)
+    kv_cache = step.backend.kv_cache
+    with step_context(step.context), pytest.raises(RuntimeError, match="not the step's pools"):
+        others = (kv_cache.k_pools[0].clone(), kv_cache.v_pools[0])
+        torch.ops.cbserve_cpu.paged_attention(step.query, step.key, step.value, *others, 0, 0.1, None)

@@ -10,6 +10,7 @@ import torch
 
 from gpu_worker.kernels.triton.kv_write import kv_write
 from gpu_worker.kernels.triton.paged_attention import paged_attention
+from gpu_worker.kernels.triton.paged_tile import PagedBatch
 from gpu_worker.runner.attention.torch_attn import TorchAttentionBackend
 from gpu_worker.runner.attention.triton_attn import TritonAttentionBackend
 from gpu_worker.runner.attention.variant import PLAIN, AttentionVariant
@@ -123,9 +124,8 @@ def test_decode_padding_rows_give_zeros() -> None:
     tables = torch.tensor([[2, 0], [0, 0]], dtype=torch.int32, device=DEVICE)
     seq_lens = torch.tensor([3, 0], dtype=torch.int32, device=DEVICE)
     query_start_loc = torch.arange(3, dtype=torch.int32, device=DEVICE)  # one token each
-    paged_attention(
-        out, query, cache.k_pools[0], cache.v_pools[0], tables, seq_lens, query_start_loc, 0, 2, 1, 0.2
-    )
+    batch = PagedBatch(out, query, cache.k_pools[0], cache.v_pools[0], tables, seq_lens, query_start_loc)
+    paged_attention(batch, 0, 2, 1, 0.2)
     assert torch.equal(out[1], torch.zeros_like(out[1]))
     # One real row over three keys of zeros: uniform weights, the mean of the three values.
     expected = cache.v_pools[0][2, :3].mean(dim=0).repeat_interleave(4, dim=0)

@@ -39,15 +39,12 @@ class ModelTokenizers:
         """`rules`' model with this worker's tokenizer of it, and its processor when it reads images."""
         return ServedModel(rules, str(model_dir), self._load(model_dir), vision=self.vision(model_dir))
 
-    def _dir(self, model: str | None) -> Path | None:
-        """The directory of `model` (None: CBSERVE_CELERY_MODEL's, else the config's first)."""
+    def model_dir(self, model: str | None = None) -> Path | None:
+        """The directory of `model` (None: CBSERVE_CELERY_MODEL's, else the config's first); None when
+        this worker has none for it."""
         if model is None:
             return self._single or next(iter(self._dirs.values()), None)
         return self._dirs.get(model)
-
-    def model_dir(self, model: str | None = None) -> Path | None:
-        """`model`'s directory (None: the worker's one or first); None when it has none for it."""
-        return self._dir(model)
 
     def vision(self, model_dir: Path) -> VisionProcessor | None:
         """The processor of the vision-language model at `model_dir` (loaded once); None: text only."""
@@ -58,13 +55,13 @@ class ModelTokenizers:
 
     def tokenizer(self, model: str | None = None) -> ModelTokenizer | None:
         """`model`'s tokenizer (None: the worker's one or first); None when it has none for it."""
-        model_dir = self._dir(model)
+        model_dir = self.model_dir(model)
         return None if model_dir is None else self._load(model_dir)
 
     def served(self, model: str | None = None) -> ServedModel | None:
         """`model` (None: the worker's one or first) as the pooling bodies read a model: its name,
         directory and tokenizer; None when the worker has no tokenizer for it."""
-        model_dir = self._dir(model)
+        model_dir = self.model_dir(model)
         if model_dir is None:
             return None
         # Only the name is read of the rules: the gateway's limits are the batcher's to apply here.

@@ -56,13 +56,6 @@ class EventFilter:
         return True
 
 
-def decode_entry(
-    req_id: str, fields: dict[bytes, bytes]
-) -> TokenEvent | PromptEvent | PoolingEvent | RequestError:
-    """One token stream entry; an unreadable one reads as the error it is."""
-    return decode_message(req_id, fields.get(FIELD))
-
-
 def decode_message(
     req_id: str, message: bytes | None
 ) -> TokenEvent | PromptEvent | PoolingEvent | RequestError:

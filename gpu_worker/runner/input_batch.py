@@ -92,10 +92,8 @@ def build_input_batch(
     sampling = [r for r, sample in zip(ordered, samples, strict=True) if sample]
     num_reqs, num_tokens = len(ordered), sum(query_lens)
     width = -(-max(seq_lens, default=0) // block_size)
-    if buffers is None:
-        buffers = StepInputBuffers(num_reqs, num_tokens, width, device)
-    buffers.begin(num_reqs, num_tokens, width)
-    buf = buffers
+    buf = StepInputBuffers(num_reqs, num_tokens, width, device) if buffers is None else buffers
+    buf.begin(num_reqs, num_tokens, width)
 
     buf.input_ids.np[:num_tokens] = list(
         itertools.chain.from_iterable(
@@ -173,7 +171,7 @@ def build_input_batch(
         spec_indices=buf.upload(buf.spec_indices, spec_flat) if spec_flat else None,
         lora_ids=lora_ids,
     )
-    buffers.end()
+    buf.end()
     return batch
 
 

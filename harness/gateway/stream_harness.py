@@ -27,7 +27,7 @@ from common.protocol import (
 )
 from common.redis_io.ended_streams import announce_end
 from common.streams import BATCHER_INBOX, REQUESTS_STREAM, WORKERS_HEARTBEAT, token_stream
-from common.token_rules import decode_entry
+from common.token_rules import decode_message
 
 BLOCK_MS = 200
 
@@ -41,7 +41,7 @@ class StreamHarness:
     def append(self, req_id: str, event: bytes) -> str:
         """XADD one encoded event to `req_id`'s token stream as a writer does (a last one announced
         as its end, in the same write); its entry id."""
-        decoded = decode_entry(req_id, {FIELD: event})  # an unreadable one ends the stream too
+        decoded = decode_message(req_id, event)  # an unreadable one ends the stream too
         pipe = self.redis.pipeline(transaction=True)
         pipe.xadd(token_stream(req_id), {FIELD: event})
         if isinstance(decoded, RequestError) or ends_stream(decoded):

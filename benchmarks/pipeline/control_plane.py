@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import signal
 import sys
 import tempfile
@@ -235,7 +236,9 @@ def main(argv: list[str] | None = None) -> None:
             f"{r['steady_ms_per_iteration']:>7.3f} "
             f"{r['worker_step_ms']:>9.3f} {r['worker_idle_ms_per_step']:>8.3f} {r['tokens_per_s']:>8.0f}"
         )
-    print("CPU ms per iteration, by process (the whole load's CPU time / its steps):")
+    # /proc counts CPU time in clock ticks (10 ms): a share below one tick per load reads as 0.
+    tick_ms = 1000 / (os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100)
+    print(f"CPU ms per iteration, by process (the load's CPU time / its steps; {tick_ms:.0f} ms ticks):")
     for r in rows:
         mode = "async" if r["async_scheduling"] else "sync"
         shares = "  ".join(f"{name} {ms:.2f}" for name, ms in r["cpu_ms_per_iteration"].items())

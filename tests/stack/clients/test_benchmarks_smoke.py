@@ -306,7 +306,9 @@ def test_control_plane_reports_iterations_and_cpu_by_process(tiny_model_dir: Pat
         assert row["steps"] >= 200 and row["worker_step_ms"] > 0 and row["steady_ms_per_iteration"] > 0
         cpu = row["cpu_ms_per_iteration"]
         assert set(cpu) == {"redis", "batcher", "worker0", "gateway"}
-        assert all(ms >= 0 for ms in cpu.values()) and cpu["gateway"] > 0
+        # /proc counts in 10 ms ticks: the gateway's few ms for two responses may read 0, the
+        # busy loop's processes may not.
+        assert all(ms >= 0 for ms in cpu.values()) and cpu["batcher"] > 0 and cpu["worker0"] > 0
 
 
 def test_cell_specs_compare_the_same_workers_and_the_two_policies() -> None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -40,7 +41,108 @@ def capture_sizes(max_num_seqs: int) -> list[int]:
     return [*sizes, max_num_seqs]
 
 
-class DecodeGraphs:
+class DecodeBuffers:
+    """A decode step's inputs in static buffers of `size` rows, and the padded forward over them:
+    what a graph replays (DecodeGraphs, and the draft model's decode loop, spec_decode/draft_loop.py)."""
+
+    def __init__(
+        self,
+        model: Model,
+        backend: AttentionBackend[Any],
+        *,
+        size: int,
+        max_model_len: int,
+        device: torch.device,
+    ) -> None:
+        self.model = model
+        self.backend = backend
+        self.max_model_len = max_model_len
+        width = -(-max_model_len // backend.kv_cache.block_size)
+        self.input_ids = torch.zeros((1, size), dtype=torch.long, device=device)
+        self.position_ids = torch.zeros((1, size), dtype=torch.long, device=device)
+        self.slot_mapping = torch.full((size,), -1, dtype=torch.long, device=device)
+        self.seq_lens = torch.zeros(size, dtype=torch.int32, device=device)
+        self.query_start_loc = torch.arange(size + 1, dtype=torch.int32, device=device)
+        self.block_tables = torch.zeros((size, width), dtype=torch.int32, device=device)
+        # Each row's LoRA slot, on a decoder with slots (padding rows: -1, the base model).
+        lora = getattr(model, "lora_config", None) is not None
+        self.lora_ids = torch.full((size,), -1, dtype=torch.long, device=device) if lora else None
+
+    def decode(self, size: int) -> torch.Tensor:
+        """One decode step over the first `size` rows of the buffers: their logits [size, vocab]."""
+        seq_lens, block_tables = self.seq_lens[:size], self.block_tables[:size]
+        query_start_loc = self.query_start_loc[: size + 1]
+        common = CommonAttentionMetadata(
+            slot_mapping=self.slot_mapping[:size],
+            query_start_loc=query_start_loc,
+            seq_lens=seq_lens,
+            block_tables=block_tables,
+            # Host copies are for backends that plan on the host; the triton backend reads none.
+            query_start_loc_cpu=query_start_loc,
+            seq_lens_cpu=seq_lens,
+            block_tables_cpu=block_tables,
+            num_decodes=size,
+            num_actual_tokens=size,
+            max_query_len=1,
+            max_seq_len=self.max_model_len,
+        )
+        context = AttentionContext(
+            backend=self.backend, metadata=self.backend.build_metadata(common), common=common
+        )
+        lora = {} if self.lora_ids is None else {"lora_ids": self.lora_ids[:size]}
+        outputs = self.model(
+            input_ids=self.input_ids[:, :size],
+            position_ids=self.position_ids[:, :size],
+            use_cache=False,
+            logits_to_keep=0,  # every row of a decode step samples
+            attn_metadata=context,
+            **lora,
+        )
+        logits: torch.Tensor = outputs.logits[0]
+        return logits
+
+
+def capture_each(
+    capture: GraphCapture, sizes: list[int], step: Callable[[int], None], what: str
+) -> tuple[dict[int, Graph], dict[int, str]]:
+    """`step(size)` captured once per size, largest first; logs time and memory. A size whose capture
+    fails runs eagerly from the same buffers (one warning for all such sizes, naming `what`): a
+    worker that cannot capture serves slower, it does not die at startup. Returns the graphs and
+    the sizes that failed, with why."""
+    started = time.perf_counter()
+    graphs: dict[int, Graph] = {}
+    errors: dict[int, RuntimeError] = {}
+    with torch.inference_mode():
+        for size in reversed(sizes):
+            sized = functools.partial(step, size)
+            # Eager, as every uncaptured step runs: an error here is the step's own, and stops us.
+            capture.warm_up(sized)
+            try:
+                graphs[size] = capture.capture(sized)
+            except RuntimeError as exc:  # torch's capture errors (AcceleratorError is one too)
+                errors[size] = exc
+    failed = {size: str(exc) for size, exc in sorted(errors.items())}
+    if errors:
+        first = errors[max(errors)]
+        logger.warning(
+            "CUDA graph capture failed for %s of %s rows: they run eagerly (%s)",
+            what,
+            ", ".join(map(str, failed)),
+            first,
+            exc_info=first,
+        )
+    logger.info(
+        "captured %d CUDA graphs for %s up to %d in %.1f s, using %.0f MiB",
+        len(graphs),
+        what,
+        sizes[-1],
+        time.perf_counter() - started,
+        capture.memory_used() / 2**20,
+    )
+    return graphs, failed
+
+
+class DecodeGraphs(DecodeBuffers):
     def __init__(
         self,
         model: Model,
@@ -55,22 +157,10 @@ class DecodeGraphs:
         eagerly from the padded buffers."""
         if backend.name != "triton":
             raise ValueError("CUDA graphs need the triton attention backend (WORKER_ATTENTION_BACKEND)")
-        self.model = model
-        self.backend = backend
         self.sizes = capture_sizes(max_num_seqs)
-        self.max_model_len = max_model_len
+        super().__init__(model, backend, size=self.sizes[-1], max_model_len=max_model_len, device=device)
         self._capture = capture
         size = self.sizes[-1]
-        width = -(-max_model_len // backend.kv_cache.block_size)
-        self.input_ids = torch.zeros((1, size), dtype=torch.long, device=device)
-        self.position_ids = torch.zeros((1, size), dtype=torch.long, device=device)
-        self.slot_mapping = torch.full((size,), -1, dtype=torch.long, device=device)
-        self.seq_lens = torch.zeros(size, dtype=torch.int32, device=device)
-        self.query_start_loc = torch.arange(size + 1, dtype=torch.int32, device=device)
-        self.block_tables = torch.zeros((size, width), dtype=torch.int32, device=device)
-        # Each row's LoRA slot, on a decoder with slots (padding rows: -1, the base model).
-        lora = getattr(model, "lora_config", None) is not None
-        self.lora_ids = torch.full((size,), -1, dtype=torch.long, device=device) if lora else None
         # One logits buffer for every graph: each graph copies its rows here, so a graph keeps no
         # [size, vocab] output of its own alive (0.5 GB per graph for a 128k vocabulary).
         vocab_size = int(model.config.get_text_config().vocab_size)
@@ -80,38 +170,11 @@ class DecodeGraphs:
         self.num_replays = 0  # decode steps served from these buffers (tests and stats)
 
     def capture(self) -> None:
-        """Capture one graph per size, largest first; logs time and memory. A size whose capture
-        fails runs eagerly from the same buffers (one warning for all such sizes): a worker that
-        cannot capture serves slower, it does not die at startup."""
-        if self._capture is None:
-            return
-        started = time.perf_counter()
-        errors: dict[int, RuntimeError] = {}
-        with torch.inference_mode():
-            for size in reversed(self.sizes):
-                step = functools.partial(self._forward, size)
-                # Eager, as every uncaptured step runs: an error here is the step's own, and stops us.
-                self._capture.warm_up(step)
-                try:
-                    self._graphs[size] = self._capture.capture(step)
-                except RuntimeError as exc:  # torch's capture errors (AcceleratorError is one too)
-                    errors[size] = exc
-        self.failed = {size: str(exc) for size, exc in sorted(errors.items())}
-        if errors:
-            first = errors[max(errors)]
-            logger.warning(
-                "CUDA graph capture failed for decode batches of %s rows: they run eagerly (%s)",
-                ", ".join(map(str, self.failed)),
-                first,
-                exc_info=first,
+        """Capture one graph per size (`capture_each`)."""
+        if self._capture is not None:
+            self._graphs, self.failed = capture_each(
+                self._capture, self.sizes, self._forward, "decode batches"
             )
-        logger.info(
-            "captured %d CUDA graphs for decode batches up to %d in %.1f s, using %.0f MiB",
-            len(self._graphs),
-            self.sizes[-1],
-            time.perf_counter() - started,
-            self._capture.memory_used() / 2**20,
-        )
 
     @property
     def captured_sizes(self) -> list[int]:
@@ -155,32 +218,4 @@ class DecodeGraphs:
 
     def _forward(self, size: int) -> None:
         """One padded decode step of `size` rows; its logits land in `self.logits[:size]`."""
-        seq_lens, block_tables = self.seq_lens[:size], self.block_tables[:size]
-        query_start_loc = self.query_start_loc[: size + 1]
-        common = CommonAttentionMetadata(
-            slot_mapping=self.slot_mapping[:size],
-            query_start_loc=query_start_loc,
-            seq_lens=seq_lens,
-            block_tables=block_tables,
-            # Host copies are for backends that plan on the host; the triton backend reads none.
-            query_start_loc_cpu=query_start_loc,
-            seq_lens_cpu=seq_lens,
-            block_tables_cpu=block_tables,
-            num_decodes=size,
-            num_actual_tokens=size,
-            max_query_len=1,
-            max_seq_len=self.max_model_len,
-        )
-        context = AttentionContext(
-            backend=self.backend, metadata=self.backend.build_metadata(common), common=common
-        )
-        lora = {} if self.lora_ids is None else {"lora_ids": self.lora_ids[:size]}
-        outputs = self.model(
-            input_ids=self.input_ids[:, :size],
-            position_ids=self.position_ids[:, :size],
-            use_cache=False,
-            logits_to_keep=0,  # every row of a decode step samples
-            attn_metadata=context,
-            **lora,
-        )
-        self.logits[:size].copy_(outputs.logits[0])
+        self.logits[:size].copy_(self.decode(size))

@@ -25,9 +25,11 @@ from common.protocol import SamplingParams
 from gpu_worker.runner.attention.selector import make_attention_backend
 from gpu_worker.runner.block_table import BlockTable
 from gpu_worker.runner.cached_request_state import CachedRequestState
+from gpu_worker.runner.graph_capture import CudaGraphCapture
 from gpu_worker.runner.host_copies import DeviceToHost
-from gpu_worker.runner.input_batch import ScheduledRequest, build_input_batch
+from gpu_worker.runner.input_batch import InputBatch, ScheduledRequest, build_input_batch
 from gpu_worker.runner.load_model import KVShape, allocate_kv_cache, kv_shape, load_model, model_max_len
+from gpu_worker.runner.spec_decode.draft_loop import DraftDecodeLoop
 from gpu_worker.runner.step_input_buffers import StepInputBuffers
 from gpu_worker.settings import WorkerSettings
 
@@ -61,6 +63,12 @@ class DraftModelProposer:
         self.block_size = settings.block_size
         self.max_len = model_max_len(config) or 0
         self._backend_name = settings.resolved_attention_backend
+        # The later positions in padded static buffers, captured as graphs on CUDA (draft_loop.py),
+        # as the target's decode steps are: with the triton backend, where the settings ask for it.
+        self._graphs = settings.resolved_cuda_graphs and self._backend_name == "triton"
+        self._max_num_seqs = settings.resolved_max_num_seqs
+        spec = settings.speculative_config
+        self._num_graph_positions = spec.num_draft_tokens - 1 if spec is not None else 0
         self._group_decodes = settings.resolved_group_decodes
         self._kv_cache_dtype: torch.dtype = getattr(torch, settings.resolved_kv_cache_dtype)
         self.requests: dict[str, CachedRequestState] = {}
@@ -77,22 +85,37 @@ class DraftModelProposer:
     def use_kv_cache(self, num_blocks: int) -> None:
         """Allocate the pool (`num_blocks` of the target's block size) and run one proposal, which
         compiles the forward before any request waits on it."""
+        # One block more than requests take: where the later positions' rows with nothing to write
+        # write (draft_loop.py).
         self.kv_cache = allocate_kv_cache(
-            self.kv_shape, num_blocks, self.block_size, self._kv_cache_dtype, self.device
+            self.kv_shape, num_blocks + 1, self.block_size, self._kv_cache_dtype, self.device
         )
         self.attn_backend = make_attention_backend(
             self._backend_name, self.kv_cache, self._group_decodes, dtype=self.model.dtype
         )
         self.num_blocks = num_blocks
         self.clear()
+        self.loop = DraftDecodeLoop(
+            self.model,
+            self.attn_backend,
+            max_num_seqs=self._max_num_seqs,
+            # A request holds no more blocks than the pool has, nor than the draft's context takes.
+            max_model_len=self.block_size
+            * min(num_blocks, -(-self.max_len // self.block_size) or num_blocks),
+            num_graph_positions=self._num_graph_positions,
+            spare_slot=num_blocks * self.block_size,
+            device=self.device,
+            padded=self._graphs,
+            capture=CudaGraphCapture() if self._graphs and self.device.type == "cuda" else None,
+        )
         self.propose({"warm-up": ([0, 0], 2)})
         self.clear()
+        self.loop.capture()
 
     @torch.inference_mode()
     def propose(self, asks: dict[str, tuple[list[int], int]]) -> dict[str, list[int]]:
         """req_id -> (its known tokens, k): the draft model's greedy tokens after them, at most k
         (fewer where its context ends; none for a request the pool has no room for)."""
-        drafts: dict[str, list[int]] = {}
         wanted: dict[str, int] = {}
         step: list[ScheduledRequest] = []
         for req_id, (token_ids, k) in asks.items():
@@ -103,19 +126,31 @@ class DraftModelProposer:
             state = self._catch_up(req_id, token_ids, k)
             if state is None:
                 continue
-            drafts[req_id], wanted[req_id] = [], k
+            wanted[req_id] = k
             step.append(ScheduledRequest(state, state.num_tokens - state.num_computed_tokens))
-        while step:
-            following: list[ScheduledRequest] = []
-            for scheduled, token in self._forward(step):
-                state = scheduled.state
-                state.num_computed_tokens = state.num_tokens
-                drafts[state.req_id].append(token)
-                if len(drafts[state.req_id]) < wanted[state.req_id]:
-                    state.token_ids.append(token)  # its KV comes with the next position's forward
-                    following.append(ScheduledRequest(state, 1))
-            step = following
-        return drafts
+        if not step:
+            return {}
+        batch = build_input_batch(
+            step, self.attn_backend, self.device, self.block_table, buffers=self.step_inputs
+        )
+        first = self._logits(batch).max(dim=-1).indices  # every row samples: its last token is fed
+        states = [scheduled.state for scheduled in batch.sampling_reqs]
+        ks = [wanted[state.req_id] for state in states]
+        drafts = first.unsqueeze(1)
+        if max(ks) > 1:
+            lens = [state.num_tokens for state in states]
+            rows = self.block_table.sync(states)
+            tables = self.block_table.gather(rows, [len(state.block_ids) for state in states])
+            last = [n + k - 2 for n, k in zip(lens, ks, strict=True)]  # a row's last draft is never fed
+            drafts = self.loop.run(first, lens, last, tables, max(ks) - 1)
+        width = drafts.shape[1]
+        flat = self._copies.start(drafts.reshape(-1)).tolist()  # the one wait of the proposal
+        made: dict[str, list[int]] = {}
+        for i, (state, k) in enumerate(zip(states, ks, strict=True)):
+            made[state.req_id] = flat[i * width : i * width + k]
+            state.token_ids.extend(made[state.req_id][:-1])  # the drafts whose KV the loop wrote
+            state.num_computed_tokens = state.num_tokens
+        return {req_id: made[req_id] for req_id in wanted}
 
     def _catch_up(self, req_id: str, token_ids: list[int], k: int) -> CachedRequestState | None:
         """`req_id`'s state holding `token_ids`, its KV kept up to where it agrees with them (the
@@ -144,20 +179,16 @@ class DraftModelProposer:
             state.block_ids.append(self.free_blocks.pop())
         return state
 
-    def _forward(self, step: list[ScheduledRequest]) -> list[tuple[ScheduledRequest, int]]:
-        """One forward over `step`: each request's greedy next token, in the batch's order."""
-        batch = build_input_batch(
-            step, self.attn_backend, self.device, self.block_table, buffers=self.step_inputs
-        )
-        logits = self.model(
+    def _logits(self, batch: InputBatch) -> torch.Tensor:
+        """The catch-up forward: the logits [B, vocab] of each request's last known token."""
+        logits: torch.Tensor = self.model(
             input_ids=batch.input_ids,
             position_ids=batch.position_ids,
             use_cache=False,
             logits_to_keep=batch.logits_indices,
             attn_metadata=batch.attn_metadata,
         ).logits[0]
-        tokens = self._copies.start(logits.max(dim=-1).indices).tolist()
-        return list(zip(batch.sampling_reqs, tokens, strict=True))
+        return logits
 
     def free(self, req_id: str) -> None:
         state = self.requests.pop(req_id, None)

@@ -1,0 +1,143 @@
+"""The draft model's later draft positions, run on the device from one position to the next (vLLM's
+draft proposer): after the first forward (the catch-up, draft_model.py), each position feeds every
+row the draft the last one made (its argmax, never read on the host), one position further, its
+slot looked up on the device in the row's block table; all drafts are read back once, at the end.
+
+The inputs live in the static buffers of `DecodeBuffers` (cuda_graphs.py), so that on CUDA the
+whole loop of `num_graph_positions` positions is captured as one graph per padded batch size (rows
+past the batch's: seq_len 0, slot -1). Rows are one position each, whatever draft count they asked:
+a row past its own stays at its last position and writes no KV (slot -1), and the host drops what
+it drafts there. A captured size always replays its graph's positions, even when the rows ask
+fewer. Without capture the loop runs eagerly over the same buffers: padded where graphs were asked
+for (the CPU test suite checks the padding that way), over exactly the batch's rows otherwise (the
+torch backend plans from host values, and a padding row has nothing to plan).
+
+What runs between positions (`_loop`) makes no host tensor and waits for nothing: the capture-rules
+lane checks that on the CPU with fake `cuda` tensors (tests/unit/gpu_worker/spec_decode/
+test_draft_loop_capture.py). With the torch backend on CUDA the backend itself reads the step's
+lengths on the host each position; the triton backend, CUDA's default, reads none.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from gpu_worker.runner.attention.backend import AttentionBackend
+from gpu_worker.runner.cuda_graphs import DecodeBuffers, capture_each, capture_sizes
+from gpu_worker.runner.graph_capture import Graph, GraphCapture
+from gpu_worker.runner.host_copies import CpuGpuBuffer
+
+if TYPE_CHECKING:
+    from gpu_worker.runner.load_model import Model
+
+
+class DraftDecodeLoop(DecodeBuffers):
+    def __init__(
+        self,
+        model: Model,
+        backend: AttentionBackend[Any],
+        *,
+        max_num_seqs: int,
+        max_model_len: int,
+        num_graph_positions: int,
+        spare_slot: int,
+        device: torch.device,
+        padded: bool,
+        capture: GraphCapture | None,
+    ) -> None:
+        """`num_graph_positions`: the positions a graph runs (the drafts a request asks at most,
+        less the catch-up's); `spare_slot`: a slot of the pool no request's KV is in, which the rows with
+        nothing to write write (the CPU's KV write has no mask for slot -1); `padded`: batches run in the padded sizes graphs are captured for;
+        `capture`: how they are (`CudaGraphCapture` on a GPU), None to run every size eagerly."""
+        if capture is not None and not padded:
+            raise ValueError("captured draft loops run padded batches")
+        self.sizes = capture_sizes(max_num_seqs)
+        size = self.sizes[-1]
+        super().__init__(model, backend, size=size, max_model_len=max_model_len, device=device)
+        self.padded = padded
+        self.num_graph_positions = num_graph_positions
+        self._capture = capture
+        self._block_size = backend.kv_cache.block_size
+        self._spare_slot = spare_slot
+        # Written on the host once per proposal, before the loop: each row's first position (that of
+        # its first draft), its last (where its own drafts end; -1 on padding rows) and block ids.
+        self._first = CpuGpuBuffer((size,), torch.long, device)
+        self._last = CpuGpuBuffer((size,), torch.long, device)
+        self._tables = CpuGpuBuffer(tuple(self.block_tables.shape), torch.int32, device)
+        self.block_tables = self._tables.gpu
+        # Every row's drafts, the catch-up's first: what a graph leaves for the host to read.
+        self.drafts = torch.zeros((size, 1 + num_graph_positions), dtype=torch.long, device=device)
+        self._graphs: dict[int, Graph] = {}
+        self.failed: dict[int, str] = {}  # sizes whose capture failed (they run eagerly), with why
+        self.num_replays = 0  # proposals served by a graph (tests and stats)
+
+    def capture(self) -> None:
+        """Capture the loop once per size (`capture_each`): after the pool is allocated, whose
+        addresses the graphs keep."""
+        if self._capture is not None and self.num_graph_positions > 0:
+            loop = functools.partial(self._loop, num_positions=self.num_graph_positions, out=self.drafts)
+            self._graphs, self.failed = capture_each(self._capture, self.sizes, loop, "draft batches")
+
+    @property
+    def captured_sizes(self) -> list[int]:
+        return sorted(self._graphs)
+
+    def run(
+        self,
+        first_drafts: torch.Tensor,
+        first_positions: list[int],
+        last_positions: list[int],
+        block_tables: Any,
+        num_positions: int,
+    ) -> torch.Tensor:
+        """Rows' drafts [B, 1 + n] on the device (n >= `num_positions`): `first_drafts` [B], the
+        catch-up's, then those of the later positions. Row i feeds its draft at `first_positions[i]`
+        and onwards, writing KV up to `last_positions[i]`; `block_tables` [B, width] numpy, the
+        blocks that reach there. The result is a view of a static buffer, valid until the next run."""
+        num_reqs = len(first_positions)
+        if num_reqs > self.sizes[-1]:
+            raise ValueError(f"{num_reqs} drafting requests, more than the {self.sizes[-1]} the loop holds")
+        size = next(s for s in self.sizes if s >= num_reqs) if self.padded else num_reqs
+        self._first.np[:num_reqs] = first_positions
+        self._first.np[num_reqs:size] = 0
+        self._last.np[:num_reqs] = last_positions
+        self._last.np[num_reqs:size] = -1  # padding rows: no position of their own
+        self._tables.np[:num_reqs, : block_tables.shape[1]] = block_tables
+        # The last proposal read its drafts back, which waited for these buffers' last copies too.
+        self._first.copy_to_gpu(size)
+        self._last.copy_to_gpu(size)
+        self._tables.copy_to_gpu(num_reqs)
+        self.input_ids[0, :num_reqs].copy_(first_drafts)
+        graph = self._graphs.get(size)
+        if graph is not None and num_positions <= self.num_graph_positions:
+            self.drafts[:num_reqs, 0].copy_(first_drafts)
+            self.num_replays += 1
+            graph.replay()
+            return self.drafts[:num_reqs]
+        out = self.drafts
+        if num_positions > self.num_graph_positions:  # more than any request asks of a worker
+            out = torch.empty((size, 1 + num_positions), dtype=torch.long, device=self.drafts.device)
+        out[:num_reqs, 0].copy_(first_drafts)
+        self._loop(size, num_positions=num_positions, out=out)
+        return out[:num_reqs, : 1 + num_positions]
+
+    def _loop(self, size: int, *, num_positions: int, out: torch.Tensor) -> None:
+        """`num_positions` decode steps over the first `size` rows, each fed the last one's argmax;
+        step j's drafts land in `out[:size, j]`."""
+        first, last = self._first.gpu[:size], self._last.gpu[:size]
+        for j in range(1, num_positions + 1):
+            position = first + (j - 1)
+            # A row past its own drafts stays at its last position (its KV written), writing nothing
+            # that is read: into the spare slot, as padding rows do.
+            held = torch.minimum(position, last).clamp_(min=0)
+            block = self.block_tables[:size].gather(1, (held // self._block_size).unsqueeze(1)).squeeze(1)
+            slot = block * self._block_size + held % self._block_size
+            self.position_ids[0, :size].copy_(held)
+            self.slot_mapping[:size].copy_(torch.where(position <= last, slot, self._spare_slot))
+            self.seq_lens[:size].copy_(torch.where(last >= 0, held + 1, 0))
+            drafts = self.decode(size).max(dim=-1).indices
+            self.input_ids[0, :size].copy_(drafts)
+            out[:size, j].copy_(drafts)

@@ -78,8 +78,9 @@ class PinnedRing:
             event.record()
         return event
 
-    def to_device(self, values: Sequence[int]) -> torch.Tensor:
-        """A host list on the device: staged in the next buffer, copied without blocking."""
+    def to_device(self, values: Sequence[int] | np.ndarray[Any, Any]) -> torch.Tensor:
+        """Host values (a list or numpy array) on the device: staged in the next buffer, copied
+        without blocking."""
         if self.device.type == "cpu":
             return torch.tensor(values, dtype=self.dtype)
         i, staged = self.take(len(values))

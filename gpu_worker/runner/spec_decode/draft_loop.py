@@ -1,16 +1,17 @@
-"""The draft model's later draft positions, run on the device from one position to the next (vLLM's
-draft proposer): after the first forward (the catch-up, draft_model.py), each position feeds every
-row the draft the last one made (its argmax, never read on the host), one position further, its
-slot looked up on the device in the row's block table; all drafts are read back once, at the end.
+"""The draft model's later draft positions, run on the device from one to the next (vLLM's draft
+proposer): after the first forward (the catch-up, draft_model.py), each position feeds every row the
+draft the last one made (its argmax, never read on the host), one position further, its slot looked
+up on the device in the row's block table; the host reads all drafts back once, at the end.
 
-The inputs live in the static buffers of `DecodeBuffers` (cuda_graphs.py), so that on CUDA the
-whole loop of `num_graph_positions` positions is captured as one graph per padded batch size (rows
-past the batch's: seq_len 0, slot -1). Rows are one position each, whatever draft count they asked:
-a row past its own stays at its last position and writes no KV (slot -1), and the host drops what
-it drafts there. A captured size always replays its graph's positions, even when the rows ask
-fewer. Without capture the loop runs eagerly over the same buffers: padded where graphs were asked
-for (the CPU test suite checks the padding that way), over exactly the batch's rows otherwise (the
-torch backend plans from host values, and a padding row has nothing to plan).
+The inputs live in the static buffers of `DecodeBuffers` (cuda_graphs.py), so that on CUDA the whole
+loop of `num_graph_positions` positions is captured as one graph per padded batch size (rows past
+the batch's: seq_len 0). Every row runs every position, whatever draft count it asked: a row past
+its own stays at its last position, whose KV is written, and the host drops what it drafts there. A
+captured size always replays its graph's positions, even when the rows ask fewer. Rows with nothing
+to write (past their drafts, padding) write into a spare slot no request's KV is in, not slot -1:
+the CPU's KV write has no mask for -1. Without capture the loop runs eagerly over the same buffers:
+padded where graphs were asked for (the CPU test suite checks the padding that way), over exactly
+the batch's rows otherwise (the torch backend plans from host values; a padding row has no plan).
 
 What runs between positions (`_loop`) makes no host tensor and waits for nothing: the capture-rules
 lane checks that on the CPU with fake `cuda` tensors (tests/unit/gpu_worker/spec_decode/
@@ -28,7 +29,6 @@ import torch
 from gpu_worker.runner.attention.backend import AttentionBackend
 from gpu_worker.runner.cuda_graphs import DecodeBuffers, capture_each, capture_sizes
 from gpu_worker.runner.graph_capture import Graph, GraphCapture
-from gpu_worker.runner.host_copies import CpuGpuBuffer
 
 if TYPE_CHECKING:
     from gpu_worker.runner.load_model import Model
@@ -48,10 +48,10 @@ class DraftDecodeLoop(DecodeBuffers):
         padded: bool,
         capture: GraphCapture | None,
     ) -> None:
-        """`num_graph_positions`: the positions a graph runs (the drafts a request asks at most,
-        less the catch-up's); `spare_slot`: a slot of the pool no request's KV is in, which the rows with
-        nothing to write write (the CPU's KV write has no mask for slot -1); `padded`: batches run in the padded sizes graphs are captured for;
-        `capture`: how they are (`CudaGraphCapture` on a GPU), None to run every size eagerly."""
+        """`num_graph_positions`: the positions a graph runs (the most drafts a request asks, less
+        the catch-up's one); `spare_slot`: a slot of the pool that no request's KV is in; `padded`:
+        batches run in the padded sizes graphs are captured for; `capture`: how they are captured
+        (`CudaGraphCapture` on a GPU), None to run every size eagerly."""
         if capture is not None and not padded:
             raise ValueError("captured draft loops run padded batches")
         self.sizes = capture_sizes(max_num_seqs)
@@ -62,12 +62,10 @@ class DraftDecodeLoop(DecodeBuffers):
         self._capture = capture
         self._block_size = backend.kv_cache.block_size
         self._spare_slot = spare_slot
-        # Written on the host once per proposal, before the loop: each row's first position (that of
-        # its first draft), its last (where its own drafts end; -1 on padding rows) and block ids.
-        self._first = CpuGpuBuffer((size,), torch.long, device)
-        self._last = CpuGpuBuffer((size,), torch.long, device)
-        self._tables = CpuGpuBuffer(tuple(self.block_tables.shape), torch.int32, device)
-        self.block_tables = self._tables.gpu
+        # Each row's first position (that of its first draft) and last (where its own drafts end;
+        # -1 on padding rows), copied in once per proposal, before the loop.
+        self.first_positions = torch.zeros(size, dtype=torch.long, device=device)
+        self.last_positions = torch.full((size,), -1, dtype=torch.long, device=device)
         # Every row's drafts, the catch-up's first: what a graph leaves for the host to read.
         self.drafts = torch.zeros((size, 1 + num_graph_positions), dtype=torch.long, device=device)
         self._graphs: dict[int, Graph] = {}
@@ -78,6 +76,7 @@ class DraftDecodeLoop(DecodeBuffers):
         """Capture the loop once per size (`capture_each`): after the pool is allocated, whose
         addresses the graphs keep."""
         if self._capture is not None and self.num_graph_positions > 0:
+            self.last_positions.fill_(-1)  # every row padding: what the captures run writes only the spare slot
             loop = functools.partial(self._loop, num_positions=self.num_graph_positions, out=self.drafts)
             self._graphs, self.failed = capture_each(self._capture, self.sizes, loop, "draft batches")
 
@@ -88,28 +87,24 @@ class DraftDecodeLoop(DecodeBuffers):
     def run(
         self,
         first_drafts: torch.Tensor,
-        first_positions: list[int],
-        last_positions: list[int],
-        block_tables: Any,
+        first_positions: torch.Tensor,
+        last_positions: torch.Tensor,
+        block_tables: torch.Tensor,
         num_positions: int,
     ) -> torch.Tensor:
         """Rows' drafts [B, 1 + n] on the device (n >= `num_positions`): `first_drafts` [B], the
         catch-up's, then those of the later positions. Row i feeds its draft at `first_positions[i]`
-        and onwards, writing KV up to `last_positions[i]`; `block_tables` [B, width] numpy, the
-        blocks that reach there. The result is a view of a static buffer, valid until the next run."""
-        num_reqs = len(first_positions)
+        and onwards, writing KV up to `last_positions[i]`, in the blocks of `block_tables` [B, width]
+        (all on the device). The result is a view of a static buffer, valid until the next run."""
+        num_reqs = first_drafts.shape[0]
         if num_reqs > self.sizes[-1]:
             raise ValueError(f"{num_reqs} drafting requests, more than the {self.sizes[-1]} the loop holds")
         size = next(s for s in self.sizes if s >= num_reqs) if self.padded else num_reqs
-        self._first.np[:num_reqs] = first_positions
-        self._first.np[num_reqs:size] = 0
-        self._last.np[:num_reqs] = last_positions
-        self._last.np[num_reqs:size] = -1  # padding rows: no position of their own
-        self._tables.np[:num_reqs, : block_tables.shape[1]] = block_tables
-        # The last proposal read its drafts back, which waited for these buffers' last copies too.
-        self._first.copy_to_gpu(size)
-        self._last.copy_to_gpu(size)
-        self._tables.copy_to_gpu(num_reqs)
+        self.first_positions[:num_reqs].copy_(first_positions)
+        self.first_positions[num_reqs:size].zero_()
+        self.last_positions[:num_reqs].copy_(last_positions)
+        self.last_positions[num_reqs:size].fill_(-1)  # padding rows: no position of their own
+        self.block_tables[:num_reqs, : block_tables.shape[1]].copy_(block_tables)
         self.input_ids[0, :num_reqs].copy_(first_drafts)
         graph = self._graphs.get(size)
         if graph is not None and num_positions <= self.num_graph_positions:
@@ -127,7 +122,7 @@ class DraftDecodeLoop(DecodeBuffers):
     def _loop(self, size: int, *, num_positions: int, out: torch.Tensor) -> None:
         """`num_positions` decode steps over the first `size` rows, each fed the last one's argmax;
         step j's drafts land in `out[:size, j]`."""
-        first, last = self._first.gpu[:size], self._last.gpu[:size]
+        first, last = self.first_positions[:size], self.last_positions[:size]
         for j in range(1, num_positions + 1):
             position = first + (j - 1)
             # A row past its own drafts stays at its last position (its KV written), writing nothing

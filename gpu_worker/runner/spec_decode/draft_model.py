@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 
+import numpy as np
 import torch
 from transformers import AutoConfig
 
@@ -26,7 +27,7 @@ from gpu_worker.runner.attention.selector import make_attention_backend
 from gpu_worker.runner.block_table import BlockTable
 from gpu_worker.runner.cached_request_state import CachedRequestState
 from gpu_worker.runner.graph_capture import CudaGraphCapture
-from gpu_worker.runner.host_copies import DeviceToHost
+from gpu_worker.runner.host_copies import DeviceToHost, PinnedRing
 from gpu_worker.runner.input_batch import InputBatch, ScheduledRequest, build_input_batch
 from gpu_worker.runner.load_model import KVShape, allocate_kv_cache, kv_shape, load_model, model_max_len
 from gpu_worker.runner.spec_decode.draft_loop import DraftDecodeLoop
@@ -75,6 +76,9 @@ class DraftModelProposer:
         self.block_table = BlockTable()
         blocks = -(-self.max_len // self.block_size) if self.max_len else 1
         self._copies = DeviceToHost(self.device)  # the drafts, read back through pinned memory
+        # The later positions' inputs, staged in pinned memory: a buffer is written again two
+        # proposals later, when the readback between has waited for its copy.
+        self._uploads = PinnedRing(torch.long, self.device)
         self.step_inputs = StepInputBuffers(
             settings.resolved_max_num_seqs, settings.resolved_max_num_batched_tokens, blocks, self.device
         )
@@ -138,11 +142,16 @@ class DraftModelProposer:
         ks = [wanted[state.req_id] for state in states]
         drafts = first.unsqueeze(1)
         if max(ks) > 1:
-            lens = [state.num_tokens for state in states]
+            n = len(states)
+            lens = np.asarray([state.num_tokens for state in states], dtype=np.int64)
+            last = lens + np.asarray(ks, dtype=np.int64) - 2  # a row's last draft is never fed
             rows = self.block_table.sync(states)
             tables = self.block_table.gather(rows, [len(state.block_ids) for state in states])
-            last = [n + k - 2 for n, k in zip(lens, ks, strict=True)]  # a row's last draft is never fed
-            drafts = self.loop.run(first, lens, last, tables, max(ks) - 1)
+            # One non-blocking copy from pinned memory; the host waits for nothing here.
+            inputs = self._uploads.to_device(np.concatenate([lens, last, tables.ravel()]))
+            first_positions, last_positions, flat_tables = inputs.split([n, n, tables.size])
+            block_tables = flat_tables.view(n, tables.shape[1])
+            drafts = self.loop.run(first, first_positions, last_positions, block_tables, max(ks) - 1)
         width = drafts.shape[1]
         flat = self._copies.start(drafts.reshape(-1)).tolist()  # the one wait of the proposal
         made: dict[str, list[int]] = {}

@@ -2,16 +2,22 @@
 run by the worker over its own paged KV pool.
 
 After a step, the requests the batcher asked drafts for get the draft model's greedy continuation,
-all of them in one forward per draft position (vLLM's draft-model proposer batches the same way):
-the first feeds each request the tokens its draft KV lacks (accepted drafts are there already,
-rejected ones are cut off), each later one the draft just made. The batcher sends the drafts with
-its next step, where they are verified like any draft (verify.py); greedy drafts are point
-masses, so verification keeps the target's distribution at any temperature.
+all of them in one forward per draft position (vLLM's draft-model proposer batches the same way).
+The first forward is ragged: it feeds each request the tokens its draft KV lacks (accepted drafts
+are there already, rejected ones are cut off). The later positions run on the device
+(draft_loop.py): each feeds every request the draft just made, without a readback, in static
+buffers that CUDA graphs capture, one graph for all of them per padded batch size (with the triton
+backend, where the worker's settings capture the decode steps). All drafts come back in one copy
+at the end. A request asking fewer drafts than the batch's most runs along, writing nothing that
+is read, and its extra drafts are dropped here. The batcher sends the drafts with its next step,
+where they are verified like any draft (verify.py); greedy drafts are point masses, so
+verification keeps the target's distribution at any temperature.
 
-The pool has as many blocks as the target's (the worker splits its KV budget between the two) and
-its own free list: a request holds at most a block more than in the target's pool, and one that
-finds no free block gets no drafts that step, never an error. A request that comes back after
-preemption or from another worker starts again from its tokens.
+The pool has as many blocks as the target's (the worker splits its KV budget between the two), one
+spare block no request holds (where the later positions' idle rows write), and its own free list:
+a request holds at most a block more than in the target's pool, and one that finds no free block
+gets no drafts that step, never an error. A request that comes back after preemption or from
+another worker starts again from its tokens.
 """
 
 from __future__ import annotations
@@ -87,8 +93,9 @@ class DraftModelProposer:
         logger.info("draft model %s loaded (%d tokens)", model_dir, draft_vocab)
 
     def use_kv_cache(self, num_blocks: int) -> None:
-        """Allocate the pool (`num_blocks` of the target's block size) and run one proposal, which
-        compiles the forward before any request waits on it."""
+        """Allocate the pool (`num_blocks` of the target's block size, and the spare one) and run
+        one proposal, which compiles the forward before any request waits on it; then capture the
+        later positions' graphs, which keep the pool's addresses."""
         # One block more than requests take: where the later positions' rows with nothing to write
         # write (draft_loop.py).
         self.kv_cache = allocate_kv_cache(
@@ -99,13 +106,13 @@ class DraftModelProposer:
         )
         self.num_blocks = num_blocks
         self.clear()
+        # A request holds no more blocks than the pool has, nor than the draft's context takes.
+        max_blocks = min(num_blocks, -(-self.max_len // self.block_size) or num_blocks)
         self.loop = DraftDecodeLoop(
             self.model,
             self.attn_backend,
             max_num_seqs=self._max_num_seqs,
-            # A request holds no more blocks than the pool has, nor than the draft's context takes.
-            max_model_len=self.block_size
-            * min(num_blocks, -(-self.max_len // self.block_size) or num_blocks),
+            max_model_len=max_blocks * self.block_size,
             num_graph_positions=self._num_graph_positions,
             spare_slot=num_blocks * self.block_size,
             device=self.device,

@@ -19,6 +19,12 @@ from common.spec_decode.speculative_config import SpeculativeConfig
 from gpu_worker.runner.spec_decode.draft_loop import DraftDecodeLoop
 from gpu_worker.runner.spec_decode.draft_model import DraftModelProposer
 from gpu_worker.settings import WorkerSettings
+from tests.unit.gpu_worker.spec_decode.test_spec_decode import (
+    PROMPTS,
+    draft_model_config,
+    greedy,
+    run_pipeline,
+)
 
 BLOCK_SIZE = 4
 MAX_LEN = 512  # the tiny model's
@@ -115,3 +121,19 @@ def test_mixed_draft_counts_get_what_each_gets_alone(tiny_model_dir: Path, how: 
     for req_id in contexts:
         proposer.free(req_id)
     assert sorted(proposer.free_blocks) == list(range(proposer.num_blocks))
+
+
+def test_the_engine_drafts_through_the_graph_buffers(tiny_model_dir: Path) -> None:
+    """The whole pipeline with the triton backend and CUDA graphs asked for (the decode steps' and
+    the draft loop's padded buffers, run eagerly on the CPU): the target drafting for itself."""
+    expected = reference_greedy(tiny_model_dir, PROMPTS[:2], 12)
+    outputs, stats = run_pipeline(
+        tiny_model_dir,
+        draft_model_config(tiny_model_dir),
+        [greedy(12), greedy(12)],
+        PROMPTS[:2],
+        attention_backend="triton",
+        cuda_graphs=True,
+    )
+    assert outputs == expected
+    assert stats.spec_decode_num_accepted_tokens > 0

@@ -76,9 +76,8 @@ class DraftDecodeLoop(DecodeBuffers):
         """Capture the loop once per size (`capture_each`): after the pool is allocated, whose
         addresses the graphs keep."""
         if self._capture is not None and self.num_graph_positions > 0:
-            self.last_positions.fill_(
-                -1
-            )  # every row padding: what the captures run writes only the spare slot
+            # Every row padding: what the captures run writes only the spare slot.
+            self.last_positions.fill_(-1)
             loop = functools.partial(self._loop, num_positions=self.num_graph_positions, out=self.drafts)
             self._graphs, self.failed = capture_each(self._capture, self.sizes, loop, "draft batches")
 

@@ -1,0 +1,227 @@
+"""Piecewise CUDA graphs for the steps decode graphs cannot take (prefill chunks mixed with decodes,
+drafts, prompt logprobs): everything but attention captured per token-count bucket, attention run
+eagerly between the pieces (vLLM's `CUDAGraphMode.PIECEWISE`, split at module level here, not in an
+FX graph).
+
+A step of T tokens is padded to the smallest bucket that holds it. Its pieces, each captured once per
+bucket and replayed from static buffers sized for the largest bucket:
+
+- embeddings, RoPE's cos/sin and layer 0's `pre_attention` (norm, q/k/v, q/k norms, RoPE);
+- per layer i: attention eagerly over the real rows only (views [:T] of the static q/k/v, the step's
+  own metadata, output copied into the static attention buffer), then a piece of layer i's
+  `post_attention` (o_proj, residual, norm, MLP) and layer i+1's `pre_attention`;
+- the last `post_attention` and the final norm; then, eagerly, lm_head over the kept rows only.
+
+Every op of a piece works row by row (norms, GEMMs, RoPE, per-token activation scales, LoRA deltas by
+each row's slot), so padding rows T..bucket never mix with real rows and need no mask: they compute
+garbage from stale buffers, in their own rows, which attention never reads (it sees [:T]) and the kept
+rows never select. lm_head stays out of the graphs because the kept rows vary apart from T (a
+sampling row per request, plus drafts and prompt rows): captured, it would run over every padded row
+(a [bucket, vocab] GEMM), as vLLM also keeps `compute_logits` out of its graphs.
+
+Attention runs eagerly, so any backend works; the runner captures these only where it captures decode
+graphs (the triton backend, a text decoder of our own). Without capture (`capture=None`, the CPU)
+the same padded pieces run eagerly: that is how the CPU tests check the padding. A bucket whose
+capture fails runs eagerly the same way, with one warning. What a piece runs makes no host tensor and
+waits for nothing: tests/unit/gpu_worker/test_capture_rules.py checks it with fake `cuda` tensors.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from gpu_worker.runner.attention.backend import AttentionBackend
+from gpu_worker.runner.forward.attention_op import layer_pools, step_context
+from gpu_worker.runner.forward.decoder import Decoder, DecoderLayer
+from gpu_worker.runner.graph_capture import Graph, GraphCapture, Step
+from gpu_worker.runner.input_batch import InputBatch
+from gpu_worker.runner.lora.step import LoRAStep
+
+logger = logging.getLogger(__name__)
+
+# Past this many tokens a step's GEMMs outweigh its launches, and padding would cost more than the
+# graphs save (vLLM caps its capture sizes at 512 by default too); larger steps run eagerly.
+MAX_PIECEWISE_TOKENS = 512
+
+
+def token_buckets(max_num_batched_tokens: int) -> list[int]:
+    """16, 32, 64, ... (doubling: at most half of a step is padding, and few graphs per layer), up to
+    and including min(max_num_batched_tokens, MAX_PIECEWISE_TOKENS)."""
+    top = min(max_num_batched_tokens, MAX_PIECEWISE_TOKENS)
+    buckets = []
+    size = 16
+    while size < top:
+        buckets.append(size)
+        size *= 2
+    return [*buckets, top]
+
+
+@dataclass(frozen=True, slots=True)
+class _Eager:
+    """An uncaptured piece, run as a graph would be replayed."""
+
+    step: Step
+
+    def replay(self) -> None:
+        self.step()
+
+
+class PiecewiseGraphs:
+    def __init__(
+        self,
+        model: Decoder,
+        backend: AttentionBackend[Any],
+        *,
+        max_num_batched_tokens: int,
+        device: torch.device,
+        capture: GraphCapture | None,
+    ) -> None:
+        """`capture`: how pieces are captured (`CudaGraphCapture` on a GPU, the pool shared with the
+        decode graphs); None runs every bucket eagerly from the padded buffers."""
+        if model.takes_embeds or model.mrope:
+            raise ValueError("piecewise CUDA graphs take token ids: a text decoder's steps only")
+        self.model = model
+        self.backend = backend
+        self.buckets = token_buckets(max_num_batched_tokens)
+        self._capture = capture
+        self.layers: list[DecoderLayer] = list(model.layers)  # type: ignore[arg-type]  # nn.ModuleList
+        size, first = self.buckets[-1], self.layers[0]
+        hidden_size = int(model.config.get_text_config().hidden_size)
+        num_heads, num_kv_heads = first.q_size // first.head_dim, first.kv_size // first.head_dim
+
+        def buffer(*shape: int, dtype: torch.dtype = model.dtype) -> torch.Tensor:
+            # Zeros, not empty: a warm-up reads them before any step wrote them.
+            return torch.zeros(shape, dtype=dtype, device=device)
+
+        self.input_ids = buffer(size, dtype=torch.long)
+        self.positions = buffer(size, dtype=torch.long)
+        # Each row's LoRA slot, on a decoder with slots (padding rows: -1, the base model).
+        self.lora_ids = None if model.lora_config is None else torch.full_like(self.input_ids, -1)
+        self.cos = buffer(size, 1, first.head_dim)
+        self.sin = buffer(size, 1, first.head_dim)
+        # A layer's input (its residual); after the last layer, the final norm's output.
+        self.hidden = buffer(size, hidden_size)
+        self.q = buffer(size, num_heads, first.head_dim)
+        self.k = buffer(size, num_kv_heads, first.head_dim)
+        self.v = buffer(size, num_kv_heads, first.head_dim)
+        self.attn = buffer(size, num_heads, first.head_dim)
+        self._graphs: dict[int, list[Graph]] = {}  # per bucket, its pieces in order
+        self.failed: dict[int, str] = {}  # buckets whose capture failed (they run eagerly), with why
+        self.num_runs = 0  # steps served from these buffers (tests and stats)
+        self.bucket_runs: dict[int, int] = dict.fromkeys(self.buckets, 0)
+
+    def capture(self) -> None:
+        """Capture every piece of every bucket, largest first; logs time and memory. A bucket whose
+        capture fails runs eagerly from the same buffers (one warning for all such buckets)."""
+        if self._capture is None:
+            return
+        started = time.perf_counter()
+        errors: dict[int, RuntimeError] = {}
+        with torch.inference_mode():
+            for size in reversed(self.buckets):
+                graphs = []
+                for piece in self._pieces(size):
+                    # Eager, as every uncaptured step runs: an error here is the step's own, and stops us.
+                    self._capture.warm_up(piece)
+                    try:
+                        graphs.append(self._capture.capture(piece))
+                    except RuntimeError as exc:  # torch's capture errors (AcceleratorError is one too)
+                        errors[size] = exc
+                        break
+                else:
+                    self._graphs[size] = graphs
+        self.failed = {size: str(exc) for size, exc in sorted(errors.items())}
+        if errors:
+            first = errors[max(errors)]
+            logger.warning(
+                "piecewise CUDA graph capture failed for steps of %s tokens: they run eagerly (%s)",
+                ", ".join(map(str, self.failed)),
+                first,
+                exc_info=first,
+            )
+        logger.info(
+            "captured piecewise CUDA graphs (%d pieces each) for steps up to %d tokens in %.1f s, "
+            "using %.0f MiB in all",
+            len(self.layers) + 1,
+            self.buckets[-1],
+            time.perf_counter() - started,
+            self._capture.memory_used() / 2**20,
+        )
+
+    @property
+    def captured_buckets(self) -> list[int]:
+        """The token counts whose pieces replay as graphs, smallest first."""
+        return sorted(self._graphs)
+
+    def can_run(self, batch: InputBatch) -> bool:
+        """A step of the backend these were built for, small enough for the largest bucket."""
+        num_tokens = batch.input_ids.shape[1]
+        return 0 < num_tokens <= self.buckets[-1] and batch.attn_metadata.backend is self.backend
+
+    def run(self, batch: InputBatch) -> torch.Tensor:
+        """Logits of the step's kept rows [N, vocab] (`batch.kept_indices`)."""
+        num_tokens = batch.input_ids.shape[1]
+        size = next(s for s in self.buckets if s >= num_tokens)
+        self.input_ids[:num_tokens].copy_(batch.input_ids[0])
+        self.positions[:num_tokens].copy_(batch.position_ids[0])
+        if self.lora_ids is not None:
+            if batch.lora_ids is None:
+                self.lora_ids[:num_tokens].fill_(-1)
+            else:
+                self.lora_ids[:num_tokens].copy_(batch.lora_ids)
+            self.lora_ids[num_tokens:size].fill_(-1)
+        self.num_runs += 1
+        self.bucket_runs[size] += 1
+        pieces = self._graphs.get(size) or [_Eager(piece) for piece in self._pieces(size)]
+        context = batch.attn_metadata
+        k_pools, v_pools = layer_pools(context)
+        with step_context(context):
+            pieces[0].replay()
+            for layer, k_pool, v_pool, piece in zip(self.layers, k_pools, v_pools, pieces[1:], strict=True):
+                q, k, v = self.q[:num_tokens], self.k[:num_tokens], self.v[:num_tokens]
+                self.attn[:num_tokens].copy_(layer.attention(q, k, v, (k_pool, v_pool)))
+                piece.replay()
+        return self.model.lm_head(self.hidden[:num_tokens].index_select(0, batch.kept_indices))
+
+    # ---- the pieces: each reads and writes only the static buffers' first `size` rows ---------------
+
+    def _pieces(self, size: int) -> list[functools.partial[None]]:
+        """The bucket's pieces in order: the first, then one after each layer's attention."""
+        return [
+            functools.partial(self._first, size),
+            *(functools.partial(self._between, size, i) for i in range(len(self.layers))),
+        ]
+
+    def _first(self, size: int) -> None:
+        """Embeddings, cos/sin and layer 0's pre-attention."""
+        hidden = self.model.embed_tokens(self.input_ids[:size])
+        cos, sin = self.model.rope(hidden, self.positions[:size])
+        self.cos[:size].copy_(cos)
+        self.sin[:size].copy_(sin)
+        self.hidden[:size].copy_(hidden)
+        self._pre_attention(size, 0, hidden)
+
+    def _between(self, size: int, i: int) -> None:
+        """Layer i's post-attention, then layer i+1's pre-attention, or the final norm after the last."""
+        hidden = self.layers[i].post_attention(self.hidden[:size], self.attn[:size], self._lora(size))
+        if i + 1 < len(self.layers):
+            self.hidden[:size].copy_(hidden)
+            self._pre_attention(size, i + 1, hidden)
+        else:
+            self.hidden[:size].copy_(self.model.norm(hidden))
+
+    def _pre_attention(self, size: int, i: int, hidden: torch.Tensor) -> None:
+        q, k, v = self.layers[i].pre_attention(hidden, self.cos[:size], self.sin[:size], self._lora(size))
+        self.q[:size].copy_(q)
+        self.k[:size].copy_(k)
+        self.v[:size].copy_(v)
+
+    def _lora(self, size: int) -> LoRAStep | None:
+        # Made again in each piece from the slots (a few small ops): no piece's output outlives it.
+        return None if self.lora_ids is None else self.model.lora_step(self.lora_ids[:size])

@@ -1,0 +1,117 @@
+"""Piecewise graphs' padded pieces (gpu_worker/runner/piecewise_graphs.py) run eagerly on the CPU: a
+step of prefill chunks and decodes padded to its token bucket gives the logits of the unpadded
+forward, at a bucket's exact size and one past it, with adapters too. Their capture on the fake CUDA
+device: tests/unit/gpu_worker/test_capture_rules.py; in a runner: test_model_runner_triton.py."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+import pytest
+import torch
+
+from common.protocol import LoRARequest, SamplingParams
+from gpu_worker.runner.cached_request_state import CachedRequestState
+from gpu_worker.runner.forward.decoder import Decoder
+from gpu_worker.runner.input_batch import InputBatch, ScheduledRequest, build_input_batch
+from gpu_worker.runner.model_runner import ModelRunner
+from gpu_worker.runner.piecewise_graphs import MAX_PIECEWISE_TOKENS, PiecewiseGraphs, token_buckets
+from tests.unit.gpu_worker.test_model_runner import make_runner
+
+BLOCK_SIZE = 16  # test_model_runner's
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _few_threads() -> None:
+    torch.set_num_threads(1)
+
+
+def test_buckets_double_from_16_up_to_the_budget_or_512() -> None:
+    assert token_buckets(32) == [16, 32]
+    assert token_buckets(40) == [16, 32, 40]
+    assert token_buckets(8) == [8]
+    assert token_buckets(8192) == [16, 32, 64, 128, 256, 512] and MAX_PIECEWISE_TOKENS == 512
+
+
+def _request(i: int, context: int, num_tokens: int) -> ScheduledRequest:
+    """Request `i` with `context` tokens computed before this step, which computes `num_tokens`
+    more (a decode when 1 and its tokens are all known, else a prefill chunk)."""
+    total = context + num_tokens
+    blocks = -(-total // BLOCK_SIZE)
+    state = CachedRequestState(
+        req_id=f"r{i}",
+        token_ids=[(7 * i + t) % 90 + 3 for t in range(total)],
+        num_prompt_tokens=total,
+        sampling_params=SamplingParams(temperature=0.0),
+        block_ids=list(range(4 * i, 4 * i + blocks)),
+        num_computed_tokens=context,
+        attempt=0,
+    )
+    return ScheduledRequest(state, num_tokens)
+
+
+def _batch(runner: ModelRunner, requests: list[ScheduledRequest], slots: Mapping[str, int] | None) -> InputBatch:
+    lora_slots = None if runner.lora is None else dict(slots or {})
+    return build_input_batch(requests, runner.attn_backend, runner.device, lora_slots=lora_slots)
+
+
+def _unpadded(runner: ModelRunner, batch: InputBatch) -> torch.Tensor:
+    extra = {} if batch.lora_ids is None else {"lora_ids": batch.lora_ids}
+    outputs = runner.model(
+        input_ids=batch.input_ids,
+        position_ids=batch.position_ids,
+        logits_to_keep=batch.kept_indices,
+        attn_metadata=batch.attn_metadata,
+        **extra,
+    )
+    logits: torch.Tensor = outputs.logits[0]
+    return logits
+
+
+def _check_mixed_steps(runner: ModelRunner, slots: Mapping[str, int] | None = None) -> PiecewiseGraphs:
+    """Three decodes and a prefill chunk, 16 tokens (bucket 16) then 17 (bucket 32), after a step
+    that filled their context: the padded pieces' logits are the unpadded forward's."""
+    assert isinstance(runner.model, Decoder)
+    graphs = PiecewiseGraphs(
+        runner.model, runner.attn_backend, max_num_batched_tokens=32, device=runner.device, capture=None
+    )
+    assert graphs.buckets == [16, 32]
+    with torch.inference_mode():
+        # The context of every request below, written into the pool by the unpadded forward.
+        _unpadded(runner, _batch(runner, [_request(i, 0, n) for i, n in enumerate([9, 20, 5, 12])], slots))
+        for chunk, bucket in [(13, 16), (14, 32)]:
+            requests = [_request(0, 9, 1), _request(1, 20, 1), _request(2, 5, 1), _request(3, 12, chunk)]
+            batch = _batch(runner, requests, slots)
+            assert batch.input_ids.shape[1] == chunk + 3
+            expected = _unpadded(runner, batch)
+            runs = graphs.bucket_runs[bucket]
+            logits = graphs.run(batch)
+            assert graphs.bucket_runs[bucket] == runs + 1
+            assert logits.shape == expected.shape == (4, runner.vocab_size)
+            torch.testing.assert_close(logits, expected, rtol=1e-5, atol=1e-5)
+            assert torch.equal(logits.argmax(-1), expected.argmax(-1))
+    # Padding rows computed something (stale buffers), in their own rows only.
+    return graphs
+
+
+def test_padded_pieces_give_the_unpadded_logits(tiny_model_dir: Path) -> None:
+    runner = make_runner(tiny_model_dir, compile=False)
+    graphs = _check_mixed_steps(runner)
+    assert graphs.num_runs == 2 and graphs.lora_ids is None
+
+
+def test_padded_pieces_with_adapters(tiny_model_dir: Path, lora_adapters: dict[str, Path]) -> None:
+    runner = make_runner(
+        tiny_model_dir, compile=False, enable_lora=True, max_loras=2, max_cpu_loras=2, max_lora_rank=16
+    )
+    assert runner.lora is not None
+    adapters = [LoRARequest(lora_name=name, lora_path=str(lora_adapters[name])) for name in ("all-r16", "attn-r4")]
+    for adapter in adapters:
+        assert runner.lora.add(adapter) is None
+    slot_of = runner.lora.slots_for(adapters)
+    # r1 and r3 (the chunk) on one adapter, r2 on the other, r0 on the base model.
+    slots = {"r1": slot_of[adapters[0].cache_key], "r3": slot_of[adapters[0].cache_key]}
+    slots["r2"] = slot_of[adapters[1].cache_key]
+    graphs = _check_mixed_steps(runner, slots)
+    assert graphs.lora_ids is not None

@@ -51,7 +51,9 @@ def _request(i: int, context: int, num_tokens: int) -> ScheduledRequest:
     return ScheduledRequest(state, num_tokens)
 
 
-def _batch(runner: ModelRunner, requests: list[ScheduledRequest], slots: Mapping[str, int] | None) -> InputBatch:
+def _batch(
+    runner: ModelRunner, requests: list[ScheduledRequest], slots: Mapping[str, int] | None
+) -> InputBatch:
     lora_slots = None if runner.lora is None else dict(slots or {})
     return build_input_batch(requests, runner.attn_backend, runner.device, lora_slots=lora_slots)
 
@@ -106,7 +108,9 @@ def test_padded_pieces_with_adapters(tiny_model_dir: Path, lora_adapters: dict[s
         tiny_model_dir, compile=False, enable_lora=True, max_loras=2, max_cpu_loras=2, max_lora_rank=16
     )
     assert runner.lora is not None
-    adapters = [LoRARequest(lora_name=name, lora_path=str(lora_adapters[name])) for name in ("all-r16", "attn-r4")]
+    adapters = [
+        LoRARequest(lora_name=name, lora_path=str(lora_adapters[name])) for name in ("all-r16", "attn-r4")
+    ]
     for adapter in adapters:
         assert runner.lora.add(adapter) is None
     slot_of = runner.lora.slots_for(adapters)

@@ -146,7 +146,7 @@ class ModelRunner:
             )
             self.decode_graphs.capture()
             # The other steps, around attention: our own decoder's layers split there.
-            if isinstance(self.model, Decoder):
+            if settings.piecewise_cuda_graphs and isinstance(self.model, Decoder):
                 self.piecewise_graphs = PiecewiseGraphs(
                     self.model,
                     self.attn_backend,

@@ -19,11 +19,17 @@ rows never select. lm_head stays out of the graphs because the kept rows vary ap
 sampling row per request, plus drafts and prompt rows): captured, it would run over every padded row
 (a [bucket, vocab] GEMM), as vLLM also keeps `compute_logits` out of its graphs.
 
-Attention runs eagerly, so any backend works; the runner captures these only where it captures decode
-graphs (the triton backend, a text decoder of our own). Without capture (`capture=None`, the CPU)
-the same padded pieces run eagerly: that is how the CPU tests check the padding. A bucket whose
-capture fails runs eagerly the same way, with one warning. What a piece runs makes no host tensor and
-waits for nothing: tests/unit/gpu_worker/test_capture_rules.py checks it with fake `cuda` tensors.
+Attention runs eagerly, so any backend works; the runner builds these only where it captures decode
+graphs (the triton backend), for a text decoder of our own, when WORKER_PIECEWISE_CUDA_GRAPHS asks:
+decode-only steps still replay their full graph (cuda_graphs.py), and steps past the largest bucket
+run the compiled forward. The pieces are the layers' own eager code, not inductor's fused kernels
+(the compiled forward is one graph around attention): a replay saves every launch but runs the
+norms, RoPE and SiLU unfused, which is why the setting is off until a GPU measures it.
+
+Without capture (`capture=None`, the CPU) the same padded pieces run eagerly: that is how the CPU
+tests check the padding. A bucket whose capture fails runs eagerly the same way, with one warning.
+What a piece runs makes no host tensor and waits for nothing: the capture-rules lane
+(tests/unit/gpu_worker/test_capture_rules.py) checks that on the CPU with fake `cuda` tensors.
 """
 
 from __future__ import annotations

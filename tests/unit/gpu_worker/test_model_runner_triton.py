@@ -26,6 +26,7 @@ def test_triton_backend_greedy_equals_transformers_generate(tiny_model_dir: Path
         worker_id="triton",
         attention_backend="triton",
         cuda_graphs=graphs,
+        piecewise_cuda_graphs=graphs,
         # Graph sizes 1, 2, 4, 6: three or five decodes run padded, with rows that do nothing;
         # token buckets 16 and 32: every other step runs padded to one.
         max_num_seqs=6,

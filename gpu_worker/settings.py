@@ -131,9 +131,8 @@ class WorkerSettings(PoolingSettings):  # its pooling fields: pooling_settings.p
         default=False,
         description="With cuda_graphs, also replay the other steps of up to 512 tokens (prefill chunks "
         "with decodes) as piecewise graphs, one per layer and token bucket, attention run eagerly "
-        "between them (Llama, Mistral, Qwen2, Qwen3). Off until measured on a GPU: the pieces are "
-        "captured from the uncompiled layers, without inductor's fusions. On cpu, runs the same "
-        "padded pieces eagerly.",
+        "between them (Llama, Mistral, Qwen2, Qwen3), the pieces compiled by inductor with compile. "
+        "Off until measured on a GPU. On cpu, runs the same padded pieces eagerly.",
     )
     compile: bool = Field(
         default=True,

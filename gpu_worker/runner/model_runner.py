@@ -153,6 +153,8 @@ class ModelRunner:
                     max_num_batched_tokens=self.max_num_batched_tokens,
                     device=self.device,
                     capture=capture,
+                    # Inductor's fused pieces, as the forward is (the CPU tests run them eagerly).
+                    compile_backend="inductor" if settings.compile and capture is not None else None,
                 )
                 self.piecewise_graphs.capture()
 

@@ -22,9 +22,11 @@ sampling row per request, plus drafts and prompt rows): captured, it would run o
 Attention runs eagerly, so any backend works; the runner builds these only where it captures decode
 graphs (the triton backend), for a text decoder of our own, when WORKER_PIECEWISE_CUDA_GRAPHS asks:
 decode-only steps still replay their full graph (cuda_graphs.py), and steps past the largest bucket
-run the compiled forward. The pieces are the layers' own eager code, not inductor's fused kernels
-(the compiled forward is one graph around attention): a replay saves every launch but runs the
-norms, RoPE and SiLU unfused, which is why the setting is off until a GPU measures it.
+run the compiled forward. The compiled forward is one graph with attention inside, so the pieces are
+compiled apart (`compile_backend`, inductor on a GPU with WORKER_COMPILE): each is a function of the
+modules it runs, so one graph serves every layer, the layers' weights its inputs. Uncompiled, a replay
+would save every launch but run the norms, RoPE and SiLU unfused. The setting is off until a GPU
+measures it (docs/benchmarks.md, *GPU predictions*).
 
 Without capture (`capture=None`, the CPU) the same padded pieces run eagerly: that is how the CPU
 tests check the padding. A bucket whose capture fails runs eagerly the same way, with one warning.
@@ -37,8 +39,9 @@ from __future__ import annotations
 import functools
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -47,9 +50,10 @@ from gpu_worker.runner.forward.attention_op import layer_pools, step_context
 from gpu_worker.runner.forward.decoder import Decoder, DecoderLayer
 from gpu_worker.runner.graph_capture import Graph, GraphCapture, Step
 from gpu_worker.runner.input_batch import InputBatch
-from gpu_worker.runner.lora.step import LoRAStep
 
 logger = logging.getLogger(__name__)
+
+_Out = TypeVar("_Out")
 
 # Past this many tokens a step's GEMMs outweigh its launches, and padding would cost more than the
 # graphs save (vLLM caps its capture sizes at 512 by default too); larger steps run eagerly.
@@ -87,9 +91,12 @@ class PiecewiseGraphs:
         max_num_batched_tokens: int,
         device: torch.device,
         capture: GraphCapture | None,
+        compile_backend: str | None = None,
     ) -> None:
         """`capture`: how pieces are captured (`CudaGraphCapture` on a GPU, the pool shared with the
-        decode graphs); None runs every bucket eagerly from the padded buffers."""
+        decode graphs); None runs every bucket eagerly from the padded buffers. `compile_backend`:
+        torch.compile's, for the pieces (inductor on a GPU: fused norms, RoPE and SiLU), compiled at
+        their first run (a capture's warm-up); None, or a failed compile, runs them uncompiled."""
         if model.takes_embeds or model.mrope:
             raise ValueError("piecewise CUDA graphs take token ids: a text decoder's steps only")
         self.model = model
@@ -117,6 +124,11 @@ class PiecewiseGraphs:
         self.k = buffer(size, num_kv_heads, first.head_dim)
         self.v = buffer(size, num_kv_heads, first.head_dim)
         self.attn = buffer(size, num_heads, first.head_dim)
+        self._compiled: dict[Callable[..., Any], Callable[..., Any]] = {
+            piece: torch.compile(piece, backend=compile_backend)
+            for piece in (first_piece, layer_piece, last_piece)
+            if compile_backend is not None
+        }
         self._graphs: dict[int, list[Graph]] = {}  # per bucket, its pieces in order
         self.failed: dict[int, str] = {}  # buckets whose capture failed (they run eagerly), with why
         self.num_runs = 0  # steps served from these buffers (tests and stats)
@@ -206,28 +218,85 @@ class PiecewiseGraphs:
 
     def _first(self, size: int) -> None:
         """Embeddings, cos/sin and layer 0's pre-attention."""
-        hidden = self.model.embed_tokens(self.input_ids[:size])
-        cos, sin = self.model.rope(hidden, self.positions[:size])
-        self.cos[:size].copy_(cos)
-        self.sin[:size].copy_(sin)
-        self.hidden[:size].copy_(hidden)
-        self._pre_attention(size, 0, hidden)
+        lora_ids = None if self.lora_ids is None else self.lora_ids[:size]
+        outputs = self._call(first_piece, self.model, self.input_ids[:size], self.positions[:size], lora_ids)
+        buffers = self.hidden, self.cos, self.sin, self.q, self.k, self.v
+        for buffer, out in zip(buffers, outputs, strict=True):
+            buffer[:size].copy_(out)
 
     def _between(self, size: int, i: int) -> None:
         """Layer i's post-attention, then layer i+1's pre-attention, or the final norm after the last."""
-        hidden = self.layers[i].post_attention(self.hidden[:size], self.attn[:size], self._lora(size))
-        if i + 1 < len(self.layers):
-            self.hidden[:size].copy_(hidden)
-            self._pre_attention(size, i + 1, hidden)
-        else:
-            self.hidden[:size].copy_(self.model.norm(hidden))
+        lora_ids = None if self.lora_ids is None else self.lora_ids[:size]
+        hidden, attn = self.hidden[:size], self.attn[:size]
+        if i + 1 == len(self.layers):
+            hidden.copy_(self._call(last_piece, self.model, self.layers[i], hidden, attn, lora_ids))
+            return
+        cos, sin = self.cos[:size], self.sin[:size]
+        layers = self.layers[i], self.layers[i + 1]
+        outputs = self._call(layer_piece, self.model, *layers, hidden, attn, cos, sin, lora_ids)
+        for buffer, out in zip((self.hidden, self.q, self.k, self.v), outputs, strict=True):
+            buffer[:size].copy_(out)
 
-    def _pre_attention(self, size: int, i: int, hidden: torch.Tensor) -> None:
-        q, k, v = self.layers[i].pre_attention(hidden, self.cos[:size], self.sin[:size], self._lora(size))
-        self.q[:size].copy_(q)
-        self.k[:size].copy_(k)
-        self.v[:size].copy_(v)
+    def _call(self, piece: Callable[..., _Out], *args: Any) -> _Out:
+        """`piece` compiled (when a backend was given and none of its compiles failed), else eager."""
+        compiled = self._compiled.get(piece)
+        if compiled is None:
+            return piece(*args)
+        try:
+            # Floats (eps, scales) as constants, as the forward's compile takes them (compile.py).
+            with torch._dynamo.config.patch(specialize_float=True):
+                out: _Out = compiled(*args)
+        except Exception as exc:  # a compile's failure; an error of the piece itself raises again below
+            logger.warning(
+                "compiling the piecewise graphs' pieces failed, they run uncompiled: %s: %s",
+                type(exc).__name__,
+                exc,
+            )
+            self._compiled.clear()
+            return piece(*args)
+        return out
 
-    def _lora(self, size: int) -> LoRAStep | None:
-        # Made again in each piece from the slots (a few small ops): no piece's output outlives it.
-        return None if self.lora_ids is None else self.model.lora_step(self.lora_ids[:size])
+
+# The pieces as functions of the modules they run (layers passed in, not looked up by index): one
+# compiled graph serves every layer, their weights its inputs (dynamo's inlined nn modules).
+# Copies into the static buffers stay outside, so nothing compiled mutates an input.
+
+
+def first_piece(
+    model: Decoder, input_ids: torch.Tensor, positions: torch.Tensor, lora_ids: torch.Tensor | None
+) -> tuple[torch.Tensor, ...]:
+    """-> hidden, cos, sin, then layer 0's q, k, v."""
+    hidden = model.embed_tokens(input_ids)
+    cos, sin = model.rope(hidden, positions)
+    first: DecoderLayer = model.layers[0]  # type: ignore[assignment]  # nn.ModuleList
+    q, k, v = first.pre_attention(hidden, cos, sin, model.lora_step(lora_ids))
+    return hidden, cos, sin, q, k, v
+
+
+def layer_piece(
+    model: Decoder,
+    layer: DecoderLayer,
+    next_layer: DecoderLayer,
+    hidden: torch.Tensor,
+    attn: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    lora_ids: torch.Tensor | None,
+) -> tuple[torch.Tensor, ...]:
+    """-> `layer`'s output (the next one's residual), then `next_layer`'s q, k, v."""
+    # Made again in each piece from the slots (a few small ops): no piece's output outlives it.
+    lora = model.lora_step(lora_ids)
+    hidden = layer.post_attention(hidden, attn, lora)
+    return hidden, *next_layer.pre_attention(hidden, cos, sin, lora)
+
+
+def last_piece(
+    model: Decoder,
+    layer: DecoderLayer,
+    hidden: torch.Tensor,
+    attn: torch.Tensor,
+    lora_ids: torch.Tensor | None,
+) -> torch.Tensor:
+    """-> the final norm of the last layer's output."""
+    normed: torch.Tensor = model.norm(layer.post_attention(hidden, attn, model.lora_step(lora_ids)))
+    return normed

@@ -5,11 +5,13 @@ device: tests/unit/gpu_worker/test_capture_rules.py; in a runner: test_model_run
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
 import torch
+from torch._dynamo.utils import counters
 
 from common.protocol import LoRARequest, SamplingParams
 from gpu_worker.runner.cached_request_state import CachedRequestState
@@ -71,12 +73,19 @@ def _unpadded(runner: ModelRunner, batch: InputBatch) -> torch.Tensor:
     return logits
 
 
-def _check_mixed_steps(runner: ModelRunner, slots: Mapping[str, int] | None = None) -> PiecewiseGraphs:
+def _check_mixed_steps(
+    runner: ModelRunner, slots: Mapping[str, int] | None = None, compile_backend: str | None = None
+) -> PiecewiseGraphs:
     """Three decodes and a prefill chunk, 16 tokens (bucket 16) then 17 (bucket 32), after a step
     that filled their context: the padded pieces' logits are the unpadded forward's."""
     assert isinstance(runner.model, Decoder)
     graphs = PiecewiseGraphs(
-        runner.model, runner.attn_backend, max_num_batched_tokens=32, device=runner.device, capture=None
+        runner.model,
+        runner.attn_backend,
+        max_num_batched_tokens=32,
+        device=runner.device,
+        capture=None,
+        compile_backend=compile_backend,
     )
     assert graphs.buckets == [16, 32]
     with torch.inference_mode():
@@ -101,6 +110,20 @@ def test_padded_pieces_give_the_unpadded_logits(tiny_model_dir: Path) -> None:
     runner = make_runner(tiny_model_dir, compile=False)
     graphs = _check_mixed_steps(runner)
     assert graphs.num_runs == 2 and graphs.lora_ids is None
+
+
+def test_compiled_pieces_give_the_same_logits(tiny_model_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Through torch.compile (AOTAutograd without inductor here, which needs a GPU to be the one
+    that matters): every piece compiles, none falls back, a graph per piece kind and shape."""
+    runner = make_runner(tiny_model_dir, compile=False)
+    torch._dynamo.reset()
+    counters.clear()
+    with caplog.at_level(logging.WARNING, logger="gpu_worker.runner.piecewise_graphs"):
+        graphs = _check_mixed_steps(runner, compile_backend="aot_eager")
+    assert not caplog.records
+    assert len(graphs._compiled) == 3  # none fell back
+    # first, layer and last pieces, at 16 rows, then once more with the row count dynamic.
+    assert counters["stats"]["unique_graphs"] == 6, dict(counters["stats"])
 
 
 def test_padded_pieces_with_adapters(tiny_model_dir: Path, lora_adapters: dict[str, Path]) -> None:

@@ -1,9 +1,10 @@
 """How a step becomes a CUDA graph: warmed up on a side stream, then captured into a memory pool
-that every graph of the worker shares (cuda_graphs.py decides which steps, and what a failed capture
-means).
+that every graph of the worker shares (cuda_graphs.py and piecewise_graphs.py decide which steps, and
+what a failed capture means).
 
-`DecodeGraphs` takes any `GraphCapture`: `CudaGraphCapture` on a GPU; the tests' fake device
-(harness/gpu_worker/fake_cuda.py) captures by running the step under the rules a capture enforces.
+`DecodeGraphs` and `PiecewiseGraphs` take any `GraphCapture`: `CudaGraphCapture` on a GPU; the
+tests' fake device (harness/gpu_worker/fake_cuda.py) captures by running the step under the rules a
+capture enforces.
 """
 
 from __future__ import annotations

@@ -97,12 +97,14 @@ def _check_mixed_steps(
             assert batch.input_ids.shape[1] == chunk + 3
             expected = _unpadded(runner, batch)
             runs = graphs.bucket_runs[bucket]
+            # Attention never writes the padding rows: NaN there must stay in them.
+            graphs.attn.fill_(float("nan"))
             logits = graphs.run(batch)
             assert graphs.bucket_runs[bucket] == runs + 1
             assert logits.shape == expected.shape == (4, runner.vocab_size)
             torch.testing.assert_close(logits, expected, rtol=1e-5, atol=1e-5)
             assert torch.equal(logits.argmax(-1), expected.argmax(-1))
-    # Padding rows computed something (stale buffers), in their own rows only.
+            assert graphs.hidden[batch.input_ids.shape[1] : bucket].isnan().all()
     return graphs
 
 
@@ -113,8 +115,8 @@ def test_padded_pieces_give_the_unpadded_logits(tiny_model_dir: Path) -> None:
 
 
 def test_compiled_pieces_give_the_same_logits(tiny_model_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
-    """Through torch.compile (AOTAutograd without inductor here, which needs a GPU to be the one
-    that matters): every piece compiles, none falls back, a graph per piece kind and shape."""
+    """Through torch.compile, AOTAutograd's eager backend here (inductor on this CPU takes ~45 s and
+    passed it too, by hand): every piece compiles, none falls back, a graph per piece kind and shape."""
     runner = make_runner(tiny_model_dir, compile=False)
     torch._dynamo.reset()
     counters.clear()

@@ -1,24 +1,32 @@
 """Piecewise graphs' padded pieces (gpu_worker/runner/piecewise_graphs.py) run eagerly on the CPU: a
 step of prefill chunks and decodes padded to its token bucket gives the logits of the unpadded
-forward, at a bucket's exact size and one past it, with adapters too. Their capture on the fake CUDA
-device: tests/unit/gpu_worker/test_capture_rules.py; in a runner: test_model_runner_triton.py."""
+forward, at a bucket's exact size and one past it, with adapters too, compiled too; through the
+in-process engine, steps with drafts and chunks give transformers' greedy tokens. Their capture on
+the fake CUDA device: tests/unit/gpu_worker/test_capture_rules.py; in a runner:
+test_model_runner_triton.py."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 from torch._dynamo.utils import counters
 
-from common.protocol import LoRARequest, SamplingParams
+from batcher.core.scheduler import SchedulerConfig
+from benchmarks.gpu.gpu_parity import reference_greedy
+from cbserve.offline.engine import LLMEngine
+from common.protocol import LoRARequest, SamplingParams, TokenEvent
 from gpu_worker.runner.cached_request_state import CachedRequestState
 from gpu_worker.runner.forward.decoder import Decoder
 from gpu_worker.runner.input_batch import InputBatch, ScheduledRequest, build_input_batch
 from gpu_worker.runner.model_runner import ModelRunner
 from gpu_worker.runner.piecewise_graphs import MAX_PIECEWISE_TOKENS, PiecewiseGraphs, token_buckets
+from gpu_worker.settings import WorkerSettings
+from tests.unit.gpu_worker.spec_decode.test_spec_decode import NGRAM, PROMPTS
 from tests.unit.gpu_worker.test_model_runner import make_runner
 
 BLOCK_SIZE = 16  # test_model_runner's
@@ -144,3 +152,41 @@ def test_padded_pieces_with_adapters(tiny_model_dir: Path, lora_adapters: dict[s
     slots["r2"] = slot_of[adapters[1].cache_key]
     graphs = _check_mixed_steps(runner, slots)
     assert graphs.lora_ids is not None
+
+
+def test_steps_with_drafts_and_chunks_equal_generate(tiny_model_dir: Path) -> None:
+    """The real scheduler and runner (triton backend, interpreted), n-gram drafts and chunked
+    prefill: the steps decode graphs cannot take (drafts to verify, chunks) run padded through the
+    pieces, and greedy tokens stay transformers' own."""
+    prompts, max_tokens = PROMPTS[:3], [24, 20, 12]
+    budget: dict[str, Any] = {"max_num_seqs": 8, "max_num_batched_tokens": 32}
+    engine = LLMEngine.load(
+        WorkerSettings(
+            model=str(tiny_model_dir),
+            num_blocks=64,
+            block_size=8,
+            worker_id="w",
+            attention_backend="triton",
+            cuda_graphs=True,
+            piecewise_cuda_graphs=True,
+            speculative_config=NGRAM,
+            **budget,
+        ),
+        SchedulerConfig(**budget, speculative=NGRAM),
+    )
+    for i, (prompt, n) in enumerate(zip(prompts, max_tokens, strict=True)):
+        engine.add_request(f"r{i}", prompt, SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True))
+    outputs: dict[str, list[int]] = {f"r{i}": [] for i in range(len(prompts))}
+    for _ in range(200):
+        if not engine.has_unfinished_requests():
+            break
+        for event in engine.step().events:
+            assert isinstance(event, TokenEvent)
+            outputs[event.req_id].append(event.token_id)
+    assert [outputs[f"r{i}"] for i in range(len(prompts))] == reference_greedy(
+        tiny_model_dir, prompts, max_tokens
+    )
+    assert engine.stats.spec_decode_num_accepted_tokens > 0
+    runner = engine.runner
+    assert isinstance(runner, ModelRunner) and runner.piecewise_graphs is not None
+    assert runner.piecewise_graphs.bucket_runs[16] > 0 and runner.piecewise_graphs.bucket_runs[32] > 0

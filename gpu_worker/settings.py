@@ -127,6 +127,13 @@ class WorkerSettings(PoolingSettings):  # its pooling fields: pooling_settings.p
         "size (needs the triton backend). Default: on for cuda, off for cpu; on cpu, true runs the same "
         "padded static buffers eagerly (how the tests check the padding).",
     )
+    piecewise_cuda_graphs: bool = Field(
+        default=False,
+        description="With cuda_graphs, also replay the other steps of up to 512 tokens (prefill chunks "
+        "with decodes) as piecewise graphs, one per layer and token bucket, attention run eagerly "
+        "between them (Llama, Mistral, Qwen2, Qwen3), the pieces compiled by inductor with compile. "
+        "Off until measured on a GPU. On cpu, runs the same padded pieces eagerly.",
+    )
     compile: bool = Field(
         default=True,
         description="torch.compile (inductor) the model's forward, paged attention kept as an opaque "

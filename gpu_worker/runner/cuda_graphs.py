@@ -5,8 +5,9 @@ A decode step of a small or mid-sized model is bound by kernel launches (hundred
 dispatched by Python); a replayed graph submits them all at once. A graph holds fixed shapes and
 addresses, so inputs live in static buffers sized for the largest batch: padding rows attend nothing
 (seq_len 0) and write nowhere (slot -1), and every graph reads block tables as wide as the longest
-sequence the worker admits. Steps with prefill chunks run eagerly. Only the Triton backend can be
-captured: the torch backend plans its work from host values.
+sequence the worker admits. Steps with prefill chunks run eagerly, or as pieces around attention
+(piecewise_graphs.py, WORKER_PIECEWISE_CUDA_GRAPHS). Only the Triton backend can be captured: the
+torch backend plans its work from host values.
 
 Without capture (`capture=None`, the CPU) the same padded buffers run eagerly: that is how the CPU
 test suite checks the padding. A size whose capture fails runs eagerly the same way, with a warning.

@@ -1,10 +1,11 @@
 """How a step becomes a CUDA graph: warmed up on a side stream, then captured into a memory pool
-that every graph of one `CudaGraphCapture` shares (cuda_graphs.py decides which steps, and what a
-failed capture means; the draft model's loop, spec_decode/draft_loop.py, has a capture of its own).
+that every graph of one `CudaGraphCapture` shares (cuda_graphs.py and piecewise_graphs.py decide which
+steps, and what a failed capture means; the draft model's loop, spec_decode/draft_loop.py, has a
+capture of its own).
 
-`DecodeGraphs` and the draft loop take any `GraphCapture`: `CudaGraphCapture` on a GPU; the tests'
-fake device (harness/gpu_worker/fake_cuda.py) captures by running the step under the rules a capture
-enforces.
+`DecodeGraphs`, `PiecewiseGraphs` and the draft loop take any `GraphCapture`: `CudaGraphCapture` on a
+GPU; the tests' fake device (harness/gpu_worker/fake_cuda.py) captures by running the step under the
+rules a capture enforces.
 """
 
 from __future__ import annotations

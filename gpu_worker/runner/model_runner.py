@@ -43,6 +43,7 @@ from gpu_worker.runner.load_model import (
 from gpu_worker.runner.lora.manager import LoRAManager
 from gpu_worker.runner.multimodal.mm_step import MultiModalInputs, add_images
 from gpu_worker.runner.multimodal.vision_model import VisionLanguageModel
+from gpu_worker.runner.piecewise_graphs import PiecewiseGraphs
 from gpu_worker.runner.profile import (
     MemorySnapshot,
     ProfileStep,
@@ -129,19 +130,33 @@ class ModelRunner:
         self._step_logprobs: dict[str, list[SampleLogprobs]] = {}  # per token of each run
         self.num_isolated_steps = 0  # steps that raised and were rerun request by request
         self.decode_graphs: DecodeGraphs | None = None  # none during the profiling step
+        self.piecewise_graphs: PiecewiseGraphs | None = None
         self._size_kv_cache(settings, profile, memory_at_start)
         # Captured last, over the real pool: graphs hold the addresses of the pool and the weights.
         # A vision-language model's steps take embeddings, which the decode graphs do not.
         if settings.resolved_cuda_graphs and not settings.null_model and self.mm is None:
+            capture = CudaGraphCapture() if self.device.type == "cuda" else None  # one pool for all
             self.decode_graphs = DecodeGraphs(
                 self.model,
                 self.attn_backend,
                 max_num_seqs=self.max_num_seqs,
                 max_model_len=self.max_model_len,
                 device=self.device,
-                capture=CudaGraphCapture() if self.device.type == "cuda" else None,
+                capture=capture,
             )
             self.decode_graphs.capture()
+            # The other steps, around attention: our own decoder's layers split there.
+            if settings.piecewise_cuda_graphs and isinstance(self.model, Decoder):
+                self.piecewise_graphs = PiecewiseGraphs(
+                    self.model,
+                    self.attn_backend,
+                    max_num_batched_tokens=self.max_num_batched_tokens,
+                    device=self.device,
+                    capture=capture,
+                    # Inductor's fused pieces, as the forward is (the CPU tests run them eagerly).
+                    compile_backend="inductor" if settings.compile and capture is not None else None,
+                )
+                self.piecewise_graphs.capture()
 
     def _lora_manager(self, settings: WorkerSettings) -> LoRAManager | None:
         if not settings.enable_lora:
@@ -448,9 +463,24 @@ class ModelRunner:
 
     def _forward(self, batch: InputBatch) -> torch.Tensor:
         """Logits of the rows that sample [N, vocab], then of the drafts' rows (verify_greedy): a
-        replayed graph for decode-only steps."""
+        replayed graph for decode-only steps, graphs around eager attention for other small steps."""
         if self.decode_graphs is not None and self.decode_graphs.can_run(batch):
             return self.decode_graphs.run(batch)
+        if self.piecewise_graphs is not None and self.piecewise_graphs.can_run(batch):
+            logits = self.piecewise_graphs.run(batch)
+        else:
+            logits = self._forward_eager(batch)
+        if batch.prompt_rows:
+            num_kept = batch.logits_indices.shape[0]
+            if batch.spec_indices is not None:
+                num_kept += batch.spec_indices.shape[0]
+            assert batch.prompt_targets is not None
+            collect_prompt_logprobs(logits[num_kept:], batch.prompt_targets, batch.prompt_rows)
+            logits = logits[:num_kept]
+        return logits
+
+    def _forward_eager(self, batch: InputBatch) -> torch.Tensor:
+        """The compiled forward's logits of the kept rows (uncaptured)."""
         # Only the worker's decoder takes slots (WORKER_ENABLE_LORA refuses any other model).
         extra: dict[str, torch.Tensor] = {} if batch.lora_ids is None else {"lora_ids": batch.lora_ids}
         position_ids = batch.position_ids
@@ -465,14 +495,7 @@ class ModelRunner:
             attn_metadata=batch.attn_metadata,
             **extra,
         )
-        logits = outputs.logits[0]
-        if batch.prompt_rows:
-            num_kept = batch.logits_indices.shape[0]
-            if batch.spec_indices is not None:
-                num_kept += batch.spec_indices.shape[0]
-            assert batch.prompt_targets is not None
-            collect_prompt_logprobs(logits[num_kept:], batch.prompt_targets, batch.prompt_rows)
-            logits = logits[:num_kept]
+        logits: torch.Tensor = outputs.logits[0]
         return logits
 
     @torch.inference_mode()

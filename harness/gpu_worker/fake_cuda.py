@@ -1,7 +1,7 @@
 """A CUDA device on a machine without one, for the capture-rules lane (capture_rules.py).
 
 torch's FakeTensorMode holds `cuda` tensors as shape, dtype and device without memory, so the worker's
-own code builds its model, KV pool, attention backend and decode graphs on "cuda" here as it does on a
+own code builds its model, KV pool, attention backend, decode and piecewise graphs on "cuda" here as on a
 GPU (`Decoder(...)` over a model moved to the device, `allocate_kv_cache(..., device)`), and runs
 them: every op computes metadata only. In a torch built without CUDA, indexing such a tensor needs a
 device guard for CUDA, which `fake_cuda()` registers (a no-op one, fake_cuda_guard.cpp, built with
@@ -36,6 +36,7 @@ from gpu_worker.runner.forward.decoder import FAMILIES, Decoder
 from gpu_worker.runner.graph_capture import GraphCapture
 from gpu_worker.runner.input_batch import InputBatch, ScheduledRequest, build_input_batch
 from gpu_worker.runner.load_model import Model, allocate_kv_cache, kv_shape
+from gpu_worker.runner.piecewise_graphs import PiecewiseGraphs
 from harness.gpu_worker.capture_rules import capture_rules, patched
 
 GUARD_SOURCE = Path(__file__).with_name("fake_cuda_guard.cpp")
@@ -110,24 +111,44 @@ def decode_graphs(model: Model, capture: GraphCapture, max_num_seqs: int) -> Dec
     )
 
 
+def piecewise_graphs(model: Decoder, capture: GraphCapture, max_num_batched_tokens: int) -> PiecewiseGraphs:
+    """The worker's piecewise graphs of `model` on the device, over `decode_graphs`' pool and backend."""
+    pool = allocate_kv_cache(kv_shape(model.config), 16, 16, model.dtype, DEVICE)
+    backend = make_attention_backend("triton", pool, group_decodes=False, dtype=model.dtype)
+    return PiecewiseGraphs(
+        model, backend, max_num_batched_tokens=max_num_batched_tokens, device=DEVICE, capture=capture
+    )
+
+
 def decode_batch(backend: AttentionBackend[Any], mode: FakeTensorMode, context_lens: list[int]) -> InputBatch:
-    """A decode step, one request per entry of `context_lens` (the tokens before the one it decodes),
-    as `build_input_batch` makes it on a GPU: planned on the host, its tensors copied to the device
-    (here the host planning runs on real tensors, since a fake one has no values to plan from)."""
+    """A decode step, one request per entry of `context_lens` (the tokens before the one it decodes)."""
+    return step_batch(backend, mode, [(n, 1) for n in context_lens])
+
+
+def step_batch(
+    backend: AttentionBackend[Any], mode: FakeTensorMode, steps: list[tuple[int, int]]
+) -> InputBatch:
+    """A step of one request per (context, num_tokens) entry: `num_tokens` computed after `context`
+    known ones (1: a decode, more: a prefill chunk), as `build_input_batch` makes it on a GPU: planned on
+    the host, its tensors copied to the device (here the host planning runs on real tensors, since a
+    fake one has no values to plan from)."""
     block_size = backend.kv_cache.block_size
     requests = []
-    for i, n in enumerate(context_lens):
-        blocks = -(-(n + 1) // block_size)
+    offset = 0
+    for i, (n, num_tokens) in enumerate(steps):
+        total = n + num_tokens
+        blocks = -(-total // block_size)
         state = CachedRequestState(
             req_id=f"r{i}",
-            token_ids=[(i + t) % 100 for t in range(n + 1)],
-            num_prompt_tokens=n + 1,
+            token_ids=[(i + t) % 100 for t in range(total)],
+            num_prompt_tokens=total,
             sampling_params=SamplingParams(temperature=0.0),
-            block_ids=list(range(i * blocks, (i + 1) * blocks)),
+            block_ids=list(range(offset, offset + blocks)),
             num_computed_tokens=n,
             attempt=0,
         )
-        requests.append(ScheduledRequest(state, 1))
+        offset += blocks
+        requests.append(ScheduledRequest(state, num_tokens))
     with unset_fake_temporarily():
         batch = build_input_batch(requests, backend, torch.device("cpu"))
 

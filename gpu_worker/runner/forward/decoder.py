@@ -119,8 +119,15 @@ class DecoderLayer(nn.Module):
         lora: LoRAStep | None = None,
     ) -> torch.Tensor:
         """hidden [T, hidden], cos/sin [T, 1, head_dim], this layer's K and V pools (written) ->
-        [T, hidden]; `lora`: the step's adapters."""
-        residual = hidden
+        [T, hidden]; `lora`: the step's adapters. Three parts, so that the piecewise CUDA graphs
+        (gpu_worker/runner/piecewise_graphs.py) can capture what is around attention and run it alone."""
+        q, k, v = self.pre_attention(hidden, cos, sin, lora)
+        return self.post_attention(hidden, self.attention(q, k, v, pools), lora)
+
+    def pre_attention(
+        self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, lora: LoRAStep | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """hidden [T, hidden] -> q [T, H, D], k and v [T, KVH, D]: input norm, q/k/v, q/k norms, RoPE."""
         normed = self.input_layernorm(hidden)
         qkv = self.qkv_proj(normed)
         if lora is not None and self.lora is not None:
@@ -133,12 +140,26 @@ class DecoderLayer(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q = q * cos + _rotate_half(q) * sin
         k = k * cos + _rotate_half(k) * sin
+        return q, k, v
+
+    def attention(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pools: tuple[torch.Tensor, torch.Tensor]
+    ) -> torch.Tensor:
+        """Paged attention over the step's context (attention_op.py), K/V written -> [T, H, D]."""
         op = (
             torch.ops.cbserve_cpu.paged_attention
             if self.native_attention
             else torch.ops.cbserve.paged_attention
         )
-        attn = op(q, k, v, *pools, self.layer_idx, self.scale, self.window)
+        attn: torch.Tensor = op(q, k, v, *pools, self.layer_idx, self.scale, self.window)
+        return attn
+
+    def post_attention(
+        self, hidden: torch.Tensor, attn: torch.Tensor, lora: LoRAStep | None = None
+    ) -> torch.Tensor:
+        """The layer's input `hidden` [T, hidden] (the residual) and attention's output [T, H, D] ->
+        [T, hidden]: o_proj, residual, post-attention norm, MLP, residual."""
+        residual = hidden
         attn = attn.flatten(1)
         out = self.o_proj(attn)
         if lora is not None and self.lora is not None:
@@ -215,19 +236,29 @@ class Decoder(nn.Module):
         M-RoPE), kept [N], each layer's K and V pool (and lora_ids [T] with LoRA slots) -> logits
         [N, vocab]: what is compiled."""
         hidden = input_ids if self.takes_embeds else self.embed_tokens(input_ids)
-        # M-RoPE's rotary module takes [3, 1, T] and merges its sections itself: cos/sin come out [1, T, d].
-        rope_positions = positions.t().unsqueeze(1) if self.mrope else positions.unsqueeze(0)
-        cos, sin = self.rotary_emb(hidden, rope_positions)
-        cos, sin = cos[0].unsqueeze(1), sin[0].unsqueeze(1)  # [T, 1, head_dim]: broadcast over heads
-        lora = None
-        if lora_ids is not None and self.lora_config is not None:
+        cos, sin = self.rope(hidden, positions)
+        if lora_ids is not None:
             # Two unbacked token counts to the compiler: they are one.
             torch._check(lora_ids.shape[0] == input_ids.shape[0])
-            config = self.lora_config
-            lora = make_lora_step(lora_ids, config.max_loras, config.kernel, self.dtype)
+        lora = self.lora_step(lora_ids)
         for layer, pools in zip(self.layers, zip(k_pools, v_pools, strict=True), strict=True):
             hidden = layer(hidden, cos, sin, pools, lora)
         return self.lm_head(self.norm(hidden.index_select(0, kept)))
+
+    def rope(self, hidden: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """hidden [T, hidden] (for its dtype), positions [T] ([T, 3] with M-RoPE) -> cos, sin
+        [T, 1, head_dim]: broadcast over heads."""
+        # M-RoPE's rotary module takes [3, 1, T] and merges its sections itself: cos/sin come out [1, T, d].
+        rope_positions = positions.t().unsqueeze(1) if self.mrope else positions.unsqueeze(0)
+        cos, sin = self.rotary_emb(hidden, rope_positions)
+        return cos[0].unsqueeze(1), sin[0].unsqueeze(1)
+
+    def lora_step(self, lora_ids: torch.Tensor | None) -> LoRAStep | None:
+        """The step's adapters from each token's slot; None without LoRA slots."""
+        if lora_ids is None or self.lora_config is None:
+            return None
+        config = self.lora_config
+        return make_lora_step(lora_ids, config.max_loras, config.kernel, self.dtype)
 
     def forward(
         self,

@@ -3,9 +3,11 @@
 
 First the rules themselves, each of which must fail on what it names and pass what a capture
 allows; then every region the worker captures: the decode graphs' step (`DecodeGraphs._forward`,
-through `DecodeGraphs.capture()`), for each family the worker serves. A review predicted, before any
-GPU ran it, that this capture would die at startup for the Llama family (the decoder built its
-`logits_to_keep` rows on the host and copied them in); this lane found exactly that.
+through `DecodeGraphs.capture()`), for each family the worker serves, and the piecewise graphs' pieces
+around attention (`PiecewiseGraphs.capture()`), for each family of the worker's own decoder. A review
+predicted, before any GPU ran it, that the decode capture would die at startup for the Llama family
+(the decoder built its `logits_to_keep` rows on the host and copied them in); this lane found exactly
+that.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ from harness.gpu_worker.fake_cuda import (
     decode_graphs,
     fake_cuda,
     model_on_fake_cuda,
+    piecewise_graphs,
+    step_batch,
     to_fake_cuda,
 )
 from harness.models.family_models import FAMILIES, SMALL
@@ -173,6 +177,63 @@ def test_decode_graphs_capture_lora_slots() -> None:
     layer = [shrink, *[expand] * 3, *DECODE_ATTENTION, shrink, expand, shrink, expand, expand, shrink, expand]
     for graph in capture.graphs:
         assert graph.launches == layer * 2
+
+
+# The decoder families whose layers split around attention, for the piecewise graphs.
+DECODER_FAMILIES = ("llama", "qwen3", "mistral", "qwen2_window")
+
+
+@pytest.mark.parametrize("family", DECODER_FAMILIES)
+def test_piecewise_graphs_capture_every_piece_of_every_bucket(family: str) -> None:
+    """Every piece around attention (embeddings and layer 0's pre-attention, then each layer's
+    post-attention with the next one's pre-attention) makes no host tensor and waits for nothing, at
+    every token bucket; then a step of prefill chunks and decodes replays them, attention run eagerly
+    between them."""
+    torch.manual_seed(0)
+    hf_model = AutoModelForCausalLM.from_config(
+        CONFIGS[family](), attn_implementation=register_paged_attention(), dtype=torch.bfloat16
+    ).eval()
+    capture = CheckedCapture()
+    with fake_cuda() as mode:
+        model = model_on_fake_cuda(hf_model, mode)
+        assert isinstance(model, Decoder)
+        graphs = piecewise_graphs(model, capture, max_num_batched_tokens=40)
+        graphs.capture()
+        assert graphs.failed == {}
+        assert graphs.captured_buckets == [16, 32, 40]
+        pieces = 1 + 2  # the first, one after each layer's attention
+        assert capture.num_warm_ups == capture.num_captures == 3 * pieces
+        assert all(graph.launches == [] for graph in capture.graphs)  # aten ops only: attention is out
+        # Two decodes and a 20-token chunk over 5 cached tokens: 22 tokens, the bucket of 32. Each
+        # piece replays under the rules again; attention, between them, is as free as any eager op.
+        logits = graphs.run(step_batch(graphs.backend, mode, [(30, 1), (9, 1), (5, 20)]))
+        assert logits.shape == (3, SIZES["vocab_size"])
+    assert graphs.bucket_runs == {16: 0, 32: 1, 40: 0}
+    of_32 = capture.graphs[pieces : 2 * pieces]  # captured largest bucket first
+    assert [graph.num_replays for graph in of_32] == [1] * pieces
+
+
+def test_piecewise_graphs_capture_lora_slots() -> None:
+    """With LoRA slots on CUDA's path, each piece sorts the tokens by slot on the device and holds its
+    adapted linears' shrink / expand kernels."""
+    torch.manual_seed(0)
+    hf_model = AutoModelForCausalLM.from_config(
+        LlamaConfig(**SIZES), attn_implementation=register_paged_attention(), dtype=torch.bfloat16
+    ).eval()
+    capture = CheckedCapture()
+    with fake_cuda() as mode:
+        to_fake_cuda(hf_model, mode)
+        model = Decoder(hf_model, None, LoRAConfig(max_loras=2, max_lora_rank=8, kernel="triton"))
+        graphs = piecewise_graphs(model, capture, max_num_batched_tokens=32)
+        assert graphs.lora_ids is not None
+        graphs.capture()
+    assert graphs.failed == {} and graphs.captured_buckets == [16, 32]
+    shrink, expand = "_lora_shrink_kernel", "_lora_expand_kernel"
+    pre = [shrink, *[expand] * 3]  # q/k/v
+    post = [shrink, expand, shrink, expand, expand, shrink, expand]  # o, gate/up, down
+    for bucket in range(2):
+        first, between, last = capture.graphs[3 * bucket : 3 * bucket + 3]
+        assert (first.launches, between.launches, last.launches) == (pre, post + pre, post)
 
 
 # ---- the sampler's device functions (not captured today; kept capturable) ----------------------------

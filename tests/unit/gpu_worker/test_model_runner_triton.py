@@ -1,6 +1,7 @@
 """ModelRunner with the triton attention backend (under Triton's interpreter on the CPU): greedy
 tokens equal transformers' generate through prefill, chunked prefill, decode and preemption, also
-with decode steps padded into the static buffers that CUDA graphs replay."""
+with decode steps padded into the static buffers that CUDA graphs replay, and the other steps padded to
+a token bucket of the piecewise graphs' buffers (attention between the pieces, on the real rows)."""
 
 from __future__ import annotations
 
@@ -25,7 +26,9 @@ def test_triton_backend_greedy_equals_transformers_generate(tiny_model_dir: Path
         worker_id="triton",
         attention_backend="triton",
         cuda_graphs=graphs,
-        # Graph sizes 1, 2, 4, 6: three or five decodes run padded, with rows that do nothing.
+        piecewise_cuda_graphs=graphs,
+        # Graph sizes 1, 2, 4, 6: three or five decodes run padded, with rows that do nothing;
+        # token buckets 16 and 32: every other step runs padded to one.
         max_num_seqs=6,
         max_num_batched_tokens=32,
     )
@@ -41,3 +44,8 @@ def test_triton_backend_greedy_equals_transformers_generate(tiny_model_dir: Path
         assert req.outputs == generate_alone(tiny_model_dir, req.prompt, req.params.max_tokens), req.req_id
     replays = 0 if runner.decode_graphs is None else runner.decode_graphs.num_replays
     assert (replays > 0) == graphs
+    piecewise = runner.piecewise_graphs
+    assert (piecewise is not None) == graphs
+    if piecewise is not None:
+        assert piecewise.buckets == [16, 32]
+        assert all(n > 0 for n in piecewise.bucket_runs.values()), piecewise.bucket_runs

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from gpu_worker.runner.attention.backend import AttentionBackend, AttentionContext, CommonAttentionMetadata
-from gpu_worker.runner.graph_capture import Graph, GraphCapture
+from gpu_worker.runner.graph_capture import Graph, GraphCapture, Step
 from gpu_worker.runner.input_batch import InputBatch
 
 if TYPE_CHECKING:
@@ -104,39 +104,49 @@ class DecodeBuffers:
 
 
 def capture_each(
-    capture: GraphCapture, sizes: list[int], step: Callable[[int], None], what: str
-) -> tuple[dict[int, Graph], dict[int, str]]:
-    """`step(size)` captured once per size, largest first; logs time and memory. A size whose capture
-    fails runs eagerly from the same buffers (one warning for all such sizes, naming `what`): a
-    worker that cannot capture serves slower, it does not die at startup. Returns the graphs and
-    the sizes that failed, with why."""
+    capture: GraphCapture,
+    sizes: list[int],
+    pieces: Callable[[int], list[Step]],
+    what: str,
+    unit: str = "rows",
+) -> tuple[dict[int, list[Graph]], dict[int, str]]:
+    """Each size's `pieces(size)` captured in turn, one graph each, largest size first; logs time and
+    memory. A size any piece of which fails to capture runs eagerly from the same buffers (one
+    warning for all such sizes, naming `what` of so many `unit`): a worker that cannot capture serves
+    slower, it does not die at startup. Returns each size's graphs and the sizes that failed, with why."""
     started = time.perf_counter()
-    graphs: dict[int, Graph] = {}
+    graphs: dict[int, list[Graph]] = {}
     errors: dict[int, RuntimeError] = {}
     with torch.inference_mode():
         for size in reversed(sizes):
-            sized = functools.partial(step, size)
-            # Eager, as every uncaptured step runs: an error here is the step's own, and stops us.
-            capture.warm_up(sized)
-            try:
-                graphs[size] = capture.capture(sized)
-            except RuntimeError as exc:  # torch's capture errors (AcceleratorError is one too)
-                errors[size] = exc
+            captured: list[Graph] = []
+            for piece in pieces(size):
+                # Eager, as every uncaptured step runs: an error here is the step's own, and stops us.
+                capture.warm_up(piece)
+                try:
+                    captured.append(capture.capture(piece))
+                except RuntimeError as exc:  # torch's capture errors (AcceleratorError is one too)
+                    errors[size] = exc
+                    break
+            else:
+                graphs[size] = captured
     failed = {size: str(exc) for size, exc in sorted(errors.items())}
     if errors:
         first = errors[max(errors)]
         logger.warning(
-            "CUDA graph capture failed for %s of %s rows: they run eagerly (%s)",
+            "CUDA graph capture failed for %s of %s %s: they run eagerly (%s)",
             what,
             ", ".join(map(str, failed)),
+            unit,
             first,
             exc_info=first,
         )
     logger.info(
-        "captured %d CUDA graphs for %s up to %d in %.1f s, using %.0f MiB",
-        len(graphs),
+        "captured %d CUDA graphs for %s up to %d %s in %.1f s, using %.0f MiB",
+        sum(map(len, graphs.values())),
         what,
         sizes[-1],
+        unit,
         time.perf_counter() - started,
         capture.memory_used() / 2**20,
     )
@@ -173,9 +183,12 @@ class DecodeGraphs(DecodeBuffers):
     def capture(self) -> None:
         """Capture one graph per size (`capture_each`)."""
         if self._capture is not None:
-            self._graphs, self.failed = capture_each(
-                self._capture, self.sizes, self._forward, "decode batches"
-            )
+            graphs, self.failed = capture_each(self._capture, self.sizes, self._pieces, "decode batches")
+            self._graphs = {size: graph for size, (graph,) in graphs.items()}
+
+    def _pieces(self, size: int) -> list[Step]:
+        """What a size's graph holds: the whole padded step, one piece."""
+        return [functools.partial(self._forward, size)]
 
     @property
     def captured_sizes(self) -> list[int]:

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -46,6 +45,7 @@ from typing import Any, TypeVar
 import torch
 
 from gpu_worker.runner.attention.backend import AttentionBackend
+from gpu_worker.runner.cuda_graphs import capture_each
 from gpu_worker.runner.forward.attention_op import layer_pools, step_context
 from gpu_worker.runner.forward.decoder import Decoder, DecoderLayer
 from gpu_worker.runner.graph_capture import Graph, GraphCapture, Step
@@ -135,42 +135,12 @@ class PiecewiseGraphs:
         self.bucket_runs: dict[int, int] = dict.fromkeys(self.buckets, 0)
 
     def capture(self) -> None:
-        """Capture every piece of every bucket, largest first; logs time and memory. A bucket whose
-        capture fails runs eagerly from the same buffers (one warning for all such buckets)."""
-        if self._capture is None:
-            return
-        started = time.perf_counter()
-        errors: dict[int, RuntimeError] = {}
-        with torch.inference_mode():
-            for size in reversed(self.buckets):
-                graphs = []
-                for piece in self._pieces(size):
-                    # Eager, as every uncaptured step runs: an error here is the step's own, and stops us.
-                    self._capture.warm_up(piece)
-                    try:
-                        graphs.append(self._capture.capture(piece))
-                    except RuntimeError as exc:  # torch's capture errors (AcceleratorError is one too)
-                        errors[size] = exc
-                        break
-                else:
-                    self._graphs[size] = graphs
-        self.failed = {size: str(exc) for size, exc in sorted(errors.items())}
-        if errors:
-            first = errors[max(errors)]
-            logger.warning(
-                "piecewise CUDA graph capture failed for steps of %s tokens: they run eagerly (%s)",
-                ", ".join(map(str, self.failed)),
-                first,
-                exc_info=first,
+        """Capture every piece of every bucket (`capture_each`); a bucket any piece of which fails
+        runs eagerly from the same buffers."""
+        if self._capture is not None:
+            self._graphs, self.failed = capture_each(
+                self._capture, self.buckets, self._pieces, "piecewise steps", "tokens"
             )
-        logger.info(
-            "captured piecewise CUDA graphs (%d pieces each) for steps up to %d tokens in %.1f s, "
-            "using %.0f MiB in all",
-            len(self.layers) + 1,
-            self.buckets[-1],
-            time.perf_counter() - started,
-            self._capture.memory_used() / 2**20,
-        )
 
     @property
     def captured_buckets(self) -> list[int]:
@@ -209,7 +179,7 @@ class PiecewiseGraphs:
 
     # ---- the pieces: each reads and writes only the static buffers' first `size` rows ---------------
 
-    def _pieces(self, size: int) -> list[functools.partial[None]]:
+    def _pieces(self, size: int) -> list[Step]:
         """The bucket's pieces in order: the first, then one after each layer's attention."""
         return [
             functools.partial(self._first, size),

@@ -28,7 +28,7 @@ import torch
 
 from gpu_worker.runner.attention.backend import AttentionBackend
 from gpu_worker.runner.cuda_graphs import DecodeBuffers, capture_each, capture_sizes
-from gpu_worker.runner.graph_capture import Graph, GraphCapture
+from gpu_worker.runner.graph_capture import Graph, GraphCapture, Step
 
 if TYPE_CHECKING:
     from gpu_worker.runner.load_model import Model
@@ -78,8 +78,12 @@ class DraftDecodeLoop(DecodeBuffers):
         if self._capture is not None and self.num_graph_positions > 0:
             # Every row padding: what the captures run writes only the spare slot.
             self.last_positions.fill_(-1)
-            loop = functools.partial(self._loop, num_positions=self.num_graph_positions, out=self.drafts)
-            self._graphs, self.failed = capture_each(self._capture, self.sizes, loop, "draft batches")
+            graphs, self.failed = capture_each(self._capture, self.sizes, self._pieces, "draft batches")
+            self._graphs = {size: graph for size, (graph,) in graphs.items()}
+
+    def _pieces(self, size: int) -> list[Step]:
+        """What a size's graph holds: the whole loop, one piece."""
+        return [functools.partial(self._loop, size, num_positions=self.num_graph_positions, out=self.drafts)]
 
     @property
     def captured_sizes(self) -> list[int]:

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
-from transformers import AutoConfig, AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
 from transformers.modeling_utils import PreTrainedModel
 from triton.runtime.jit import KernelInterface
 
@@ -101,20 +101,35 @@ def model_on_fake_cuda(hf_model: PreTrainedModel, mode: FakeTensorMode) -> Model
     return hf_model
 
 
+def paged_model(config: PretrainedConfig) -> PreTrainedModel:
+    """A bfloat16 model of `config` (seeded) with the worker's paged attention, as `load_model` makes
+    it before it moves to the device."""
+    torch.manual_seed(0)
+    model: PreTrainedModel = AutoModelForCausalLM.from_config(
+        config, attn_implementation=register_paged_attention(), dtype=torch.bfloat16
+    )
+    return model.eval()
+
+
+def triton_backend(model: Model, num_blocks: int = 16) -> AttentionBackend[Any]:
+    """The triton backend (the one captured) over a pool of `num_blocks` blocks of 16 tokens in the
+    model's dtype, on the device."""
+    pool = allocate_kv_cache(kv_shape(model.config), num_blocks, 16, model.dtype, DEVICE)
+    return make_attention_backend("triton", pool, group_decodes=False, dtype=model.dtype)
+
+
 def decode_graphs(model: Model, capture: GraphCapture, max_num_seqs: int) -> DecodeGraphs:
-    """The worker's decode graphs of `model` on the device, over a pool of 16 blocks of 16 tokens
-    in the model's dtype read by the triton backend (the one captured), sequences up to 128 tokens."""
-    pool = allocate_kv_cache(kv_shape(model.config), 16, 16, model.dtype, DEVICE)
-    backend = make_attention_backend("triton", pool, group_decodes=False, dtype=model.dtype)
+    """The worker's decode graphs of `model` on the device (`triton_backend`), sequences up to 128
+    tokens."""
+    backend = triton_backend(model)
     return DecodeGraphs(
         model, backend, max_num_seqs=max_num_seqs, max_model_len=128, device=DEVICE, capture=capture
     )
 
 
 def piecewise_graphs(model: Decoder, capture: GraphCapture, max_num_batched_tokens: int) -> PiecewiseGraphs:
-    """The worker's piecewise graphs of `model` on the device, over `decode_graphs`' pool and backend."""
-    pool = allocate_kv_cache(kv_shape(model.config), 16, 16, model.dtype, DEVICE)
-    backend = make_attention_backend("triton", pool, group_decodes=False, dtype=model.dtype)
+    """The worker's piecewise graphs of `model` on the device (`triton_backend`)."""
+    backend = triton_backend(model)
     return PiecewiseGraphs(
         model, backend, max_num_batched_tokens=max_num_batched_tokens, device=DEVICE, capture=capture
     )

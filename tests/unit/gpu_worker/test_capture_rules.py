@@ -17,10 +17,9 @@ from typing import Any
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig, PretrainedConfig, Qwen3Config
+from transformers import LlamaConfig, PretrainedConfig, Qwen3Config
 
 from gpu_worker.kernels.triton.kv_write import kv_write
-from gpu_worker.runner.attention.transformers_interface import register_paged_attention
 from gpu_worker.runner.forward.decoder import Decoder
 from gpu_worker.runner.lora.layers import LoRAConfig
 from gpu_worker.runner.sample.sampler import sample_plain, sample_top_k, sample_top_p
@@ -32,6 +31,7 @@ from harness.gpu_worker.fake_cuda import (
     decode_graphs,
     fake_cuda,
     model_on_fake_cuda,
+    paged_model,
     piecewise_graphs,
     step_batch,
     to_fake_cuda,
@@ -137,10 +137,7 @@ DECODE_ATTENTION = ["_kv_write_kernel", "_paged_decode_kernel", "_merge_kernel"]
 
 @pytest.mark.parametrize("family", list(CONFIGS))
 def test_decode_graphs_capture_every_size(family: str) -> None:
-    torch.manual_seed(0)
-    hf_model = AutoModelForCausalLM.from_config(
-        CONFIGS[family](), attn_implementation=register_paged_attention(), dtype=torch.bfloat16
-    ).eval()
+    hf_model = paged_model(CONFIGS[family]())
     capture = CheckedCapture()
     with fake_cuda() as mode:
         model = model_on_fake_cuda(hf_model, mode)
@@ -160,10 +157,7 @@ def test_decode_graphs_capture_every_size(family: str) -> None:
 def test_decode_graphs_capture_lora_slots() -> None:
     """The Llama decoder with LoRA slots on CUDA's path: the step's tokens sorted by slot on the
     device, and the shrink / expand kernels of every adapted linear inside the graph."""
-    torch.manual_seed(0)
-    hf_model = AutoModelForCausalLM.from_config(
-        LlamaConfig(**SIZES), attn_implementation=register_paged_attention(), dtype=torch.bfloat16
-    ).eval()
+    hf_model = paged_model(LlamaConfig(**SIZES))
     capture = CheckedCapture()
     with fake_cuda() as mode:
         to_fake_cuda(hf_model, mode)
@@ -189,10 +183,7 @@ def test_piecewise_graphs_capture_every_piece_of_every_bucket(family: str) -> No
     post-attention with the next one's pre-attention) makes no host tensor and waits for nothing, at
     every token bucket; then a step of prefill chunks and decodes replays them, attention run eagerly
     between them."""
-    torch.manual_seed(0)
-    hf_model = AutoModelForCausalLM.from_config(
-        CONFIGS[family](), attn_implementation=register_paged_attention(), dtype=torch.bfloat16
-    ).eval()
+    hf_model = paged_model(CONFIGS[family]())
     capture = CheckedCapture()
     with fake_cuda() as mode:
         model = model_on_fake_cuda(hf_model, mode)
@@ -216,10 +207,7 @@ def test_piecewise_graphs_capture_every_piece_of_every_bucket(family: str) -> No
 def test_piecewise_graphs_capture_lora_slots() -> None:
     """With LoRA slots on CUDA's path, each piece sorts the tokens by slot on the device and holds its
     adapted linears' shrink / expand kernels."""
-    torch.manual_seed(0)
-    hf_model = AutoModelForCausalLM.from_config(
-        LlamaConfig(**SIZES), attn_implementation=register_paged_attention(), dtype=torch.bfloat16
-    ).eval()
+    hf_model = paged_model(LlamaConfig(**SIZES))
     capture = CheckedCapture()
     with fake_cuda() as mode:
         to_fake_cuda(hf_model, mode)

@@ -13,12 +13,18 @@ from typing import Any
 import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
-from transformers import AutoModelForCausalLM, LlamaConfig, PreTrainedModel
+from transformers import LlamaConfig, PreTrainedModel
 
-from gpu_worker.runner.attention.transformers_interface import register_paged_attention
 from gpu_worker.runner.cuda_graphs import DecodeGraphs
 from gpu_worker.runner.forward.decoder import Decoder, DecoderOutput
-from harness.gpu_worker.fake_cuda import CheckedCapture, decode_batch, decode_graphs, fake_cuda, to_fake_cuda
+from harness.gpu_worker.fake_cuda import (
+    CheckedCapture,
+    decode_batch,
+    decode_graphs,
+    fake_cuda,
+    paged_model,
+    to_fake_cuda,
+)
 from harness.models.family_models import SMALL
 
 
@@ -47,12 +53,8 @@ class BrokenDecoder(Decoder):
 
 
 def _hf_llama() -> PreTrainedModel:
-    torch.manual_seed(0)
     sizes: dict[str, Any] = SMALL
-    model: PreTrainedModel = AutoModelForCausalLM.from_config(
-        LlamaConfig(**sizes), attn_implementation=register_paged_attention(), dtype=torch.bfloat16
-    )
-    return model.eval()
+    return paged_model(LlamaConfig(**sizes))
 
 
 def _graphs(

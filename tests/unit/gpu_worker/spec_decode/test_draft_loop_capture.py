@@ -9,13 +9,18 @@ from typing import Any
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig, PretrainedConfig
+from transformers import LlamaConfig, PretrainedConfig
 
-from gpu_worker.runner.attention.selector import make_attention_backend
-from gpu_worker.runner.attention.transformers_interface import register_paged_attention
-from gpu_worker.runner.load_model import Model, allocate_kv_cache, kv_shape
+from gpu_worker.runner.load_model import Model
 from gpu_worker.runner.spec_decode.draft_loop import DraftDecodeLoop
-from harness.gpu_worker.fake_cuda import DEVICE, CheckedCapture, fake_cuda, model_on_fake_cuda
+from harness.gpu_worker.fake_cuda import (
+    DEVICE,
+    CheckedCapture,
+    fake_cuda,
+    model_on_fake_cuda,
+    paged_model,
+    triton_backend,
+)
 from harness.models.family_models import FAMILIES, SMALL
 
 NUM_POSITIONS = 3  # four drafts a request: the catch-up's, then these
@@ -37,8 +42,7 @@ CONFIGS = {"llama": _llama, "gemma2": FAMILIES["gemma2"]}
 def _loop(model: Model, capture: CheckedCapture) -> DraftDecodeLoop:
     """The loop over a pool of 16 blocks of 16 tokens (and the spare one) read by the triton backend,
     sequences up to 128 tokens, batches up to 6 (sizes 1, 2, 4, 6)."""
-    pool = allocate_kv_cache(kv_shape(model.config), NUM_BLOCKS + 1, BLOCK_SIZE, model.dtype, DEVICE)
-    backend = make_attention_backend("triton", pool, group_decodes=False, dtype=model.dtype)
+    backend = triton_backend(model, NUM_BLOCKS + 1)
     return DraftDecodeLoop(
         model,
         backend,
@@ -54,10 +58,7 @@ def _loop(model: Model, capture: CheckedCapture) -> DraftDecodeLoop:
 
 @pytest.mark.parametrize("family", list(CONFIGS))
 def test_the_later_positions_are_one_graph_per_size(family: str) -> None:
-    torch.manual_seed(0)
-    hf_model = AutoModelForCausalLM.from_config(
-        CONFIGS[family](), attn_implementation=register_paged_attention(), dtype=torch.bfloat16
-    ).eval()
+    hf_model = paged_model(CONFIGS[family]())
     capture = CheckedCapture()
     with fake_cuda() as mode:
         model = model_on_fake_cuda(hf_model, mode)

@@ -55,6 +55,29 @@ def accept_drafts(
     return runs
 
 
+def verify_drafts(
+    batch: InputBatch,
+    draft_samples: list[int],
+    sampled: list[int],
+    state: SamplingState,
+    accepted: dict[str, list[int]],
+) -> list[int]:
+    """The step's tokens with each drafting request's replaced by the last of its verified run;
+    the drafts it accepted kept in `accepted`."""
+    if not batch.spec_reqs:
+        return sampled
+    tokens = list(sampled)
+    row = {r.state.req_id: i for i, r in enumerate(batch.sampling_reqs)}
+    spec_ids = [r.state.req_id for r in batch.spec_reqs]
+    drafts = [r.spec_token_ids for r in batch.spec_reqs]
+    runs = accept_drafts(drafts, draft_samples, [tokens[row[i]] for i in spec_ids])
+    for req_id, run in zip(spec_ids, runs, strict=True):
+        state.count_run(req_id, run[:-1], tokens[row[req_id]], run[-1])
+        tokens[row[req_id]] = run[-1]
+        accepted[req_id] = run[:-1]
+    return tokens
+
+
 def run_logprobs(
     batch: InputBatch,
     accepted: Mapping[str, list[int]],

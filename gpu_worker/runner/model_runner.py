@@ -205,7 +205,7 @@ class ModelRunner:
                 self.mask_backend if image_runs else self.attn_backend,
                 self.device,
                 self.block_table,
-                self._lora_slots(scheduled),
+                None if self.lora is None else self.lora.step_slots(scheduled),
                 image_runs,
                 self.step_inputs,
             )
@@ -217,7 +217,9 @@ class ModelRunner:
         req_ids = [r.state.req_id for r in batch.sampling_reqs]
         runs = [[*self._step_accepted.get(i, []), t] for i, t in zip(req_ids, sampled, strict=True)]
         finish_reasons = advance(batch, runs, self.eos_token_ids, self.max_model_len, self._grammar_ends)
-        drafts = self._propose_drafts(scheduler_output.draft_after, req_ids)
+        drafts: dict[str, list[int]] = {}  # the draft model's, for the next step of the requests that ask
+        if self.draft_model is not None and scheduler_output.draft_after:
+            drafts = self.draft_model.propose_after(scheduler_output.draft_after, req_ids, self.requests)
         return ModelRunnerOutput(
             step_id=scheduler_output.step_id,
             worker_id=self.worker_id,
@@ -233,25 +235,6 @@ class ModelRunner:
             num_encoder_runs=0 if cache is None else cache.num_encoder_runs - encoder_counts[0],
             num_encoder_cache_hits=0 if cache is None else cache.num_cache_hits - encoder_counts[1],
         )
-
-    def _propose_drafts(self, draft_after: dict[str, int], req_ids: list[str]) -> dict[str, list[int]]:
-        """The draft model's drafts for the next step of each request that sampled and asked for them."""
-        if self.draft_model is None or not draft_after:
-            return {}
-        asks: dict[str, tuple[list[int], int]] = {}
-        for req_id in req_ids:
-            state = self.requests[req_id]
-            k = draft_after.get(req_id, 0)
-            if k > 0 and state.finish_reason is None:
-                asks[req_id] = (state.token_ids, k)
-        try:
-            return self.draft_model.propose(asks)
-        except Exception:
-            # Their tokens are sampled already: the requests go on without drafts, never fail.
-            logger.exception("draft model failed on %d requests; no drafts for their next step", len(asks))
-            for req_id in asks:
-                self.draft_model.free(req_id)
-            return {}
 
     def token_events(self, output: ModelRunnerOutput) -> Sequence[WorkerEvent]:
         """The token-stream events of a step result; valid until the next step frees finished requests."""
@@ -290,19 +273,6 @@ class ModelRunner:
         if self.lora is None:
             return f"LoRA adapter {lora.lora_name!r}: this worker serves no adapters (WORKER_ENABLE_LORA)"
         return self.lora.add(lora)
-
-    def _lora_slots(self, scheduled: list[ScheduledRequest]) -> dict[str, int] | None:
-        """The slot of each scheduled request that runs an adapter, the step's adapters copied into
-        the decoder's slots first; None on a worker without LoRA."""
-        if self.lora is None:
-            return None
-        loras = [r.state.lora_request for r in scheduled if r.state.lora_request is not None]
-        slots = self.lora.slots_for(loras)
-        return {
-            r.state.req_id: slots[r.state.lora_request.cache_key]
-            for r in scheduled
-            if r.state.lora_request is not None
-        }
 
     def _fail_or(self, req_errors: dict[str, str], req_id: str, error: str | None) -> None:
         # A request that cannot run is dropped here alone; the batcher frees it on the reported error.

@@ -18,6 +18,7 @@ import torch
 
 from common.lora.lora_adapter import BaseModelShapes, LoRAAdapterError
 from common.protocol import LoRARequest
+from gpu_worker.runner.input_batch import ScheduledRequest
 from gpu_worker.runner.lora.layers import LoRALayer
 from gpu_worker.runner.lora.weights import LoRAWeights, read_lora_weights
 
@@ -73,6 +74,17 @@ class LoRAManager:
             if key not in self._slots:
                 self._load(self._free_slot(wanted), key, lora)
         return {key: self._slots[key] for key in wanted}
+
+    def step_slots(self, scheduled: Sequence[ScheduledRequest]) -> dict[str, int]:
+        """The slot of each scheduled request that runs an adapter, the step's adapters copied into
+        the decoder's slots first."""
+        loras = [r.state.lora_request for r in scheduled if r.state.lora_request is not None]
+        slots = self.slots_for(loras)
+        return {
+            r.state.req_id: slots[r.state.lora_request.cache_key]
+            for r in scheduled
+            if r.state.lora_request is not None
+        }
 
     def _free_slot(self, wanted: dict[bytes, LoRARequest]) -> int:
         """A slot nobody holds, or that of the least recently used adapter this step does not use."""

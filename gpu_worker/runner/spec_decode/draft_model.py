@@ -23,6 +23,7 @@ another worker starts again from its tokens.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 
 import numpy as np
 import torch
@@ -167,6 +168,25 @@ class DraftModelProposer:
             state.token_ids.extend(made[state.req_id][:-1])  # the drafts whose KV the loop wrote
             state.num_computed_tokens = state.num_tokens
         return {req_id: made[req_id] for req_id in wanted}
+
+    def propose_after(
+        self, draft_after: dict[str, int], req_ids: list[str], requests: Mapping[str, CachedRequestState]
+    ) -> dict[str, list[int]]:
+        """The drafts for the next step of each request that sampled (`req_ids`) and asked for them."""
+        asks: dict[str, tuple[list[int], int]] = {}
+        for req_id in req_ids:
+            state = requests[req_id]
+            k = draft_after.get(req_id, 0)
+            if k > 0 and state.finish_reason is None:
+                asks[req_id] = (state.token_ids, k)
+        try:
+            return self.propose(asks)
+        except Exception:
+            # Their tokens are sampled already: the requests go on without drafts, never fail.
+            logger.exception("draft model failed on %d requests; no drafts for their next step", len(asks))
+            for req_id in asks:
+                self.free(req_id)
+            return {}
 
     def _catch_up(self, req_id: str, token_ids: list[int], k: int) -> CachedRequestState | None:
         """`req_id`'s state holding `token_ids`, its KV kept up to where it agrees with them (the

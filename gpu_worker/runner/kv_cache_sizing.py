@@ -3,23 +3,58 @@ profiling step, then the real one sized by what that step leaves of the device's
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any, Literal, Protocol
 
+import torch
+
+from gpu_worker.runner.attention.backend import AttentionBackend
 from gpu_worker.runner.attention.selector import make_attention_backend
+from gpu_worker.runner.kv_cache import KVCache
 from gpu_worker.runner.load_model import (
+    Model,
     allocate_kv_cache,
     kv_shape,
     resolve_max_model_len,
     resolve_num_blocks,
 )
-from gpu_worker.runner.profile import MemorySnapshot, ProfileStep, kv_cache_budget, run_profile_step
+from gpu_worker.runner.profile import (
+    MemorySnapshot,
+    ProfiledRunner,
+    ProfileStep,
+    kv_cache_budget,
+    run_profile_step,
+)
+from gpu_worker.runner.spec_decode.draft_model import DraftModelProposer
 from gpu_worker.settings import WorkerSettings
 
-if TYPE_CHECKING:
-    from gpu_worker.runner.model_runner import ModelRunner
+
+class PooledRunner(ProfiledRunner, Protocol):
+    """What the pool's sizing uses of the ModelRunner (named here rather than imported:
+    model_runner.py imports this file)."""
+
+    kv_cache: KVCache
+    attn_backend: AttentionBackend[Any]
+    mask_backend: AttentionBackend[Any]
+    num_blocks: int
+    max_model_len: int
+
+    @property
+    def model(self) -> Model: ...
+    @property
+    def block_size(self) -> int: ...
+    @property
+    def draft_model(self) -> DraftModelProposer | None: ...
+    @property
+    def _attention_backend_name(self) -> Literal["torch", "triton"]: ...
+    @property
+    def _group_decodes(self) -> bool: ...
+    @property
+    def _cascade_attention(self) -> bool: ...
+    @property
+    def _kv_cache_dtype(self) -> torch.dtype: ...
 
 
-def use_kv_cache(runner: ModelRunner, num_blocks: int) -> None:
+def use_kv_cache(runner: PooledRunner, num_blocks: int) -> None:
     """Allocate a pool of `num_blocks` and the attention backend that reads it."""
     runner.kv_cache = allocate_kv_cache(
         kv_shape(runner.model.config), num_blocks, runner.block_size, runner._kv_cache_dtype, runner.device
@@ -40,7 +75,7 @@ def use_kv_cache(runner: ModelRunner, num_blocks: int) -> None:
 
 
 def size_kv_cache(
-    runner: ModelRunner, settings: WorkerSettings, step: ProfileStep, start: MemorySnapshot | None
+    runner: PooledRunner, settings: WorkerSettings, step: ProfileStep, start: MemorySnapshot | None
 ) -> None:
     """Run the profiling step in the temporary pool, then give the real pool what it leaves."""
     result = run_profile_step(runner, step)

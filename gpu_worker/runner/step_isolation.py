@@ -4,15 +4,12 @@ that finds the requests which fail alone (ModelRunner.execute_model takes this p
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from common.protocol import ModelRunnerOutput, SchedulerOutput
 from gpu_worker.runner.block_table import BlockTable
 from gpu_worker.runner.cached_request_state import CachedRequestState
 from gpu_worker.runner.sample.logprobs import SampleLogprobs
-
-if TYPE_CHECKING:
-    from gpu_worker.runner.model_runner import ModelRunner
 
 
 class StepFailed(Exception):
@@ -44,7 +41,19 @@ def rollback(
             block_table.truncate(req_id, num_blocks)
 
 
-def isolate(runner: ModelRunner, so: SchedulerOutput) -> ModelRunnerOutput:
+class IsolatedRunner(Protocol):
+    """What the rerun uses of the ModelRunner (named here rather than imported: model_runner.py
+    imports this file)."""
+
+    worker_id: str
+    _step_logprobs: dict[str, list[SampleLogprobs]]
+
+    def _execute(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput: ...
+
+    def _drop(self, req_id: str) -> None: ...
+
+
+def isolate(runner: IsolatedRunner, so: SchedulerOutput) -> ModelRunnerOutput:
     """Rerun a failed step one request at a time: the ones that fail alone are reported in
     `req_errors` (and dropped here), the others get their token as if the step had not failed.
 

@@ -53,17 +53,17 @@ class DecodeBuffers:
         self,
         model: Model,
         backend: AttentionBackend[Any],
+        sizes: list[int],
         *,
-        max_num_seqs: int,
         max_model_len: int,
         device: torch.device,
         capture: GraphCapture | None,
     ) -> None:
-        """`capture`: how graphs are captured (`CudaGraphCapture` on a GPU); None runs every size
-        eagerly from the padded buffers."""
+        """`sizes`: the padded batch sizes, ascending; `capture`: how graphs are captured
+        (`CudaGraphCapture` on a GPU), None to run every size eagerly from the padded buffers."""
         self.model = model
         self.backend = backend
-        self.sizes = capture_sizes(max_num_seqs)
+        self.sizes = sizes
         self.max_model_len = max_model_len
         size = self.sizes[-1]
         width = -(-max_model_len // backend.kv_cache.block_size)
@@ -197,14 +197,8 @@ class DecodeGraphs(DecodeBuffers):
     ) -> None:
         if backend.name != "triton":
             raise ValueError("CUDA graphs need the triton attention backend (WORKER_ATTENTION_BACKEND)")
-        super().__init__(
-            model,
-            backend,
-            max_num_seqs=max_num_seqs,
-            max_model_len=max_model_len,
-            device=device,
-            capture=capture,
-        )
+        sizes = capture_sizes(max_num_seqs)
+        super().__init__(model, backend, sizes, max_model_len=max_model_len, device=device, capture=capture)
         # One logits buffer for every graph: each graph copies its rows here, so a graph keeps no
         # [size, vocab] output of its own alive (0.5 GB per graph for a 128k vocabulary).
         vocab_size = int(model.config.get_text_config().vocab_size)

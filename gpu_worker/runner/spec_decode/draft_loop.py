@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from gpu_worker.runner.attention.backend import AttentionBackend
-from gpu_worker.runner.cuda_graphs import DecodeBuffers
+from gpu_worker.runner.cuda_graphs import DecodeBuffers, capture_sizes
 from gpu_worker.runner.graph_capture import GraphCapture
 
 if TYPE_CHECKING:
@@ -41,12 +41,12 @@ class DraftDecodeLoop(DecodeBuffers):
         model: Model,
         backend: AttentionBackend[Any],
         *,
-        max_num_seqs: int,
-        max_model_len: int,
         num_graph_positions: int,
         spare_slot: int,
-        device: torch.device,
         padded: bool,
+        max_num_seqs: int,
+        max_model_len: int,
+        device: torch.device,
         capture: GraphCapture | None,
     ) -> None:
         """`num_graph_positions`: the positions a graph runs (the most drafts a request asks, less
@@ -55,14 +55,8 @@ class DraftDecodeLoop(DecodeBuffers):
         (`CudaGraphCapture` on a GPU), None to run every size eagerly."""
         if capture is not None and not padded:
             raise ValueError("captured draft loops run padded batches")
-        super().__init__(
-            model,
-            backend,
-            max_num_seqs=max_num_seqs,
-            max_model_len=max_model_len,
-            device=device,
-            capture=capture,
-        )
+        sizes = capture_sizes(max_num_seqs)
+        super().__init__(model, backend, sizes, max_model_len=max_model_len, device=device, capture=capture)
         size = self.sizes[-1]
         self.padded = padded
         self.num_graph_positions = num_graph_positions

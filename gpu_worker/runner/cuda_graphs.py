@@ -11,7 +11,7 @@ torch backend plans its work from host values.
 
 Without capture (`capture=None`, the CPU) the same padded buffers run eagerly: that is how the CPU
 test suite checks the padding. A size whose capture fails runs eagerly the same way, with a warning.
-What runs under capture (`_forward`) makes no host tensor and waits for nothing: the capture-rules
+What runs under capture (`_step`) makes no host tensor and waits for nothing: the capture-rules
 lane (tests/unit/gpu_worker/test_capture_rules.py) checks that on the CPU with fake `cuda` tensors.
 """
 
@@ -43,21 +43,29 @@ def capture_sizes(max_num_seqs: int) -> list[int]:
 
 
 class DecodeBuffers:
-    """A decode step's inputs in static buffers of `size` rows, and the padded forward over them:
-    what a graph replays (DecodeGraphs, and the draft model's decode loop, spec_decode/draft_loop.py)."""
+    """A decode step's inputs in static buffers for the largest of the padded `sizes`, the padded
+    forward over them, and one graph per size of what a subclass runs over them (`_step`): the
+    target's decode step (DecodeGraphs) or the draft model's decode loop (spec_decode/draft_loop.py)."""
+
+    what = "decode batches"  # what the graphs are of, for the capture's log
 
     def __init__(
         self,
         model: Model,
         backend: AttentionBackend[Any],
+        sizes: list[int],
         *,
-        size: int,
         max_model_len: int,
         device: torch.device,
+        capture: GraphCapture | None,
     ) -> None:
+        """`sizes`: the padded batch sizes, ascending; `capture`: how graphs are captured
+        (`CudaGraphCapture` on a GPU), None to run every size eagerly from the padded buffers."""
         self.model = model
         self.backend = backend
+        self.sizes = sizes
         self.max_model_len = max_model_len
+        size = self.sizes[-1]
         width = -(-max_model_len // backend.kv_cache.block_size)
         self.input_ids = torch.zeros((1, size), dtype=torch.long, device=device)
         self.position_ids = torch.zeros((1, size), dtype=torch.long, device=device)
@@ -68,6 +76,29 @@ class DecodeBuffers:
         # Each row's LoRA slot, on a decoder with slots (padding rows: -1, the base model).
         lora = getattr(model, "lora_config", None) is not None
         self.lora_ids = torch.full((size,), -1, dtype=torch.long, device=device) if lora else None
+        self._capture = capture
+        self._graphs: dict[int, Graph] = {}
+        self.failed: dict[int, str] = {}  # sizes whose capture failed (they run eagerly), with why
+
+    def capture(self) -> None:
+        """Capture `_step` once per size (`capture_each`): after the pool is allocated, whose
+        addresses the graphs keep."""
+        if self._capture is not None:
+            graphs, self.failed = capture_each(self._capture, self.sizes, self._pieces, self.what)
+            self._graphs = {size: graph for size, (graph,) in graphs.items()}
+
+    def _pieces(self, size: int) -> list[Step]:
+        """What a size's graph holds: `_step`, whole."""
+        return [functools.partial(self._step, size)]
+
+    def _step(self, size: int) -> None:
+        """What a graph of `size` rows replays (its outputs in static buffers)."""
+        raise NotImplementedError
+
+    @property
+    def captured_sizes(self) -> list[int]:
+        """The batch sizes a graph replays, smallest first."""
+        return sorted(self._graphs)
 
     def decode(self, size: int) -> torch.Tensor:
         """One decode step over the first `size` rows of the buffers: their logits [size, vocab]."""
@@ -164,36 +195,15 @@ class DecodeGraphs(DecodeBuffers):
         device: torch.device,
         capture: GraphCapture | None,
     ) -> None:
-        """`capture`: how graphs are captured (`CudaGraphCapture` on a GPU); None runs every size
-        eagerly from the padded buffers."""
         if backend.name != "triton":
             raise ValueError("CUDA graphs need the triton attention backend (WORKER_ATTENTION_BACKEND)")
-        self.sizes = capture_sizes(max_num_seqs)
-        super().__init__(model, backend, size=self.sizes[-1], max_model_len=max_model_len, device=device)
-        self._capture = capture
-        size = self.sizes[-1]
+        sizes = capture_sizes(max_num_seqs)
+        super().__init__(model, backend, sizes, max_model_len=max_model_len, device=device, capture=capture)
         # One logits buffer for every graph: each graph copies its rows here, so a graph keeps no
         # [size, vocab] output of its own alive (0.5 GB per graph for a 128k vocabulary).
         vocab_size = int(model.config.get_text_config().vocab_size)
-        self.logits = torch.empty((size, vocab_size), dtype=torch.float32, device=device)
-        self._graphs: dict[int, Graph] = {}
-        self.failed: dict[int, str] = {}  # sizes whose capture failed (they run eagerly), with why
+        self.logits = torch.empty((self.sizes[-1], vocab_size), dtype=torch.float32, device=device)
         self.num_replays = 0  # decode steps served from these buffers (tests and stats)
-
-    def capture(self) -> None:
-        """Capture one graph per size (`capture_each`)."""
-        if self._capture is not None:
-            graphs, self.failed = capture_each(self._capture, self.sizes, self._pieces, "decode batches")
-            self._graphs = {size: graph for size, (graph,) in graphs.items()}
-
-    def _pieces(self, size: int) -> list[Step]:
-        """What a size's graph holds: the whole padded step, one piece."""
-        return [functools.partial(self._forward, size)]
-
-    @property
-    def captured_sizes(self) -> list[int]:
-        """The batch sizes a graph replays, smallest first."""
-        return sorted(self._graphs)
 
     def can_run(self, batch: InputBatch) -> bool:
         """A decode-only step whose every row samples, small enough for the largest graph."""
@@ -227,9 +237,9 @@ class DecodeGraphs(DecodeBuffers):
         if size in self._graphs:
             self._graphs[size].replay()
         else:
-            self._forward(size)
+            self._step(size)
         return self.logits[:num_reqs]
 
-    def _forward(self, size: int) -> None:
+    def _step(self, size: int) -> None:
         """One padded decode step of `size` rows; its logits land in `self.logits[:size]`."""
         self.logits[:size].copy_(self.decode(size))

@@ -21,31 +21,32 @@ lengths on the host each position; the triton backend, CUDA's default, reads non
 
 from __future__ import annotations
 
-import functools
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from gpu_worker.runner.attention.backend import AttentionBackend
-from gpu_worker.runner.cuda_graphs import DecodeBuffers, capture_each, capture_sizes
-from gpu_worker.runner.graph_capture import Graph, GraphCapture, Step
+from gpu_worker.runner.cuda_graphs import DecodeBuffers, capture_sizes
+from gpu_worker.runner.graph_capture import GraphCapture
 
 if TYPE_CHECKING:
     from gpu_worker.runner.load_model import Model
 
 
 class DraftDecodeLoop(DecodeBuffers):
+    what = "draft batches"
+
     def __init__(
         self,
         model: Model,
         backend: AttentionBackend[Any],
         *,
-        max_num_seqs: int,
-        max_model_len: int,
         num_graph_positions: int,
         spare_slot: int,
-        device: torch.device,
         padded: bool,
+        max_num_seqs: int,
+        max_model_len: int,
+        device: torch.device,
         capture: GraphCapture | None,
     ) -> None:
         """`num_graph_positions`: the positions a graph runs (the most drafts a request asks, less
@@ -54,12 +55,11 @@ class DraftDecodeLoop(DecodeBuffers):
         (`CudaGraphCapture` on a GPU), None to run every size eagerly."""
         if capture is not None and not padded:
             raise ValueError("captured draft loops run padded batches")
-        self.sizes = capture_sizes(max_num_seqs)
+        sizes = capture_sizes(max_num_seqs)
+        super().__init__(model, backend, sizes, max_model_len=max_model_len, device=device, capture=capture)
         size = self.sizes[-1]
-        super().__init__(model, backend, size=size, max_model_len=max_model_len, device=device)
         self.padded = padded
         self.num_graph_positions = num_graph_positions
-        self._capture = capture
         self._block_size = backend.kv_cache.block_size
         self._spare_slot = spare_slot
         # Each row's first position (that of its first draft) and last (where its own drafts end;
@@ -68,26 +68,18 @@ class DraftDecodeLoop(DecodeBuffers):
         self.last_positions = torch.full((size,), -1, dtype=torch.long, device=device)
         # Every row's drafts, the catch-up's first: what a graph leaves for the host to read.
         self.drafts = torch.zeros((size, 1 + num_graph_positions), dtype=torch.long, device=device)
-        self._graphs: dict[int, Graph] = {}
-        self.failed: dict[int, str] = {}  # sizes whose capture failed (they run eagerly), with why
         self.num_replays = 0  # proposals served by a graph (tests and stats)
 
     def capture(self) -> None:
-        """Capture the loop once per size (`capture_each`): after the pool is allocated, whose
-        addresses the graphs keep."""
-        if self._capture is not None and self.num_graph_positions > 0:
+        """Capture the loop once per size, where it has positions to run."""
+        if self.num_graph_positions > 0:
             # Every row padding: what the captures run writes only the spare slot.
             self.last_positions.fill_(-1)
-            graphs, self.failed = capture_each(self._capture, self.sizes, self._pieces, "draft batches")
-            self._graphs = {size: graph for size, (graph,) in graphs.items()}
+            super().capture()
 
-    def _pieces(self, size: int) -> list[Step]:
-        """What a size's graph holds: the whole loop, one piece."""
-        return [functools.partial(self._loop, size, num_positions=self.num_graph_positions, out=self.drafts)]
-
-    @property
-    def captured_sizes(self) -> list[int]:
-        return sorted(self._graphs)
+    def _step(self, size: int) -> None:
+        """What a graph runs: every position, its drafts in `self.drafts`."""
+        self._loop(size, num_positions=self.num_graph_positions, out=self.drafts)
 
     def run(
         self,

@@ -2,7 +2,7 @@
 `cuda` tensors (harness/gpu_worker/capture_rules.py, fake_cuda.py).
 
 First the rules themselves, each of which must fail on what it names and pass what a capture
-allows; then every region the worker captures: the decode graphs' step (`DecodeGraphs._forward`,
+allows; then every region the worker captures: the decode graphs' step (`DecodeGraphs._step`,
 through `DecodeGraphs.capture()`), for each family the worker serves, and the piecewise graphs' pieces
 around attention (`PiecewiseGraphs.capture()`), for each family of the worker's own decoder. A review
 predicted, before any GPU ran it, that the decode capture would die at startup for the Llama family
@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
 from transformers import LlamaConfig, PretrainedConfig, Qwen3Config
 
 from gpu_worker.kernels.triton.kv_write import kv_write
@@ -154,15 +155,21 @@ def test_decode_graphs_capture_every_size(family: str) -> None:
         assert graph.launches == DECODE_ATTENTION * layers
 
 
+def _lora_decoder(mode: FakeTensorMode) -> Decoder:
+    """The Llama decoder on the fake device with two LoRA slots of rank 8, through the Triton kernels
+    (its weights made on the host first, as `load_model` does)."""
+    with unset_fake_temporarily():
+        hf_model = paged_model(LlamaConfig(**SIZES))
+    to_fake_cuda(hf_model, mode)
+    return Decoder(hf_model, None, LoRAConfig(max_loras=2, max_lora_rank=8, kernel="triton"))
+
+
 def test_decode_graphs_capture_lora_slots() -> None:
     """The Llama decoder with LoRA slots on CUDA's path: the step's tokens sorted by slot on the
     device, and the shrink / expand kernels of every adapted linear inside the graph."""
-    hf_model = paged_model(LlamaConfig(**SIZES))
     capture = CheckedCapture()
     with fake_cuda() as mode:
-        to_fake_cuda(hf_model, mode)
-        model = Decoder(hf_model, None, LoRAConfig(max_loras=2, max_lora_rank=8, kernel="triton"))
-        graphs = decode_graphs(model, capture, max_num_seqs=4)
+        graphs = decode_graphs(_lora_decoder(mode), capture, max_num_seqs=4)
         assert graphs.lora_ids is not None
         graphs.capture()
     assert graphs.failed == {} and graphs.captured_sizes == [1, 2, 4]
@@ -207,12 +214,9 @@ def test_piecewise_graphs_capture_every_piece_of_every_bucket(family: str) -> No
 def test_piecewise_graphs_capture_lora_slots() -> None:
     """With LoRA slots on CUDA's path, each piece sorts the tokens by slot on the device and holds its
     adapted linears' shrink / expand kernels."""
-    hf_model = paged_model(LlamaConfig(**SIZES))
     capture = CheckedCapture()
     with fake_cuda() as mode:
-        to_fake_cuda(hf_model, mode)
-        model = Decoder(hf_model, None, LoRAConfig(max_loras=2, max_lora_rank=8, kernel="triton"))
-        graphs = piecewise_graphs(model, capture, max_num_batched_tokens=32)
+        graphs = piecewise_graphs(_lora_decoder(mode), capture, max_num_batched_tokens=32)
         assert graphs.lora_ids is not None
         graphs.capture()
     assert graphs.failed == {} and graphs.captured_buckets == [16, 32]

@@ -27,8 +27,9 @@ from common.protocol import (
 from gpu_worker.runner.attention.backend import AttentionBackend
 from gpu_worker.runner.block_table import BlockTable
 from gpu_worker.runner.cached_request_state import CachedRequestState
-from gpu_worker.runner.cuda_graphs import DecodeGraphs
 from gpu_worker.runner.forward.decoder import Decoder
+from gpu_worker.runner.graphs.decode import DecodeGraphs
+from gpu_worker.runner.graphs.piecewise import PiecewiseGraphs
 from gpu_worker.runner.input_batch import InputBatch, ScheduledRequest, build_input_batch
 from gpu_worker.runner.kv_cache import KVCache
 from gpu_worker.runner.kv_cache_sizing import size_kv_cache, use_kv_cache
@@ -36,20 +37,19 @@ from gpu_worker.runner.load_model import Model, eos_token_ids, load_model, model
 from gpu_worker.runner.lora.manager import LoRAManager
 from gpu_worker.runner.multimodal.mm_step import MultiModalInputs, add_images
 from gpu_worker.runner.multimodal.vision_model import VisionLanguageModel
-from gpu_worker.runner.piecewise_graphs import PiecewiseGraphs
 from gpu_worker.runner.profile import MemorySnapshot, build_profile_step
 from gpu_worker.runner.runner_info import worker_info_of
 from gpu_worker.runner.sample.logprobs import SampleLogprobs
 from gpu_worker.runner.sample.sampler import Sampler
 from gpu_worker.runner.sample.sampling_state import SamplingState
 from gpu_worker.runner.spec_decode.draft_model import DraftModelProposer
-from gpu_worker.runner.step_checks import check_cached, check_new, check_scheduled
-from gpu_worker.runner.step_forward import capture_graphs, forward_logits
-from gpu_worker.runner.step_hooks import with_step_hooks
+from gpu_worker.runner.step.checks import check_cached, check_new, check_scheduled
+from gpu_worker.runner.step.forward import capture_graphs, forward_logits
+from gpu_worker.runner.step.hooks import with_step_hooks
+from gpu_worker.runner.step.isolation import StepFailed, isolate, rollback, undo_log
+from gpu_worker.runner.step.output import advance, token_events
+from gpu_worker.runner.step.sampling import sample_step
 from gpu_worker.runner.step_input_buffers import StepInputBuffers
-from gpu_worker.runner.step_isolation import StepFailed, isolate, rollback, undo_log
-from gpu_worker.runner.step_output import advance, token_events
-from gpu_worker.runner.step_sample import sample_step
 from gpu_worker.runner.structured_output.matchers import StructuredOutputs
 from gpu_worker.settings import WorkerSettings
 
@@ -105,7 +105,7 @@ class ModelRunner:
         self.draft_model: DraftModelProposer | None = None
         if spec is not None and spec.model is not None:
             self.draft_model = DraftModelProposer(settings, spec.model, self.vocab_size)
-        # The real forward and sampling, or a test/benchmark stand-in chosen once (step_hooks.py).
+        # The real forward and sampling, or a test/benchmark stand-in chosen once (step/hooks.py).
         self._sample_step = with_step_hooks(settings, self._sample)
         self.requests: dict[str, CachedRequestState] = {}
         # The adapters in host memory and in the decoder's slots (WORKER_ENABLE_LORA); None without.
@@ -171,7 +171,7 @@ class ModelRunner:
         try:
             output = self._execute(scheduler_output)
         except StepFailed as failed:
-            # Rare path: find the culprit instead of failing the whole batch (see step_isolation.py).
+            # Rare path: find the culprit instead of failing the whole batch (see step/isolation.py).
             logger.warning("step %d: rerunning it request by request (%s)", scheduler_output.step_id, failed)
             self.num_isolated_steps += 1
             output = isolate(self, scheduler_output)
@@ -309,7 +309,7 @@ class ModelRunner:
     # ---- forward, sample, advance ---------------------------------------------------------------
 
     def _forward(self, batch: InputBatch) -> torch.Tensor:
-        """The step's logits (step_forward.py); called through self, so a benchmark can wrap it."""
+        """The step's logits (step/forward.py); called through self, so a benchmark can wrap it."""
         return forward_logits(batch, self.model, self.mm, self.decode_graphs, self.piecewise_graphs)
 
     @torch.inference_mode()

@@ -31,12 +31,12 @@ from gpu_worker.runner.attention.backend import AttentionBackend, AttentionConte
 from gpu_worker.runner.attention.selector import make_attention_backend
 from gpu_worker.runner.attention.transformers_interface import register_paged_attention
 from gpu_worker.runner.cached_request_state import CachedRequestState
-from gpu_worker.runner.cuda_graphs import DecodeGraphs
 from gpu_worker.runner.forward.decoder import FAMILIES, Decoder
-from gpu_worker.runner.graph_capture import GraphCapture
+from gpu_worker.runner.graphs.capture import GraphCapture
+from gpu_worker.runner.graphs.decode import DecodeGraphs
+from gpu_worker.runner.graphs.piecewise import PiecewiseGraphs
 from gpu_worker.runner.input_batch import InputBatch, ScheduledRequest, build_input_batch
 from gpu_worker.runner.load_model import Model, allocate_kv_cache, kv_shape
-from gpu_worker.runner.piecewise_graphs import PiecewiseGraphs
 from harness.gpu_worker.capture_rules import capture_rules, patched
 
 GUARD_SOURCE = Path(__file__).with_name("fake_cuda_guard.cpp")
@@ -205,7 +205,7 @@ class CheckedGraph:
 
 @dataclass(slots=True)
 class CheckedCapture:
-    """`graph_capture.GraphCapture` on the fake device: warm-up runs the step as it is, capture runs
+    """`graphs/capture.py`'s `GraphCapture` on the fake device: warm-up runs the step as it is, capture runs
     it under `capture_rules()`, raising `CaptureViolation` where a GPU's capture would fail."""
 
     num_warm_ups: int = 0

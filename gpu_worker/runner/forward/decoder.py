@@ -120,7 +120,7 @@ class DecoderLayer(nn.Module):
     ) -> torch.Tensor:
         """hidden [T, hidden], cos/sin [T, 1, head_dim], this layer's K and V pools (written) ->
         [T, hidden]; `lora`: the step's adapters. Three parts, so that the piecewise CUDA graphs
-        (gpu_worker/runner/piecewise_graphs.py) can capture what is around attention and run it alone."""
+        (gpu_worker/runner/graphs/piecewise.py) can capture what is around attention and run it alone."""
         q, k, v = self.pre_attention(hidden, cos, sin, lora)
         return self.post_attention(hidden, self.attention(q, k, v, pools), lora)
 
@@ -277,7 +277,7 @@ class Decoder(nn.Module):
         tokens = input_ids if inputs_embeds is None else inputs_embeds
         ids, positions = tokens[0].clone(), position_ids[0].clone()
         if isinstance(logits_to_keep, int):  # 0: every row (transformers' meaning)
-            # Made on the device: a decode graph captures this (gpu_worker/runner/cuda_graphs.py), and a
+            # Made on the device: a decode graph captures this (gpu_worker/runner/graphs/decode.py), and a
             # capture refuses a copy from the host (tests/unit/gpu_worker/test_capture_rules.py).
             num_tokens = ids.shape[0]
             first = num_tokens - logits_to_keep if logits_to_keep else 0

@@ -3,7 +3,7 @@ proposer): after the first forward (the catch-up, draft_model.py), each position
 draft the last one made (its argmax, never read on the host), one position further, its slot looked
 up on the device in the row's block table; the host reads all drafts back once, at the end.
 
-The inputs live in the static buffers of `DecodeBuffers` (cuda_graphs.py), so that on CUDA the whole
+The inputs live in the static buffers of `DecodeBuffers` (graphs/decode.py), so that on CUDA the whole
 loop of `num_graph_positions` positions is captured as one graph per padded batch size (rows past
 the batch's: seq_len 0). Every row runs every position, whatever draft count it asked: a row past
 its own stays at its last position, whose KV is written, and the host drops what it drafts there. A
@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from gpu_worker.runner.attention.backend import AttentionBackend
-from gpu_worker.runner.cuda_graphs import DecodeBuffers, capture_sizes
-from gpu_worker.runner.graph_capture import GraphCapture
+from gpu_worker.runner.graphs.capture import GraphCapture
+from gpu_worker.runner.graphs.decode import DecodeBuffers, capture_sizes
 
 if TYPE_CHECKING:
     from gpu_worker.runner.load_model import Model

@@ -33,7 +33,7 @@ from common.protocol import SamplingParams
 from gpu_worker.runner.attention.selector import make_attention_backend
 from gpu_worker.runner.block_table import BlockTable
 from gpu_worker.runner.cached_request_state import CachedRequestState
-from gpu_worker.runner.graph_capture import CudaGraphCapture
+from gpu_worker.runner.graphs.capture import CudaGraphCapture
 from gpu_worker.runner.host_copies import DeviceToHost, PinnedRing
 from gpu_worker.runner.input_batch import InputBatch, ScheduledRequest, build_input_batch
 from gpu_worker.runner.load_model import KVShape, allocate_kv_cache, kv_shape, load_model, model_max_len

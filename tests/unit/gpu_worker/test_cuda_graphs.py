@@ -15,8 +15,8 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
 from transformers import LlamaConfig, PreTrainedModel
 
-from gpu_worker.runner.cuda_graphs import DecodeGraphs
 from gpu_worker.runner.forward.decoder import Decoder, DecoderOutput
+from gpu_worker.runner.graphs.decode import DecodeGraphs
 from harness.gpu_worker.fake_cuda import (
     CheckedCapture,
     decode_batch,
@@ -73,7 +73,7 @@ def test_a_failed_capture_runs_its_size_eagerly_with_one_warning(caplog: pytest.
     with fake_cuda() as mode:
         graphs = _graphs(HostIndexDecoder, mode, capture, max_num_seqs=6)
         backend = graphs.backend
-        with caplog.at_level(logging.WARNING, logger="gpu_worker.runner.cuda_graphs"):
+        with caplog.at_level(logging.WARNING, logger="gpu_worker.runner.graphs.decode"):
             graphs.capture()
         assert graphs.captured_sizes == [1, 2]
         assert sorted(graphs.failed) == [4, 6]

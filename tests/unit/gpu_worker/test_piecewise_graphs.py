@@ -1,4 +1,4 @@
-"""Piecewise graphs' padded pieces (gpu_worker/runner/piecewise_graphs.py) run eagerly on the CPU: a
+"""Piecewise graphs' padded pieces (gpu_worker/runner/graphs/piecewise.py) run eagerly on the CPU: a
 step of prefill chunks and decodes padded to its token bucket gives the logits of the unpadded
 forward, at a bucket's exact size and one past it, with adapters too, compiled too; through the
 in-process engine, steps with drafts and chunks give transformers' greedy tokens. Their capture on
@@ -22,9 +22,9 @@ from cbserve.offline.engine import LLMEngine
 from common.protocol import LoRARequest, SamplingParams, TokenEvent
 from gpu_worker.runner.cached_request_state import CachedRequestState
 from gpu_worker.runner.forward.decoder import Decoder
+from gpu_worker.runner.graphs.piecewise import MAX_PIECEWISE_TOKENS, PiecewiseGraphs, token_buckets
 from gpu_worker.runner.input_batch import InputBatch, ScheduledRequest, build_input_batch
 from gpu_worker.runner.model_runner import ModelRunner
-from gpu_worker.runner.piecewise_graphs import MAX_PIECEWISE_TOKENS, PiecewiseGraphs, token_buckets
 from gpu_worker.settings import WorkerSettings
 from tests.unit.gpu_worker.spec_decode.test_spec_decode import NGRAM, PROMPTS
 from tests.unit.gpu_worker.test_model_runner import make_runner
@@ -128,7 +128,7 @@ def test_compiled_pieces_give_the_same_logits(tiny_model_dir: Path, caplog: pyte
     runner = make_runner(tiny_model_dir, compile=False)
     torch._dynamo.reset()
     counters.clear()
-    with caplog.at_level(logging.WARNING, logger="gpu_worker.runner.piecewise_graphs"):
+    with caplog.at_level(logging.WARNING, logger="gpu_worker.runner.graphs.piecewise"):
         graphs = _check_mixed_steps(runner, compile_backend="aot_eager")
     assert not caplog.records
     assert len(graphs._compiled) == 3  # none fell back
@@ -188,5 +188,5 @@ def test_steps_with_drafts_and_chunks_equal_generate(tiny_model_dir: Path) -> No
     )
     assert engine.stats.spec_decode_num_accepted_tokens > 0
     runner = engine.runner
-    assert isinstance(runner, ModelRunner) and runner.piecewise_graphs is not None
-    assert runner.piecewise_graphs.bucket_runs[16] > 0 and runner.piecewise_graphs.bucket_runs[32] > 0
+    assert isinstance(runner, ModelRunner) and runner.graphs.piecewise is not None
+    assert runner.graphs.piecewise.bucket_runs[16] > 0 and runner.graphs.piecewise.bucket_runs[32] > 0

@@ -6,7 +6,7 @@ dispatched by Python); a replayed graph submits them all at once. A graph holds 
 addresses, so inputs live in static buffers sized for the largest batch: padding rows attend nothing
 (seq_len 0) and write nowhere (slot -1), and every graph reads block tables as wide as the longest
 sequence the worker admits. Steps with prefill chunks run eagerly, or as pieces around attention
-(piecewise_graphs.py, WORKER_PIECEWISE_CUDA_GRAPHS). Only the Triton backend can be captured: the
+(piecewise.py, WORKER_PIECEWISE_CUDA_GRAPHS). Only the Triton backend can be captured: the
 torch backend plans its work from host values.
 
 Without capture (`capture=None`, the CPU) the same padded buffers run eagerly: that is how the CPU
@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from gpu_worker.runner.attention.backend import AttentionBackend, AttentionContext, CommonAttentionMetadata
-from gpu_worker.runner.graph_capture import Graph, GraphCapture, Step
+from gpu_worker.runner.graphs.capture import Graph, GraphCapture, Step
 from gpu_worker.runner.input_batch import InputBatch
 
 if TYPE_CHECKING:

@@ -8,13 +8,13 @@ from typing import Any
 import torch
 
 from gpu_worker.runner.attention.backend import AttentionBackend
-from gpu_worker.runner.cuda_graphs import DecodeGraphs
 from gpu_worker.runner.forward.decoder import Decoder
-from gpu_worker.runner.graph_capture import CudaGraphCapture
+from gpu_worker.runner.graphs.capture import CudaGraphCapture
+from gpu_worker.runner.graphs.decode import DecodeGraphs
+from gpu_worker.runner.graphs.piecewise import PiecewiseGraphs
 from gpu_worker.runner.input_batch import InputBatch
 from gpu_worker.runner.load_model import Model
 from gpu_worker.runner.multimodal.mm_step import MultiModalInputs
-from gpu_worker.runner.piecewise_graphs import PiecewiseGraphs
 from gpu_worker.runner.sample.prompt_logprobs import collect_prompt_logprobs
 from gpu_worker.settings import WorkerSettings
 

@@ -1,5 +1,5 @@
 """How a step becomes a CUDA graph: warmed up on a side stream, then captured into a memory pool
-that every graph of one `CudaGraphCapture` shares (cuda_graphs.py and piecewise_graphs.py decide which
+that every graph of one `CudaGraphCapture` shares (decode.py and piecewise.py decide which
 steps, and what a failed capture means; the draft model's loop, spec_decode/draft_loop.py, has a
 capture of its own).
 

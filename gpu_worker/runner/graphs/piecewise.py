@@ -21,7 +21,7 @@ sampling row per request, plus drafts and prompt rows): captured, it would run o
 
 Attention runs eagerly, so any backend works; the runner builds these only where it captures decode
 graphs (the triton backend), for a text decoder of our own, when WORKER_PIECEWISE_CUDA_GRAPHS asks:
-decode-only steps still replay their full graph (cuda_graphs.py), and steps past the largest bucket
+decode-only steps still replay their full graph (decode.py), and steps past the largest bucket
 run the compiled forward. The compiled forward is one graph with attention inside, so the pieces are
 compiled apart (`compile_backend`, inductor on a GPU with WORKER_COMPILE): each is a function of the
 modules it runs, so one graph serves every layer, the layers' weights its inputs. Uncompiled, a replay
@@ -45,10 +45,10 @@ from typing import Any, TypeVar
 import torch
 
 from gpu_worker.runner.attention.backend import AttentionBackend
-from gpu_worker.runner.cuda_graphs import capture_each
 from gpu_worker.runner.forward.attention_op import layer_pools, step_context
 from gpu_worker.runner.forward.decoder import Decoder, DecoderLayer
-from gpu_worker.runner.graph_capture import Graph, GraphCapture, Step
+from gpu_worker.runner.graphs.capture import Graph, GraphCapture, Step
+from gpu_worker.runner.graphs.decode import capture_each
 from gpu_worker.runner.input_batch import InputBatch
 
 logger = logging.getLogger(__name__)

@@ -44,7 +44,7 @@ def test_triton_backend_greedy_equals_transformers_generate(tiny_model_dir: Path
         assert req.outputs == generate_alone(tiny_model_dir, req.prompt, req.params.max_tokens), req.req_id
     replays = 0 if runner.decode_graphs is None else runner.decode_graphs.num_replays
     assert (replays > 0) == graphs
-    piecewise = runner.graphs.piecewise
+    piecewise = runner.piecewise_graphs
     assert (piecewise is not None) == graphs
     if piecewise is not None:
         assert piecewise.buckets == [16, 32]

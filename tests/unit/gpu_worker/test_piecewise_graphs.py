@@ -188,5 +188,5 @@ def test_steps_with_drafts_and_chunks_equal_generate(tiny_model_dir: Path) -> No
     )
     assert engine.stats.spec_decode_num_accepted_tokens > 0
     runner = engine.runner
-    assert isinstance(runner, ModelRunner) and runner.graphs.piecewise is not None
-    assert runner.graphs.piecewise.bucket_runs[16] > 0 and runner.graphs.piecewise.bucket_runs[32] > 0
+    assert isinstance(runner, ModelRunner) and runner.piecewise_graphs is not None
+    assert runner.piecewise_graphs.bucket_runs[16] > 0 and runner.piecewise_graphs.bucket_runs[32] > 0

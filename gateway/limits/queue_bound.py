@@ -14,7 +14,8 @@ together (20 was overshot to 106 by one gateway). Whether one of them is already
 so counted as unclaimed, is asked in the same atomic reading (its submit marker), so a request written while a
 check is in flight is counted once, not twice (a bound of 2 refused the second of two requests).
 Requests admitted after a reading was sent are counted by it whatever it shows: that reading cannot
-have asked about them.
+have asked about them, and may have seen them on the stream too. So a check whose reading saw
+admissions in flight reads again, and only the last of a few readings keeps that conservative count.
 """
 
 from __future__ import annotations
@@ -61,6 +62,9 @@ local written = 0
 for i = 3, #KEYS do written = written + redis.call('EXISTS', KEYS[i]) end
 return {unclaimed, math.floor(waiting), written, lag}
 """
+# Readings a check takes at most while other requests are admitted during them; the last one counts
+# those conservatively (a burst may then be refused a little early, never let past the bound).
+_READ_ATTEMPTS = 3
 # A stale lag is logged, at most this often: the count above does not depend on it.
 _LAG_WARNING_INTERVAL_S = 60.0
 
@@ -147,15 +151,22 @@ class QueueBound:
         if self.max_queued <= 0:
             return
         unseen = self._unseen.setdefault(keys.cell, _Unseen())
-        began, asked = unseen.begin_reading()
-        try:
-            reading = await read_queue(redis, keys, asked, self.max_queued + 1)
-        except BaseException:
-            unseen.end_reading(began, len(asked), 0)
-            raise
+        for attempt in range(_READ_ATTEMPTS):
+            began, asked = unseen.begin_reading()
+            try:
+                reading = await read_queue(redis, keys, asked, self.max_queued + 1)
+            except BaseException:
+                unseen.end_reading(began, len(asked), 0)
+                raise
+            not_shown = unseen.end_reading(began, len(asked), reading.num_written)
+            # A request admitted while the reading was in flight is counted by it whatever it shows
+            # (it could not ask about it): written before the reading ran, it counts twice, and a
+            # bound of 2 refused the second of two requests. A reading with none is exact.
+            if unseen.num_admitted == began or attempt == _READ_ATTEMPTS - 1:
+                break
         self._check_lag(keys.cell, reading)
         # No await from here on: the count and the admission are one step for this gateway.
-        queued = reading.num_queued + unseen.end_reading(began, len(asked), reading.num_written)
+        queued = reading.num_queued + not_shown
         if queued + len(choice_ids) > self.max_queued:
             raise OpenAIError(
                 429,

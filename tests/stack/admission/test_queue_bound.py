@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
 import pytest
 import redis.asyncio as aioredis
+from redis.asyncio import BlockingConnectionPool
 
 from common.protocol import GenerateRequest, SamplingParams
 from common.stream_client import new_req_id, submit_once_async
@@ -127,3 +128,50 @@ def test_a_written_request_counts_once(
             gateway.harness.emit_tokens(r.req_id, [300, 301])
         assert first.result(timeout=30).status_code == 200
         assert second.result(timeout=30).status_code == 200
+
+
+def test_a_request_admitted_during_a_reading_counts_once(redis_url: str) -> None:
+    """A reading sent before another request's admission that reaches Redis after that request's
+    write sees it on the stream, and counted it again as admitted since: a bound of 2 refused the
+    second of two requests (tests/stack/admission/test_overload.py in a full run, where the second
+    reading waited for a new connection). The check reads again, with that request in its view."""
+
+    async def scenario() -> None:
+        redis = aioredis.Redis.from_url(redis_url)
+        # The second request's client: one connection, which a blocking pop holds until released.
+        held = aioredis.Redis(connection_pool=BlockingConnectionPool.from_url(redis_url, max_connections=1))
+        keys = cell_keys(DEFAULT_CELL)
+        bound = QueueBound(max_queued=2)
+        first, second = _request(), _request()
+
+        async def hold_connection() -> None:
+            await held.blpop(["hold"], timeout=0)
+
+        hold = asyncio.create_task(hold_connection())
+        await _until(lambda: _blocked_clients(redis), "the connection to be held")
+        check = asyncio.create_task(bound.check(held, keys, second.req_id, [second.req_id]))
+        await asyncio.sleep(0)  # one turn of the loop: the check runs until it waits for the connection
+        assert not check.done() and bound._unseen[keys.cell].readings  # its reading begun, not sent
+        await bound.check(redis, keys, first.req_id, [first.req_id])
+        await submit_once_async(redis, first)
+        bound.release(keys.cell, first.req_id)
+        await redis.lpush("hold", "go")
+        await hold
+        await check  # 1 waiting + 1: room
+        await redis.aclose()
+        await held.aclose()
+
+    asyncio.run(scenario())
+
+
+async def _blocked_clients(redis: aioredis.Redis) -> bool:
+    info = await redis.info("clients")
+    return int(info["blocked_clients"]) > 0
+
+
+async def _until(condition: Callable[[], Awaitable[bool]], what: str, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not await condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout_s}s waiting for {what}")
+        await asyncio.sleep(0.01)

@@ -28,7 +28,7 @@ from gpu_worker.runner.spec_decode.draft_model import DraftModelProposer
 from gpu_worker.settings import WorkerSettings
 
 
-class PooledRunner(ProfiledRunner, Protocol):
+class KVSizedRunner(ProfiledRunner, Protocol):
     """What the pool's sizing uses of the ModelRunner (named here rather than imported:
     model_runner.py imports this file)."""
 
@@ -54,7 +54,7 @@ class PooledRunner(ProfiledRunner, Protocol):
     def _kv_cache_dtype(self) -> torch.dtype: ...
 
 
-def use_kv_cache(runner: PooledRunner, num_blocks: int) -> None:
+def use_kv_cache(runner: KVSizedRunner, num_blocks: int) -> None:
     """Allocate a pool of `num_blocks` and the attention backend that reads it."""
     runner.kv_cache = allocate_kv_cache(
         kv_shape(runner.model.config), num_blocks, runner.block_size, runner._kv_cache_dtype, runner.device
@@ -75,7 +75,7 @@ def use_kv_cache(runner: PooledRunner, num_blocks: int) -> None:
 
 
 def size_kv_cache(
-    runner: PooledRunner, settings: WorkerSettings, step: ProfileStep, start: MemorySnapshot | None
+    runner: KVSizedRunner, settings: WorkerSettings, step: ProfileStep, start: MemorySnapshot | None
 ) -> None:
     """Run the profiling step in the temporary pool, then give the real pool what it leaves."""
     result = run_profile_step(runner, step)

@@ -131,8 +131,7 @@ class PiecewiseGraphs:
         }
         self._graphs: dict[int, list[Graph]] = {}  # per bucket, its pieces in order
         self.failed: dict[int, str] = {}  # buckets whose capture failed (they run eagerly), with why
-        self.num_runs = 0  # steps served from these buffers (tests and stats)
-        self.bucket_runs: dict[int, int] = dict.fromkeys(self.buckets, 0)
+        self.bucket_runs: dict[int, int] = dict.fromkeys(self.buckets, 0)  # steps served, per bucket
 
     def capture(self) -> None:
         """Capture every piece of every bucket (`capture_each`); a bucket any piece of which fails
@@ -141,6 +140,11 @@ class PiecewiseGraphs:
             self._graphs, self.failed = capture_each(
                 self._capture, self.buckets, self._pieces, "piecewise steps", "tokens"
             )
+
+    @property
+    def num_runs(self) -> int:
+        """Steps served from these buffers (tests and stats)."""
+        return sum(self.bucket_runs.values())
 
     @property
     def captured_buckets(self) -> list[int]:
@@ -164,7 +168,6 @@ class PiecewiseGraphs:
             else:
                 self.lora_ids[:num_tokens].copy_(batch.lora_ids)
             self.lora_ids[num_tokens:size].fill_(-1)
-        self.num_runs += 1
         self.bucket_runs[size] += 1
         pieces = self._graphs.get(size) or [_Eager(piece) for piece in self._pieces(size)]
         context = batch.attn_metadata

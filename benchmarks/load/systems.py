@@ -28,6 +28,8 @@ from benchmarks.load.specs import LaunchSpec, SystemSpec
 ROOT = Path(__file__).resolve().parents[2]
 STOP_GRACE_S = 20.0
 POLL_INTERVAL_S = 0.2
+# /proc counts CPU time in clock ticks (USER_HZ): its resolution.
+CLOCK_TICKS_PER_S = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
 def free_port() -> int:
@@ -86,14 +88,13 @@ def cpu_seconds(group: ProcessGroup) -> dict[str, float]:
     On a machine with fewer cores than busy processes the iteration period is bound by their sum,
     not by any one of them: this shows which service's share to cut.
     """
-    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
     seconds = {}
     for name, proc in group.procs.items():
         try:
             fields = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        seconds[name] = (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+        seconds[name] = (int(fields[11]) + int(fields[12])) / CLOCK_TICKS_PER_S  # utime, stime
     return seconds
 
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import signal
 import sys
 import tempfile
@@ -36,7 +35,14 @@ import httpx
 import redis
 
 from benchmarks.load.specs import LaunchSpec
-from benchmarks.load.systems import ProcessGroup, cpu_seconds, free_port, http_ok, wait_until
+from benchmarks.load.systems import (
+    CLOCK_TICKS_PER_S,
+    ProcessGroup,
+    cpu_seconds,
+    free_port,
+    http_ok,
+    wait_until,
+)
 from benchmarks.pipeline import control_plane_cells
 from common import streams
 
@@ -236,8 +242,8 @@ def main(argv: list[str] | None = None) -> None:
             f"{r['steady_ms_per_iteration']:>7.3f} "
             f"{r['worker_step_ms']:>9.3f} {r['worker_idle_ms_per_step']:>8.3f} {r['tokens_per_s']:>8.0f}"
         )
-    # /proc counts CPU time in clock ticks (10 ms): a share below one tick per load reads as 0.
-    tick_ms = 1000 / (os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100)
+    # A share below one clock tick per load reads as 0.
+    tick_ms = 1000 / CLOCK_TICKS_PER_S
     print(f"CPU ms per iteration, by process (the load's CPU time / its steps; {tick_ms:.0f} ms ticks):")
     for r in rows:
         mode = "async" if r["async_scheduling"] else "sync"

@@ -32,7 +32,15 @@ import httpx
 import redis
 import redis.asyncio as aioredis
 
-from benchmarks.load.systems import ProcessGroup, cpu_seconds, free_port, http_ok, start_redis, wait_until
+from benchmarks.load.systems import (
+    CLOCK_TICKS_PER_S,
+    ProcessGroup,
+    cpu_seconds,
+    free_port,
+    http_ok,
+    start_redis,
+    wait_until,
+)
 from common import streams
 
 PROMPT = [7, 8, 9, 10]
@@ -44,7 +52,7 @@ def _machine_cpu_s() -> float:
     """Non-idle CPU seconds of the whole machine so far, every process's (Linux /proc/stat)."""
     fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
     idle = fields[3] + fields[4]  # idle, iowait
-    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+    return (sum(fields[:8]) - idle) / CLOCK_TICKS_PER_S
 
 
 def _pss_mib(group: ProcessGroup) -> float:

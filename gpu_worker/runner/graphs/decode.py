@@ -95,6 +95,10 @@ class DecodeBuffers:
         """What a graph of `size` rows replays (its outputs in static buffers)."""
         raise NotImplementedError
 
+    def padded_size(self, num_reqs: int) -> int:
+        """The smallest of the sizes that holds `num_reqs` rows."""
+        return next(s for s in self.sizes if s >= num_reqs)
+
     @property
     def captured_sizes(self) -> list[int]:
         """The batch sizes a graph replays, smallest first."""
@@ -220,7 +224,7 @@ class DecodeGraphs(DecodeBuffers):
         """The step's logits [B, vocab]: a view of a static buffer, valid until the next run."""
         common = batch.attn_metadata.common
         num_reqs = common.num_reqs
-        size = next(s for s in self.sizes if s >= num_reqs)
+        size = self.padded_size(num_reqs)
         self.input_ids[:, :num_reqs].copy_(batch.input_ids)
         self.position_ids[:, :num_reqs].copy_(batch.position_ids)
         self.slot_mapping[:num_reqs].copy_(common.slot_mapping)

@@ -96,7 +96,7 @@ class DraftDecodeLoop(DecodeBuffers):
         num_reqs = first_drafts.shape[0]
         if num_reqs > self.sizes[-1]:
             raise ValueError(f"{num_reqs} drafting requests, more than the {self.sizes[-1]} the loop holds")
-        size = next(s for s in self.sizes if s >= num_reqs) if self.padded else num_reqs
+        size = self.padded_size(num_reqs) if self.padded else num_reqs
         self.first_positions[:num_reqs].copy_(first_positions)
         self.first_positions[num_reqs:size].zero_()
         self.last_positions[:num_reqs].copy_(last_positions)

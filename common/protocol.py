@@ -236,8 +236,10 @@ class ModelRunnerOutput(msgspec.Struct, tag="result", kw_only=True):
     finish_reasons: list[FinishReason | None]  # decided from token ids: EOS, max_tokens, stop ids
     req_errors: dict[str, str] = {}  # req_id -> message for requests that failed alone
     num_scheduled_tokens: int = 0  # tokens this step computed
-    step_time: float = 0.0  # seconds spent in forward + sample
+    # Seconds from its launch (or the end of the step before, if later) until its output was made.
+    step_time: float = 0.0
     worker_idle_s: float = 0.0  # seconds between publishing the previous result and receiving this step
+    overlapped: bool = False  # launched while the worker's previous step still ran on the device
     epoch: int = 0  # the epoch of the step it answers: a new batcher ignores results of an old one
     # req_id -> the drafts verified this step: its output grew by them, then by its sampled token.
     accepted_draft_token_ids: dict[str, list[int]] = {}

@@ -188,6 +188,12 @@ class WorkerSettings(PoolingSettings):  # its pooling fields: pooling_settings.p
         default=False,
         description="Benchmarks only: skip the forward pass and sample token 0, to time the control plane.",
     )
+    null_model_step_ms: float = Field(
+        default=0.0,
+        ge=0.0,
+        description="Benchmarks only, with null_model: each step's token 0s are ready this long after "
+        "the device's previous step, as a GPU's would be, while the host goes on (0: at once).",
+    )
     fail_on_token_id: int | None = Field(
         default=None,
         description="Fault injection for tests: a forward pass raises while any request in it holds "

@@ -39,10 +39,10 @@ def time_step(params: list[SamplingParams], vocab: int, device: torch.device, re
         history = torch.randint(0, vocab, (600,), generator=generator).tolist()
         state.add(req_id, p, history[:500], history[500:])
     for _ in range(3):
-        sampler.sample(logits, state, req_ids)  # warm-up; each call ends in its one host sync
+        sampler.launch(logits, state, req_ids).output()  # warm-up; each call ends in its one host sync
     started = time.perf_counter()
     for _ in range(repeats):
-        sampler.sample(logits, state, req_ids)
+        sampler.launch(logits, state, req_ids).output()
     return (time.perf_counter() - started) / repeats * 1e3
 
 

@@ -2,13 +2,15 @@
 
 One `step()` is one iteration of the pipeline (vLLM's EngineCore.step, nano-vllm's LLMEngine.step):
 schedule the worker's next step, run it, apply its result; the token events are those the worker
-would publish. The result comes back before the next step is scheduled, so there is no second step
-to overlap with the first: async scheduling is refused.
+would publish. Under async scheduling (vLLM's step_with_batch_queue) a second step is scheduled and
+launched before the first one's result is read, so the host prepares it while the device runs the
+first (gpu_worker/runner/step/launched.py); the results are applied in order, one per `step()`.
 """
 
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -22,6 +24,7 @@ from common.protocol import (
     SamplingParams,
     WorkerEvent,
 )
+from gpu_worker.runner.step.launched import StepHandle
 from gpu_worker.runner.step_runner import StepRunner, make_runner
 from gpu_worker.settings import WorkerSettings
 
@@ -36,13 +39,12 @@ class EngineStep:
 
 class LLMEngine:
     def __init__(self, runner: StepRunner, config: SchedulerConfig) -> None:
-        if config.async_scheduling:
-            raise ValueError("async scheduling overlaps two steps; one thread runs one step at a time")
         self.runner = runner
         self.scheduler = Scheduler(config)
         self.worker_id = runner.worker_id  # results carry it: the scheduler matches them by it
         self.info = runner.worker_info()  # what it serves: generation, or pooling tasks
         self.scheduler.add_worker(self.info)
+        self._launched: deque[StepHandle] = deque()  # steps launched whose results are not applied
 
     @classmethod
     def load(cls, settings: WorkerSettings, config: SchedulerConfig) -> LLMEngine:
@@ -102,7 +104,7 @@ class LLMEngine:
             self.scheduler.abort_request(req_id, reason, time.time())
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self.scheduler.requests)
+        return bool(self.scheduler.requests) or bool(self._launched)
 
     def has_prompts_to_compute(self) -> bool:
         """Whether a request waits or has prompt tokens not yet computed: while it holds, steps carry
@@ -113,9 +115,15 @@ class LLMEngine:
         )
 
     def step(self) -> EngineStep:
-        out, failed = self.scheduler.schedule(self.worker_id)
-        if out is None:
+        failed: list[Request] = []
+        while len(self._launched) < self.scheduler.config.max_steps_in_flight:
+            out, failed_now = self.scheduler.schedule(self.worker_id)
+            failed += failed_now
+            if out is None:
+                break
+            self._launched.append(self.runner.launch(out))
+        if not self._launched:
             return EngineStep(finished=failed)
-        result = self.runner.execute_model(out)
-        events = self.runner.token_events(result)  # before the next step frees the finished ones
-        return EngineStep(events, [*failed, *self.scheduler.update_from_output(result)], ran=True)
+        handle = self._launched.popleft()
+        finished = self.scheduler.update_from_output(handle.get_output())
+        return EngineStep(handle.events, [*failed, *finished], ran=True)

@@ -64,9 +64,9 @@ def worker_settings(
         raise ValueError(_explain(exc)) from None
 
 
-def scheduler_config(enable_prefix_caching: bool) -> SchedulerConfig:
+def scheduler_config(enable_prefix_caching: bool, async_scheduling: bool = False) -> SchedulerConfig:
     """The batcher's defaults (docs/settings.md), its caps left to the runner's registered limits."""
-    return SchedulerConfig(enable_prefix_caching=enable_prefix_caching)
+    return SchedulerConfig(enable_prefix_caching=enable_prefix_caching, async_scheduling=async_scheduling)
 
 
 def _explain(exc: ValidationError) -> str:

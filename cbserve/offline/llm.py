@@ -58,6 +58,7 @@ class LLM(PoolingAPI):
         quantization: str | None = None,
         enforce_eager: bool = False,
         enable_prefix_caching: bool = True,
+        async_scheduling: bool = False,
         enable_lora: bool = False,
         max_loras: int | None = None,
         max_lora_rank: int | None = None,
@@ -71,8 +72,10 @@ class LLM(PoolingAPI):
         """`model` (and `tokenizer`, default the model's): a model directory or a hub id. The rest
         are the worker's settings of the same names (docs/settings.md); None leaves the worker's
         default, WORKER_* variables included. `device` auto: cuda when torch sees one.
-        `enforce_eager`: no torch.compile, no CUDA graphs. vLLM's arguments without a counterpart
-        here are accepted at the value that asks for what runs anyway, refused at any other.
+        `enforce_eager`: no torch.compile, no CUDA graphs. `async_scheduling`: the next step is
+        scheduled and its inputs built while the device runs the current one (engine.py). vLLM's
+        arguments without a counterpart here are accepted at the value that asks for what runs
+        anyway, refused at any other.
         `enable_lora` (with `max_loras`, `max_lora_rank`, `max_cpu_loras`): requests may run PEFT
         LoRA adapters (`generate(..., lora_request=...)`), batched with the base model's.
         `runner="pooling"` (vLLM's names, as `convert`, `pooler_config`'s pooling_type and normalize,
@@ -101,7 +104,7 @@ class LLM(PoolingAPI):
         settings = worker_settings(model_dir, device, options, enforce_eager)
         self._model_dir = model_dir
         self._lora = settings.enable_lora, settings.max_lora_rank
-        self.llm_engine = LLMEngine.load(settings, scheduler_config(enable_prefix_caching))
+        self.llm_engine = LLMEngine.load(settings, scheduler_config(enable_prefix_caching, async_scheduling))
         tokenizer_dir = transformer_dir(model_dir) if tokenizer is None else model_directory(tokenizer)
         self._served = served_model(model_dir, tokenizer_dir, self.llm_engine.max_model_len)
         self._embedding_tokenizer = EmbeddingTokenizer.load(model_dir, self._served.tokenizer)

@@ -97,6 +97,17 @@ class HostValues:
         self.host = host
         self._ready = ready
 
+    def done(self) -> bool:
+        """Whether the values are on the host already (the host would not wait for them)."""
+        ready = self._ready  # read once: the reading thread may clear it meanwhile
+        return ready is None or bool(ready.query())
+
+    def wait_ready(self) -> None:
+        """Until the values are on the host; safe from another thread than the one reading them."""
+        ready = self._ready
+        if ready is not None:
+            ready.synchronize()
+
     def wait(self) -> torch.Tensor:
         if self._ready is not None:
             self._ready.synchronize()

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 
 from common.lora.lora_adapter import BaseModelShapes
 from common.protocol import (
-    FinishReason,
     LoRARequest,
     ModelRunnerOutput,
     SchedulerOutput,
@@ -30,6 +30,7 @@ from gpu_worker.runner.cached_request_state import CachedRequestState
 from gpu_worker.runner.forward.decoder import Decoder
 from gpu_worker.runner.graphs.decode import DecodeGraphs
 from gpu_worker.runner.graphs.piecewise import PiecewiseGraphs
+from gpu_worker.runner.host_copies import PinnedRing
 from gpu_worker.runner.input_batch import InputBatch, ScheduledRequest, build_input_batch
 from gpu_worker.runner.kv_cache import KVCache
 from gpu_worker.runner.kv_cache_sizing import size_kv_cache, use_kv_cache
@@ -47,8 +48,9 @@ from gpu_worker.runner.step.checks import check_cached, check_new, check_schedul
 from gpu_worker.runner.step.forward import capture_graphs, forward_logits
 from gpu_worker.runner.step.hooks import with_step_hooks
 from gpu_worker.runner.step.isolation import StepFailed, isolate, rollback, undo_log
-from gpu_worker.runner.step.output import advance, token_events
-from gpu_worker.runner.step.sampling import sample_step
+from gpu_worker.runner.step.launched import FinishedStep, LaunchedStep, StepHandle, take_device_tokens
+from gpu_worker.runner.step.output import advance, reserve, token_events
+from gpu_worker.runner.step.sampling import LaunchedSample, SampledStep, launch_sample_step
 from gpu_worker.runner.step_input_buffers import StepInputBuffers
 from gpu_worker.runner.structured_output.matchers import StructuredOutputs
 from gpu_worker.settings import WorkerSettings
@@ -97,10 +99,6 @@ class ModelRunner:
         self.structured_outputs = StructuredOutputs(
             settings.model, self.vocab_size, self.eos_token_ids, self.device
         )
-        # What the last step's grammars ended, by req_id, for advance().
-        self._grammar_ends: dict[str, FinishReason] = {}
-        # The drafts the last step accepted, by req_id (only requests that drafted).
-        self._step_accepted: dict[str, list[int]] = {}
         spec = settings.speculative_config
         self.draft_model: DraftModelProposer | None = None
         if spec is not None and spec.model is not None:
@@ -115,8 +113,15 @@ class ModelRunner:
         self.step_inputs = StepInputBuffers(
             self.max_num_seqs, self.max_num_batched_tokens, self.block_table.table.shape[1], self.device
         )
-        # Logprobs of the last step's samples, by req_id, for its token events (only requests that asked).
-        self._step_logprobs: dict[str, list[SampleLogprobs]] = {}  # per token of each run
+        # Steps launched and not yet finished, in order, and where each of their samples is on the
+        # device, by req_id, for the next step's inputs (launch).
+        self._unfinished: deque[StepHandle] = deque()
+        self._on_device: dict[str, tuple[torch.Tensor, int]] = {}
+        self._token_index = PinnedRing(torch.long, self.device)  # take_device_tokens' index copies
+        # Only where nothing reads a step's samples when it ends (drafts from them; images).
+        self._samples_stay_on_device = self.draft_model is None and self.mm is None
+        self._last_finished: FinishedStep | None = None  # of execute_model, for token_events
+        self._last_finished_at = 0.0  # perf_counter when the last step was finished
         self.num_isolated_steps = 0  # steps that raised and were rerun request by request
         self.decode_graphs: DecodeGraphs | None = None  # none during the profiling step
         self.piecewise_graphs: PiecewiseGraphs | None = None
@@ -166,20 +171,47 @@ class ModelRunner:
 
     # ---- one step -------------------------------------------------------------------------------
 
-    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+    def launch(self, scheduler_output: SchedulerOutput) -> StepHandle:
+        """Apply a step and queue it on the device. Its samples stay there when no row needs the host
+        (step/sampling.py) and nothing reads them at its end (no draft model, no images): the next
+        step's inputs take them on the device, and the host reads them when it finishes the step.
+        Otherwise the step is finished before this returns, with every step launched before it."""
         started = time.perf_counter()
         try:
-            output = self._execute(scheduler_output)
+            launched = self._launch(scheduler_output)
         except StepFailed as failed:
             # Rare path: find the culprit instead of failing the whole batch (see step/isolation.py).
             logger.warning("step %d: rerunning it request by request (%s)", scheduler_output.step_id, failed)
             self.num_isolated_steps += 1
-            output = isolate(self, scheduler_output)
-        output.step_time = time.perf_counter() - started
-        return output
+            self._finish_all()  # the rerun reads what the steps before it sampled
+            finished = isolate(self, scheduler_output)
+            finished.output.step_time = time.perf_counter() - started
+            return StepHandle.finished(finished)
+        # Built and queued while an earlier step still runs: the overlap this exists for.
+        launched.overlapped = bool(self._unfinished)
+        handle = StepHandle(launched.sample, lambda: self._finish_in_order(handle, launched))
+        tokens = launched.sample.token_ids
+        if tokens is None or not self._samples_stay_on_device:
+            handle.result()
+            return handle
+        for row, req in enumerate(launched.batch.sampling_reqs):
+            self._on_device[req.state.req_id] = (tokens, row)
+        self._unfinished.append(handle)
+        return handle
+
+    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        """One step, launched and finished (offline callers, tests and benchmarks)."""
+        self._last_finished = self.launch(scheduler_output).result()
+        return self._last_finished.output
+
+    def token_events(self, output: ModelRunnerOutput) -> Sequence[WorkerEvent]:
+        """The token-stream events of the output `execute_model` returned last."""
+        assert self._last_finished is not None and self._last_finished.output is output
+        return self._last_finished.events
 
     def reset(self) -> None:
         """Forget every request (the batcher has moved them elsewhere); the pool is simply reused."""
+        self._finish_all()
         self.requests.clear()
         self.block_table.clear()
         self.sampling_state.clear()
@@ -189,8 +221,10 @@ class ModelRunner:
         if self.draft_model is not None:
             self.draft_model.clear()
 
-    def _execute(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
-        """One step, all or nothing: on an exception its diff is rolled back and StepFailed raised."""
+    def _launch(self, scheduler_output: SchedulerOutput) -> LaunchedStep:
+        """Apply, build and queue one step, all or nothing: on an exception its diff is rolled back
+        and StepFailed raised."""
+        started = time.perf_counter()
         req_errors: dict[str, str] = {}
         undo = undo_log(scheduler_output, self.requests)
         cache = None if self.mm is None else self.mm.encoder_cache
@@ -209,36 +243,92 @@ class ModelRunner:
                 image_runs,
                 self.step_inputs,
             )
-            sampled = self._forward_and_sample(batch)
+            take_device_tokens(batch, self._on_device, self._token_index)
+            sample = self._forward_and_sample(batch)
         except Exception as exc:
             logger.exception("step %d failed", scheduler_output.step_id)
             rollback(undo, self.requests, self.block_table, self._drop)
             raise StepFailed(f"{type(exc).__name__}: {exc}") from exc
-        req_ids = [r.state.req_id for r in batch.sampling_reqs]
-        runs = [[*self._step_accepted.get(i, []), t] for i, t in zip(req_ids, sampled, strict=True)]
-        finish_reasons = advance(batch, runs, self.eos_token_ids, self.max_model_len, self._grammar_ends)
+        placeholders = reserve(batch)
+        return LaunchedStep(
+            scheduler_output, batch, sample, placeholders, req_errors, started, encoder_counts
+        )
+
+    def _execute(self, scheduler_output: SchedulerOutput) -> FinishedStep:
+        """One step launched and finished at once (the request-by-request rerun: step/isolation.py)."""
+        return self._fill(self._launch(scheduler_output))
+
+    def _finish_in_order(self, handle: StepHandle, launched: LaunchedStep) -> FinishedStep:
+        while self._unfinished and self._unfinished[0] is not handle:
+            self._unfinished[0].result()  # launched earlier: finished first
+        if self._unfinished:
+            self._unfinished.popleft()
+        return self._fill(launched)
+
+    def _finish_all(self) -> None:
+        while self._unfinished:
+            self._unfinished[0].result()
+
+    def _fill(self, launched: LaunchedStep) -> FinishedStep:
+        """Read a launched step's samples, advance its requests, and make its output and events."""
+        so, batch = launched.scheduler_output, launched.batch
+        step = launched.sample.result()
+        tokens = launched.sample.token_ids
+        for req in batch.sampling_reqs if tokens is not None else ():
+            source = self._on_device.get(req.state.req_id)
+            if source is not None and source[0] is tokens:
+                del self._on_device[req.state.req_id]
+        # A request that a step before this one ended was in this one too, launched before that
+        # step finished: its row here computed nothing it keeps.
+        kept = [i for i, r in enumerate(batch.sampling_reqs) if r.state.finish_reason is None]
+        reqs = [batch.sampling_reqs[i] for i in kept]
+        req_ids = [r.state.req_id for r in reqs]
+        runs = [[*step.accepted.get(i, []), step.token_ids[k]] for i, k in zip(req_ids, kept, strict=True)]
+        placeholders = [launched.placeholders[i] for i in kept]
+        firsts = {
+            r.state.req_id: p - r.state.num_prompt_tokens for r, p in zip(reqs, placeholders, strict=True)
+        }
+        finish_reasons = advance(
+            reqs, placeholders, runs, self.eos_token_ids, self.max_model_len, step.grammar_ends
+        )
         drafts: dict[str, list[int]] = {}  # the draft model's, for the next step of the requests that ask
-        if self.draft_model is not None and scheduler_output.draft_after:
-            drafts = self.draft_model.propose_after(scheduler_output.draft_after, req_ids, self.requests)
-        return ModelRunnerOutput(
-            step_id=scheduler_output.step_id,
+        if self.draft_model is not None and so.draft_after:
+            drafts = self.draft_model.propose_after(so.draft_after, req_ids, self.requests)
+        cache = None if self.mm is None else self.mm.encoder_cache
+        runs_before, hits_before = launched.encoder_counts
+        now = time.perf_counter()
+        output = ModelRunnerOutput(
+            step_id=so.step_id,
             worker_id=self.worker_id,
+            epoch=so.epoch,
             req_ids=req_ids,
             sampled_token_ids=[run[-1] for run in runs],
             finish_reasons=finish_reasons,
-            req_errors=req_errors,
+            req_errors=launched.req_errors,
             num_scheduled_tokens=int(batch.input_ids.shape[1]),
             accepted_draft_token_ids={
                 i: run[:-1] for i, run in zip(req_ids, runs, strict=True) if len(run) > 1
             },
             draft_token_ids=drafts,
-            num_encoder_runs=0 if cache is None else cache.num_encoder_runs - encoder_counts[0],
-            num_encoder_cache_hits=0 if cache is None else cache.num_cache_hits - encoder_counts[1],
+            num_encoder_runs=0 if cache is None else cache.num_encoder_runs - runs_before,
+            num_encoder_cache_hits=0 if cache is None else cache.num_cache_hits - hits_before,
+            # From its launch, or the end of the step it was launched behind (its wait on the device).
+            step_time=now - max(launched.started, self._last_finished_at),
+            overlapped=launched.overlapped,
         )
+        self._last_finished_at = now
+        states = {r.state.req_id: r.state for r in reqs}
+        return FinishedStep(output, self._events(output, states, step.logprobs, firsts))
 
-    def token_events(self, output: ModelRunnerOutput) -> Sequence[WorkerEvent]:
-        """The token-stream events of a step result; valid until the next step frees finished requests."""
-        return token_events(output, self.requests, self._step_logprobs)
+    def _events(
+        self,
+        output: ModelRunnerOutput,
+        states: Mapping[str, CachedRequestState],
+        logprobs: Mapping[str, list[SampleLogprobs]],
+        firsts: Mapping[str, int],
+    ) -> list[WorkerEvent]:
+        """The token-stream events of a finished step (step/output.py)."""
+        return list(token_events(output, states, logprobs, firsts))
 
     # ---- apply the diff -------------------------------------------------------------------------
 
@@ -313,19 +403,12 @@ class ModelRunner:
         return forward_logits(batch, self.model, self.mm, self.decode_graphs, self.piecewise_graphs)
 
     @torch.inference_mode()
-    def _forward_and_sample(self, batch: InputBatch) -> list[int]:
-        self._step_logprobs = {}
-        self._grammar_ends = {}
-        self._step_accepted = {}
+    def _forward_and_sample(self, batch: InputBatch) -> LaunchedSample:
         if not batch.scheduled:
-            return []
+            return LaunchedSample.read(SampledStep([], {}, {}, {}))
         return self._sample_step(batch)
 
-    def _sample(self, batch: InputBatch) -> list[int]:
-        """Forward, grammar masks and sampling of a non-empty batch; the logprobs kept for its events."""
+    def _sample(self, batch: InputBatch) -> LaunchedSample:
+        """Forward, grammar masks and sampling of a non-empty batch (step/sampling.py)."""
         kept = self._forward(batch)
-        step = sample_step(batch, kept, self.sampler, self.sampling_state, self.structured_outputs)
-        self._step_accepted = step.accepted
-        self._step_logprobs = step.logprobs
-        self._grammar_ends = step.grammar_ends
-        return step.token_ids
+        return launch_sample_step(batch, kept, self.sampler, self.sampling_state, self.structured_outputs)

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from common.protocol import ModelRunnerOutput, SchedulerOutput, WorkerEvent, WorkerInfo
+from gpu_worker.runner.step.launched import StepHandle
 from gpu_worker.settings import WorkerSettings
 
 
@@ -20,7 +21,13 @@ class StepRunner(Protocol):
 
     def worker_info(self) -> WorkerInfo: ...
 
-    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput: ...
+    def launch(self, scheduler_output: SchedulerOutput) -> StepHandle:
+        """Queue a step; its handle gives its output and events, waiting for the device if need be."""
+        ...
+
+    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        """A step launched and finished; `token_events` gives its events until the next step."""
+        ...
 
     def token_events(self, output: ModelRunnerOutput) -> Sequence[WorkerEvent]: ...
 

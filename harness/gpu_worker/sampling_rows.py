@@ -28,7 +28,7 @@ def sample_rows(
         assert len(done) == index, "the output index is the number of outputs so far"
         assert outputs or not p.has_penalties, "penalty rows need their real outputs"
         state.add(f"row{row}", p, prompts[row] if prompts else [], done)
-    return sampler.sample(logits, state, [f"row{row}" for row in range(len(params))])
+    return sampler.launch(logits, state, [f"row{row}" for row in range(len(params))]).output()
 
 
 def token_counts(token_ids: Sequence[Sequence[int]], vocab_size: int, device: torch.device) -> torch.Tensor:

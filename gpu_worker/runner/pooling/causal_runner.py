@@ -13,17 +13,19 @@ max_tokens 0 ends (the batcher plans it so); its `PoolingEvent` replaces the tok
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping
 
 import torch
 
 from common.protocol import ModelRunnerOutput, PoolingParams, SchedulerOutput, WorkerEvent, WorkerInfo
+from gpu_worker.runner.cached_request_state import CachedRequestState
 from gpu_worker.runner.input_batch import InputBatch
 from gpu_worker.runner.load_model import Model
 from gpu_worker.runner.model_runner import ModelRunner
 from gpu_worker.runner.pooling.causal_model import load_causal_pooling_model
 from gpu_worker.runner.pooling.model_files import PoolingSpec
 from gpu_worker.runner.pooling.pooled_output import pooled_values, pooling_event
+from gpu_worker.runner.step.sampling import LaunchedSample, SampledStep
 from gpu_worker.settings import WorkerSettings
 
 logger = logging.getLogger(__name__)
@@ -74,7 +76,7 @@ class PoolingModelRunner(ModelRunner):
         self._partial.pop(req_id, None)
         self._pooled.pop(req_id, None)
 
-    def _sample(self, batch: InputBatch) -> list[int]:
+    def _sample(self, batch: InputBatch) -> LaunchedSample:
         """The forward at the rows the requests pool; each request whose prompt is complete gets its
         values, and the placeholder token 0 that ends it."""
         rows, spans = self._rows(batch)
@@ -109,7 +111,7 @@ class PoolingModelRunner(ModelRunner):
         # Kept only now that the whole step ran: a step that raises is rerun without doubling a sum.
         self._partial.update(partial)
         self._pooled.update(pooled)
-        return [0] * len(batch.sampling_reqs)
+        return LaunchedSample.read(SampledStep([0] * len(batch.sampling_reqs), {}, {}, {}))
 
     def _rows(self, batch: InputBatch) -> tuple[list[int], dict[str, tuple[int, int, bool]]]:
         """The flat rows to keep, and per request (first kept row, how many, prompt complete)."""
@@ -130,11 +132,13 @@ class PoolingModelRunner(ModelRunner):
             rows += taken
         return rows, spans
 
-    def token_events(self, output: ModelRunnerOutput) -> Sequence[WorkerEvent]:
-        """One `PoolingEvent` per request that ended in the step."""
+    def _events(
+        self, output: ModelRunnerOutput, states: Mapping[str, CachedRequestState], *_: object
+    ) -> list[WorkerEvent]:
+        """One `PoolingEvent` per request that ended in the step (no token events, no logprobs)."""
         events: list[WorkerEvent] = []
         for req_id in output.req_ids:
-            state = self.requests[req_id]
+            state = states[req_id]
             values = self._pooled.pop(req_id)
             events.append(
                 pooling_event(req_id, state.attempt, values, state.num_prompt_tokens, state.num_cached_tokens)

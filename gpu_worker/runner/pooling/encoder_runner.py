@@ -28,6 +28,7 @@ from common.protocol import (
 from gpu_worker.runner.pooling.model_files import PoolingSpec, encoder_max_len
 from gpu_worker.runner.pooling.pooled_output import pooled_values, pooling_event
 from gpu_worker.runner.runner_info import worker_info_of
+from gpu_worker.runner.step.launched import FinishedStep, StepHandle
 from gpu_worker.settings import WorkerSettings
 
 logger = logging.getLogger(__name__)
@@ -68,6 +69,11 @@ class EncoderRunner:
     def reset(self) -> None:
         self._done.clear()
 
+    def launch(self, so: SchedulerOutput) -> StepHandle:
+        """An encoder's step is finished when it returns."""
+        output = self.execute_model(so)
+        return StepHandle.finished(FinishedStep(output, self.token_events(output)))
+
     def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:
         started = time.perf_counter()
         errors = {
@@ -99,6 +105,7 @@ class EncoderRunner:
         return ModelRunnerOutput(
             step_id=so.step_id,
             worker_id=self.worker_id,
+            epoch=so.epoch,
             req_ids=req_ids,
             sampled_token_ids=[0] * len(req_ids),  # a placeholder that only ends the request
             finish_reasons=["length"] * len(req_ids),

@@ -20,8 +20,9 @@ into pinned memory on a side stream behind an event, which the host waits on onl
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 
@@ -60,6 +61,15 @@ class SamplerOutput:
     logprobs: list[SampleLogprobs | None]  # one per row, None where the request did not ask
 
 
+@dataclass(slots=True, frozen=True)
+class PendingSample:
+    """A step's samples: `token_ids` [N] on the device now, their `output()` once on the host."""
+
+    token_ids: torch.Tensor
+    host: HostValues
+    output: Callable[[], SamplerOutput]
+
+
 class Sampler:
     """Turns logits into token ids; owns the generator used by requests without a seed."""
 
@@ -72,27 +82,29 @@ class Sampler:
         else:
             self._generator.manual_seed(seed)
 
-    def sample(
+    def launch(
         self,
         logits: torch.Tensor,
         state: SamplingState,
         req_ids: Sequence[str],
         grammar: GrammarMask | None = None,
         earlier: Sequence[Sequence[int]] | None = None,
-    ) -> SamplerOutput:
+    ) -> PendingSample:
         """logits [N, V], row i for `req_ids[i]` (each added to `state`); `grammar`: the masks of the
         constrained rows; `earlier`: per row, the tokens it follows within the step (a drafting
         request's drafts, taken as output: its output index and penalty counts). Records the sampled
-        tokens in `state` (output index, penalty counts)."""
+        tokens in `state` (output index, penalty counts). Returns at once: the tokens are on the
+        device, on their way to the host (`output()` waits for them)."""
         if not req_ids:
-            return SamplerOutput([], [])
+            nothing = torch.zeros(0, dtype=torch.long, device=self.device)
+            return PendingSample(nothing, HostValues(nothing, None), lambda: SamplerOutput([], []))
         batch = state.prepare(req_ids)
         if earlier is not None:
             _take_as_output(batch, earlier)
         tokens = self._pick(self._processed(logits, batch, grammar), batch)
         host = self._start_to_host(logits, tokens, batch)
         state.record(batch, tokens)  # queued while the tokens travel
-        return self._output(host, batch)
+        return PendingSample(tokens, host, partial(self._output, host, batch))
 
     def sample_drafts(
         self,

@@ -6,10 +6,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Protocol
 
-from common.protocol import ModelRunnerOutput, SchedulerOutput
+from common.protocol import ModelRunnerOutput, SchedulerOutput, WorkerEvent
 from gpu_worker.runner.block_table import BlockTable
 from gpu_worker.runner.cached_request_state import CachedRequestState
-from gpu_worker.runner.sample.logprobs import SampleLogprobs
+from gpu_worker.runner.step.launched import FinishedStep
 
 
 class StepFailed(Exception):
@@ -46,14 +46,13 @@ class IsolatedRunner(Protocol):
     imports this file)."""
 
     worker_id: str
-    _step_logprobs: dict[str, list[SampleLogprobs]]
 
-    def _execute(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput: ...
+    def _execute(self, scheduler_output: SchedulerOutput) -> FinishedStep: ...
 
     def _drop(self, req_id: str) -> None: ...
 
 
-def isolate(runner: IsolatedRunner, so: SchedulerOutput) -> ModelRunnerOutput:
+def isolate(runner: IsolatedRunner, so: SchedulerOutput) -> FinishedStep:
     """Rerun a failed step one request at a time: the ones that fail alone are reported in
     `req_errors` (and dropped here), the others get their token as if the step had not failed.
 
@@ -62,10 +61,15 @@ def isolate(runner: IsolatedRunner, so: SchedulerOutput) -> ModelRunnerOutput:
     rerun overwrites with the same values, so the survivors' tokens are unchanged.
     """
     merged = ModelRunnerOutput(
-        step_id=so.step_id, worker_id=runner.worker_id, req_ids=[], sampled_token_ids=[], finish_reasons=[]
+        step_id=so.step_id,
+        worker_id=runner.worker_id,
+        epoch=so.epoch,
+        req_ids=[],
+        sampled_token_ids=[],
+        finish_reasons=[],
     )
     frees = so.finished_req_ids
-    logprobs: dict[str, list[SampleLogprobs]] = {}  # each rerun's forward resets _step_logprobs
+    events: list[WorkerEvent] = []
     for req_id, num_tokens in so.num_scheduled_tokens.items():
         alone = SchedulerOutput(
             step_id=so.step_id,
@@ -81,12 +85,13 @@ def isolate(runner: IsolatedRunner, so: SchedulerOutput) -> ModelRunnerOutput:
         )
         frees = []  # applied with the first request
         try:
-            out = runner._execute(alone)
+            finished = runner._execute(alone)
         except StepFailed as failed:
             runner._drop(req_id)  # the batcher recomputes it from scratch if it retries
             merged.req_errors[req_id] = str(failed)
             continue
-        logprobs.update(runner._step_logprobs)
+        out = finished.output
+        events += finished.events
         merged.req_ids += out.req_ids
         merged.sampled_token_ids += out.sampled_token_ids
         merged.finish_reasons += out.finish_reasons
@@ -96,5 +101,4 @@ def isolate(runner: IsolatedRunner, so: SchedulerOutput) -> ModelRunnerOutput:
         merged.num_scheduled_tokens += out.num_scheduled_tokens
         merged.num_encoder_runs += out.num_encoder_runs
         merged.num_encoder_cache_hits += out.num_encoder_cache_hits
-    runner._step_logprobs = logprobs
-    return merged
+    return FinishedStep(merged, events)

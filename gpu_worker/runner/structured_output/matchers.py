@@ -166,6 +166,10 @@ class StructuredOutputs:
         self._json_rows.clear()
         self._closing_rows.clear()
 
+    def constrains(self, req_ids: Sequence[str]) -> bool:
+        """Whether any of `req_ids` samples under a grammar."""
+        return bool(self._matchers) and any(req_id in self._matchers for req_id in req_ids)
+
     def masks(
         self, req_ids: Sequence[str], drafts: Sequence[tuple[str, Sequence[int]]]
     ) -> tuple[GrammarMask | None, GrammarMask | None]:

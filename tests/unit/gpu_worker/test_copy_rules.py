@@ -12,10 +12,11 @@ from common.protocol import SamplingParams
 from gpu_worker.runner.attention.selector import make_attention_backend
 from gpu_worker.runner.block_table import BlockTable
 from gpu_worker.runner.cached_request_state import CachedRequestState
-from gpu_worker.runner.host_copies import DeviceToHost
+from gpu_worker.runner.host_copies import DeviceToHost, PinnedRing
 from gpu_worker.runner.input_batch import ScheduledRequest, build_input_batch
 from gpu_worker.runner.kv_cache import KVCache
 from gpu_worker.runner.sample.sampling_state import SamplingState
+from gpu_worker.runner.step.launched import PLACEHOLDER, take_device_tokens
 from gpu_worker.runner.step_input_buffers import StepInputBuffers
 from harness.gpu_worker.copy_rules import DEVICE, CopyViolation, copy_rules
 
@@ -86,3 +87,21 @@ def test_sampling_index_is_double_buffered_and_sampled_ids_come_back_behind_an_e
         ready = rules.events[-1]
         assert ready.recorded_on == "side" and ready.num_waits == 0  # the host has not waited yet
         assert len(values.tolist()) == 3 and ready.num_waits == 1  # (a meta copy carries no values)
+
+
+def test_a_decode_takes_the_token_of_a_step_still_on_the_device_without_reading_it() -> None:
+    # r1's last token is the placeholder of a step not yet read: its input comes from that step's ids.
+    requests = [_request(0, 9, 1), _request(1, 4, 1), _request(2, 0, 6)]
+    requests[1].state.token_ids[-1] = PLACEHOLDER
+    with copy_rules() as rules:
+        sizes = {"num_layers": 1, "num_blocks": 32, "num_kv_heads": 1, "head_dim": 2}
+        pool = KVCache.allocate(**sizes, block_size=BLOCK_SIZE, dtype=torch.float32, device=DEVICE)
+        backend = make_attention_backend("triton", pool, group_decodes=False, dtype=torch.float32)
+        batch = build_input_batch(
+            requests, backend, DEVICE, BlockTable(4, 8), buffers=StepInputBuffers(4, 16, 8, DEVICE)
+        )
+        sampled = torch.zeros(5, dtype=torch.long, device=DEVICE)  # the earlier step's ids, on the device
+        before = len(rules.host_to_device)
+        take_device_tokens(batch, {"r1": (sampled, 3), "r2": (sampled, 4)}, PinnedRing(torch.long, DEVICE))
+        # One pinned copy of the index (r1's flat position, its row); r2 holds no placeholder.
+        assert rules.host_to_device[before:] == [16]

@@ -38,7 +38,7 @@ def test_incremental_counts_equal_a_recount_after_many_steps_and_a_re_add() -> N
         if step % 3 == 0:
             req_ids.remove("c")
         logits = torch.randn(len(req_ids), VOCAB, generator=generator)
-        tokens = sampler.sample(logits, state, req_ids).token_ids
+        tokens = sampler.launch(logits, state, req_ids).output().token_ids
         for req_id, token in zip(req_ids, tokens, strict=True):
             outputs[req_id].append(token)
     for req_id in ("a", "c"):
@@ -51,7 +51,8 @@ def test_incremental_counts_equal_a_recount_after_many_steps_and_a_re_add() -> N
     assert_counts(state, "a", prompts["a"], outputs["a"])
     assert_counts(state, "d", [3], [3, 3])
     for _ in range(5):
-        outputs["a"] += sampler.sample(torch.randn(1, VOCAB, generator=generator), state, ["a"]).token_ids
+        logits = torch.randn(1, VOCAB, generator=generator)
+        outputs["a"] += sampler.launch(logits, state, ["a"]).output().token_ids
     assert_counts(state, "a", prompts["a"], outputs["a"])
 
 
@@ -61,10 +62,10 @@ def test_a_resumed_request_continues_the_same_seeded_tokens() -> None:
     params = SamplingParams(temperature=1.0, top_k=20, seed=42)
     state, sampler = SamplingState(VOCAB, CPU), Sampler(seed=0)
     state.add("r", params, [5], [])
-    straight = [sampler.sample(logits[i : i + 1], state, ["r"]).token_ids[0] for i in range(12)]
+    straight = [sampler.launch(logits[i : i + 1], state, ["r"]).output().token_ids[0] for i in range(12)]
     state.remove("r")
     state.add("r", params, [5], straight[:7])
-    resumed = [sampler.sample(logits[i : i + 1], state, ["r"]).token_ids[0] for i in range(7, 12)]
+    resumed = [sampler.launch(logits[i : i + 1], state, ["r"]).output().token_ids[0] for i in range(7, 12)]
     assert resumed == straight[7:]
     assert len(set(straight)) > 3
 
@@ -82,7 +83,7 @@ def test_slots_grow_and_are_reused_without_mixing_parameters() -> None:
         state.add(f"n{i + 1}", greedy, [1], [])  # a freed biased slot, now without bias
     req_ids = [f"n{i}" if i % 4 < 2 else f"r{i}" for i in range(40)]
     assert len(state) == 40
-    tokens = sampler.sample(logits, state, req_ids).token_ids
+    tokens = sampler.launch(logits, state, req_ids).output().token_ids
     argmax = logits.argmax(-1).tolist()
     for i, token in enumerate(tokens):
         assert token == (17 if i % 4 in (0, 3) else argmax[i]), i
@@ -94,6 +95,7 @@ def test_min_tokens_mask_lifts_as_outputs_accumulate_across_steps() -> None:
     state, sampler = SamplingState(VOCAB, CPU, eos_token_ids={2}), Sampler(seed=0)
     state.add("r", SamplingParams(temperature=0.0, min_tokens=3, stop_token_ids=[9]), [1], [7])
     state.add("other", SamplingParams(temperature=0.0, ignore_eos=True, min_tokens=5), [1], [])
-    tokens = [sampler.sample(logits.expand(2, -1), state, ["r", "other"]).token_ids for _ in range(3)]
+    both = logits.expand(2, -1)
+    tokens = [sampler.launch(both, state, ["r", "other"]).output().token_ids for _ in range(3)]
     # "r" resumed with one output: masked for two more steps; "other" has nothing to mask.
     assert tokens == [[4, 2], [4, 2], [2, 2]]

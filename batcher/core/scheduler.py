@@ -127,6 +127,7 @@ class Scheduler(SchedulerState):
         _, scheduled = ws.in_flight.popleft()
         self.stats.worker_busy_s += out.step_time
         self.stats.worker_idle_s += out.worker_idle_s
+        self.stats.num_steps_overlapped += out.overlapped
         ws.num_encoder_runs += out.num_encoder_runs
         ws.num_encoder_cache_hits += out.num_encoder_cache_hits
         finished: list[Request] = []

@@ -66,6 +66,7 @@ class SchedulerStats:
     num_queue_timeouts: int = 0  # never-scheduled requests failed at their queue deadline
     worker_busy_s: float = 0.0  # summed step_time of all results
     worker_idle_s: float = 0.0  # summed time workers waited for their next step
+    num_steps_overlapped: int = 0  # steps launched while the worker's previous step ran on the device
     spec_decode_num_drafts: int = 0  # decodes sent with drafts
     spec_decode_num_draft_tokens: int = 0  # draft tokens sent
     spec_decode_num_accepted_tokens: int = 0  # of which the worker accepted

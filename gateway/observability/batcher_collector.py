@@ -28,6 +28,11 @@ _STATS: dict[str, tuple[str, str, str]] = {
         "counter",
         "Seconds workers waited for their next step.",
     ),
+    "num_steps_overlapped": (
+        "cbserve:worker_steps_overlapped",
+        "counter",
+        "Steps a worker built and launched while its previous step still ran on the device.",
+    ),
     # Speculative decoding, vLLM's names.
     "spec_decode_num_drafts": ("cbserve:spec_decode_num_drafts", "counter", "Decodes sent with drafts."),
     "spec_decode_num_draft_tokens": ("cbserve:spec_decode_num_draft_tokens", "counter", "Draft tokens sent."),

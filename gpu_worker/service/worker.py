@@ -1,6 +1,7 @@
-"""The worker service: receive a step from Redis, execute it, publish tokens and the result.
+"""The worker service: receive a step from Redis, launch it, publish tokens and the result.
 
-Publishing runs on a thread of its own (publish_thread.py), so the next step starts at once.
+Steps are read on a thread of their own and publishing runs on another (step_inbox.py,
+publish_thread.py): while a launched step runs on the device, the next one is received and launched.
 
 Startup announces the worker (hash entry + hello on the batcher inbox) and starts the heartbeat;
 stopping removes both, so the batcher sees a clean exit rather than a missed heartbeat.
@@ -12,14 +13,14 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import redis
 
 from common.protocol import (
     FIELD,
-    ModelRunnerOutput,
     SchedulerOutput,
     WorkerInfo,
     decode_step,
@@ -34,10 +35,12 @@ from common.redis_io.redis_refusal import refuses_writes
 from common.redis_io.retry import REDIS_DOWN, Backoff
 from common.redis_io.stream_replies import raw_reply
 from common.streams import cell_keys, token_stream
+from gpu_worker.runner.step.launched import StepHandle
 from gpu_worker.runner.step_runner import StepRunner
 from gpu_worker.service.fenced_writes import FencedWrites, TokenWrites
 from gpu_worker.service.heartbeat import Heartbeat
 from gpu_worker.service.publish_thread import PublishJob, PublishThread
+from gpu_worker.service.step_inbox import DeviceDone, StepInbox, StepMessage
 from gpu_worker.settings import WorkerSettings
 
 logger = logging.getLogger(__name__)
@@ -46,6 +49,18 @@ T = TypeVar("T")
 
 # What `_retry` waits out: an outage, and a Redis that refuses writes (common/redis_io/redis_refusal.py).
 _RETRIED: tuple[type[Exception], ...] = (*REDIS_DOWN, redis.ResponseError)
+
+
+# Steps taken per read: with async scheduling at most two are waiting.
+_READ_COUNT = 4
+
+
+@dataclass(frozen=True, slots=True)
+class _Running:
+    """A launched step not yet published."""
+
+    handle: StepHandle
+    idle_s: float  # how long the worker waited for it (ModelRunnerOutput.worker_idle_s)
 
 
 class Worker:
@@ -91,65 +106,104 @@ class Worker:
             self.runner.max_model_len,
         )
         publish_thread = PublishThread(lambda job: self._retry(partial(self.publish_job, job)))
+        inbox = StepInbox(self._read_steps, self.steps_stream, self._last_id)
         try:
-            executed_at: float | None = None
-            while not self._stopping.is_set():
-                if self._heartbeat.fenced.is_set() or publish_thread.fenced.is_set():
-                    publish_thread.drain()  # what was queued for the old id is refused by the fence
-                    publish_thread.fenced.clear()
-                    self._rejoin()
-                    executed_at = None
-                    continue
-                scheduler_output = self._retry(self.receive)
-                if scheduler_output is None:
-                    continue
-                received_at = time.perf_counter()
-                output = self.execute(scheduler_output)
-                for req_id, message in output.req_errors.items():
-                    logger.warning("request failed: %s", message, extra={"request_id": req_id})
-                # How long this worker waited on the batcher: the cost async scheduling hides.
-                output.worker_idle_s = received_at - executed_at if executed_at is not None else 0.0
-                publish_thread.submit(self.publish_job_for(output))
-                executed_at = time.perf_counter()
+            self._serve(inbox, publish_thread)
             publish_thread.drain()
         finally:
+            inbox.stop()
             publish_thread.stop()
             self._heartbeat.stop()
             self.deregister()
             logger.info("worker %s stopped", self.worker_id)
 
+    def _serve(self, inbox: StepInbox, publish_thread: PublishThread) -> None:
+        """Take steps and device ends as they come (step_inbox.py). A step that comes while the last
+        one still runs on the device is launched before that one is published, so the host builds
+        it while the device runs; a step done when launched (every CPU step) is published at once."""
+        running: _Running | None = None  # launched, on the device, not yet published
+        idle_since: float | None = None  # when this worker last ran out of steps
+        while not self._stopping.is_set():
+            if self._heartbeat.fenced.is_set() or publish_thread.fenced.is_set():
+                if running is not None:
+                    self._publish(publish_thread, running)
+                    running = None
+                publish_thread.drain()  # what was queued for the old id is refused by the fence
+                publish_thread.fenced.clear()
+                self._rejoin()
+                inbox.follow(self.steps_stream, self._last_id)
+                idle_since = None
+                continue
+            item = inbox.get(timeout=MAX_BLOCK_MS / 1000)
+            if isinstance(item, DeviceDone):
+                if running is not None and item.handle is running.handle:
+                    self._publish(publish_thread, running)
+                    running, idle_since = None, time.perf_counter()
+                continue
+            if item is None or item.stream != self.steps_stream:
+                continue  # nothing came (a chance to notice a stop or a fence), or it was for an old id
+            received_at = time.perf_counter()
+            self._last_id = item.entry_id
+            scheduler_output = self._decode_step(item)
+            if scheduler_output is None:
+                continue
+            # How long this worker waited on the batcher: the cost async scheduling hides.
+            idle_s = received_at - idle_since if running is None and idle_since is not None else 0.0
+            launched = _Running(self.execute(scheduler_output), idle_s)
+            if running is not None:
+                self._publish(publish_thread, running)
+            running = None
+            if launched.handle.ready():
+                self._publish(publish_thread, launched)
+                idle_since = time.perf_counter()
+            else:
+                running = launched
+                inbox.watch(launched.handle)
+        if running is not None:
+            self._publish(publish_thread, running)
+
+    def _publish(self, publish_thread: PublishThread, step: _Running) -> None:
+        """Queue a step's writes for the publish thread, waiting for the device if it still runs."""
+        output = step.handle.get_output()
+        output.worker_idle_s = step.idle_s
+        for req_id, message in output.req_errors.items():
+            logger.warning("request failed: %s", message, extra={"request_id": req_id})
+        publish_thread.submit(self.publish_job_for(step.handle))
+
     # ---- the three calls of the loop ------------------------------------------------------------
 
-    def receive(self) -> SchedulerOutput | None:
-        reply = self._read_step()
-        found = stream_replies.streams(reply)
-        if not found:
-            return None
-        self._last_id, message = stream_replies.entries(found[0][1])[0]
-        try:
-            assert message is not None, "no message field"
-            return decode_step(message)
-        except Exception:  # a malformed message cannot be answered (no step id); skip it loudly
-            logger.exception("undecodable step message %s", self._last_id)
-            return None
+    def _read_steps(self, stream: str, after_id: str) -> list[tuple[str, bytes | None]] | None:
+        """The steps stream's entries after `after_id`, blocking about a second at most (the
+        inbox's reading thread; a Redis outage is waited out there); None once stopping."""
+        return self._retry(partial(self._read_step, stream, after_id))
 
-    def _read_step(self) -> Any:
-        """The next step, as hiredis parses an XREAD reply: packed once, no per-command layers."""
-        block, last_id = MAX_BLOCK_MS, self._last_id
+    def _read_step(self, stream: str, after_id: str) -> list[tuple[str, bytes | None]]:
+        """As hiredis parses an XREAD reply: packed once, no per-command layers."""
         if not raw_capable(self.redis):  # Redis Cluster: redis-py routes it
-            return raw_reply(self.redis.xread({self.steps_stream: last_id}, count=1, block=block))
-        command = pack("XREAD", "COUNT", 1, "BLOCK", block, "STREAMS", self.steps_stream, last_id)
-        return execute(self.redis, command)[0]
+            reply = raw_reply(self.redis.xread({stream: after_id}, count=_READ_COUNT, block=MAX_BLOCK_MS))
+        else:
+            command = pack("XREAD", "COUNT", _READ_COUNT, "BLOCK", MAX_BLOCK_MS, "STREAMS", stream, after_id)
+            reply = execute(self.redis, command)[0]
+        found = stream_replies.streams(reply)
+        return stream_replies.entries(found[0][1]) if found else []
 
-    def execute(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
-        output = self.runner.execute_model(scheduler_output)
-        output.epoch = scheduler_output.epoch
-        return output
+    def _decode_step(self, item: StepMessage) -> SchedulerOutput | None:
+        try:
+            assert item.message is not None, "no message field"
+            return decode_step(item.message)
+        except Exception:  # a malformed message cannot be answered (no step id); skip it loudly
+            logger.exception("undecodable step message %s", item.entry_id)
+            return None
 
-    def publish_job_for(self, output: ModelRunnerOutput) -> PublishJob:
-        """The writes of a step result, taken now: token events read request state the next step frees."""
+    def execute(self, scheduler_output: SchedulerOutput) -> StepHandle:
+        """Launch a step (gpu_worker/runner/step/launched.py)."""
+        return self.runner.launch(scheduler_output)
+
+    def publish_job_for(self, handle: StepHandle) -> PublishJob:
+        """The writes of a finished step, taken now: token events read request state the next step frees."""
+        output = handle.get_output()
         tokens = TokenWrites()
-        for e in self.runner.token_events(output):
+        for e in handle.events:
             tokens.add(token_stream(e.req_id), encode(e), ends_stream(e))
         return PublishJob(self.worker_id, output.step_id, tokens, encode(output), self._last_id)
 

@@ -48,8 +48,9 @@ def wait_for(
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
-@pytest.fixture()
-def worker_proc(tiny_model_dir: Path, redis_url: str, tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
+def start_worker(
+    model_dir: Path, redis_url: str, tmp_path: Path, **extra: str
+) -> Iterator[subprocess.Popen[bytes]]:
     env = {
         **os.environ,
         "REDIS_URL": redis_url,
@@ -58,10 +59,11 @@ def worker_proc(tiny_model_dir: Path, redis_url: str, tmp_path: Path) -> Iterato
         "WORKER_NUM_BLOCKS": "32",
         "WORKER_HEARTBEAT_INTERVAL_S": "0.1",
         "WORKER_HEALTH_FILE": str(tmp_path / "alive"),
+        **extra,
     }
     log = (tmp_path / "worker.log").open("wb")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gpu_worker", "--model", str(tiny_model_dir), "--device", "cpu"],
+        [sys.executable, "-m", "gpu_worker", "--model", str(model_dir), "--device", "cpu"],
         cwd=REPO_ROOT,
         env=env,
         stdout=log,
@@ -75,6 +77,21 @@ def worker_proc(tiny_model_dir: Path, redis_url: str, tmp_path: Path) -> Iterato
         proc.wait()
         log.close()
         sys.stdout.write((tmp_path / "worker.log").read_text())  # shown by pytest only on failure
+
+
+@pytest.fixture()
+def worker_proc(tiny_model_dir: Path, redis_url: str, tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
+    yield from start_worker(tiny_model_dir, redis_url, tmp_path)
+
+
+@pytest.fixture()
+def device_worker_proc(
+    tiny_model_dir: Path, redis_url: str, tmp_path: Path
+) -> Iterator[subprocess.Popen[bytes]]:
+    """A null-model worker whose steps take 300 ms on a simulated device, the host free meanwhile."""
+    yield from start_worker(
+        tiny_model_dir, redis_url, tmp_path, WORKER_NULL_MODEL="true", WORKER_NULL_MODEL_STEP_MS="300"
+    )
 
 
 def read_inbox(client: redis.Redis, last_id: str) -> tuple[str, Any] | None:
@@ -150,3 +167,40 @@ def test_worker_serves_a_step_and_deregisters(
     assert client.hget(WORKERS_HASH, info.worker_id) is None
     assert client.zscore(WORKERS_HEARTBEAT, info.worker_id) is None
     assert not client.exists(steps)
+
+
+def test_a_step_sent_while_the_last_one_runs_is_launched_before_that_one_is_published(
+    device_worker_proc: subprocess.Popen[bytes], redis_url: str
+) -> None:
+    client = redis.Redis.from_url(redis_url)
+    hello_id, hello = wait_for(lambda: read_inbox(client, "0-0"), 60, "the hello", device_worker_proc)
+    assert isinstance(hello, WorkerInfo)
+    prompt = [5, 6, 7, 8]
+    params = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
+    new = new_request("req-1", prompt, params, [0], attempt=1)
+    steps = worker_steps(hello.worker_id)
+
+    def decode(step_id: int, computed: int) -> bytes:
+        cached = CachedRequestData(req_id="req-1", new_block_ids=[], num_computed_tokens=computed)
+        return step_message(step_id, [], [cached], {"req-1": 1})
+
+    # As async scheduling sends them: step 2 decodes the token step 1 samples, before its result.
+    pipe = client.pipeline(transaction=True)
+    pipe.xadd(steps, {FIELD: step_message(1, [new], [], {"req-1": len(prompt)})})
+    pipe.xadd(steps, {FIELD: decode(2, len(prompt))})
+    pipe.execute()
+    proc = device_worker_proc
+    first_id, first = wait_for(lambda: read_inbox(client, hello_id), 30, "step 1's result", proc)
+    second_id, second = wait_for(lambda: read_inbox(client, first_id), 30, "step 2's result", proc)
+    assert isinstance(first, ModelRunnerOutput) and isinstance(second, ModelRunnerOutput)
+    assert (first.step_id, first.overlapped) == (1, False)
+    # Received and launched while step 1 ran: its input was step 1's token, taken on the device.
+    assert (second.step_id, second.overlapped, second.req_ids) == (2, True, ["req-1"])
+    # Sent once step 2's result is in: nothing runs, so nothing overlaps.
+    client.xadd(steps, {FIELD: decode(3, len(prompt) + 1)})
+    _, third = wait_for(lambda: read_inbox(client, second_id), 30, "step 3's result", proc)
+    assert isinstance(third, ModelRunnerOutput)
+    assert (third.step_id, third.overlapped, third.finish_reasons) == (3, False, ["length"])
+    entries: Any = client.xrange(token_stream("req-1"))
+    events = [decode_event(fields[FIELD]) for _, fields in entries]
+    assert [(e.index, e.token_id) for e in events if isinstance(e, TokenEvent)] == [(0, 0), (1, 0), (2, 0)]

@@ -13,8 +13,10 @@ from dataclasses import dataclass
 
 # Weight of the newest step period in the moving average.
 _EMA_ALPHA = 0.3
-# Plan at least this long before the expected end: the batcher's planning plus one Redis round trip.
-MIN_LEAD_S = 0.002
+# Plan at least this long before the expected end: the batcher's planning and its 1 ms wake-up
+# (service/inbox.py), a Redis round trip, and the worker's building and launching of the step
+# while the device ends the one before (gpu_worker/runner/step/launched.py).
+MIN_LEAD_S = 0.005
 
 
 @dataclass(slots=True)

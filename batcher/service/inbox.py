@@ -32,6 +32,10 @@ log = logging.getLogger("batcher")
 
 # Requests claimed from the stream per read; the rest wait for the next iteration.
 READ_COUNT = 512
+# How late Redis may end a blocked read (1/hz of its default hz), and how often to read instead
+# while a step's plan time is closer than that.
+_REDIS_TIMER_S = 0.1
+_POLL_S = 0.001
 
 
 class Inbox(ContextPart):
@@ -48,13 +52,23 @@ class Inbox(ContextPart):
         self.inbox_id = self._last_id(self.keys.inbox)
         self._requests_seen_id = self._last_id(self.keys.requests)
 
-    def receive(self, until: float) -> None:
-        """Wait (bounded, at most until `until`) for anything addressed to the batcher, then take it in."""
-        block_ms = max(1, min(MAX_BLOCK_MS, int((until - time.time()) * 1000)))
+    def receive(self, until: float, precise: bool = False) -> None:
+        """Wait (bounded, at most until `until`) for anything addressed to the batcher, then take it
+        in. `precise`: `until` is a step's plan time, to be kept within a millisecond or so."""
+        left_s = until - time.time()
+        block_ms: int | None = max(1, min(MAX_BLOCK_MS, int(left_s * 1000)))
+        if precise and left_s < _REDIS_TIMER_S:
+            # Redis ends a blocked read at its timeout only when its event loop next wakes (up to
+            # 1/hz s late, 100 ms by default): close to the time, poll and sleep here instead.
+            block_ms = None
+        elif precise:
+            block_ms = max(1, min(MAX_BLOCK_MS, int((left_s - _REDIS_TIMER_S) * 1000)))
         resp: Any = self.redis.xread(
             {self.keys.inbox: self.inbox_id, self.keys.requests: self._requests_seen_id},
             block=block_ms,
         )
+        if not resp and block_ms is None:
+            time.sleep(min(max(left_s, 0.0), _POLL_S))
         saw_requests = False
         for name, entries in resp or []:
             if as_str(name) == self.keys.requests:

@@ -123,7 +123,8 @@ class Batcher:
     def step(self) -> None:
         """One iteration of the busy loop."""
         chores = self.housekeeping
-        self.inbox.receive(until=min(chores.next_worker_check, self._next_plan_at))
+        plans = self._next_plan_at < chores.next_worker_check
+        self.inbox.receive(min(chores.next_worker_check, self._next_plan_at), precise=plans)
         now = time.time()
         if now >= chores.next_worker_check:
             chores.check_workers(now)

@@ -1,6 +1,8 @@
 """Control-plane cost per iteration: the whole pipeline with a null model (no forward pass).
 
 With `--real-model` the forward runs too, which shows how much of that cost async scheduling hides.
+With `--device-step-ms N` the null model's steps take N ms of a simulated device's time, during which
+the host is free (WORKER_NULL_MODEL_STEP_MS): how much of the host's work runs beside a GPU's.
 
     python -m benchmarks.pipeline.control_plane --model models/tiny-llama --batch-sizes 1,16,64 \
         --output-len 200
@@ -106,6 +108,7 @@ def measure(
     log_dir: Path,
     device: str = "cpu",
     num_gateways: int = 1,
+    device_step_ms: float = 0.0,
 ) -> dict[str, Any]:
     from benchmarks.load.systems import _start_cbserve
 
@@ -115,6 +118,7 @@ def measure(
         "WORKER_MAX_NUM_SEQS": str(max(batch_size, 1)),
         "WORKER_MAX_NUM_BATCHED_TOKENS": str(max(batch_size * 4, 64)),
         "BATCHER_ASYNC_SCHEDULING": "true" if async_scheduling else "false",
+        "WORKER_NULL_MODEL_STEP_MS": str(device_step_ms),
     }
     if device != "cpu":
         env["WORKER_NUM_BLOCKS"] = "4096"  # plenty for B x output_len; no need to claim the whole GPU
@@ -141,6 +145,7 @@ def measure(
     return {
         "null_model": null_model,
         "device": device,
+        "device_step_ms": device_step_ms,
         "batch_size": batch_size,
         "gateways": num_gateways,
         "async_scheduling": async_scheduling,
@@ -150,6 +155,8 @@ def measure(
         "steady_ms_per_iteration": steady_ms,
         "worker_step_ms": 1000 * (after["worker_busy_s"] - before["worker_busy_s"]) / steps,
         "worker_idle_ms_per_step": 1000 * (after["worker_idle_s"] - before["worker_idle_s"]) / steps,
+        # Steps the worker launched while the one before still ran on the device.
+        "steps_overlapped": int(after.get("num_steps_overlapped", 0) - before.get("num_steps_overlapped", 0)),
         "tokens_per_s": batch_size * output_len / elapsed,
         # Over the whole load (submission and collection included), per iteration.
         "cpu_ms_per_iteration": {
@@ -174,6 +181,12 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--device", default="cpu", help="the worker's device with --real-model (cpu, cuda)")
     parser.add_argument(
+        "--device-step-ms",
+        type=float,
+        default=0.0,
+        help="the null model's steps take this long on a simulated device, the host free meanwhile",
+    )
+    parser.add_argument(
         "--scheduling", choices=["both", "sync", "async"], default="both", help="which modes to measure"
     )
     parser.add_argument(
@@ -192,6 +205,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.cells > 1 and args.real_model:
         parser.error("--cells measures the null-model worker only")
+    if args.device_step_ms and (args.real_model or args.cells > 1):
+        parser.error("--device-step-ms simulates the device of one cell's null-model worker")
     # A SIGTERM must still stop the pipeline each measurement started (their `finally`).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     rows = []
@@ -226,6 +241,7 @@ def main(argv: list[str] | None = None) -> None:
                         Path(tmp),
                         args.device,
                         args.gateways or 1,
+                        args.device_step_ms,
                     )
                 )
     if args.result_file:

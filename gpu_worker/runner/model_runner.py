@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -30,7 +29,6 @@ from gpu_worker.runner.cached_request_state import CachedRequestState
 from gpu_worker.runner.forward.decoder import Decoder
 from gpu_worker.runner.graphs.decode import DecodeGraphs
 from gpu_worker.runner.graphs.piecewise import PiecewiseGraphs
-from gpu_worker.runner.host_copies import PinnedRing
 from gpu_worker.runner.input_batch import InputBatch, ScheduledRequest, build_input_batch
 from gpu_worker.runner.kv_cache import KVCache
 from gpu_worker.runner.kv_cache_sizing import size_kv_cache, use_kv_cache
@@ -48,7 +46,7 @@ from gpu_worker.runner.step.checks import check_cached, check_new, check_schedul
 from gpu_worker.runner.step.forward import capture_graphs, forward_logits
 from gpu_worker.runner.step.hooks import with_step_hooks
 from gpu_worker.runner.step.isolation import StepFailed, isolate, rollback, undo_log
-from gpu_worker.runner.step.launched import FinishedStep, LaunchedStep, StepHandle, take_device_tokens
+from gpu_worker.runner.step.launched import FinishedStep, LaunchedStep, LaunchedSteps, StepHandle
 from gpu_worker.runner.step.output import advance, reserve, token_events
 from gpu_worker.runner.step.sampling import LaunchedSample, SampledStep, launch_sample_step
 from gpu_worker.runner.step_input_buffers import StepInputBuffers
@@ -113,11 +111,7 @@ class ModelRunner:
         self.step_inputs = StepInputBuffers(
             self.max_num_seqs, self.max_num_batched_tokens, self.block_table.table.shape[1], self.device
         )
-        # Steps launched and not yet finished, in order, and where each of their samples is on the
-        # device, by req_id, for the next step's inputs (launch).
-        self._unfinished: deque[StepHandle] = deque()
-        self._on_device: dict[str, tuple[torch.Tensor, int]] = {}
-        self._token_index = PinnedRing(torch.long, self.device)  # take_device_tokens' index copies
+        self._launched = LaunchedSteps(self.device)  # left on the device, not yet finished (launch)
         # Only where nothing reads a step's samples when it ends (drafts from them; images).
         self._samples_stay_on_device = self.draft_model is None and self.mm is None
         self._last_finished: FinishedStep | None = None  # of execute_model, for token_events
@@ -183,20 +177,18 @@ class ModelRunner:
             # Rare path: find the culprit instead of failing the whole batch (see step/isolation.py).
             logger.warning("step %d: rerunning it request by request (%s)", scheduler_output.step_id, failed)
             self.num_isolated_steps += 1
-            self._finish_all()  # the rerun reads what the steps before it sampled
+            self._launched.finish_all()  # the rerun reads what the steps before it sampled
             finished = isolate(self, scheduler_output)
             finished.output.step_time = time.perf_counter() - started
             return StepHandle.finished(finished)
         # Built and queued while an earlier step still runs: the overlap this exists for.
-        launched.overlapped = bool(self._unfinished)
-        handle = StepHandle(launched.sample, lambda: self._finish_in_order(handle, launched))
+        launched.overlapped = bool(self._launched)
+        handle = StepHandle(launched.sample, lambda: self._finish(handle, launched))
         tokens = launched.sample.token_ids
         if tokens is None or not self._samples_stay_on_device:
             handle.result()
-            return handle
-        for row, req in enumerate(launched.batch.sampling_reqs):
-            self._on_device[req.state.req_id] = (tokens, row)
-        self._unfinished.append(handle)
+        else:
+            self._launched.add(handle, launched.batch, tokens)
         return handle
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
@@ -211,7 +203,7 @@ class ModelRunner:
 
     def reset(self) -> None:
         """Forget every request (the batcher has moved them elsewhere); the pool is simply reused."""
-        self._finish_all()
+        self._launched.finish_all()
         self.requests.clear()
         self.block_table.clear()
         self.sampling_state.clear()
@@ -243,7 +235,7 @@ class ModelRunner:
                 image_runs,
                 self.step_inputs,
             )
-            take_device_tokens(batch, self._on_device, self._token_index)
+            self._launched.take_tokens(batch)
             sample = self._forward_and_sample(batch)
         except Exception as exc:
             logger.exception("step %d failed", scheduler_output.step_id)
@@ -258,26 +250,15 @@ class ModelRunner:
         """One step launched and finished at once (the request-by-request rerun: step/isolation.py)."""
         return self._fill(self._launch(scheduler_output))
 
-    def _finish_in_order(self, handle: StepHandle, launched: LaunchedStep) -> FinishedStep:
-        while self._unfinished and self._unfinished[0] is not handle:
-            self._unfinished[0].result()  # launched earlier: finished first
-        if self._unfinished:
-            self._unfinished.popleft()
+    def _finish(self, handle: StepHandle, launched: LaunchedStep) -> FinishedStep:
+        self._launched.finish_before(handle)  # steps finish in launch order
         return self._fill(launched)
-
-    def _finish_all(self) -> None:
-        while self._unfinished:
-            self._unfinished[0].result()
 
     def _fill(self, launched: LaunchedStep) -> FinishedStep:
         """Read a launched step's samples, advance its requests, and make its output and events."""
         so, batch = launched.scheduler_output, launched.batch
         step = launched.sample.result()
-        tokens = launched.sample.token_ids
-        for req in batch.sampling_reqs if tokens is not None else ():
-            source = self._on_device.get(req.state.req_id)
-            if source is not None and source[0] is tokens:
-                del self._on_device[req.state.req_id]
+        self._launched.read(batch, launched.sample.token_ids)
         # A request that a step before this one ended was in this one too, launched before that
         # step finished: its row here computed nothing it keeps.
         kept = [i for i, r in enumerate(batch.sampling_reqs) if r.state.finish_reason is None]

@@ -6,6 +6,7 @@ A runner finishes its steps in launch order: finishing one finishes every step l
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -100,3 +101,44 @@ class StepHandle:
     @property
     def events(self) -> Sequence[WorkerEvent]:
         return self.result().events
+
+
+class LaunchedSteps:
+    """A runner's steps launched and not yet finished, in launch order, and where each of their
+    samples is on the device, by req_id, for the next step's inputs (`take_device_tokens`)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self._handles: deque[StepHandle] = deque()
+        self._on_device: dict[str, tuple[torch.Tensor, int]] = {}
+        self._staging = PinnedRing(torch.long, device)  # the index copies of take_device_tokens
+
+    def __bool__(self) -> bool:
+        return bool(self._handles)
+
+    def add(self, handle: StepHandle, batch: InputBatch, tokens: torch.Tensor) -> None:
+        """A step left on the device: `tokens`, its samples, row i for `batch.sampling_reqs[i]`."""
+        for row, req in enumerate(batch.sampling_reqs):
+            self._on_device[req.state.req_id] = (tokens, row)
+        self._handles.append(handle)
+
+    def take_tokens(self, batch: InputBatch) -> None:
+        take_device_tokens(batch, self._on_device, self._staging)
+
+    def finish_before(self, handle: StepHandle) -> None:
+        """Finish every step launched before `handle`'s (all of them, for a step never added), in
+        order, and drop `handle` from those waiting."""
+        while self._handles and self._handles[0] is not handle:
+            self._handles[0].result()  # its finish comes back here and drops it
+        if self._handles:
+            self._handles.popleft()
+
+    def finish_all(self) -> None:
+        while self._handles:
+            self._handles[0].result()
+
+    def read(self, batch: InputBatch, tokens: torch.Tensor | None) -> None:
+        """The host has read `tokens`, a finished step's samples: the next steps take them from it."""
+        for req in batch.sampling_reqs if tokens is not None else ():
+            source = self._on_device.get(req.state.req_id)
+            if source is not None and source[0] is tokens:
+                del self._on_device[req.state.req_id]

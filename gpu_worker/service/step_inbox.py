@@ -6,12 +6,15 @@ work ends with no step behind it is published at once (a Redis read cannot time 
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from gpu_worker.runner.step.launched import StepHandle
+
+logger = logging.getLogger(__name__)
 
 # A read of the steps stream: (stream, after this entry id) -> the entries that came, each (id,
 # message), after blocking at most about a second; None when the worker stops.
@@ -34,23 +37,28 @@ class StepInbox:
     def __init__(self, read: ReadSteps, stream: str, after_id: str) -> None:
         self._read = read
         self._stream, self._after_id = stream, after_id
-        self._items: queue.Queue[StepMessage | DeviceDone] = queue.Queue()
+        self._items: queue.Queue[StepMessage | DeviceDone | None] = queue.Queue()
         self._watched: queue.Queue[StepHandle | None] = queue.Queue()
         self._stopping = threading.Event()
         self._lock = threading.Lock()  # the stream and position the reader reads next
+        self._error: BaseException | None = None
         self._threads = [
-            threading.Thread(target=self._read_steps, name="steps", daemon=True),
-            threading.Thread(target=self._watch_device, name="device", daemon=True),
+            threading.Thread(target=self._failing_loudly(self._read_steps), name="steps", daemon=True),
+            threading.Thread(target=self._failing_loudly(self._watch_device), name="device", daemon=True),
         ]
         for thread in self._threads:
             thread.start()
 
     def get(self, timeout: float) -> StepMessage | DeviceDone | None:
-        """The next step or device end, or None after `timeout` seconds with neither."""
+        """The next step or device end, or None after `timeout` seconds with neither; raises what
+        stopped a thread of the inbox (the worker loop stops on it, as it would on its own)."""
         try:
-            return self._items.get(timeout=timeout)
+            item = self._items.get(timeout=timeout)
         except queue.Empty:
-            return None
+            item = None
+        if self._error is not None:
+            raise RuntimeError("the worker's step inbox failed") from self._error
+        return item
 
     def watch(self, handle: StepHandle) -> None:
         """Deliver a `DeviceDone` once `handle`'s step has left the device."""
@@ -67,6 +75,17 @@ class StepInbox:
         self._watched.put(None)
         for thread in self._threads:
             thread.join(timeout=10.0)
+
+    def _failing_loudly(self, loop: Callable[[], None]) -> Callable[[], None]:
+        def run() -> None:
+            try:
+                loop()
+            except BaseException as exc:  # surfaces in `get`, which the worker loop calls every second
+                logger.exception("the step inbox's %s thread failed", threading.current_thread().name)
+                self._error = exc
+                self._items.put(None)  # wakes `get` at once
+
+        return run
 
     def _read_steps(self) -> None:
         while not self._stopping.is_set():

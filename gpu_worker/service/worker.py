@@ -149,7 +149,7 @@ class Worker:
                 continue
             # How long this worker waited on the batcher: the cost async scheduling hides.
             idle_s = received_at - idle_since if running is None and idle_since is not None else 0.0
-            launched = _Running(self.execute(scheduler_output), idle_s)
+            launched = _Running(self.runner.launch(scheduler_output), idle_s)
             if running is not None:
                 self._publish(publish_thread, running)
             running = None
@@ -194,10 +194,6 @@ class Worker:
         except Exception:  # a malformed message cannot be answered (no step id); skip it loudly
             logger.exception("undecodable step message %s", item.entry_id)
             return None
-
-    def execute(self, scheduler_output: SchedulerOutput) -> StepHandle:
-        """Launch a step (gpu_worker/runner/step/launched.py)."""
-        return self.runner.launch(scheduler_output)
 
     def publish_job_for(self, handle: StepHandle) -> PublishJob:
         """The writes of a finished step, taken now: token events read request state the next step frees."""

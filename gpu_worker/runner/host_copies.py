@@ -54,6 +54,7 @@ class PinnedRing:
     def __init__(self, dtype: torch.dtype, device: torch.device, depth: int = 2) -> None:
         self.dtype = dtype
         self.device = device
+        self.depth = depth
         self._buffers = [pinned_empty((0,), dtype, device) for _ in range(depth)]
         self._events: list[Any] = [None] * depth
         self._next = 0
@@ -96,6 +97,7 @@ class HostValues:
     def __init__(self, host: torch.Tensor, ready: Any) -> None:
         self.host = host
         self._ready = ready
+        self.read = False  # whether the host has taken the values (their buffer may then be reused)
 
     def done(self) -> bool:
         """Whether the values are on the host already (the host would not wait for them)."""
@@ -112,6 +114,7 @@ class HostValues:
         if self._ready is not None:
             self._ready.synchronize()
             self._ready = None
+        self.read = True
         return self.host
 
     def tolist(self) -> list[Any]:
@@ -126,6 +129,7 @@ class DeviceToHost:
         self.device = device
         self._stream = side_stream(device)
         self._ring = PinnedRing(torch.long, device)
+        self._in_buffer: list[HostValues | None] = [None] * self._ring.depth  # the values each holds
 
     def start(self, values: torch.Tensor) -> HostValues:
         """Queue the copy of 1-D int64 `values` (after the work that computes them) and return at
@@ -133,9 +137,13 @@ class DeviceToHost:
         if self._stream is None:
             return HostValues(values, None)
         i, host = self._ring.take(values.shape[0])
+        unread = self._in_buffer[i]
+        if unread is not None and not unread.read:  # silently wrong tokens otherwise
+            raise RuntimeError("device values were copied over before the host read them")
         self._stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(self._stream):
             host.copy_(values, non_blocking=True)
             values.record_stream(self._stream)  # allocated on the main stream, read on this one
             ready = self._ring.used_by_copy(i)
-        return HostValues(host, ready)
+        started = self._in_buffer[i] = HostValues(host, ready)
+        return started

@@ -105,3 +105,14 @@ def test_a_decode_takes_the_token_of_a_step_still_on_the_device_without_reading_
         take_device_tokens(batch, {"r1": (sampled, 3), "r2": (sampled, 4)}, PinnedRing(torch.long, DEVICE))
         # One pinned copy of the index (r1's flat position, its row); r2 holds no placeholder.
         assert rules.host_to_device[before:] == [16]
+
+
+def test_sampled_ids_are_never_copied_over_before_the_host_reads_them() -> None:
+    with copy_rules():
+        copies = DeviceToHost(DEVICE)
+        first = copies.start(torch.zeros(3, dtype=torch.long, device=DEVICE))
+        copies.start(torch.zeros(3, dtype=torch.long, device=DEVICE))  # still unread
+        first.wait()
+        copies.start(torch.zeros(3, dtype=torch.long, device=DEVICE))  # into the first one's buffer
+        with pytest.raises(RuntimeError, match="before the host read them"):
+            copies.start(torch.zeros(3, dtype=torch.long, device=DEVICE))  # into the unread second's

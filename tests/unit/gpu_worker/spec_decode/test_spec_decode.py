@@ -50,6 +50,7 @@ def run_pipeline(
     params: list[SamplingParams],
     prompts: list[list[int]] = PROMPTS,
     events_out: list[TokenEvent] | None = None,
+    async_scheduling: bool = False,
     **settings: Any,
 ) -> tuple[list[list[int]], SchedulerStats]:
     """Every prompt to completion; returns each output as its token events tell it, and the stats.
@@ -61,7 +62,7 @@ def run_pipeline(
     worker = {"seed": 0, "speculative_config": speculative}  # a draft model is loaded by the worker
     engine = LLMEngine.load(
         WorkerSettings(**(defaults | budget | worker | settings)),
-        SchedulerConfig(**budget, speculative=speculative),
+        SchedulerConfig(**budget, speculative=speculative, async_scheduling=async_scheduling),
     )
     for i, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
         engine.add_request(f"r{i}", prompt, p)
@@ -97,6 +98,17 @@ def test_greedy_with_drafts_equals_generate(tiny_model_dir: Path, expected: list
     without, plain_stats = run_pipeline(tiny_model_dir, None, params)
     assert without == expected
     assert stats.num_steps < plain_stats.num_steps
+
+
+def test_drafts_between_steps_left_on_the_device_equal_generate(
+    tiny_model_dir: Path, expected: list[list[int]]
+) -> None:
+    # Async scheduling: steps without drafts stay on the device while the next is launched; a step
+    # with drafts reads its samples at once, after the steps before it (ModelRunner.launch).
+    params = [greedy(m) for m in MAX_TOKENS]
+    outputs, stats = run_pipeline(tiny_model_dir, NGRAM, params, async_scheduling=True)
+    assert outputs == expected
+    assert stats.spec_decode_num_accepted_tokens > 0 and stats.num_steps_overlapped > 0
 
 
 def test_triton_backend_verifies_drafts_too(tiny_model_dir: Path, expected: list[list[int]]) -> None:

@@ -24,9 +24,13 @@ EOS_PROMPT = [462, 383, 46, 427, 255, 274, 170, 352]
 QUESTION = [{"role": "user", "content": "What does the import statement do?"}]
 
 
-@pytest.fixture(scope="module")
-def llm(tiny_model_dir: Path) -> Iterator[LLM]:
-    yield cpu_llm(tiny_model_dir, num_blocks=64, block_size=8, max_num_seqs=8, max_num_batched_tokens=BUDGET)
+SIZES = {"num_blocks": 64, "block_size": 8, "max_num_seqs": 8, "max_num_batched_tokens": BUDGET}
+
+
+@pytest.fixture(scope="module", params=[False, True], ids=["one-step", "async-scheduling"])
+def llm(tiny_model_dir: Path, request: pytest.FixtureRequest) -> Iterator[LLM]:
+    # Async scheduling launches the next step before reading the last: nothing a caller sees changes.
+    yield cpu_llm(tiny_model_dir, async_scheduling=request.param, **SIZES)
 
 
 def greedy(max_tokens: int, **extra: object) -> SamplingParams:
@@ -161,10 +165,10 @@ def test_a_prompt_that_leaves_no_room_is_refused(llm: LLM) -> None:
     assert not llm.llm_engine.has_unfinished_requests()
 
 
-def test_the_engine_steps_prompt_chunks_then_decodes(llm: LLM) -> None:
-    """`LLMEngine` stepped by hand, as the benchmarks step it: prompt chunks while
-    `has_prompts_to_compute()`, then decode-only steps of one token per request."""
-    engine = llm.llm_engine
+def test_the_engine_steps_prompt_chunks_then_decodes(tiny_model_dir: Path) -> None:
+    """`LLMEngine` stepped by hand, one step at a time as the benchmarks step it: prompt chunks
+    while `has_prompts_to_compute()`, then decode-only steps of one token per request."""
+    engine = cpu_llm(tiny_model_dir, **SIZES).llm_engine
     engine.add_request("chunked", list(range(3, 3 + 70)), greedy(4))  # three chunks under BUDGET
     engine.add_request("short", [5, 6, 7], greedy(4))
     prefill_steps = 0

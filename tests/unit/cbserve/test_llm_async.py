@@ -1,8 +1,10 @@
 """`LLM(async_scheduling=True)`: the next step is scheduled and launched before the current one is
 read, its decodes taking their input token from the device (gpu_worker/runner/step/launched.py).
-Nothing a request gets may change: greedy equals transformers' `generate`, seeded sampling, penalties
-and logprobs equal the one-step-at-a-time engine's, a request that ends while its next step is
-launched ends where it would, and a step that fails while another runs isolates its culprit."""
+Nothing a request gets may change. tests/unit/cbserve/test_llm.py runs every `LLM` test both ways
+(greedy equal to `generate`, EOS, stop ids and stop strings ending a request where they would);
+here: seeded sampling, penalties and logprobs equal the one-step-at-a-time engine's, the host reads
+a step's tokens only when it finishes it, and a step that fails while another runs isolates its
+culprit."""
 
 from __future__ import annotations
 
@@ -19,37 +21,12 @@ from gpu_worker.runner.model_runner import ModelRunner
 from gpu_worker.runner.step.launched import PLACEHOLDER
 from gpu_worker.settings import WorkerSettings
 from tests.unit.cbserve.cpu_llm import cpu_llm
-from tests.unit.cbserve.test_llm import BUDGET, EOS_PROMPT, MAX_TOKENS, greedy, only, prompts
-
-LLM_SIZES = {"num_blocks": 64, "block_size": 8, "max_num_seqs": 8, "max_num_batched_tokens": BUDGET}
+from tests.unit.cbserve.test_llm import SIZES, greedy, only, prompts
 
 
 @pytest.fixture(scope="module")
 def async_llm(tiny_model_dir: Path) -> Iterator[LLM]:
-    yield cpu_llm(tiny_model_dir, async_scheduling=True, **LLM_SIZES)
-
-
-def test_batched_greedy_equals_generate_with_steps_overlapped(async_llm: LLM, tiny_model_dir: Path) -> None:
-    cases = prompts(async_llm.get_tokenizer().vocab_size)
-    expected = reference_greedy(tiny_model_dir, cases, MAX_TOKENS)
-    outputs = async_llm.generate(
-        [{"prompt_token_ids": p} for p in cases], [greedy(m) for m in MAX_TOKENS], use_tqdm=False
-    )
-    assert [only(o) for o in outputs] == expected
-    assert not async_llm.llm_engine.has_unfinished_requests()
-
-
-def test_a_request_ends_where_it_would_while_its_next_step_runs(async_llm: LLM) -> None:
-    # EOS second: the step after it was launched with the request before EOS was read.
-    params = SamplingParams(temperature=0.0, max_tokens=8)
-    eos = async_llm.generate({"prompt_token_ids": EOS_PROMPT}, params, use_tqdm=False)[0].outputs[0]
-    assert eos.token_ids == [461, 0] and (eos.finish_reason, eos.stop_reason) == ("stop", None)
-    free = only(async_llm.generate("The for loop", greedy(10), use_tqdm=False)[0])
-    stop_id = next(t for i, t in enumerate(free) if i >= 2 and t not in free[:i])
-    out = async_llm.generate("The for loop", greedy(10, stop_token_ids=[stop_id]), use_tqdm=False)[0]
-    assert out.outputs[0].token_ids == free[: free.index(stop_id) + 1]
-    # A new request after them still equals the first run.
-    assert only(async_llm.generate("The for loop", greedy(10), use_tqdm=False)[0]) == free
+    yield cpu_llm(tiny_model_dir, async_scheduling=True, **SIZES)
 
 
 def test_seeded_sampling_penalties_and_logprobs_equal_one_step_at_a_time(
@@ -64,7 +41,7 @@ def test_seeded_sampling_penalties_and_logprobs_equal_one_step_at_a_time(
     ]
     cases = [{"prompt_token_ids": p} for p in prompts(async_llm.get_tokenizer().vocab_size)[:4]]
     overlapped = async_llm.generate(cases, params, use_tqdm=False)
-    one_at_a_time = cpu_llm(tiny_model_dir, **LLM_SIZES).generate(cases, params, use_tqdm=False)
+    one_at_a_time = cpu_llm(tiny_model_dir, **SIZES).generate(cases, params, use_tqdm=False)
     for got, want in zip(overlapped, one_at_a_time, strict=True):
         assert only(got) == only(want)
         assert got.outputs[0].finish_reason == want.outputs[0].finish_reason

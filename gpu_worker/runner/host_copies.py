@@ -5,15 +5,16 @@
   On the CPU the two are one tensor and nothing is copied.
 - `PinnedRing`: pinned staging buffers used in turn, each with the event of the last copy that
   read or wrote it, so a buffer is never overwritten while a copy from it may still be in flight.
-- `DeviceToHost`: device values (the sampled ids) copied into a `PinnedRing` slot on a side stream
-  behind an event; the host waits on that event only when it reads them (`HostValues.tolist`).
+- `DeviceToHost`: device values (the sampled ids) copied into a pinned buffer on a side stream
+  behind an event; the host waits on that event only when it reads them (`HostValues.tolist`),
+  and only then is the buffer used again, however many copies are waiting to be read.
 
 On the CPU every path reduces to the plain tensor (no copy, no event, no stream).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -54,7 +55,6 @@ class PinnedRing:
     def __init__(self, dtype: torch.dtype, device: torch.device, depth: int = 2) -> None:
         self.dtype = dtype
         self.device = device
-        self.depth = depth
         self._buffers = [pinned_empty((0,), dtype, device) for _ in range(depth)]
         self._events: list[Any] = [None] * depth
         self._next = 0
@@ -94,10 +94,10 @@ class PinnedRing:
 class HostValues:
     """Device values on their way into pinned host memory; `tolist()` waits for them (only them)."""
 
-    def __init__(self, host: torch.Tensor, ready: Any) -> None:
+    def __init__(self, host: torch.Tensor, ready: Any, release: Callable[[], None] | None = None) -> None:
         self.host = host
         self._ready = ready
-        self.read = False  # whether the host has taken the values (their buffer may then be reused)
+        self._release = release  # hands the buffer back once read (DeviceToHost)
 
     def done(self) -> bool:
         """Whether the values are on the host already (the host would not wait for them)."""
@@ -111,10 +111,13 @@ class HostValues:
             ready.synchronize()
 
     def wait(self) -> torch.Tensor:
+        """The values, valid until the next copy of their `DeviceToHost` starts."""
         if self._ready is not None:
             self._ready.synchronize()
             self._ready = None
-        self.read = True
+        if self._release is not None:
+            release, self._release = self._release, None
+            release()
         return self.host
 
     def tolist(self) -> list[Any]:
@@ -122,28 +125,27 @@ class HostValues:
 
 
 class DeviceToHost:
-    """Copies device tensors to the host on a side stream, each behind an event. A `HostValues` is
-    read before two more copies start (its pinned buffer is then reused)."""
+    """Copies device tensors to the host on a side stream, each behind an event, into pinned buffers
+    that are used again only once the host has read them."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self._stream = side_stream(device)
-        self._ring = PinnedRing(torch.long, device)
-        self._in_buffer: list[HostValues | None] = [None] * self._ring.depth  # the values each holds
+        self._free: list[torch.Tensor] = []  # pinned buffers whose values the host has read
 
     def start(self, values: torch.Tensor) -> HostValues:
         """Queue the copy of 1-D int64 `values` (after the work that computes them) and return at
         once; on the CPU the values themselves."""
         if self._stream is None:
             return HostValues(values, None)
-        i, host = self._ring.take(values.shape[0])
-        unread = self._in_buffer[i]
-        if unread is not None and not unread.read:  # silently wrong tokens otherwise
-            raise RuntimeError("device values were copied over before the host read them")
+        n = values.shape[0]
+        buffer = self._free.pop() if self._free else pinned_empty((0,), torch.long, self.device)
+        if buffer.shape[0] < n:
+            buffer = pinned_empty((max(256, 2 * n),), torch.long, self.device)
         self._stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(self._stream):
-            host.copy_(values, non_blocking=True)
+            buffer[:n].copy_(values, non_blocking=True)
             values.record_stream(self._stream)  # allocated on the main stream, read on this one
-            ready = self._ring.used_by_copy(i)
-        started = self._in_buffer[i] = HostValues(host, ready)
-        return started
+            ready = new_event(self.device)
+            ready.record()
+        return HostValues(buffer[:n], ready, lambda: self._free.append(buffer))

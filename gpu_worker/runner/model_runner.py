@@ -171,10 +171,6 @@ class ModelRunner:
         step's inputs take them on the device, and the host reads them when it finishes the step.
         Otherwise the step is finished before this returns, with every step launched before it."""
         started = time.perf_counter()
-        if self._launched and self._reads_samples_at_once(scheduler_output):
-            # Its samples come back through the buffers the steps on the device still hold theirs in
-            # (host_copies.py: a step's samples read before two more copies start): those first.
-            self._launched.finish_all()
         try:
             launched = self._launch(scheduler_output)
         except StepFailed as failed:
@@ -216,15 +212,6 @@ class ModelRunner:
             self.mm.clear()
         if self.draft_model is not None:
             self.draft_model.clear()
-
-    def _reads_samples_at_once(self, so: SchedulerOutput) -> bool:
-        """Whether the step will be finished at launch (step/sampling.py: drafts or a grammar), or
-        might be: a superset, decided before the step is applied."""
-        if so.scheduled_spec_decode_tokens or any(
-            n.sampling_params.structured_output is not None for n in so.scheduled_new_reqs
-        ):
-            return True
-        return self.structured_outputs.constrains(list(so.num_scheduled_tokens))
 
     def _launch(self, scheduler_output: SchedulerOutput) -> LaunchedStep:
         """Apply, build and queue one step, all or nothing: on an exception its diff is rolled back

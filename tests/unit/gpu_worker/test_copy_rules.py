@@ -110,9 +110,11 @@ def test_a_decode_takes_the_token_of_a_step_still_on_the_device_without_reading_
 def test_sampled_ids_are_never_copied_over_before_the_host_reads_them() -> None:
     with copy_rules():
         copies = DeviceToHost(DEVICE)
-        first = copies.start(torch.zeros(3, dtype=torch.long, device=DEVICE))
-        copies.start(torch.zeros(3, dtype=torch.long, device=DEVICE))  # still unread
-        first.wait()
-        copies.start(torch.zeros(3, dtype=torch.long, device=DEVICE))  # into the first one's buffer
-        with pytest.raises(RuntimeError, match="before the host read them"):
-            copies.start(torch.zeros(3, dtype=torch.long, device=DEVICE))  # into the unread second's
+        started = [copies.start(torch.zeros(3, dtype=torch.long, device=DEVICE)) for _ in range(2)]
+        first, second = (values.host.data_ptr() for values in started)
+        assert first != second  # the first still unread: the second copy has a buffer of its own
+        started[0].wait()
+        started += [copies.start(torch.zeros(3, dtype=torch.long, device=DEVICE)) for _ in range(2)]
+        third, fourth = (values.host.data_ptr() for values in started[2:])
+        assert third == first  # the first one's buffer, read, is used again
+        assert fourth not in {first, second}  # the second one's, unread, is not

@@ -56,18 +56,17 @@ class Inbox(ContextPart):
         """Wait (bounded, at most until `until`) for anything addressed to the batcher, then take it
         in. `precise`: `until` is a step's plan time, to be kept within a millisecond or so."""
         left_s = until - time.time()
-        block_ms: int | None = max(1, min(MAX_BLOCK_MS, int(left_s * 1000)))
-        if precise and left_s < _REDIS_TIMER_S:
-            # Redis ends a blocked read at its timeout only when its event loop next wakes (up to
-            # 1/hz s late, 100 ms by default): close to the time, poll and sleep here instead.
-            block_ms = None
-        elif precise:
-            block_ms = max(1, min(MAX_BLOCK_MS, int((left_s - _REDIS_TIMER_S) * 1000)))
+        # Redis ends a blocked read at its timeout only when its event loop next wakes (up to 1/hz s
+        # late, 100 ms by default): a plan time is waited for by blocking until that much before
+        # it, then by reads that do not block and sleeps here.
+        blocking_s = left_s - _REDIS_TIMER_S if precise else left_s
+        polls = precise and blocking_s < 0
+        block_ms = None if polls else max(1, min(MAX_BLOCK_MS, int(blocking_s * 1000)))
         resp: Any = self.redis.xread(
             {self.keys.inbox: self.inbox_id, self.keys.requests: self._requests_seen_id},
             block=block_ms,
         )
-        if not resp and block_ms is None:
+        if not resp and polls:
             time.sleep(min(max(left_s, 0.0), _POLL_S))
         saw_requests = False
         for name, entries in resp or []:
